@@ -1,0 +1,51 @@
+"""Builds the Cython extension; everything else is in pyproject.toml.
+
+NANOBUCKET_NO_EXTENSIONS=1  a pure-Python install (no compiler needed)
+NANOBUCKET_DEBUG_BUILD=1    -O0 -g and C asserts, for gdb and sanitizers
+NANOBUCKET_SANITIZE=1       -fsanitize=address,undefined (implies the debug build)
+NANOBUCKET_CYTHON_TRACE=1   Cython line tracing, so coverage can see the .pyx
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+
+NO_EXTENSIONS = os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0")
+SANITIZE = os.environ.get("NANOBUCKET_SANITIZE", "") not in ("", "0")
+DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0")
+TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
+MODULES = ["_bucket_c"]
+
+
+def extensions():
+    from Cython.Build import cythonize
+
+    compile_args, link_args, macros = [], [], []
+    if sys.platform != "win32":
+        compile_args = ["-O0", "-g3", "-UNDEBUG"] if DEBUG else ["-O3"]
+    if SANITIZE:
+        compile_args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+        link_args += ["-fsanitize=address,undefined"]
+    if TRACE:
+        macros += [("CYTHON_TRACE_NOGIL", "1")]
+    exts = [
+        Extension(
+            f"nanobucket.{name}",
+            [f"src/nanobucket/{name}.pyx"],
+            include_dirs=["src/nanobucket"],
+            extra_compile_args=compile_args,
+            extra_link_args=link_args,
+            define_macros=macros,
+        )
+        for name in MODULES
+    ]
+    directives = {"embedsignature": True, "linetrace": TRACE}
+    return cythonize(exts, compiler_directives=directives, language_level=3)
+
+
+ext_modules = [] if NO_EXTENSIONS else extensions()
+print(f"*** nanobucket: {'pure Python' if NO_EXTENSIONS else 'Cython'} build"
+      f"{' (debug)' if DEBUG else ''}{' (sanitized)' if SANITIZE else ''}"
+      f"{' (line tracing)' if TRACE else ''} ***", file=sys.stderr)
+setup(ext_modules=ext_modules)

@@ -1,0 +1,577 @@
+# cython: language_level=3, freethreading_compatible=True
+"""Cython token buckets: the same classes as ``_bucket_py``, one int64 per bucket.
+
+Each bucket is one 8-byte word, its GCRA ``tat`` in ns, changed only by
+compare-and-swap (``_atomic.h``); a rejected request writes nothing. The
+keyed table is open addressing with linear probing over 24-byte slots; its
+structure changes under the GIL, or a per-table critical section on
+free-threaded builds, while each slot's word is still changed by CAS.
+"""
+
+cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
+from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.sequence cimport PySequence_Fast
+from libc.stdint cimport int64_t, uint64_t
+
+from fractions import Fraction
+
+from ._params import bucket_params, check_cost, check_max_keys, check_now
+
+cdef extern from "_atomic.h":
+    int64_t nb_load(int64_t *p) noexcept nogil
+    bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
+    int64_t nb_monotonic_ns() noexcept nogil
+
+cdef extern from "Python.h":
+    Py_ssize_t PySequence_Fast_GET_SIZE(object o)
+    PyObject** PySequence_Fast_ITEMS(object o)
+    object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
+    char* PyByteArray_AS_STRING(object o)
+
+DEF_MAX_KEYS = 1_000_000
+cdef int64_t NOW_MAX = (1 << 62) - 1
+cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
+
+
+@cython.freelist(64)
+@cython.final
+cdef class Decision:
+    """The outcome of ``check`` or ``peek``, with exact integer times.
+
+    >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
+    >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
+    (True, 199, 0, 10000000, 200)
+    """
+
+    cdef readonly bint allowed
+    cdef readonly int64_t remaining
+    cdef readonly int64_t retry_after_ns
+    cdef readonly int64_t reset_after_ns
+    cdef readonly int64_t limit
+
+    @property
+    def retry_after(self):
+        """Seconds until the same request would be admitted (0.0 if it was)."""
+        return self.retry_after_ns / 1e9
+
+    @property
+    def reset_after(self):
+        """Seconds until the bucket is full again."""
+        return self.reset_after_ns / 1e9
+
+    def __bool__(self):
+        return self.allowed
+
+    def _fields(self):
+        return (self.allowed, self.remaining, self.retry_after_ns, self.reset_after_ns, self.limit)
+
+    def __eq__(self, other):
+        if not hasattr(other, "retry_after_ns"):
+            return NotImplemented
+        return self._fields() == tuple(getattr(other, name) for name in (
+            "allowed", "remaining", "retry_after_ns", "reset_after_ns", "limit"))
+
+    def __hash__(self):
+        return hash(self._fields())
+
+    def __repr__(self):
+        return (f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
+                f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
+                f"limit={self.limit})")
+
+
+cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
+                      int64_t *tat_out, int64_t *base_out) noexcept nogil:
+    """GCRA on one word: admit iff max(tat, now) - now <= tau - cost*T, by CAS.
+
+    On return *tat_out is the word's value after the decision and *base_out
+    max(tat, now) as seen by it. cost 0 is a probe and writes nothing.
+    """
+    cdef int64_t old = nb_load(word)
+    cdef int64_t base
+    while True:
+        base = old if old > now else now
+        base_out[0] = base
+        if base - now > slack:
+            tat_out[0] = old
+            return False
+        if cost_t == 0:
+            tat_out[0] = old
+            return True
+        if nb_cas(word, &old, base + cost_t):
+            tat_out[0] = base + cost_t
+            return True
+        # another thread moved the word: `old` now holds its value; retry
+
+
+cdef class _Limits:
+    """Rate, capacity and the integers derived from them (immutable)."""
+
+    cdef readonly object rate
+    cdef readonly int64_t capacity
+    cdef readonly int64_t interval_ns
+    cdef int64_t tau
+    cdef object clock
+
+    def __init__(self, rate, capacity, clock):
+        if self.interval_ns:
+            raise RuntimeError(f"{type(self).__name__} is already initialised")
+        exact, self.capacity, self.interval_ns, self.tau = bucket_params(rate, capacity)
+        self.rate = rate if isinstance(rate, (int, Fraction)) else exact
+        if clock is not None and not callable(clock):
+            raise TypeError(
+                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        self.clock = clock
+
+    cdef inline int64_t _cost(self, object cost) except -1:
+        cdef int overflow = 0
+        cdef long long value
+        if cost is ONE:
+            return 1
+        if type(cost) is int:
+            value = PyLong_AsLongLongAndOverflow(cost, &overflow)
+            if not overflow and 0 <= value <= self.capacity:
+                return value
+        return check_cost(cost, self.capacity)
+
+    cdef inline int64_t _now(self) except -1:
+        if self.clock is None:
+            return nb_monotonic_ns()
+        return as_now(self.clock())
+
+    cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
+                            int64_t base):
+        cdef Decision d = Decision.__new__(Decision)
+        cdef int64_t debt = tat - now if tat > now else 0
+        d.allowed = allowed
+        d.remaining = (self.tau - debt) // self.interval_ns if debt <= self.tau else 0
+        d.retry_after_ns = 0 if allowed else base - now - (self.tau - cost_t)
+        d.reset_after_ns = debt
+        d.limit = self.capacity
+        return d
+
+    cdef double _tokens(self, int64_t tat, int64_t now):
+        cdef int64_t debt = tat - now if tat > now else 0
+        if debt >= self.tau:
+            return 0.0
+        return <double>(self.tau - debt) / <double>self.interval_ns
+
+
+cdef inline int64_t as_now(object now) except -1:
+    cdef int overflow = 0
+    cdef long long value
+    if type(now) is int:
+        value = PyLong_AsLongLongAndOverflow(now, &overflow)
+        if not overflow and 0 <= value <= NOW_MAX:
+            return value
+    return check_now(now)
+
+
+@cython.final
+cdef class TokenBucket(_Limits):
+    """One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
+
+    >>> b = TokenBucket(rate=100, capacity=200)
+    >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
+    200
+    """
+
+    cdef int64_t tat
+
+    def __init__(self, rate, capacity, *, clock=None):
+        _Limits.__init__(self, rate, capacity, clock)
+
+    def allow(self, cost=1):
+        """Spend *cost* tokens now if the bucket holds them; True if admitted."""
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t now = self._now()
+        cdef int64_t tat, base
+        return take(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+                    &tat, &base)
+
+    def allow_at(self, now, cost=1):
+        """`allow` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t tat, base
+        return take(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
+                    &tat, &base)
+
+    def check(self, cost=1):
+        """Like `allow`, but return the whole `Decision`."""
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._now(), c, True)
+
+    def check_at(self, now, cost=1):
+        """`check` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._check(t, self._cost(cost), True)
+
+    def peek(self, cost=1):
+        """The `Decision` `check` would return now, without spending anything."""
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._now(), c, False)
+
+    def peek_at(self, now, cost=1):
+        """`peek` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._check(t, self._cost(cost), False)
+
+    cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, base
+        cdef bint allowed
+        if consume:
+            allowed = take(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+        else:
+            tat = nb_load(&self.tat)
+            base = tat if tat > now else now
+            allowed = base - now <= self.tau - cost_t
+            if allowed:
+                tat = base + cost_t if cost_t else tat
+        return self._decision(allowed, tat, now, cost_t, base)
+
+    def tokens(self):
+        """Tokens in the bucket now."""
+        return self._tokens(nb_load(&self.tat), self._now())
+
+    def tokens_at(self, now):
+        """Tokens in the bucket at *now* (int ns)."""
+        return self._tokens(nb_load(&self.tat), as_now(now))
+
+    def __repr__(self):
+        return f"TokenBucket(rate={self.rate!r}, capacity={self.capacity})"
+
+
+ctypedef struct Slot:
+    int64_t tat         # the bucket's word; changed only by CAS
+    Py_hash_t hash
+    PyObject *key       # a strong reference; NULL marks an empty slot
+
+
+cdef inline Py_ssize_t slots_for(Py_ssize_t keys) noexcept nogil:
+    """The smallest power-of-two slot count that holds *keys* at 2/3 load."""
+    cdef Py_ssize_t n = 8
+    while n * 2 // 3 < keys:
+        n *= 2
+    return n
+
+
+cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
+    """Quickselect: the k-th smallest (0-based) of a[0:n], reordering a."""
+    cdef Py_ssize_t lo = 0, hi = n - 1, i, j
+    cdef int64_t pivot, tmp
+    while lo < hi:
+        pivot = a[lo + (hi - lo) // 2]
+        i = lo
+        j = hi
+        while i <= j:
+            while a[i] < pivot:
+                i += 1
+            while a[j] > pivot:
+                j -= 1
+            if i <= j:
+                tmp = a[i]; a[i] = a[j]; a[j] = tmp
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            return a[k]
+    return a[k]
+
+
+@cython.final
+cdef class KeyedTokenBucket(_Limits):
+    """A token bucket per key, in a table of at most ``max_keys`` buckets.
+
+    A full bucket and a missing key are the same state, so full buckets are
+    dropped without loss. When a new key arrives at a table holding
+    ``max_keys`` buckets, the full ones are dropped; if fewer than an eighth
+    were full, the buckets closest to full are forgiven (dropped: their
+    clients get back the few tokens they still owed) until an eighth of the
+    table is free. Memory never grows past the bound.
+
+    >>> t = KeyedTokenBucket(rate=1, capacity=2)
+    >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
+    [True, True, False]
+    >>> t.allow_at("bob", 0)
+    True
+    """
+
+    cdef Slot *slots
+    cdef Py_ssize_t mask        # slot count - 1 (a power of two)
+    cdef Py_ssize_t used        # slots holding a key
+    cdef Py_ssize_t room        # `used` may grow to this before a sweep
+    cdef Py_ssize_t max_slots
+    cdef readonly Py_ssize_t max_keys
+    # The latest tat of a full bucket dropped so far: a missing key starts
+    # from it, so an explicit time older than a dropped state cannot find a
+    # fresh bucket (time going backwards never creates tokens).
+    cdef int64_t floor
+    cdef uint64_t version       # bumped whenever `slots` is replaced
+
+    def __cinit__(self):
+        self.slots = NULL
+
+    def __init__(self, rate, capacity, *, max_keys=DEF_MAX_KEYS, clock=None):
+        _Limits.__init__(self, rate, capacity, clock)
+        self.max_keys = check_max_keys(max_keys)
+        self.max_slots = slots_for(self.max_keys)
+        if self.slots == NULL:
+            self._install(<Slot *>PyMem_RawCalloc(8, sizeof(Slot)), 8)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.slots != NULL:
+            for i in range(self.mask + 1):
+                if self.slots[i].key != NULL:
+                    Py_DECREF(<object>self.slots[i].key)
+            PyMem_RawFree(self.slots)
+
+    cdef int _install(self, Slot *slots, Py_ssize_t n) except -1:
+        if slots == NULL:
+            raise MemoryError()
+        self.slots = slots
+        self.mask = n - 1
+        self.room = min(n * 2 // 3, self.max_keys)
+        self.version += 1
+        return 0
+
+    cdef Slot *_find(self, object key, Py_hash_t h, int64_t now, bint insert) except? NULL:
+        """The slot of *key*; a new one (tat = floor) if *insert*, else NULL if missing."""
+        cdef Py_ssize_t i
+        cdef Slot *s
+        cdef uint64_t version
+        cdef int eq
+        cdef object other
+        while True:  # restarts when a comparison ran code that changed the table
+            i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
+            version = self.version
+            while True:
+                s = &self.slots[i]
+                if s.key == NULL:
+                    if not insert:
+                        return NULL
+                    if self.used >= self.room:
+                        self._make_room(now)
+                        break
+                    Py_INCREF(key)
+                    s.key = <PyObject *>key
+                    s.hash = h
+                    s.tat = self.floor
+                    self.used += 1
+                    return s
+                if s.key == <PyObject *>key:
+                    return s
+                if s.hash == h:
+                    other = <object>s.key  # a strong reference for the comparison
+                    eq = PyObject_RichCompareBool(other, key, Py_EQ)
+                    if self.version != version:
+                        break
+                    if eq:
+                        return s
+                i = (i + 1) & self.mask
+
+    cdef int _make_room(self, int64_t now) except -1:
+        """Sweep full buckets out; grow, or forgive the least indebted, as needed."""
+        cdef Py_ssize_t n = self.mask + 1, i, j, live = 0, forgive = 0, size, new_n
+        cdef Slot *old = self.slots
+        cdef Slot *new
+        cdef int64_t cut = -1, floor = self.floor
+        cdef Py_ssize_t ties = 0
+        cdef int64_t *tats
+        for i in range(n):
+            if old[i].key != NULL and old[i].tat > now:
+                live += 1
+        # At the bound: forgive the buckets closest to full (smallest tat)
+        # until an eighth of max_keys is free, so this sweep runs once per
+        # max_keys/8 new keys, not once per key.
+        forgive = live - (self.max_keys - max(1, self.max_keys // 8))
+        if forgive > 0:
+            tats = <int64_t *>PyMem_RawMalloc(live * sizeof(int64_t))
+            if tats == NULL:
+                raise MemoryError()
+            j = 0
+            for i in range(n):
+                if old[i].key != NULL and old[i].tat > now:
+                    tats[j] = old[i].tat
+                    j += 1
+            cut = kth_smallest(tats, live, forgive - 1)
+            # Forgive every tat below the cut, then as many equal to it as needed.
+            ties = forgive
+            for i in range(live):
+                if tats[i] < cut:
+                    ties -= 1
+            PyMem_RawFree(tats)
+        else:
+            forgive = 0
+        new_n = n
+        if live - forgive > self.room // 2 and new_n < self.max_slots:
+            new_n = n * 2
+        new = <Slot *>PyMem_RawCalloc(new_n, sizeof(Slot))
+        if new == NULL:
+            raise MemoryError()
+        # Move the survivors; dropped keys keep their slot in `old` and are
+        # released only after the new table is in place, since releasing a
+        # key can run arbitrary code (a __del__) that uses this table.
+        size = 0
+        for i in range(n):
+            if old[i].key == NULL:
+                continue
+            if old[i].tat <= now:
+                if old[i].tat > floor:
+                    floor = old[i].tat
+                continue
+            if forgive > 0 and (old[i].tat < cut or (old[i].tat == cut and ties > 0)):
+                if old[i].tat == cut:
+                    ties -= 1
+                continue
+            j = <Py_ssize_t>(<uint64_t>old[i].hash & <uint64_t>(new_n - 1))
+            while new[j].key != NULL:
+                j = (j + 1) & (new_n - 1)
+            new[j] = old[i]
+            old[i].key = NULL  # moved, not dropped
+            size += 1
+        self.floor = floor
+        self.used = size
+        self._install(new, new_n)
+        for i in range(n):
+            if old[i].key != NULL:
+                Py_DECREF(<object>old[i].key)
+        PyMem_RawFree(old)
+        return 0
+
+    def allow(self, key, cost=1):
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        cdef int64_t c = self._cost(cost)
+        return self._allow(key, self._now(), c)
+
+    def allow_at(self, key, now, cost=1):
+        """`allow` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._allow(key, t, self._cost(cost))
+
+    cdef bint _allow(self, object key, int64_t now, int64_t cost) except -1:
+        return self._allow_hashed(key, PyObject_Hash(key), now, cost)
+
+    cdef bint _allow_hashed(self, object key, Py_hash_t h, int64_t now, int64_t cost) except -1:
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, base
+        cdef Slot *s
+        with cython.critical_section(self):
+            s = self._find(key, h, now, True)
+            return take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+
+    def allow_many(self, keys, cost=1):
+        """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
+
+        The same as ``allow_at(key, now, cost)`` for each key in turn, with one
+        clock reading for the whole batch.
+        """
+        cdef int64_t c = self._cost(cost)
+        return self._allow_many(keys, self._now(), c)
+
+    def allow_many_at(self, keys, now, cost=1):
+        """`allow_many` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._allow_many(keys, t, self._cost(cost))
+
+    cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        cdef object seq = PySequence_Fast(keys, "keys must be an iterable of keys")
+        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i
+        cdef object out = PyByteArray_FromStringAndSize(NULL, n)
+        cdef char *res = PyByteArray_AS_STRING(out)
+        cdef PyObject **items = PySequence_Fast_ITEMS(seq)
+        # Hash every key first, so an unhashable one fails the batch before
+        # any token is spent.
+        cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(max(n, 1) * sizeof(Py_hash_t))
+        if hashes == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                hashes[i] = PyObject_Hash(<object>items[i])
+            for i in range(n):
+                res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
+        finally:
+            PyMem_RawFree(hashes)
+        return out
+
+    def check(self, key, cost=1):
+        """Like `allow`, but return the whole `Decision`."""
+        cdef int64_t c = self._cost(cost)
+        return self._check(key, self._now(), c, True)
+
+    def check_at(self, key, now, cost=1):
+        """`check` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._check(key, t, self._cost(cost), True)
+
+    def peek(self, key, cost=1):
+        """The `Decision` `check` would return now, without spending anything."""
+        cdef int64_t c = self._cost(cost)
+        return self._check(key, self._now(), c, False)
+
+    def peek_at(self, key, now, cost=1):
+        """`peek` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        return self._check(key, t, self._cost(cost), False)
+
+    cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
+        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, base
+        cdef bint allowed
+        cdef Slot *s
+        with cython.critical_section(self):
+            s = self._find(key, h, now, consume)
+            if consume:
+                allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            else:
+                tat = nb_load(&s.tat) if s != NULL else self.floor
+                base = tat if tat > now else now
+                allowed = base - now <= self.tau - cost_t
+                if allowed and cost_t:
+                    tat = base + cost_t
+        return self._decision(allowed, tat, now, cost_t, base)
+
+    def tokens(self, key):
+        """Tokens in *key*'s bucket now."""
+        return self._tokens_at(key, self._now())
+
+    def tokens_at(self, key, now):
+        """Tokens in *key*'s bucket at *now* (int ns)."""
+        return self._tokens_at(key, as_now(now))
+
+    cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
+        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Slot *s
+        cdef int64_t tat
+        with cython.critical_section(self):
+            s = self._find(key, h, now, False)
+            tat = nb_load(&s.tat) if s != NULL else self.floor
+        return self._tokens(tat, now)
+
+    def __len__(self):
+        """Keys whose buckets are not full (still owing tokens) now."""
+        cdef int64_t now = self._now()
+        cdef Py_ssize_t i, count = 0
+        with cython.critical_section(self):
+            for i in range(self.mask + 1):
+                if self.slots[i].key != NULL and nb_load(&self.slots[i].tat) > now:
+                    count += 1
+        return count
+
+    def __sizeof__(self):
+        return object.__sizeof__(self) + (self.mask + 1) * sizeof(Slot)
+
+    def __repr__(self):
+        return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
+                f"max_keys={self.max_keys})")

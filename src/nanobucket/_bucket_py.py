@@ -1,0 +1,377 @@
+"""Pure-Python token buckets: the readable spec of the Cython implementation.
+
+GCRA (virtual scheduling) over integer nanoseconds. Each bucket is one int,
+``tat``, the theoretical arrival time: the bucket holds
+``capacity - max(0, tat - now) / interval`` tokens, so ``tat <= now`` means
+full and a missing key is a full bucket. A request of ``cost`` is admitted iff
+``max(tat, now) + cost * interval - now <= tau`` and then moves ``tat`` there;
+a rejected request writes nothing. See ``_params`` for the units and bounds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from fractions import Fraction
+
+from ._params import (
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    check_cost,
+    check_max_keys,
+    check_now,
+)
+
+__all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
+
+Clock = Callable[[], int]
+DEFAULT_MAX_KEYS = 1_000_000
+
+
+class Decision:
+    """The outcome of ``check`` or ``peek``, with exact integer times.
+
+    >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
+    >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
+    (True, 199, 0, 10000000, 200)
+    """
+
+    __slots__ = ("allowed", "limit", "remaining", "reset_after_ns", "retry_after_ns")
+
+    allowed: bool
+    remaining: int
+    retry_after_ns: int
+    reset_after_ns: int
+    limit: int
+
+    def __init__(
+        self, allowed: bool, remaining: int, retry_after_ns: int, reset_after_ns: int, limit: int
+    ) -> None:
+        self.allowed = allowed
+        self.remaining = remaining
+        self.retry_after_ns = retry_after_ns
+        self.reset_after_ns = reset_after_ns
+        self.limit = limit
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until the same request would be admitted (0.0 if it was)."""
+        return self.retry_after_ns / NS_PER_S
+
+    @property
+    def reset_after(self) -> float:
+        """Seconds until the bucket is full again."""
+        return self.reset_after_ns / NS_PER_S
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+    def __eq__(self, other: object) -> bool:
+        if not hasattr(other, "retry_after_ns"):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+    def __hash__(self) -> int:
+        return hash(_fields(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
+            f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
+            f"limit={self.limit})"
+        )
+
+
+def _fields(d: object) -> tuple[object, ...]:
+    return tuple(getattr(d, name) for name in ("allowed", "remaining", "retry_after_ns",
+                                               "reset_after_ns", "limit"))
+
+
+def _clock_reader(clock: Clock | None) -> Clock:
+    if clock is None:
+        return time.monotonic_ns
+    if not callable(clock):
+        raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
+
+    def read() -> int:
+        return check_now(clock())
+
+    return read
+
+
+class _Limits:
+    """Rate, capacity and the integers derived from them (immutable)."""
+
+    __slots__ = ("_capacity", "_interval", "_rate", "_tau")
+
+    def __init__(self, rate: RateLike, capacity: int) -> None:
+        exact, self._capacity, self._interval, self._tau = bucket_params(rate, capacity)
+        self._rate = rate if isinstance(rate, (int, Fraction)) else exact
+
+    @property
+    def rate(self) -> int | Fraction:
+        """Tokens per second, as given (floats become the exact decimal Fraction)."""
+        return self._rate
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens the bucket holds: the largest burst."""
+        return self._capacity
+
+    @property
+    def interval_ns(self) -> int:
+        """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``)."""
+        return self._interval
+
+    def _cost(self, cost: object) -> int:
+        if cost.__class__ is int and 0 <= cost <= self._capacity:  # type: ignore[operator]
+            return cost  # type: ignore[return-value]
+        return check_cost(cost, self._capacity)
+
+    def _decision(self, allowed: bool, tat: int, now: int, cost_t: int, base: int) -> Decision:
+        debt = tat - now if tat > now else 0
+        remaining = (self._tau - debt) // self._interval if debt <= self._tau else 0
+        retry = 0 if allowed else base - now - (self._tau - cost_t)
+        return Decision(allowed, remaining, retry, debt, self._capacity)
+
+    def _tokens(self, tat: int, now: int) -> float:
+        debt = tat - now if tat > now else 0
+        if debt >= self._tau:
+            return 0.0
+        return (self._tau - debt) / self._interval
+
+
+class TokenBucket(_Limits):
+    """One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
+
+    >>> b = TokenBucket(rate=100, capacity=200)
+    >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
+    200
+    """
+
+    __slots__ = ("_lock", "_now", "_tat")
+
+    def __init__(self, rate: RateLike, capacity: int, *, clock: Clock | None = None) -> None:
+        super().__init__(rate, capacity)
+        self._now = _clock_reader(clock)
+        self._tat = 0
+        self._lock = threading.Lock()
+
+    def allow(self, cost: int = 1) -> bool:
+        """Spend *cost* tokens now if the bucket holds them; True if admitted."""
+        return self._allow(self._now(), self._cost(cost))
+
+    def allow_at(self, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns)."""
+        return self._allow(check_now(now), self._cost(cost))
+
+    def _allow(self, now: int, cost: int) -> bool:
+        cost_t = cost * self._interval
+        with self._lock:
+            tat = self._tat
+            base = tat if tat > now else now
+            if base - now > self._tau - cost_t:
+                return False
+            if cost_t:
+                self._tat = base + cost_t
+            return True
+
+    def check(self, cost: int = 1) -> Decision:
+        """Like `allow`, but return the whole `Decision`."""
+        return self._check(self._now(), self._cost(cost), True)
+
+    def check_at(self, now: int, cost: int = 1) -> Decision:
+        """`check` at an explicit time *now* (int ns)."""
+        return self._check(check_now(now), self._cost(cost), True)
+
+    def peek(self, cost: int = 1) -> Decision:
+        """The `Decision` `check` would return now, without spending anything."""
+        return self._check(self._now(), self._cost(cost), False)
+
+    def peek_at(self, now: int, cost: int = 1) -> Decision:
+        """`peek` at an explicit time *now* (int ns)."""
+        return self._check(check_now(now), self._cost(cost), False)
+
+    def _check(self, now: int, cost: int, consume: bool) -> Decision:
+        cost_t = cost * self._interval
+        with self._lock:
+            tat = self._tat
+            base = tat if tat > now else now
+            allowed = base - now <= self._tau - cost_t
+            if allowed and cost_t:
+                tat = base + cost_t
+                if consume:
+                    self._tat = tat
+        return self._decision(allowed, tat, now, cost_t, base)
+
+    def tokens(self) -> float:
+        """Tokens in the bucket now."""
+        return self._tokens(self._tat, self._now())
+
+    def tokens_at(self, now: int) -> float:
+        """Tokens in the bucket at *now* (int ns)."""
+        return self._tokens(self._tat, check_now(now))
+
+    def __repr__(self) -> str:
+        return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
+
+
+class KeyedTokenBucket(_Limits):
+    """A token bucket per key, in a table of at most ``max_keys`` buckets.
+
+    A full bucket and a missing key are the same state, so full buckets are
+    dropped without loss. When a new key arrives at a table holding
+    ``max_keys`` buckets, the full ones are dropped; if fewer than an eighth
+    were full, the buckets closest to full are forgiven (dropped: their
+    clients get back the few tokens they still owed) until an eighth of the
+    table is free. Memory never grows past the bound.
+
+    >>> t = KeyedTokenBucket(rate=1, capacity=2)
+    >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
+    [True, True, False]
+    >>> t.allow_at("bob", 0)
+    True
+    """
+
+    __slots__ = ("_floor", "_lock", "_max_keys", "_now", "_tats")
+
+    def __init__(
+        self,
+        rate: RateLike,
+        capacity: int,
+        *,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(rate, capacity)
+        self._max_keys = check_max_keys(max_keys)
+        self._now = _clock_reader(clock)
+        self._tats: dict[Hashable, int] = {}
+        # The latest tat of a full bucket dropped so far: a missing key starts
+        # from it, so an explicit time older than a dropped state cannot find
+        # a fresh bucket (time going backwards never creates tokens).
+        self._floor = 0
+        self._lock = threading.Lock()
+
+    @property
+    def max_keys(self) -> int:
+        """The most buckets the table holds."""
+        return self._max_keys
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        return self._allow(key, self._now(), self._cost(cost))
+
+    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns)."""
+        return self._allow(key, check_now(now), self._cost(cost))
+
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
+
+        The same as ``allow_at(key, now, cost)`` for each key in turn, with one
+        clock reading for the whole batch.
+        """
+        return self._allow_many(keys, self._now(), self._cost(cost))
+
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns)."""
+        return self._allow_many(keys, check_now(now), self._cost(cost))
+
+    def _allow_many(self, keys: Iterable[Hashable], now: int, cost: int) -> bytearray:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        keys = list(keys)
+        for key in keys:  # an unhashable key fails the batch before any token is spent
+            hash(key)
+        allow = self._allow
+        return bytearray([allow(key, now, cost) for key in keys])
+
+    def _allow(self, key: Hashable, now: int, cost: int) -> bool:
+        cost_t = cost * self._interval
+        tats = self._tats
+        with self._lock:
+            tat = tats.get(key)
+            if tat is None:
+                tat = self._floor
+                if len(tats) >= self._max_keys:
+                    self._make_room(now)
+            base = tat if tat > now else now
+            if base - now > self._tau - cost_t:
+                return False
+            if cost_t:
+                tats[key] = base + cost_t
+            return True
+
+    def check(self, key: Hashable, cost: int = 1) -> Decision:
+        """Like `allow`, but return the whole `Decision`."""
+        return self._check(key, self._now(), self._cost(cost), True)
+
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
+        """`check` at an explicit time *now* (int ns)."""
+        return self._check(key, check_now(now), self._cost(cost), True)
+
+    def peek(self, key: Hashable, cost: int = 1) -> Decision:
+        """The `Decision` `check` would return now, without spending anything."""
+        return self._check(key, self._now(), self._cost(cost), False)
+
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
+        """`peek` at an explicit time *now* (int ns)."""
+        return self._check(key, check_now(now), self._cost(cost), False)
+
+    def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
+        cost_t = cost * self._interval
+        tats = self._tats
+        with self._lock:
+            tat = tats.get(key)
+            missing = tat is None
+            if tat is None:
+                tat = self._floor
+            base = tat if tat > now else now
+            allowed = base - now <= self._tau - cost_t
+            if allowed and cost_t:
+                tat = base + cost_t
+                if consume:
+                    if missing and len(tats) >= self._max_keys:
+                        self._make_room(now)
+                    tats[key] = tat
+        return self._decision(allowed, tat, now, cost_t, base)
+
+    def tokens(self, key: Hashable) -> float:
+        """Tokens in *key*'s bucket now."""
+        return self.tokens_at(key, self._now())
+
+    def tokens_at(self, key: Hashable, now: int) -> float:
+        """Tokens in *key*'s bucket at *now* (int ns)."""
+        now = check_now(now)
+        with self._lock:
+            tat = self._tats.get(key, self._floor)
+        return self._tokens(tat, now)
+
+    def __len__(self) -> int:
+        """Keys whose buckets are not full (still owing tokens) now."""
+        now = self._now()
+        with self._lock:
+            return sum(1 for tat in self._tats.values() if tat > now)
+
+    def _make_room(self, now: int) -> None:
+        # Called with the lock held and the table at max_keys. Full buckets
+        # go first (lossless); if none is full, forgive the eighth closest
+        # to full, so that the next max_keys/8 new keys insert in O(1).
+        tats = self._tats
+        full = [key for key, tat in tats.items() if tat <= now]
+        for key in full:
+            self._floor = max(self._floor, tats.pop(key))
+        excess = len(tats) - (self._max_keys - max(1, self._max_keys // 8))
+        if excess > 0:
+            for key in heapq.nsmallest(excess, tats, key=tats.__getitem__):
+                del tats[key]
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
+            f"max_keys={self._max_keys})"
+        )

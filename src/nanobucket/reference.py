@@ -1,0 +1,88 @@
+"""The seed's token bucket, as written and in exact arithmetic.
+
+`SeedBucket` is the seed's ``allow(now)`` verbatim (floats, seconds, cost 1),
+its globals turned into attributes; `MonotonicSeedBucket` is the same reading
+``time.monotonic()``, the baseline the benchmarks measure against.
+`ExactBucket` is the same algorithm in `Fraction` arithmetic, with integer
+nanoseconds and a cost: the model every implementation is tested against.
+"""
+
+from __future__ import annotations
+
+import time
+from fractions import Fraction
+
+from ._params import NS_PER_S, RateLike, rate_fraction
+
+
+class SeedBucket:
+    """The seed's algorithm exactly as written: ``allow(now)`` with *now* in seconds.
+
+    >>> b = SeedBucket(rate=100, capacity=200)
+    >>> sum(b.allow(0.0) for _ in range(250))
+    200
+    """
+
+    def __init__(self, rate: float = 100, capacity: float = 200) -> None:
+        self.capacity = capacity
+        self.rate = rate
+        self.tokens = capacity
+        self.last_time = 0.0
+
+    def allow(self, now: float) -> bool:
+        self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
+        self.last_time = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class MonotonicSeedBucket:
+    """The seed's algorithm as a class that reads ``time.monotonic()``."""
+
+    def __init__(self, rate: float = 100, capacity: float = 200) -> None:
+        self.capacity = capacity
+        self.rate = rate
+        self.tokens = capacity
+        self.last_time = time.monotonic()
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
+        self.last_time = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+class ExactBucket:
+    """The seed's algorithm in exact rational arithmetic, times in int ns.
+
+    Starts full; ``tokens = min(capacity, tokens + elapsed * rate)``; admits
+    iff ``tokens >= cost``. An older *now* adds nothing (elapsed is never
+    negative), so replays out of order cannot create tokens.
+
+    >>> b = ExactBucket(rate=100, capacity=200)
+    >>> sum(b.allow_at(0) for _ in range(250)), b.allow_at(10_000_000)
+    (200, True)
+    """
+
+    def __init__(self, rate: RateLike, capacity: int) -> None:
+        self.rate = rate_fraction(rate)
+        self.capacity = capacity
+        self.tokens = Fraction(capacity)
+        self.last_time = 0
+
+    def tokens_at(self, now: int) -> Fraction:
+        elapsed = max(0, now - self.last_time)
+        return min(Fraction(self.capacity), self.tokens + elapsed * self.rate / NS_PER_S)
+
+    def allow_at(self, now: int, cost: int = 1) -> bool:
+        self.tokens = self.tokens_at(now)
+        self.last_time = max(self.last_time, now)
+        if self.tokens < cost:
+            return False
+        self.tokens -= cost
+        return True

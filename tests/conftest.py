@@ -1,0 +1,67 @@
+"""Every behaviour test runs on both implementations through the `impl` fixture."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import pytest
+
+from nanobucket import _bucket_py
+
+try:
+    from nanobucket import _bucket_c
+except ImportError:  # pragma: no cover - a pure-Python install
+    _bucket_c = None  # type: ignore[assignment]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-c-extensions",
+        action="store_true",
+        help="run only the pure-Python implementation",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--no-c-extensions"):
+        return
+    keep = [item for item in items if not item.get_closest_marker("c_extension")]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param("c", marks=pytest.mark.c_extension, id="c"),
+        pytest.param("py", id="py"),
+    ],
+)
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    """The implementation module under test: ``_bucket_c`` or ``_bucket_py``."""
+    if request.param == "py":
+        return _bucket_py
+    if _bucket_c is None:
+        if os.environ.get("CI"):
+            pytest.fail("the Cython extension is not built (CI must test it)")
+        pytest.skip("the Cython extension is not built")
+    return _bucket_c
+
+
+class ManualClock:
+    """An injectable clock: a callable returning int ns that tests move by hand."""
+
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ns: int) -> None:
+        self.now += ns
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
