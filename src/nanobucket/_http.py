@@ -1,0 +1,645 @@
+"""What the ASGI and WSGI middlewares share: keys, routes, headers, counters.
+
+Nothing here knows about a server. A request is seen through two small
+views: an ASGI ``scope`` or a WSGI ``environ``; every ready-made key function
+has one method for each (``asgi(scope)``, ``wsgi(environ)``), so the same
+configuration serves both middlewares.
+
+Header conventions (all values in whole seconds, rounded *up* so a client
+that waits what it is told is never early):
+
+* ``Retry-After`` (RFC 9110) on a 429: ``ceil(retry_after)``, at least 1.
+* ``RateLimit-Policy: "default";q=<quota>;w=<window>`` and
+  ``RateLimit: "default";r=<remaining>;t=<reset>`` (IETF httpapi draft).
+  A token bucket is mapped to a window ``w`` = the time an empty bucket takes
+  to fill (at least 1 s) and a quota ``q = floor(rate * w)``, so ``q / w`` is
+  the long-run rate and, when the refill time is whole seconds,
+  ``q`` is the capacity; ``t`` is the time until the bucket is full again.
+* ``X-RateLimit-Limit`` (capacity), ``X-RateLimit-Remaining`` and
+  ``X-RateLimit-Reset`` (seconds until full, a delta, not an epoch): the
+  older form, for clients that read only that.
+"""
+
+from __future__ import annotations
+
+import inspect
+import ipaddress
+import json
+import math
+import posixpath
+import threading
+from fractions import Fraction
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from typing import Any, Union
+
+from ._params import NS_PER_S, check_cost
+
+__all__ = (
+    "Counters",
+    "Route",
+    "client_address",
+    "header",
+    "route",
+)
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+Headers = list[tuple[bytes, bytes]]
+Check = Callable[[Hashable, int], Any]  # -> Decision, or an awaitable of one
+
+HEADER_MODES = ("ietf", "legacy", "off")
+_NS = NS_PER_S
+# Headers cannot carry a newline, so it cannot be forged into a composite key.
+_KEY_SEP = "\n"
+
+
+# --------------------------------------------------------------------------
+# Key functions
+
+
+class KeyFunc:
+    """A request -> key function usable by both middlewares.
+
+    Subclasses implement ``asgi(scope)`` and ``wsgi(environ)``; both return a
+    ``str`` (so keys suit every table, including shared memory and Redis).
+    """
+
+    def asgi(self, scope: Mapping[str, Any]) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def wsgi(self, environ: Mapping[str, Any]) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _networks(trusted: Iterable[str] | str | None) -> tuple[IPNetwork, ...]:
+    if trusted is None:
+        return ()
+    if isinstance(trusted, str):
+        trusted = [trusted]
+    nets = []
+    for item in trusted:
+        if not isinstance(item, str):
+            raise TypeError(f"trusted proxies must be str addresses or networks, not {item!r}")
+        try:
+            nets.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"not an IP address or network: {item!r}") from None
+    return tuple(nets)
+
+
+def _parse_ip(text: str) -> IPAddress | None:
+    text = text.strip()
+    if text.startswith("[") and "]" in text:  # "[::1]:8080" -> "::1"
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # "1.2.3.4:5678" -> "1.2.3.4"
+        text = text.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+class client_address(KeyFunc):  # noqa: N801 - reads as a function at the call site
+    """Key by client IP address (the default key).
+
+    ``X-Forwarded-For`` is ignored unless ``trusted_proxies`` is given. With
+    it, the header is read from the right while the hop that wrote the entry
+    is a trusted proxy; the first untrusted address is the client. A client
+    cannot forge its way to a fresh bucket: entries it wrote itself lie left
+    of the one a trusted proxy appended, and are never reached. An entry that
+    is not an address stops the walk at the last trusted hop (several
+    clients then share that bucket: stricter, never looser).
+
+    >>> client_address(trusted_proxies=["10.0.0.0/8"]).wsgi(
+    ...     {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 1.2.3.4"})
+    '1.2.3.4'
+    """
+
+    __slots__ = ("_trusted",)
+
+    def __init__(self, trusted_proxies: Iterable[str] | str | None = None) -> None:
+        self._trusted = _networks(trusted_proxies)
+
+    def _is_trusted(self, addr: IPAddress) -> bool:
+        return any(addr in net for net in self._trusted)
+
+    def resolve(self, peer: str, forwarded_for: str | None) -> str:
+        """The client address given the socket peer and ``X-Forwarded-For``."""
+        if not self._trusted or not forwarded_for:
+            return peer
+        current = _parse_ip(peer)
+        if current is None or not self._is_trusted(current):
+            return peer
+        for entry in reversed(forwarded_for.split(",")):
+            hop = _parse_ip(entry)
+            if hop is None:
+                break
+            current = hop
+            if not self._is_trusted(hop):
+                break
+        return str(current)
+
+    def asgi(self, scope: Mapping[str, Any]) -> str:
+        client = scope.get("client")
+        peer = client[0] if client else ""
+        if not self._trusted:
+            return peer  # the hot default: no header is even looked at
+        return self.resolve(peer, _asgi_header(scope, b"x-forwarded-for"))
+
+    def wsgi(self, environ: Mapping[str, Any]) -> str:
+        peer = environ.get("REMOTE_ADDR") or ""
+        if not self._trusted:
+            return peer
+        return self.resolve(peer, environ.get("HTTP_X_FORWARDED_FOR"))
+
+    def __repr__(self) -> str:
+        nets = [str(n) for n in self._trusted]
+        return f"client_address(trusted_proxies={nets!r})"
+
+
+def _asgi_header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    # Several fields of one name are joined with ", " (RFC 9110 5.3), so a
+    # second X-Forwarded-For cannot hide from the right-to-left walk.
+    values = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == name]
+    return ", ".join(values) if values else None
+
+
+class header(KeyFunc):  # noqa: N801
+    """Key by a request header, such as an API key; *fallback* when absent.
+
+    Each distinct value gets its own bucket, so use it for values the app
+    checks (a valid API key), not for anything a client may invent freely.
+    Without the header the key comes from *fallback* (the client address by
+    default), prefixed so the two key spaces never meet.
+
+    >>> header("X-API-Key").wsgi({"HTTP_X_API_KEY": "k1", "REMOTE_ADDR": "1.2.3.4"})
+    'header:k1'
+    """
+
+    __slots__ = ("_asgi_name", "_fallback", "_wsgi_name")
+
+    def __init__(self, name: str, fallback: KeyFunc | None = None) -> None:
+        if not isinstance(name, str) or not name or any(c in name for c in " :\r\n"):
+            raise ValueError(f"not a header name: {name!r}")
+        self._asgi_name = name.lower().encode("latin-1")
+        self._wsgi_name = "HTTP_" + name.upper().replace("-", "_")
+        if fallback is not None and not isinstance(fallback, KeyFunc):
+            raise TypeError("fallback must be a key function such as client_address()")
+        self._fallback = fallback if fallback is not None else client_address()
+
+    def asgi(self, scope: Mapping[str, Any]) -> str:
+        value = _asgi_header(scope, self._asgi_name)
+        return "header:" + value if value else "addr:" + self._fallback.asgi(scope)
+
+    def wsgi(self, environ: Mapping[str, Any]) -> str:
+        value = environ.get(self._wsgi_name)
+        return "header:" + value if value else "addr:" + self._fallback.wsgi(environ)
+
+
+class route(KeyFunc):  # noqa: N801
+    """Key by the matched `Route` pattern: one bucket per route for everyone.
+
+    The pattern, not the raw path, so a client cannot mint keys by varying
+    the URL; requests that match no route share the key ``"*"``. Combine
+    with the client: ``key=(client_address(), route())``.
+    """
+
+    __slots__ = ()
+
+    def asgi(self, scope: Mapping[str, Any]) -> str:
+        return scope.get("nanobucket.route") or "*"
+
+    def wsgi(self, environ: Mapping[str, Any]) -> str:
+        return environ.get("nanobucket.route") or "*"
+
+
+class _Composite(KeyFunc):
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: tuple[KeyFunc, ...]) -> None:
+        self._parts = parts
+
+    def asgi(self, scope: Mapping[str, Any]) -> str:
+        return _KEY_SEP.join([p.asgi(scope) for p in self._parts])
+
+    def wsgi(self, environ: Mapping[str, Any]) -> str:
+        return _KEY_SEP.join([p.wsgi(environ) for p in self._parts])
+
+
+class _Plain(KeyFunc):
+    """A user's own callable: it gets the scope (ASGI) or the environ (WSGI)."""
+
+    __slots__ = ("_func",)
+
+    def __init__(self, func: Callable[[Any], Hashable]) -> None:
+        self._func = func
+
+    def asgi(self, scope: Mapping[str, Any]) -> Any:
+        return self._func(scope)
+
+    def wsgi(self, environ: Mapping[str, Any]) -> Any:
+        return self._func(environ)
+
+
+def key_func(key: object) -> KeyFunc:
+    """Normalise the ``key=`` argument: a KeyFunc, a tuple of them, or a callable."""
+    if key is None:
+        return client_address()
+    if isinstance(key, KeyFunc):
+        return key
+    if isinstance(key, (tuple, list)):
+        parts = tuple(key_func(k) for k in key)
+        if not parts:
+            raise ValueError("key=() names no key function")
+        return parts[0] if len(parts) == 1 else _Composite(parts)
+    if callable(key):
+        return _Plain(key)
+    raise TypeError(f"key must be a key function or a callable, not {type(key).__name__}")
+
+
+# --------------------------------------------------------------------------
+# Limiters
+
+
+def is_keyed(limiter: object) -> bool:
+    """Whether ``limiter.check`` takes a key first (``check(key, cost)``).
+
+    Read from the signature: ``check(cost=1)`` is unkeyed, ``check(key,
+    cost=1)`` and ``check(key=None, cost=1)`` (layered limiters) are keyed.
+    """
+    check = getattr(limiter, "check", None)
+    if not callable(check):
+        raise TypeError(
+            f"limiter must have a check() method (a nanobucket limiter), "
+            f"not {type(limiter).__name__}"
+        )
+    try:
+        params = list(inspect.signature(check).parameters)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"cannot tell whether {type(limiter).__name__}.check takes a key: pass keyed=True/False"
+        ) from None
+    if params and params[0] == "cost":
+        return False
+    if params and params[0] == "key":
+        return True
+    raise TypeError(
+        f"cannot tell whether {type(limiter).__name__}.check takes a key: pass keyed=True/False"
+    )
+
+
+def checker(limiter: object, keyed: bool | None = None) -> Check:
+    """``(key, cost) -> Decision`` for any limiter, keyed or not."""
+    if keyed is None:
+        keyed = is_keyed(limiter)
+    elif not callable(getattr(limiter, "check", None)):
+        raise TypeError(f"limiter must have a check() method, not {type(limiter).__name__}")
+    check = limiter.check  # type: ignore[attr-defined]
+    if keyed:
+        return check  # type: ignore[no-any-return]
+
+    def unkeyed(key: Hashable, cost: int) -> Any:
+        return check(cost)
+
+    return unkeyed
+
+
+def is_async(limiter: object) -> bool:
+    """Whether ``limiter.check`` is a coroutine function (the asyncio Redis one)."""
+    return inspect.iscoroutinefunction(getattr(limiter, "check", None))
+
+
+def ceil_seconds(ns: int) -> int:
+    """Whole seconds, rounded up: a client that waits this long is never early."""
+    return -(-ns // _NS)
+
+
+def retry_after_seconds(retry_after_ns: int) -> int:
+    """``Retry-After`` for a limited request: rounded up and never 0."""
+    s = -(-retry_after_ns // _NS)
+    return s if s > 0 else 1
+
+
+class Policy:
+    """One limiter as the middleware uses it: check function and header text."""
+
+    __slots__ = (
+        "capacity", "check", "is_async", "name", "policy_header", "policy_value", "quota",
+        "r_prefix", "window",
+    )
+
+    def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
+        if not isinstance(name, str) or not name or any(c in name for c in '"\\\r\n'):
+            raise ValueError(f"policy name must be a plain non-empty string, got {name!r}")
+        self.check = checker(limiter, keyed)
+        self.is_async = is_async(limiter)
+        self.name = name
+        capacity = getattr(limiter, "capacity", None)
+        rate = getattr(limiter, "rate", None)
+        self.capacity: int | None = capacity if isinstance(capacity, int) else None
+        self.policy_value: bytes | None = None
+        self.policy_header: tuple[bytes, bytes] | None = None
+        self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
+        self.quota = self.window = 0
+        if self.capacity is not None and rate is not None:
+            # w: the time an empty bucket takes to fill, in whole seconds (>=1);
+            # q: what the long-run rate admits in w. See the module docstring.
+            exact_rate = Fraction(rate)
+            self.window = max(1, math.ceil(self.capacity / exact_rate))
+            self.quota = max(1, math.floor(exact_rate * self.window))
+            self.policy_value = f'"{name}";q={self.quota};w={self.window}'.encode("ascii")
+            self.policy_header = (b"ratelimit-policy", self.policy_value)
+
+    def validate_cost(self, cost: int) -> int:
+        """Check a fixed cost against the limiter now, not at the first request."""
+        if self.capacity is not None:
+            return check_cost(cost, self.capacity)
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            raise TypeError(f"cost must be an int >= 0, not {cost!r}")
+        return cost
+
+
+def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
+    """The rate-limit fields for one decision (empty when *mode* is "off")."""
+    if mode == "ietf":
+        value = policy.r_prefix + b"%d;t=%d" % (
+            decision.remaining,
+            -(-decision.reset_after_ns // _NS),
+        )
+        if policy.policy_header is None:
+            return [(b"ratelimit", value)]
+        return [policy.policy_header, (b"ratelimit", value)]
+    if mode == "legacy":
+        return [
+            (b"x-ratelimit-limit", str(decision.limit).encode("ascii")),
+            (b"x-ratelimit-remaining", str(decision.remaining).encode("ascii")),
+            (b"x-ratelimit-reset", str(-(-decision.reset_after_ns // _NS)).encode("ascii")),
+        ]
+    return []
+
+
+def problem_body(retry_after: int, policy: Policy) -> bytes:
+    """A small RFC 9457 ``application/problem+json`` body for a 429."""
+    return json.dumps(
+        {
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": f"Rate limit {policy.name!r} exceeded; retry after {retry_after} s.",
+            "retry_after": retry_after,
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+def rejection(mode: str, policy: Policy, decision: Any) -> tuple[Headers, bytes]:
+    """Headers and body of the 429 answer."""
+    seconds = retry_after_seconds(decision.retry_after_ns)
+    body = problem_body(seconds, policy)
+    headers = [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"retry-after", str(seconds).encode("ascii")),
+    ]
+    headers.extend(limit_headers(mode, policy, decision))
+    return headers, body
+
+
+# --------------------------------------------------------------------------
+# Routes
+
+
+class Route:
+    """A rule for some paths: its own limiter, cost, key, or exempt.
+
+    *path* is exact (``"/login"``) or a prefix ending in ``"/*"``
+    (``"/api/*"`` matches ``/api`` and everything below it). The most
+    specific rule wins: an exact match, else the longest prefix. *methods*
+    limits the rule to some methods (e.g. ``{"POST"}``). Anything left as
+    None comes from the middleware's own arguments.
+
+    >>> Route("/healthz", exempt=True)
+    Route('/healthz', exempt=True)
+    """
+
+    __slots__ = ("cost", "exempt", "key", "limiter", "methods", "name", "path")
+
+    def __init__(
+        self,
+        path: str,
+        limiter: object | None = None,
+        *,
+        cost: int | Callable[[Any], int] | None = None,
+        key: object | None = None,
+        exempt: bool = False,
+        name: str | None = None,
+        methods: Iterable[str] | None = None,
+    ) -> None:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"route path must start with '/', got {path!r}")
+        if "*" in path[:-1] or (path.endswith("*") and not path.endswith("/*")):
+            raise ValueError(f"only a trailing '/*' is a wildcard, got {path!r}")
+        if not isinstance(exempt, bool):
+            raise TypeError("exempt must be a bool")
+        if exempt and (limiter is not None or cost is not None):
+            raise ValueError("an exempt route takes no limiter or cost")
+        if isinstance(methods, str):
+            raise TypeError("methods must be a collection of method names, e.g. {'POST'}")
+        self.path = path
+        self.limiter = limiter
+        self.cost = cost
+        self.key = key
+        self.exempt = exempt
+        self.name = name
+        self.methods = frozenset(m.upper() for m in methods) if methods is not None else None
+
+    def __repr__(self) -> str:
+        extra = ", exempt=True" if self.exempt else ""
+        return f"Route({self.path!r}{extra})"
+
+
+class Rule:
+    """A resolved `Route`: what the middleware does for a request that matches it."""
+
+    __slots__ = ("cost", "cost_fn", "exempt", "key", "pattern", "policy")
+
+    def __init__(
+        self,
+        pattern: str,
+        policy: Policy | None,
+        key: KeyFunc | None,
+        cost: int,
+        cost_fn: Callable[[Any], int] | None,
+        exempt: bool,
+    ) -> None:
+        self.pattern = pattern
+        self.policy = policy
+        self.key = key
+        self.cost = cost
+        self.cost_fn = cost_fn
+        self.exempt = exempt
+
+
+def make_rule(
+    pattern: str,
+    limiter: object,
+    key: object,
+    cost: object,
+    name: str,
+    keyed: bool | None,
+    exempt: bool = False,
+    policies: dict[int, Policy] | None = None,
+) -> Rule:
+    """Validate the arguments of one rule (the default or a `Route`)."""
+    if exempt:
+        return Rule(pattern, None, None, 0, None, True)
+    if limiter is None:
+        raise TypeError("a limiter is required (e.g. nanobucket.KeyedTokenBucket(...))")
+    cache = policies if policies is not None else {}
+    policy = cache.get(id(limiter))
+    if policy is None or policy.name != name:
+        policy = Policy(limiter, name, keyed)
+        cache[id(limiter)] = policy
+    cost_fn: Callable[[Any], int] | None = None
+    fixed = 1
+    if callable(cost):
+        cost_fn = cost  # type: ignore[assignment]
+    else:
+        fixed = policy.validate_cost(cost)
+    return Rule(pattern, policy, key_func(key), fixed, cost_fn, False)
+
+
+class Router:
+    """Finds the `Rule` for a path and method: exact first, then longest prefix."""
+
+    __slots__ = ("default", "exact", "prefixes")
+
+    def __init__(self, default: Rule, routes: list[tuple[Route, Rule]]) -> None:
+        self.default = default
+        self.exact: dict[str, list[tuple[frozenset[str] | None, Rule]]] = {}
+        prefixes: list[tuple[str, frozenset[str] | None, Rule]] = []
+        for r, rule in routes:
+            if r.path.endswith("/*"):
+                prefixes.append((r.path[:-2], r.methods, rule))
+            else:
+                self.exact.setdefault(r.path, []).append((r.methods, rule))
+        # Longest prefix first; within one length, a method-specific rule first.
+        prefixes.sort(key=lambda p: (-len(p[0]), p[1] is None))
+        for rules in self.exact.values():
+            rules.sort(key=lambda p: p[0] is None)
+        self.prefixes = prefixes
+
+    def match(self, path: str, method: str) -> Rule:
+        """The rule for *path* and *method*."""
+        if "/." in path or "//" in path:
+            # Match what the app will serve, so "/healthz/../admin" or
+            # "//admin" cannot borrow an exempt route or escape a stricter one.
+            path = posixpath.normpath(path)
+            if path.startswith("//"):
+                path = "/" + path.lstrip("/")
+        for methods, rule in self.exact.get(path, ()):
+            if methods is None or method in methods:
+                return rule
+        for prefix, methods, rule in self.prefixes:
+            if (path == prefix or path.startswith(prefix + "/") or prefix == "") and (
+                methods is None or method in methods
+            ):
+                return rule
+        return self.default
+
+
+def build_router(
+    limiter: object,
+    key: object,
+    cost: object,
+    name: str,
+    keyed: bool | None,
+    routes: Iterable[Route] | None,
+    exempt: Iterable[str] | None,
+) -> Router:
+    """Validate the middleware's arguments into a `Router` (errors at startup)."""
+    policies: dict[int, Policy] = {}
+    default = make_rule("*", limiter, key, cost, name, keyed, policies=policies)
+    resolved: list[tuple[Route, Rule]] = []
+    for path in exempt or ():
+        r = Route(path, exempt=True)
+        resolved.append((r, make_rule(path, None, None, None, name, keyed, True)))
+    for r in routes or ():
+        if not isinstance(r, Route):
+            raise TypeError(f"routes must be Route objects, not {type(r).__name__}")
+        rule = make_rule(
+            r.path,
+            r.limiter if r.limiter is not None else limiter,
+            r.key if r.key is not None else key,
+            r.cost if r.cost is not None else cost,
+            r.name or name if r.limiter is None else (r.name or r.path),
+            keyed,
+            r.exempt,
+            policies,
+        )
+        resolved.append((r, rule))
+    return Router(default, resolved)
+
+
+def check_headers_mode(mode: object) -> str:
+    """Validate ``headers=``: "ietf" (default), "legacy" or "off"."""
+    if mode not in HEADER_MODES:
+        raise ValueError(f"headers must be one of {HEADER_MODES}, got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------
+# Counters
+
+
+class Counters:
+    """Requests seen by a middleware, readable by the app at any time.
+
+    ``admitted``: passed the limiter; ``limited``: answered 429;
+    ``shadow_limited``: would have been 429 but shadow mode let them through;
+    ``exempt``: matched an exempt route and were not counted by any limiter.
+
+    >>> c = Counters(); c.snapshot()
+    {'admitted': 0, 'limited': 0, 'shadow_limited': 0, 'exempt': 0}
+    """
+
+    __slots__ = ("_lock", "admitted", "exempt", "limited", "shadow_limited")
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.limited = 0
+        self.shadow_limited = 0
+        self.exempt = 0
+        # Only the WSGI middleware takes it: threads may add at once there,
+        # while an ASGI app runs its middleware on one event-loop thread.
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> dict[str, int]:
+        """The four counts as a dict, read together."""
+        with self._lock:
+            return {
+                "admitted": self.admitted,
+                "limited": self.limited,
+                "shadow_limited": self.shadow_limited,
+                "exempt": self.exempt,
+            }
+
+    def reset(self) -> None:
+        """Set every count back to 0."""
+        with self._lock:
+            self.admitted = self.limited = self.shadow_limited = self.exempt = 0
+
+    def __repr__(self) -> str:
+        return f"Counters({self.snapshot()})"
+
+
+def check_counters(counters: object) -> Counters:
+    """``counters=``: a `Counters` the app keeps, or None for a fresh one."""
+    if counters is None:
+        return Counters()
+    if not isinstance(counters, Counters):
+        raise TypeError(f"counters must be a nanobucket Counters, not {type(counters).__name__}")
+    return counters
+
+
+AwaitableDecision = Awaitable[Any]

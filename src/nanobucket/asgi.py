@@ -1,0 +1,138 @@
+"""ASGI middleware: answer 429 with the time to wait, for Starlette, FastAPI, any ASGI app.
+
+>>> import nanobucket as nb
+>>> from nanobucket.asgi import RateLimitMiddleware
+>>> limiter = nb.KeyedTokenBucket(rate=100, capacity=200)
+>>> async def app(scope, receive, send): ...
+>>> app = RateLimitMiddleware(app, limiter)   # per client address, cost 1
+
+FastAPI / Starlette: ``app.add_middleware(RateLimitMiddleware, limiter=limiter)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from ._http import (
+    Counters,
+    Route,
+    Rule,
+    build_router,
+    check_counters,
+    check_headers_mode,
+    client_address,
+    header,
+    limit_headers,
+    rejection,
+    route,
+)
+
+__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RateLimitMiddleware:
+    """Rate-limit every HTTP request of an ASGI app; 429 + ``Retry-After`` when limited.
+
+    * *limiter*: any nanobucket limiter, keyed (``check(key, cost)``:
+      `KeyedTokenBucket`, the shared-memory and Redis tables, ``all_of``) or
+      unkeyed (``check(cost)``: `TokenBucket`, one limit for the whole app);
+      told apart by ``check``'s signature, or by *keyed* when given. An
+      asyncio limiter (``async def check``) is awaited.
+    * *key*: ``client_address()`` (default), ``header("X-API-Key")``,
+      ``route()``, a tuple of them (one composite key), or a callable taking
+      the ASGI scope.
+    * *cost*: tokens per request, an int or a callable taking the scope.
+    * *routes*: `Route` rules with their own limiter, cost, key, or
+      ``exempt=True``; *exempt*: paths never limited (``["/healthz"]``).
+    * *headers*: ``"ietf"`` (``RateLimit-Policy`` and ``RateLimit``),
+      ``"legacy"`` (``X-RateLimit-*``) or ``"off"``; *name* names the policy.
+    * *shadow*: decide and count, never reject and add no headers (roll out
+      a limit and watch ``counters.shadow_limited`` first).
+    * *counters*: a `Counters` to count into (default: a new one, at
+      ``.counters``).
+
+    The decision is left in ``scope["nanobucket.decision"]`` for the app.
+    Only ``http`` requests are limited; websocket and lifespan pass through.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Scope], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: Iterable[str] | None = None,
+        headers: str = "ietf",
+        name: str = "default",
+        shadow: bool = False,
+        counters: Counters | None = None,
+        keyed: bool | None = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI callable, not {type(app).__name__}")
+        if not isinstance(shadow, bool):
+            raise TypeError("shadow must be a bool")
+        self.app = app
+        self.headers = check_headers_mode(headers)
+        self.shadow = shadow
+        self.counters = check_counters(counters)
+        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
+        # With no routes every request takes the default rule: skip matching.
+        self._simple = not self._router.exact and not self._router.prefixes
+        self._quiet = shadow or self.headers == "off"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._simple:
+            rule: Rule = self._router.default
+        else:
+            rule = self._router.match(scope["path"], scope["method"])
+            scope["nanobucket.route"] = rule.pattern
+            if rule.exempt:
+                self.counters.exempt += 1
+                await self.app(scope, receive, send)
+                return
+        policy = rule.policy
+        assert policy is not None  # only exempt rules have none
+        cost = rule.cost if rule.cost_fn is None else rule.cost_fn(scope)
+        decision = policy.check(rule.key.asgi(scope), cost)  # type: ignore[union-attr]
+        if policy.is_async:
+            decision = await decision
+        scope["nanobucket.decision"] = decision
+        if decision.allowed:
+            self.counters.admitted += 1
+            if self._quiet:
+                await self.app(scope, receive, send)
+                return
+            extra = limit_headers(self.headers, policy, decision)
+
+            async def send_with_headers(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    # A new list: the app may reuse its own headers list.
+                    message["headers"] = [*message.get("headers", ()), *extra]
+                await send(message)
+
+            await self.app(scope, receive, send_with_headers)
+            return
+        if self.shadow:
+            self.counters.shadow_limited += 1
+            await self.app(scope, receive, send)
+            return
+        self.counters.limited += 1
+        response_headers, body = rejection(self.headers, policy, decision)
+        await send({"type": "http.response.start", "status": 429, "headers": response_headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

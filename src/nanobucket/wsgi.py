@@ -1,0 +1,128 @@
+"""WSGI middleware: answer 429 with the time to wait, for Flask, Django, any WSGI app.
+
+>>> import nanobucket as nb
+>>> from nanobucket.wsgi import RateLimitMiddleware
+>>> def app(environ, start_response): ...
+>>> app = RateLimitMiddleware(app, nb.KeyedTokenBucket(rate=100, capacity=200))
+
+Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._http import (
+    Counters,
+    Route,
+    Rule,
+    build_router,
+    check_counters,
+    check_headers_mode,
+    client_address,
+    header,
+    limit_headers,
+    rejection,
+    route,
+)
+
+__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+
+
+class RateLimitMiddleware:
+    """Rate-limit every request of a WSGI app; 429 + ``Retry-After`` when limited.
+
+    The arguments are those of `nanobucket.asgi.RateLimitMiddleware`, with
+    callables (``key``, ``cost``) taking the WSGI ``environ``. The limiter
+    must be synchronous. The decision is left in
+    ``environ["nanobucket.decision"]``; counting is thread-safe.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Environ], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: Iterable[str] | None = None,
+        headers: str = "ietf",
+        name: str = "default",
+        shadow: bool = False,
+        counters: Counters | None = None,
+        keyed: bool | None = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
+        if not isinstance(shadow, bool):
+            raise TypeError("shadow must be a bool")
+        self.app = app
+        self.headers = check_headers_mode(headers)
+        self.shadow = shadow
+        self.counters = check_counters(counters)
+        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
+        for policy in self._policies():
+            if policy.is_async:
+                raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
+        self._simple = not self._router.exact and not self._router.prefixes
+        self._quiet = shadow or self.headers == "off"
+
+    def _policies(self) -> list[Any]:
+        rules = [self._router.default]
+        rules += [rule for group in self._router.exact.values() for _, rule in group]
+        rules += [rule for _, _, rule in self._router.prefixes]
+        return [rule.policy for rule in rules if rule.policy is not None]
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        counters = self.counters
+        if self._simple:
+            rule: Rule = self._router.default
+        else:
+            path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            rule = self._router.match(path or "/", environ.get("REQUEST_METHOD", "GET"))
+            environ["nanobucket.route"] = rule.pattern
+            if rule.exempt:
+                with counters._lock:
+                    counters.exempt += 1
+                return self.app(environ, start_response)
+        policy = rule.policy
+        assert policy is not None
+        cost = rule.cost if rule.cost_fn is None else rule.cost_fn(environ)
+        decision = policy.check(rule.key.wsgi(environ), cost)  # type: ignore[union-attr]
+        environ["nanobucket.decision"] = decision
+        if decision.allowed:
+            with counters._lock:
+                counters.admitted += 1
+            if self._quiet:
+                return self.app(environ, start_response)
+            extra = _str_headers(limit_headers(self.headers, policy, decision))
+
+            def start_with_headers(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+                headers = [*headers, *extra]  # a new list: the app may reuse its own
+                if exc_info is None:
+                    return start_response(status, headers)
+                return start_response(status, headers, exc_info)
+
+            return self.app(environ, start_with_headers)
+        if self.shadow:
+            with counters._lock:
+                counters.shadow_limited += 1
+            return self.app(environ, start_response)
+        with counters._lock:
+            counters.limited += 1
+        response_headers, body = rejection(self.headers, policy, decision)
+        start_response("429 Too Many Requests", _str_headers(response_headers))
+        return [body]
+
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

@@ -1,0 +1,477 @@
+"""The ASGI middleware through httpx's ASGI transport, under an injected clock.
+
+Every test runs on both implementations (``impl``); the numbers are exact:
+a limiter of rate 1/s and capacity 2 admits two requests at t=0, and the
+third must wait exactly 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route as StarletteRoute
+
+from nanobucket._http import (
+    Counters,
+    Policy,
+    Route,
+    client_address,
+    header,
+    is_keyed,
+    retry_after_seconds,
+    route,
+)
+from nanobucket.asgi import RateLimitMiddleware
+
+S = 1_000_000_000
+
+
+async def _hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello", headers={"x-app": "1"})
+
+
+async def _remaining(request: Request) -> JSONResponse:
+    decision = request.scope.get("nanobucket.decision")
+    return JSONResponse({"remaining": None if decision is None else decision.remaining})
+
+
+def starlette_app() -> Starlette:
+    return Starlette(
+        routes=[
+            StarletteRoute("/", _hello),
+            StarletteRoute("/healthz", _hello),
+            StarletteRoute("/search", _hello, methods=["GET", "POST"]),
+            StarletteRoute("/api/{rest:path}", _hello),
+            StarletteRoute("/remaining", _remaining),
+        ]
+    )
+
+
+class Client:
+    """A synchronous face on ``httpx.AsyncClient(transport=ASGITransport(...))``."""
+
+    def __init__(self, app: Any, client: tuple[str, int] = ("127.0.0.1", 40000)) -> None:
+        self.loop = asyncio.new_event_loop()
+        transport = httpx.ASGITransport(app=app, client=client)
+        self.http = httpx.AsyncClient(transport=transport, base_url="http://test")
+
+    def get(self, path: str = "/", **kwargs: Any) -> httpx.Response:
+        return self.loop.run_until_complete(self.http.get(path, **kwargs))
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.loop.run_until_complete(self.http.post(path, **kwargs))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.http.aclose())
+        self.loop.close()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def client_for(clients: list[Client], app: Any, host: str = "127.0.0.1") -> Client:
+    c = Client(app, (host, 40000))
+    clients.append(c)
+    return c
+
+
+def test_admitted_then_429_with_exact_headers(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    app = RateLimitMiddleware(starlette_app(), limiter)
+    c = client_for(clients, app)
+
+    r = c.get("/")
+    assert r.status_code == 200 and r.text == "hello"
+    assert r.headers["x-app"] == "1"  # the app's own headers survive
+    assert r.headers["ratelimit-policy"] == '"default";q=2;w=2'
+    assert r.headers["ratelimit"] == '"default";r=1;t=1'
+    assert "retry-after" not in r.headers
+
+    r = c.get("/")
+    assert r.status_code == 200
+    assert r.headers["ratelimit"] == '"default";r=0;t=2'
+
+    r = c.get("/")
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "1"
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.headers["ratelimit-policy"] == '"default";q=2;w=2'
+    assert r.headers["ratelimit"] == '"default";r=0;t=2'
+    assert r.json() == {
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": "Rate limit 'default' exceeded; retry after 1 s.",
+        "retry_after": 1,
+    }
+    assert int(r.headers["content-length"]) == len(r.content)
+
+    clock.advance(S - 1)  # 1 ns short of the next token: still limited, never "0"
+    r = c.get("/")
+    assert (r.status_code, r.headers["retry-after"]) == (429, "1")
+    assert r.headers["ratelimit"] == '"default";r=0;t=2'  # 1 s + 1 ns to full, rounded up
+
+    clock.advance(1)
+    r = c.get("/")
+    assert r.status_code == 200
+    assert r.headers["ratelimit"] == '"default";r=0;t=2'
+    assert app.counters.snapshot() == {"admitted": 3, "limited": 2, "shadow_limited": 0, "exempt": 0}
+
+
+def test_retry_after_rounds_up_whole_seconds(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    # 1 token per 4 s: after the one token is spent, the wait is 4 s, then 2.5 s -> "3".
+    limiter = impl.KeyedTokenBucket(rate=0.25, capacity=1, clock=clock)
+    c = client_for(clients, RateLimitMiddleware(starlette_app(), limiter))
+    assert c.get("/").status_code == 200
+    assert c.get("/").headers["retry-after"] == "4"
+    clock.advance(S * 3 // 2)
+    r = c.get("/")
+    assert (r.status_code, r.headers["retry-after"], r.json()["retry_after"]) == (429, "3", 3)
+    assert r.headers["ratelimit-policy"] == '"default";q=1;w=4'
+
+
+@pytest.mark.parametrize(
+    ("rate", "capacity", "policy"),
+    [(100, 200, "q=200;w=2"), (100, 100, "q=100;w=1"), (100, 1, "q=100;w=1"), (3, 10, "q=12;w=4")],
+)
+def test_policy_quota_and_window(impl: ModuleType, rate: int, capacity: int, policy: str) -> None:
+    # w: seconds an empty bucket takes to fill (>= 1); q: what the rate admits in w.
+    p = Policy(impl.KeyedTokenBucket(rate=rate, capacity=capacity), "default", None)
+    assert p.policy_value == f'"default";{policy}'.encode()
+
+
+def test_retry_after_never_zero() -> None:
+    assert [retry_after_seconds(ns) for ns in (0, 1, S - 1, S, S + 1)] == [1, 1, 1, 1, 2]
+
+
+def test_legacy_and_off_headers(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    legacy = RateLimitMiddleware(
+        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock), headers="legacy"
+    )
+    c = client_for(clients, legacy)
+    r = c.get("/")
+    assert (r.headers["x-ratelimit-limit"], r.headers["x-ratelimit-remaining"]) == ("2", "1")
+    assert r.headers["x-ratelimit-reset"] == "1"
+    assert "ratelimit" not in r.headers
+    c.get("/")
+    r = c.get("/")
+    assert r.status_code == 429
+    assert (r.headers["x-ratelimit-remaining"], r.headers["retry-after"]) == ("0", "1")
+
+    off = RateLimitMiddleware(
+        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), headers="off"
+    )
+    c = client_for(clients, off)
+    r = c.get("/")
+    assert r.status_code == 200
+    assert not [h for h in r.headers if "ratelimit" in h]
+    r = c.get("/")
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert not [h for h in r.headers if "ratelimit" in h]
+
+
+def test_unkeyed_bucket_is_one_limit_for_everyone(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    app = RateLimitMiddleware(starlette_app(), impl.TokenBucket(rate=1, capacity=2, clock=clock))
+    a = client_for(clients, app, "10.0.0.1")
+    b = client_for(clients, app, "10.0.0.2")
+    assert [a.get("/").status_code, b.get("/").status_code, b.get("/").status_code] == [200, 200, 429]
+
+
+def test_clients_have_their_own_buckets(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock))
+    a = client_for(clients, app, "10.0.0.1")
+    b = client_for(clients, app, "10.0.0.2")
+    assert [a.get("/").status_code, a.get("/").status_code] == [200, 429]
+    assert [b.get("/").status_code, b.get("/").status_code] == [200, 429]
+
+
+def test_spoofed_forwarded_for_does_not_change_the_key(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
+    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock))
+    c = client_for(clients, app, "203.0.113.9")
+    codes = [c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)]
+    assert codes == [200, 200, 429, 429, 429]
+
+
+def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
+    key = client_address(trusted_proxies=["10.0.0.0/8"])
+    app = RateLimitMiddleware(starlette_app(), limiter, key=key)
+    proxy = client_for(clients, app, "10.1.2.3")
+    # Behind the trusted proxy, each real client has its own bucket...
+    assert proxy.get("/", headers={"X-Forwarded-For": "198.51.100.1"}).status_code == 200
+    assert proxy.get("/", headers={"X-Forwarded-For": "198.51.100.2"}).status_code == 200
+    assert proxy.get("/", headers={"X-Forwarded-For": "198.51.100.1"}).status_code == 429
+    # ...and what a client writes left of the proxy's entry is never read.
+    forged = {"X-Forwarded-For": "192.0.2.77, 198.51.100.1"}
+    assert proxy.get("/", headers=forged).status_code == 429
+    # A client that is not a trusted proxy cannot use the header at all.
+    direct = client_for(clients, app, "203.0.113.9")
+    assert direct.get("/", headers={"X-Forwarded-For": "192.0.2.1"}).status_code == 200
+    assert direct.get("/", headers={"X-Forwarded-For": "192.0.2.2"}).status_code == 429
+    assert limiter.tokens_at("192.0.2.1", clock.now) == 1.0  # never charged
+
+
+@pytest.mark.parametrize(
+    ("peer", "xff", "key"),
+    [
+        ("10.0.0.1", None, "10.0.0.1"),
+        ("10.0.0.1", "1.2.3.4", "1.2.3.4"),
+        ("10.0.0.1", "1.2.3.4, 10.0.0.5", "1.2.3.4"),  # a chain of trusted proxies
+        ("10.0.0.1", "6.6.6.6, 1.2.3.4, 10.0.0.5", "1.2.3.4"),
+        ("10.0.0.1", "10.0.0.7, 10.0.0.5", "10.0.0.7"),  # all trusted: the leftmost
+        ("10.0.0.1", "garbage, 10.0.0.5", "10.0.0.5"),  # stops at the last trusted hop
+        ("10.0.0.1", "1.2.3.4:5678", "1.2.3.4"),
+        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::1"),
+        ("1.2.3.4", "5.6.7.8", "1.2.3.4"),  # not from a trusted proxy: header ignored
+        ("", "5.6.7.8", ""),
+    ],
+)
+def test_forwarded_for_walk(peer: str, xff: str | None, key: str) -> None:
+    assert client_address(trusted_proxies=["10.0.0.0/8"]).resolve(peer, xff) == key
+    assert client_address().resolve(peer, xff) == peer
+
+
+def test_two_forwarded_for_fields_are_joined() -> None:
+    scope = {
+        "type": "http",
+        "client": ("10.0.0.1", 1),
+        "headers": [(b"x-forwarded-for", b"6.6.6.6"), (b"x-forwarded-for", b"1.2.3.4")],
+    }
+    assert client_address(trusted_proxies="10.0.0.0/8").asgi(scope) == "1.2.3.4"
+
+
+def test_header_key_with_address_fallback(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
+    app = RateLimitMiddleware(starlette_app(), limiter, key=header("X-API-Key"))
+    c = client_for(clients, app)
+    assert c.get("/", headers={"X-API-Key": "alice"}).status_code == 200
+    assert c.get("/", headers={"X-API-Key": "alice"}).status_code == 429
+    assert c.get("/", headers={"X-API-Key": "bob"}).status_code == 200
+    assert c.get("/").status_code == 200  # no key: the client address's bucket
+    assert c.get("/").status_code == 429
+    assert limiter.tokens_at("header:alice", clock.now) == 0.0
+    assert limiter.tokens_at("addr:127.0.0.1", clock.now) == 0.0
+
+
+def test_routes_costs_exempt_and_route_key(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    default = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
+    search = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
+    app = RateLimitMiddleware(
+        starlette_app(),
+        default,
+        exempt=["/healthz"],
+        routes=[
+            Route("/search", search, name="search"),
+            Route("/search", search, cost=3, methods={"POST"}, name="search"),
+            Route("/api/*", cost=4),
+            Route("/remaining", key=route()),
+        ],
+    )
+    c = client_for(clients, app)
+    for _ in range(20):
+        r = c.get("/healthz")
+        assert r.status_code == 200 and "ratelimit" not in r.headers
+    assert app.counters.exempt == 20
+
+    r = c.get("/search")
+    assert r.headers["ratelimit-policy"] == '"search";q=3;w=3'
+    assert r.headers["ratelimit"] == '"search";r=2;t=1'
+    assert c.post("/search").status_code == 429  # costs 3, 2 left
+    assert c.get("/search").status_code == 200
+    assert search.tokens_at("127.0.0.1", clock.now) == 1.0
+
+    r = c.get("/api/v1/items")  # the default limiter, cost 4
+    assert r.headers["ratelimit"] == '"default";r=6;t=4'
+    assert c.get("/api").headers["ratelimit"] == '"default";r=2;t=8'
+    assert c.get("/apix").headers["ratelimit"] == '"default";r=1;t=9'  # not below /api
+    # A traversal does not borrow the exempt route: it is /api/x, cost 4.
+    assert c.get("/healthz/../api/x").status_code == 429
+    # The route key: one bucket for the route, whoever calls.
+    assert c.get("/remaining").json() == {"remaining": 9}
+    assert default.tokens_at("/remaining", clock.now) == 9.0
+    assert app.counters.snapshot() == {"admitted": 6, "limited": 2, "shadow_limited": 0, "exempt": 20}
+
+
+def test_cost_callable_and_composite_key(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
+
+    def cost(scope: Any) -> int:
+        return 5 if scope["method"] == "POST" else 1
+
+    app = RateLimitMiddleware(
+        starlette_app(), limiter, cost=cost, key=(client_address(), route()),
+        routes=[Route("/search")],
+    )
+    c = client_for(clients, app)
+    assert c.post("/search").headers["ratelimit"] == '"default";r=5;t=5'
+    assert c.get("/").headers["ratelimit"] == '"default";r=9;t=1'
+    assert limiter.tokens_at("127.0.0.1\n/search", clock.now) == 5.0
+    assert limiter.tokens_at("127.0.0.1\n*", clock.now) == 9.0
+
+
+def test_shadow_mode_counts_and_never_rejects(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    counters = Counters()
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    app = RateLimitMiddleware(starlette_app(), limiter, shadow=True, counters=counters)
+    c = client_for(clients, app)
+    responses = [c.get("/") for _ in range(5)]
+    assert [r.status_code for r in responses] == [200] * 5
+    assert not [h for r in responses for h in r.headers if "ratelimit" in h]
+    assert counters.snapshot() == {"admitted": 2, "limited": 0, "shadow_limited": 3, "exempt": 0}
+    counters.reset()
+    assert counters.limited == counters.admitted == 0
+
+
+def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock))
+    c = client_for(clients, app)
+    assert [c.get("/remaining").json()["remaining"] for _ in range(3)] == [4, 3, 2]
+
+
+class AsyncLimiter:
+    """An asyncio limiter, as the Redis one will be: ``async def check``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.rate = inner.rate
+        self.capacity = inner.capacity
+        self.calls = 0
+
+    async def check(self, key: Any, cost: int = 1) -> Any:
+        self.calls += 1
+        await asyncio.sleep(0)
+        return self.inner.check(key, cost)
+
+
+def test_async_limiter_is_awaited(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    limiter = AsyncLimiter(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock))
+    c = client_for(clients, RateLimitMiddleware(starlette_app(), limiter))
+    r1, r2 = c.get("/"), c.get("/")
+    assert (r1.status_code, r2.status_code, r2.headers["retry-after"]) == (200, 429, "1")
+    assert limiter.calls == 2
+
+
+def test_non_http_scopes_pass_through(impl: ModuleType) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    mw = RateLimitMiddleware(app, impl.KeyedTokenBucket(rate=1, capacity=1))
+
+    async def run() -> None:
+        for kind in ("lifespan", "websocket", "websocket"):
+            await mw({"type": kind, "client": ("1.2.3.4", 1)}, None, None)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    assert seen == ["lifespan", "websocket", "websocket"]
+
+
+def test_keyed_detection(impl: ModuleType) -> None:
+    assert is_keyed(impl.KeyedTokenBucket(rate=1, capacity=1)) is True
+    assert is_keyed(impl.TokenBucket(rate=1, capacity=1)) is False
+
+    class Layered:  # the all_of shape: check(key=None, cost=1)
+        def check(self, key: Any = None, cost: int = 1) -> None: ...
+
+    assert is_keyed(Layered()) is True
+
+
+def _mw(limiter: Any, **kwargs: Any) -> RateLimitMiddleware:
+    return RateLimitMiddleware(starlette_app(), limiter, **kwargs)
+
+
+def test_bad_arguments(impl: ModuleType) -> None:
+    keyed = impl.KeyedTokenBucket(rate=1, capacity=2)
+    with pytest.raises(TypeError, match="check"):
+        _mw(object())
+    with pytest.raises(TypeError, match="limiter is required"):
+        _mw(None)
+
+    class Odd:
+        def check(self, who: Any, n: int) -> None: ...
+
+    with pytest.raises(TypeError, match="keyed=True/False"):
+        _mw(Odd())
+    assert _mw(Odd(), keyed=True).counters.admitted == 0
+    with pytest.raises(ValueError, match="exceeds capacity"):
+        _mw(keyed, cost=3)
+    with pytest.raises(ValueError, match="exceeds capacity"):
+        _mw(keyed, routes=[Route("/x", cost=5)])
+    with pytest.raises(TypeError, match="cost must be an int"):
+        _mw(keyed, cost=True)
+    with pytest.raises(ValueError, match="headers must be one of"):
+        _mw(keyed, headers="draft")
+    with pytest.raises(TypeError, match="shadow"):
+        _mw(keyed, shadow=1)
+    with pytest.raises(ValueError, match="start with '/'"):
+        Route("api/*")
+    with pytest.raises(ValueError, match="wildcard"):
+        Route("/api*")
+    with pytest.raises(ValueError, match="exempt route"):
+        Route("/x", keyed, exempt=True)
+    with pytest.raises(TypeError, match="methods"):
+        Route("/x", methods="POST")
+    with pytest.raises(TypeError, match="routes must be Route"):
+        _mw(keyed, routes=["/x"])
+    with pytest.raises(ValueError, match="not an IP"):
+        client_address(trusted_proxies=["proxy.local"])
+    with pytest.raises(ValueError, match="header name"):
+        header("X Bad")
+    with pytest.raises(TypeError, match="key must be"):
+        _mw(keyed, key=42)
+    with pytest.raises(ValueError, match="policy name"):
+        _mw(keyed, name='a"b')
+    with pytest.raises(TypeError, match="counters"):
+        _mw(keyed, counters={})
+    with pytest.raises(TypeError, match="ASGI callable"):
+        RateLimitMiddleware(None, keyed)  # type: ignore[arg-type]
+
+
+def test_problem_body_is_json(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+    app = RateLimitMiddleware(starlette_app(), impl.TokenBucket(rate=2, capacity=1, clock=clock))
+    c = client_for(clients, app)
+    c.get("/")
+    r = c.get("/")
+    assert json.loads(r.content)["detail"] == "Rate limit 'default' exceeded; retry after 1 s."
+    assert r.headers["ratelimit-policy"] == '"default";q=2;w=1'
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "pattern"),
+    [
+        ("/healthz", "GET", "/healthz"),
+        ("/healthz/../admin", "GET", "*"),  # not exempt: the app serves /admin
+        ("/healthz/./", "GET", "/healthz"),
+        ("//healthz", "GET", "/healthz"),
+        ("/api", "GET", "/api/*"),
+        ("/api/v1/../../admin", "GET", "*"),
+        ("/api/v1/x", "GET", "/api/v1/*"),  # the longest prefix wins
+        ("/apix", "GET", "*"),
+        ("/login", "GET", "*"),
+        ("/login", "POST", "/login"),
+    ],
+)
+def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) -> None:
+    mw = _mw(
+        impl.KeyedTokenBucket(rate=1, capacity=5),
+        exempt=["/healthz"],
+        routes=[Route("/api/*"), Route("/api/v1/*", cost=2), Route("/login", methods={"post"})],
+    )
+    assert mw._router.match(path, method).pattern == pattern
