@@ -1,0 +1,285 @@
+"""What a token-bucket configuration admits, in exact numbers.
+
+The seed opens with "explain the limiting mechanism in this configuration"
+(rate 100/s, capacity 200). `explain` answers it for any numbers, in exact
+rational arithmetic (`Fraction`), so 200 / 100 prints as ``2 s``, never
+``1.9999 s``. Every rational value is rendered by `fmt`: a whole or
+terminating decimal when one exists (``2``, ``2.5``), else ``p/q`` with an
+approximation (``10/3 (~3.333333)``). In JSON, rational values are strings
+that ``fractions.Fraction`` parses back exactly; counts are ints.
+
+>>> e = explain(100, 200)
+>>> fmt(e.refill_s), e.largest_burst, fmt(e.burst.absorbed_s)
+('2', 200, '2.5')
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ._params import NS_PER_S, RateLike, bucket_params, check_cost, rate_fraction
+
+__all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
+
+WINDOWS_S = (1, 2, 5, 60)
+# The seed's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
+DEFAULT_BURST_FACTOR = Fraction(9, 5)
+
+
+def fmt(value: Fraction | int, approx: bool = True) -> str:
+    """Render *value* exactly: ``2``, ``2.5``, or ``10/3 (~3.333333)``."""
+    value = Fraction(value)
+    if value.denominator == 1:
+        return str(value.numerator)
+    den = value.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    if den == 1:  # a terminating decimal: print all of it, nothing rounded
+        places = max(twos, fives)
+        scaled = abs(value.numerator) * 10**places // value.denominator
+        sign = "-" if value < 0 else ""
+        whole, frac = divmod(scaled, 10**places)
+        return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
+    exact = f"{value.numerator}/{value.denominator}"
+    return f"{exact} (~{float(value):.6f})" if approx else exact
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass(frozen=True)
+class BurstAnswer:
+    """How a burst at ``rps`` requests/s, starting from a full bucket, is treated.
+
+    ``absorbed_s`` is None when the burst is within the sustained rate (never
+    rejected). Otherwise the bucket drains at ``drain_per_s`` tokens/s and is
+    empty after ``absorbed_s``; from then on ``then_admitted_rps`` pass and
+    ``then_rejected_rps`` are turned away. With requests evenly spaced at
+    ``1/rps`` from t = 0, the first rejected one is number
+    ``first_rejected`` (1-based), at ``first_rejected_s``.
+    """
+
+    rps: Fraction
+    drain_per_s: Fraction
+    absorbed_s: Fraction | None
+    absorbed_requests: Fraction | None
+    first_rejected: int | None
+    first_rejected_s: Fraction | None
+    then_admitted_rps: Fraction
+    then_rejected_rps: Fraction
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Exact figures for one configuration (see `explain`)."""
+
+    rate: Fraction
+    capacity: int
+    cost: int
+    instances: int
+    interval_ns: int
+    tau_ns: int
+    sustained_rps: Fraction
+    largest_burst: int
+    refill_s: Fraction
+    max_admitted: tuple[tuple[int, int], ...]  # (T seconds, requests)
+    burst: BurstAnswer
+    summary: str
+
+    @property
+    def interval_exact(self) -> bool:
+        """True if one token is a whole number of ns (no rounding at all)."""
+        return Fraction(NS_PER_S) / self.rate == self.interval_ns
+
+
+def _burst(rate: Fraction, capacity: int, cost: int, rps: Fraction) -> BurstAnswer:
+    drain = rps * cost - rate
+    if drain <= 0 or cost == 0:
+        return BurstAnswer(rps, max(drain, Fraction(0)), None, None, None, None, rps, Fraction(0))
+    absorbed = capacity / drain
+    # Request k (0-based) arrives at k/rps and finds capacity - k*cost +
+    # k*rate/rps tokens; it is admitted iff that is >= cost.
+    k = math.floor((capacity - cost) * rps / drain) + 1
+    admitted_rps = rate / cost
+    return BurstAnswer(
+        rps, drain, absorbed, absorbed * rps, k + 1, k / rps, admitted_rps, rps - admitted_rps
+    )
+
+
+def explain(
+    rate: RateLike,
+    capacity: int,
+    cost: int = 1,
+    instances: int = 1,
+    burst_rps: RateLike | None = None,
+) -> Explanation:
+    """Explain a bucket of *rate* tokens/s and *capacity* tokens, exactly.
+
+    *cost* is tokens per request, *instances* the number of processes each
+    holding such a bucket locally, *burst_rps* the burst to judge (default
+    1.8 x the sustained request rate, the seed's 180 against 100).
+
+    >>> e = explain(100, 200, burst_rps=180)
+    >>> e.max_admitted
+    ((1, 300), (2, 400), (5, 700), (60, 6200))
+    >>> e.burst.first_rejected, fmt(e.burst.first_rejected_s, approx=False)
+    (449, '112/45')
+    """
+    exact, cap, interval, tau = bucket_params(rate, capacity)
+    cost = check_cost(cost, cap)
+    if cost == 0:
+        raise ValueError("cost must be >= 1 to explain a limit (cost 0 is a free probe)")
+    if isinstance(instances, bool) or not isinstance(instances, int):
+        raise TypeError(f"instances must be an int, not {type(instances).__name__}")
+    if instances < 1:
+        raise ValueError(f"instances must be >= 1, got {instances!r}")
+    sustained = exact / cost
+    bps = sustained * DEFAULT_BURST_FACTOR if burst_rps is None else _positive(burst_rps)
+    largest = cap // cost
+    windows = tuple((t, math.floor((cap + exact * t) / cost)) for t in WINDOWS_S)
+    burst = _burst(exact, cap, cost, bps)
+    partial = Explanation(
+        exact, cap, cost, instances, interval, tau, sustained, largest,
+        Fraction(cap) / exact, windows, burst, "",
+    )
+    return Explanation(**{**partial.__dict__, "summary": _summary(partial)})
+
+
+def _positive(value: RateLike) -> Fraction:
+    try:  # the same checks as a rate: a finite number > 0
+        return rate_fraction(value)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("rate", "burst rate", 1)) from None
+
+
+def _summary(e: Explanation) -> str:
+    tokens = f"{fmt(e.rate)} tokens per second"
+    text = (
+        f"The bucket starts full with {e.capacity} tokens and refills {tokens}, never "
+        f"past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is rejected. "
+        f"So up to {e.largest_burst} requests pass at once, but over time no more than "
+        f"{fmt(e.sustained_rps)} per second: an empty bucket takes {fmt(e.refill_s)} s to "
+        f"refill, and any {e.max_admitted[0][0]} s admits at most {e.max_admitted[0][1]} "
+        f"(capacity plus one second of refill). "
+    )
+    b = e.burst
+    if b.absorbed_s is None:
+        text += f"A burst of {fmt(b.rps)} req/s is within the sustained rate and is never rejected."
+    else:
+        text += (
+            f"A burst of {fmt(b.rps)} req/s drains it by {fmt(b.drain_per_s)} tokens/s, so it "
+            f"is empty after {fmt(b.absorbed_s)} s and every request up to then passes (the "
+            f"first rejection is request #{b.first_rejected}); after that "
+            f"{fmt(b.then_admitted_rps)} req/s pass and {fmt(b.then_rejected_rps)} req/s are "
+            "rejected until the burst ends."
+        )
+    if e.instances > 1:
+        n = e.instances
+        text += (
+            f" With {n} instances each holding its own bucket, together they admit up to "
+            f"{fmt(e.sustained_rps * n)} req/s and {e.largest_burst * n} at once: for one shared "
+            f"limit use a shared store (Redis) or give each instance rate {fmt(e.rate / n)} "
+            f"and capacity {e.capacity // n}."
+        )
+    return text
+
+
+def render_text(e: Explanation) -> str:
+    """The human-readable report printed by ``nanobucket explain``."""
+    b = e.burst
+    unit = "" if e.cost == 1 else f" (cost {e.cost} tokens each)"
+    lines = [
+        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {e.capacity} tokens{unit}",
+        "",
+        f"  sustained rate           {fmt(e.sustained_rps)} req/s",
+        f"  largest burst            {e.largest_burst} requests at once",
+        f"  refill from empty        {fmt(e.refill_s)} s",
+        f"  one token every          {e.interval_ns} ns"
+        + ("" if e.interval_exact else f" (1/{fmt(e.rate, approx=False)} s rounded up: "
+                                       "never faster than asked)"),
+        "",
+        "  most admitted in any window of T seconds (capacity + rate * T):",
+    ]
+    for t, n in e.max_admitted:
+        lines.append(f"    T = {t:>2} s   {n} requests")
+    lines.append("")
+    if b.absorbed_s is None:
+        lines.append(f"  burst of {fmt(b.rps)} req/s  never rejected (within the sustained rate)")
+    else:
+        lines += [
+            f"  burst of {fmt(b.rps)} req/s  drains {fmt(b.drain_per_s)} tokens/s from a full bucket",
+            f"    bucket empty after     {fmt(b.absorbed_s)} s ({fmt(b.absorbed_requests or 0)}"
+            " requests' worth)",
+            f"    first rejection        request #{b.first_rejected} at "
+            f"{fmt(b.first_rejected_s or 0)} s (evenly spaced arrivals)",
+            f"    then                   {fmt(b.then_admitted_rps)} req/s admitted, "
+            f"{fmt(b.then_rejected_rps)} req/s rejected",
+        ]
+    if e.instances > 1:
+        n = e.instances
+        lines += [
+            "",
+            f"  {n} instances, each with its own local bucket, together admit:",
+            f"    sustained              {fmt(e.sustained_rps * n)} req/s",
+            f"    at once                {e.largest_burst * n} requests",
+        ]
+        lines += [f"    in T = {t:>2} s            {m * n} requests" for t, m in e.max_admitted]
+        lines.append(
+            f"    for one shared limit   rate {fmt(e.rate / n)}, capacity {e.capacity // n}"
+            " per instance, or a shared store"
+        )
+    lines += ["", *_wrap(e.summary, 78)]
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width)
+
+
+def to_json(e: Explanation) -> dict[str, object]:
+    """The ``--json`` document: rationals as exact strings, counts as ints."""
+    b = e.burst
+
+    def q(value: Fraction | None) -> str | None:
+        return None if value is None else fmt(value, approx=False)
+
+    n = e.instances
+    return {
+        "rate": q(e.rate),
+        "capacity": e.capacity,
+        "cost": e.cost,
+        "instances": n,
+        "interval_ns": e.interval_ns,
+        "tau_ns": e.tau_ns,
+        "interval_exact": e.interval_exact,
+        "sustained_rps": q(e.sustained_rps),
+        "largest_burst": e.largest_burst,
+        "refill_s": q(e.refill_s),
+        "max_admitted": [{"seconds": t, "requests": m} for t, m in e.max_admitted],
+        "burst": {
+            "rps": q(b.rps),
+            "drain_per_s": q(b.drain_per_s),
+            "absorbed_s": q(b.absorbed_s),
+            "absorbed_requests": q(b.absorbed_requests),
+            "first_rejected": b.first_rejected,
+            "first_rejected_s": q(b.first_rejected_s),
+            "then_admitted_rps": q(b.then_admitted_rps),
+            "then_rejected_rps": q(b.then_rejected_rps),
+        },
+        "all_instances": {
+            "sustained_rps": q(e.sustained_rps * n),
+            "largest_burst": e.largest_burst * n,
+            "max_admitted": [{"seconds": t, "requests": m * n} for t, m in e.max_admitted],
+            "shared_limit_per_instance": {"rate": q(e.rate / n), "capacity": e.capacity // n},
+        },
+        "summary": e.summary,
+    }

@@ -1,0 +1,155 @@
+"""`nanobucket.explain`: the seed's configuration explained in exact numbers."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from types import ModuleType
+
+import pytest
+
+from nanobucket.explain import explain, fmt, render_text, to_json
+from nanobucket.reference import ExactBucket
+
+SEED_TEXT = """\
+token bucket: rate 100 tokens/s, capacity 200 tokens
+
+  sustained rate           100 req/s
+  largest burst            200 requests at once
+  refill from empty        2 s
+  one token every          10000000 ns
+
+  most admitted in any window of T seconds (capacity + rate * T):
+    T =  1 s   300 requests
+    T =  2 s   400 requests
+    T =  5 s   700 requests
+    T = 60 s   6200 requests
+
+  burst of 180 req/s  drains 80 tokens/s from a full bucket
+    bucket empty after     2.5 s (450 requests' worth)
+    first rejection        request #449 at 112/45 (~2.488889) s (evenly spaced arrivals)
+    then                   100 req/s admitted, 80 req/s rejected
+"""
+
+
+def test_seed_configuration_text() -> None:
+    text = render_text(explain(100, 200))
+    assert text.startswith(SEED_TEXT)
+    summary = " ".join(text[len(SEED_TEXT):].split())
+    assert summary.startswith("The bucket starts full with 200 tokens and refills 100 tokens")
+    assert "an empty bucket takes 2 s to refill" in summary
+    assert "is empty after 2.5 s" in summary
+    assert "instances" not in summary
+
+
+def test_seed_configuration_json() -> None:
+    doc = to_json(explain(100, 200, burst_rps=180))
+    assert doc["refill_s"] == "2"
+    assert doc["sustained_rps"] == "100"
+    assert doc["largest_burst"] == 200
+    assert (doc["interval_ns"], doc["tau_ns"], doc["interval_exact"]) == (10**7, 2 * 10**9, True)
+    assert doc["max_admitted"] == [
+        {"seconds": 1, "requests": 300},
+        {"seconds": 2, "requests": 400},
+        {"seconds": 5, "requests": 700},
+        {"seconds": 60, "requests": 6200},
+    ]
+    assert doc["burst"] == {
+        "rps": "180",
+        "drain_per_s": "80",
+        "absorbed_s": "2.5",
+        "absorbed_requests": "450",
+        "first_rejected": 449,
+        "first_rejected_s": "112/45",
+        "then_admitted_rps": "100",
+        "then_rejected_rps": "80",
+    }
+    # Every rational is a string Fraction reads back exactly.
+    assert Fraction(doc["burst"]["first_rejected_s"]) == Fraction(448, 180)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (Fraction(2), "2"),
+        (Fraction(5, 2), "2.5"),
+        (Fraction(1, 8), "0.125"),
+        (Fraction(-3, 40), "-0.075"),
+        (Fraction(10, 3), "10/3 (~3.333333)"),
+        (Fraction(200, 100), "2"),
+    ],
+)
+def test_fmt_is_exact(value: Fraction, text: str) -> None:
+    assert fmt(value) == text
+
+
+def test_first_rejection_matches_the_exact_model_and_both_implementations(
+    impl: ModuleType,
+) -> None:
+    # A burst of 200 req/s (one request every 5 ms) from a full 100/200 bucket.
+    e = explain(100, 200, burst_rps=200)
+    assert (e.burst.absorbed_s, e.burst.first_rejected) == (2, 400)
+    assert e.burst.first_rejected_s == Fraction(399, 200)
+    exact = ExactBucket(100, 200)
+    real = impl.TokenBucket(rate=100, capacity=200)
+    first_exact = next(k for k in range(10_000) if not exact.allow_at(k * 5_000_000))
+    first_real = next(k for k in range(10_000) if not real.allow_at(k * 5_000_000))
+    assert first_exact + 1 == first_real + 1 == e.burst.first_rejected
+
+
+def test_max_admitted_is_reached_by_the_exact_model() -> None:
+    # Full at 0, then greedy: exactly capacity + rate*T pass in [0, T].
+    b = ExactBucket(100, 200)
+    admitted = sum(b.allow_at(t) for t in range(0, 10**9 + 1, 1_000_000) for _ in range(3))
+    assert admitted == explain(100, 200).max_admitted[0][1] == 300
+
+
+def test_cost_instances_and_inexact_interval() -> None:
+    e = explain(3, 7, cost=2, instances=4, burst_rps=5)
+    assert (e.sustained_rps, e.largest_burst, e.refill_s) == (Fraction(3, 2), 3, Fraction(7, 3))
+    assert e.max_admitted == ((1, 5), (2, 6), (5, 11), (60, 93))
+    assert (e.interval_ns, e.interval_exact) == (333_333_334, False)
+    assert (e.burst.drain_per_s, e.burst.absorbed_s, e.burst.first_rejected) == (7, 1, 5)
+    text = render_text(e)
+    assert "  refill from empty        7/3 (~2.333333) s\n" in text
+    assert "1/3 s rounded up: never faster than asked" in text
+    assert "    sustained              6 req/s\n" in text
+    assert "    in T = 60 s            372 requests\n" in text
+    assert "    for one shared limit   rate 0.75, capacity 1 per instance" in text
+    doc = to_json(e)
+    assert doc["all_instances"] == {
+        "sustained_rps": "6",
+        "largest_burst": 12,
+        "max_admitted": [{"seconds": t, "requests": n * 4} for t, n in e.max_admitted],
+        "shared_limit_per_instance": {"rate": "0.75", "capacity": 1},
+    }
+
+
+def test_burst_within_the_sustained_rate_is_never_rejected() -> None:
+    e = explain(100, 200, burst_rps=90)
+    assert (e.burst.absorbed_s, e.burst.first_rejected, e.burst.then_rejected_rps) == (None, None, 0)
+    assert "burst of 90 req/s  never rejected" in render_text(e)
+    assert to_json(e)["burst"]["absorbed_s"] is None  # type: ignore[index]
+
+
+def test_default_burst_is_the_seeds_ratio() -> None:
+    assert explain(1000, 50).burst.rps == 1800
+    assert explain(Fraction(1, 2), 1).burst.rps == Fraction(9, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"rate": 0, "capacity": 200}, ValueError, "rate must be > 0"),
+        ({"rate": float("nan"), "capacity": 200}, ValueError, "finite"),
+        ({"rate": 100, "capacity": 0}, ValueError, "capacity must be >= 1"),
+        ({"rate": 100, "capacity": 2.5}, TypeError, "capacity must be an int"),
+        ({"rate": 100, "capacity": 200, "cost": 201}, ValueError, "exceeds capacity"),
+        ({"rate": 100, "capacity": 200, "cost": 0}, ValueError, "cost must be >= 1"),
+        ({"rate": 100, "capacity": 200, "instances": 0}, ValueError, "instances must be >= 1"),
+        ({"rate": 100, "capacity": 200, "instances": True}, TypeError, "instances must be an int"),
+        ({"rate": 100, "capacity": 200, "burst_rps": -1}, ValueError, "burst rate must be > 0"),
+    ],
+)
+def test_bad_input(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        explain(**kwargs)  # type: ignore[arg-type]
