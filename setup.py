@@ -15,7 +15,7 @@ NO_EXTENSIONS = os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0")
 SANITIZE = os.environ.get("NANOBUCKET_SANITIZE", "") not in ("", "0")
 DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0")
 TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
-MODULES = ["_bucket_c", "_floor"]
+MODULES = ["_bucket_c", "_floor", "_shared_c"]
 
 
 def extensions():

@@ -1,0 +1,485 @@
+# cython: language_level=3, freethreading_compatible=True
+"""A keyed token-bucket table in a shared memory mapping, lock-free across processes.
+
+The file behind the mapping (see ``shared.py`` for the header) holds a
+power-of-two array of 16-byte slots, each two int64 words:
+
+* word 0, the key's *fingerprint*: SipHash-1-3 of the key under the table's
+  random 128-bit seed, 0 meaning "never used";
+* word 1, the bucket's GCRA ``tat`` in ns, exactly as in ``_bucket_c``.
+
+Every change is one compare-and-swap of one word, so there is no lock to be
+left held and no half-written record: a process killed by SIGKILL at any
+instant leaves a table every other process can go on using.
+
+A key lives in one of the ``probe`` slots after ``fingerprint & mask``. A slot
+is never emptied; it changes owner only when a new key reclaims it, which is
+allowed when its bucket is full (``tat <= now``): a full bucket and a missing
+key are the same state, so nothing is lost. Because no slot ever goes back
+to 0, an empty slot ends every probe chain. When all ``probe`` slots hold
+live buckets, the policy chosen at creation applies: reject the new key
+(fail closed) or admit it untracked (fail open).
+
+Two keys with the same 64-bit fingerprint share one bucket (both are then
+limited together, never more loosely): with k live keys the chance that any
+two collide is about k*k / 2**65, under 3e-8 for a million keys.
+"""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint64_t
+from posix.mman cimport (
+    MAP_ANONYMOUS, MAP_FAILED, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap,
+    munmap,
+)
+
+from fractions import Fraction
+
+from ._bucket_py import Decision
+from ._params import check_cost, check_now
+
+cdef extern from "_atomic.h":
+    int64_t nb_load(int64_t *p) noexcept nogil
+    bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
+    int64_t nb_monotonic_ns() noexcept nogil
+
+cdef extern from "_siphash.h":
+    uint64_t nb_siphash13(const void *data, size_t n, uint64_t k0, uint64_t k1,
+                          uint64_t tweak) noexcept nogil
+    uint64_t nb_siphash24(const void *data, size_t n, uint64_t k0, uint64_t k1,
+                          uint64_t tweak) noexcept nogil
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
+    object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
+    char *PyByteArray_AS_STRING(object o)
+
+cdef int64_t NOW_MAX = (1 << 62) - 1
+cdef object ONE = 1
+
+# Domain separators (see _siphash.h): one per key encoding.
+cdef uint64_t TAG_STR = 0x73    # UTF-8 of the str
+cdef uint64_t TAG_BYTES = 0x62  # the bytes themselves
+cdef uint64_t TAG_INT = 0x69    # an int in [-2**63, 2**63): 8 bytes, little-endian two's complement
+cdef uint64_t TAG_BIGINT = 0x49 # any other int: minimal little-endian two's complement
+
+cdef enum Found:
+    FOUND = 0     # the key's slot
+    ABSENT = 1    # not in the table, and there is room for it
+    NO_ROOM = 2   # not in the table, and every probed slot holds a live bucket
+
+
+def siphash(data, uint64_t k0, uint64_t k1, int c_rounds=1, uint64_t tweak=0):
+    """SipHash-1-3 (or -2-4 with ``c_rounds=2``) of *data* (bytes): for tests."""
+    cdef bytes b = bytes(data)
+    if c_rounds == 2:
+        return nb_siphash24(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), k0, k1, tweak)
+    if c_rounds != 1:
+        raise ValueError("c_rounds must be 1 or 2")
+    return nb_siphash13(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), k0, k1, tweak)
+
+
+cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
+                      int64_t *tat_out, int64_t *base_out) noexcept nogil:
+    """GCRA on one word by CAS: a copy of ``_bucket_c.take`` (keep them identical).
+
+    Duplicated rather than shared through a .pxd so that the two extensions
+    build and load independently; it is fifteen lines.
+    """
+    cdef int64_t old = nb_load(word)
+    cdef int64_t base
+    while True:
+        base = old if old > now else now
+        base_out[0] = base
+        if base - now > slack:
+            tat_out[0] = old
+            return False
+        if cost_t == 0:
+            tat_out[0] = old
+            return True
+        if nb_cas(word, &old, base + cost_t):
+            tat_out[0] = base + cost_t
+            return True
+
+
+cdef inline int64_t as_now(object now) except -1:
+    cdef int overflow = 0
+    cdef long long value
+    if type(now) is int:
+        value = PyLong_AsLongLongAndOverflow(now, &overflow)
+        if not overflow and 0 <= value <= NOW_MAX:
+            return value
+    return check_now(now)
+
+
+cdef class SharedTable:
+    """The mapped table and its verbs; ``shared.SharedKeyedTokenBucket`` adds the files.
+
+    Not constructed directly: ``SharedKeyedTokenBucket.create`` / ``open``
+    validate the file and call ``_attach``.
+    """
+
+    cdef char *base             # the mapping (file, or anonymous after close())
+    cdef size_t size
+    cdef int64_t *slots         # 2 words per slot: fingerprint, tat
+    cdef uint64_t mask
+    cdef int64_t probe
+    cdef uint64_t k0, k1
+    cdef bint admit_when_full
+    cdef bint is_closed
+    cdef int64_t tau
+    cdef readonly object rate
+    cdef readonly int64_t capacity
+    cdef readonly int64_t interval_ns
+    cdef readonly int64_t max_keys
+    cdef readonly int64_t slot_count
+    cdef readonly object path
+    cdef object clock
+
+    def __cinit__(self):
+        self.base = NULL
+        self.is_closed = True
+
+    def __dealloc__(self):
+        if self.base != NULL:
+            munmap(self.base, self.size)
+            self.base = NULL
+
+    def _attach(self, int fd, Py_ssize_t size, Py_ssize_t header_size, path, rate,
+                int64_t capacity, int64_t interval_ns, int64_t slot_count, int64_t max_keys,
+                int64_t probe, bint admit_when_full, uint64_t k0, uint64_t k1, clock):
+        """Map *size* bytes of the validated table file open as *fd*."""
+        cdef void *p
+        if self.base != NULL:
+            raise RuntimeError("the table is already attached")
+        if slot_count < 1 or (slot_count & (slot_count - 1)) or probe < 1 or probe > slot_count:
+            raise ValueError("bad slot count or probe length")
+        if size != header_size + slot_count * 16 or header_size % 8:
+            raise ValueError("the size does not match the slot count")
+        if clock is not None and not callable(clock):
+            raise TypeError(
+                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        if p == MAP_FAILED:
+            raise OSError("mmap of the shared table failed")
+        self.base = <char *>p
+        self.size = size
+        self.slots = <int64_t *>(self.base + header_size)
+        self.mask = <uint64_t>(slot_count - 1)
+        self.slot_count = slot_count
+        self.probe = probe
+        self.k0 = k0
+        self.k1 = k1
+        self.admit_when_full = admit_when_full
+        self.rate = rate
+        self.capacity = capacity
+        self.interval_ns = interval_ns
+        self.tau = capacity * interval_ns
+        self.max_keys = max_keys
+        self.path = path
+        self.clock = clock
+        self.is_closed = False
+
+    def close(self):
+        """Detach from the table (the file stays: see ``unlink``). Idempotent."""
+        cdef void *p
+        if self.is_closed:
+            return
+        self.is_closed = True
+        # Replace the file mapping by private anonymous memory at the same
+        # address instead of unmapping it: on a free-threaded build another
+        # thread may still be inside a call on this object, and it then
+        # touches harmless memory rather than faulting. The pages go in
+        # __dealloc__, when no call can be running.
+        p = mmap(self.base, self.size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+        if p == MAP_FAILED:  # pragma: no cover - out of address space
+            munmap(self.base, self.size)
+            self.base = NULL
+
+    @property
+    def closed(self):
+        """True after ``close()``."""
+        return self.is_closed
+
+    @property
+    def when_full(self):
+        """``"reject"`` or ``"admit"``: what a new key gets when its probe window is all live."""
+        return "admit" if self.admit_when_full else "reject"
+
+    cdef inline int _open_check(self) except -1:
+        if self.is_closed:
+            raise ValueError("I/O operation on a closed SharedKeyedTokenBucket")
+        return 0
+
+    cdef inline int64_t _cost(self, object cost) except -1:
+        cdef int overflow = 0
+        cdef long long value
+        if cost is ONE:
+            return 1
+        if type(cost) is int:
+            value = PyLong_AsLongLongAndOverflow(cost, &overflow)
+            if not overflow and 0 <= value <= self.capacity:
+                return value
+        return check_cost(cost, self.capacity)
+
+    cdef inline int64_t _now(self) except -1:
+        if self.clock is None:
+            return nb_monotonic_ns()
+        return as_now(self.clock())
+
+    cdef uint64_t _fingerprint(self, object key) except 0:
+        """The key's 64-bit keyed hash, never 0 (0 marks an empty slot)."""
+        cdef const char *buf
+        cdef Py_ssize_t n
+        cdef long long v
+        cdef int overflow = 0
+        cdef uint8_t le[8]
+        cdef uint64_t h, u
+        cdef int i
+        cdef bytes data
+        if isinstance(key, str):
+            buf = PyUnicode_AsUTF8AndSize(key, &n)
+            h = nb_siphash13(buf, n, self.k0, self.k1, TAG_STR)
+        elif isinstance(key, bytes):
+            h = nb_siphash13(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), self.k0, self.k1,
+                             TAG_BYTES)
+        elif isinstance(key, int) and not isinstance(key, bool):
+            v = PyLong_AsLongLongAndOverflow(key, &overflow)
+            if overflow:
+                data = int(key).to_bytes((int(key).bit_length() + 8) // 8, "little", signed=True)
+                h = nb_siphash13(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), self.k0,
+                                 self.k1, TAG_BIGINT)
+            else:
+                u = <uint64_t>v
+                for i in range(8):
+                    le[i] = <uint8_t>(u >> (8 * i))
+                h = nb_siphash13(le, 8, self.k0, self.k1, TAG_INT)
+        else:
+            raise TypeError(
+                f"a shared table key must be str, bytes or int, not {type(key).__name__}")
+        return h if h != 0 else 1
+
+    cdef int64_t *_find(self, uint64_t fp, int64_t now, bint insert, Found *found,
+                        int64_t *soonest) noexcept nogil:
+        """The tat word of *fp*'s slot (claiming one if *insert*), or NULL.
+
+        Sets *found*; on NO_ROOM, *soonest* is the earliest time a probed
+        slot's bucket becomes full (reclaimable).
+        """
+        cdef int64_t key = <int64_t>fp
+        cdef uint64_t start = fp & self.mask
+        cdef int64_t *s
+        cdef int64_t *cand
+        cdef int64_t f, tat, expected, cand_f, cand_tat
+        cdef int64_t n
+        while True:  # restarts only when another process changed a slot we chose
+            cand = NULL
+            cand_f = 0
+            cand_tat = 0
+            soonest[0] = INT64_MAX
+            n = 0
+            while n < self.probe:
+                s = self.slots + 2 * ((start + <uint64_t>n) & self.mask)
+                f = nb_load(s)
+                if f == key:
+                    found[0] = FOUND
+                    return s + 1
+                if f == 0:
+                    # Slots are never emptied, so an empty one ends the chain:
+                    # the key is not further on.
+                    if cand != NULL:
+                        break
+                    if not insert:
+                        found[0] = ABSENT
+                        return NULL
+                    expected = 0
+                    if nb_cas(s, &expected, key):
+                        found[0] = FOUND
+                        return s + 1
+                    continue  # claimed meanwhile (perhaps for this key): look again
+                tat = nb_load(s + 1)
+                if tat <= now:
+                    if cand == NULL:
+                        cand = s
+                        cand_f = f
+                        cand_tat = tat
+                elif tat < soonest[0]:
+                    soonest[0] = tat
+                n += 1
+            if cand == NULL:
+                found[0] = NO_ROOM
+                return NULL
+            if not insert:
+                found[0] = ABSENT
+                return NULL
+            # Reclaim the first full bucket for this key. The tat word is kept:
+            # it is <= now, a full bucket, and tat words only ever grow, so no
+            # key ever reads a tat older than its own history (time going
+            # backwards cannot find fresh tokens here).
+            expected = cand_f
+            if not nb_cas(cand, &expected, key):
+                if expected == key:  # another process claimed it for this key
+                    found[0] = FOUND
+                    return cand + 1
+                continue
+            if nb_load(cand + 1) != cand_tat:
+                # The old owner spent tokens between our look at its tat and
+                # our claim (it had found its slot before we took it): its
+                # bucket is live again, so give the slot back and look again.
+                # A request of the old key that probes inside this window of a
+                # few instructions misses its slot and starts from a full
+                # bucket: the only way it gains, by at most its in-flight cost.
+                expected = key
+                nb_cas(cand, &expected, cand_f)
+                continue
+            found[0] = FOUND
+            return cand + 1
+
+    # -- verbs ---------------------------------------------------------------
+
+    def allow(self, key, cost=1):
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        return self._allow(self._fingerprint(key), self._now(), c)
+
+    def allow_at(self, key, now, cost=1):
+        """`allow` at an explicit time *now* (int ns)."""
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        cdef int64_t c = self._cost(cost)
+        return self._allow(self._fingerprint(key), t, c)
+
+    cdef bint _allow(self, uint64_t fp, int64_t now, int64_t cost) noexcept:
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, base, soonest
+        cdef Found found
+        cdef int64_t *word = self._find(fp, now, cost_t != 0, &found, &soonest)
+        if word == NULL:
+            # cost 0 on a missing key: a full bucket admits the probe
+            return found == ABSENT or self.admit_when_full
+        return take(word, now, cost_t, self.tau - cost_t, &tat, &base)
+
+    def allow_many(self, keys, cost=1):
+        """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
+
+        The same as ``allow_at(key, now, cost)`` for each key in turn, with one
+        clock reading for the whole batch.
+        """
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        return self._allow_many(keys, self._now(), c)
+
+    def allow_many_at(self, keys, now, cost=1):
+        """`allow_many` at an explicit time *now* (int ns)."""
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        return self._allow_many(keys, t, self._cost(cost))
+
+    cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        # Fingerprint every key first, so a bad key fails the batch before
+        # any token is spent.
+        cdef list fps = [self._fingerprint(key) for key in keys]
+        cdef Py_ssize_t n = len(fps), i
+        cdef object out = PyByteArray_FromStringAndSize(NULL, n)
+        cdef char *res = PyByteArray_AS_STRING(out)
+        for i in range(n):
+            res[i] = self._allow(<uint64_t>fps[i], now, cost)
+        return out
+
+    def check(self, key, cost=1):
+        """Like `allow`, but return the whole `Decision`."""
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._fingerprint(key), self._now(), c, True)
+
+    def check_at(self, key, now, cost=1):
+        """`check` at an explicit time *now* (int ns)."""
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._fingerprint(key), t, c, True)
+
+    def peek(self, key, cost=1):
+        """The `Decision` `check` would return now, without spending anything."""
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._fingerprint(key), self._now(), c, False)
+
+    def peek_at(self, key, now, cost=1):
+        """`peek` at an explicit time *now* (int ns)."""
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        cdef int64_t c = self._cost(cost)
+        return self._check(self._fingerprint(key), t, c, False)
+
+    cdef object _check(self, uint64_t fp, int64_t now, int64_t cost, bint consume):
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, base, soonest, debt
+        cdef bint allowed
+        cdef Found found
+        cdef int64_t *word = self._find(fp, now, consume and cost_t != 0, &found, &soonest)
+        if word == NULL and found == NO_ROOM and not self.admit_when_full:
+            # Fail closed: nothing to spend from; retry when a probed slot frees.
+            return Decision(False, 0, soonest - now, soonest - now, self.capacity)
+        if word != NULL and consume:
+            allowed = take(word, now, cost_t, self.tau - cost_t, &tat, &base)
+        else:
+            # A peek, or a missing key (a full bucket; untracked when admitted
+            # on a full window): the decision `take` would make, written nowhere.
+            tat = nb_load(word) if word != NULL else 0
+            base = tat if tat > now else now
+            allowed = base - now <= self.tau - cost_t
+            if allowed and cost_t:
+                tat = base + cost_t
+        # The same arithmetic as _bucket_c._Limits._decision.
+        debt = tat - now if tat > now else 0
+        return Decision(
+            allowed,
+            (self.tau - debt) // self.interval_ns if debt <= self.tau else 0,
+            0 if allowed else base - now - (self.tau - cost_t),
+            debt,
+            self.capacity,
+        )
+
+    def tokens(self, key):
+        """Tokens in *key*'s bucket now (``capacity`` for a key not in the table)."""
+        self._open_check()
+        return self._tokens_at(self._fingerprint(key), self._now())
+
+    def tokens_at(self, key, now):
+        """Tokens in *key*'s bucket at *now* (int ns)."""
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        return self._tokens_at(self._fingerprint(key), t)
+
+    cdef double _tokens_at(self, uint64_t fp, int64_t now):
+        cdef int64_t soonest
+        cdef Found found
+        cdef int64_t *word = self._find(fp, now, False, &found, &soonest)
+        cdef int64_t tat = nb_load(word) if word != NULL else 0
+        cdef int64_t debt = tat - now if tat > now else 0
+        if debt >= self.tau:
+            return 0.0
+        return <double>(self.tau - debt) / <double>self.interval_ns
+
+    def __len__(self):
+        """Keys whose buckets are not full (still owing tokens) now."""
+        self._open_check()
+        cdef int64_t now = self._now()
+        cdef int64_t i, count = 0
+        for i in range(self.slot_count):
+            if nb_load(&self.slots[2 * i]) != 0 and nb_load(&self.slots[2 * i + 1]) > now:
+                count += 1
+        return count
+
+    def __enter__(self):
+        self._open_check()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
