@@ -1,0 +1,50 @@
+-- nanobucket: one GCRA decision on one key (see nanobucket/redis.py).
+-- Integers in microseconds; every value stays below 2^53, so Lua's doubles
+-- hold them exactly. Numbers go back to Redis through '%.0f', because
+-- Redis's own number-to-string conversion keeps only 14 significant digits.
+--
+-- KEYS[1]  the bucket: a string holding tat (theoretical arrival time, us)
+-- ARGV[1]  interval_us   time one token takes to refill
+-- ARGV[2]  tau_us        capacity * interval_us
+-- ARGV[3]  cost          tokens
+-- ARGV[4]  now_us, or '' to read the server's clock (TIME)
+-- ARGV[5]  '1' consume when admitted, '0' peek
+-- ARGV[6]  extra ms of TTL for explicit times (their clock is not Redis's)
+-- returns {allowed 0/1, remaining, retry_after_us, reset_after_us}
+local interval = tonumber(ARGV[1])
+local tau = tonumber(ARGV[2])
+local cost_t = tonumber(ARGV[3]) * interval
+local now
+local slack = 0
+if ARGV[4] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[4])
+  slack = tonumber(ARGV[6])
+end
+local raw = redis.call('GET', KEYS[1])
+local tat = 0
+if raw then tat = tonumber(raw) end
+local base = tat
+if now > base then base = now end
+local allowed = base - now <= tau - cost_t
+if allowed and cost_t > 0 then
+  tat = base + cost_t
+  if ARGV[5] == '1' then
+    -- floor(debt / 1000) + 1 >= ceil(debt / 1000) even when the division
+    -- rounds: the key outlives its debt, so expiry never frees a token early.
+    local ttl = math.floor((tat - now) / 1000) + 1 + slack
+    redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
+  end
+end
+local debt = tat - now
+if debt < 0 then debt = 0 end
+local remaining = 0
+if debt <= tau then
+  local r = tau - debt
+  remaining = (r - math.fmod(r, interval)) / interval  -- exact floor division
+end
+local retry = 0
+if not allowed then retry = base - now - (tau - cost_t) end
+return {allowed and 1 or 0, remaining, retry, debt}

@@ -1,0 +1,868 @@
+"""Token buckets shared through Redis: one limit across many machines.
+
+Each decision is one Lua script (``_redis_gcra.lua``) run by Redis: the same
+GCRA as the in-process table, one ``tat`` per key, so a rejected request
+writes nothing and a full bucket is a missing key (``SET ... PX`` makes the
+key expire when its bucket is full again, so idle clients cost nothing).
+
+Units. Lua numbers are doubles, exact only below 2**53, so Redis keeps time
+in **microseconds**: ``interval_us = ceil(1e6 / rate)``. That rounding is
+conservative (the bucket refills a hair slower, never faster) and costs at
+most 1 us per token: a relative rate error below ``rate / 1e6`` (0.1 % at
+1000/s, 1e-6 at 1/s; rates whose ``1e6 / rate`` is whole, such as 1, 4, 100,
+1000/s, are exact) and caps the usable rate at 1e6 tokens/s per key. By
+default time is the Redis server's ``TIME``, so clients with skewed clocks
+share one limit. The ``*_at`` forms take an explicit ``now`` in int ns (for
+tests and replays) and pass ``now // 1000`` us to Redis (floor: a partial
+microsecond never counts, conservative); their returned times are us * 1000.
+With times that are whole microseconds and a whole-microsecond interval, a
+trace gives the very same decisions as :class:`nanobucket.KeyedTokenBucket`.
+
+Keys are ``b"<prefix>:{<key>}"``: the user key is the Redis Cluster hash tag,
+so every limit on one key (different prefixes, one layered decision) lives in
+one slot. Keys may be ``str``, ``bytes`` or ``int`` (``1`` and ``"1"`` are the
+same bucket). Two limiters with different rates must not share a prefix.
+
+When Redis fails (refused, timed out, loading), the failure policy decides:
+``on_error="open"`` admits, ``"closed"`` rejects, ``"raise"`` raises
+:class:`RedisUnavailable`; a ``fallback`` limiter (any object with
+``check``/``check_at``/``peek``/``peek_at``/``allow_many``/``allow_many_at``
+taking the key first, e.g. a :class:`nanobucket.KeyedTokenBucket` with
+``rate / instances``) decides instead of the policy when given. A
+:class:`CircuitBreaker` stops calling a dead Redis for a back-off that doubles
+on every failed probe, so only the first call pays the socket timeout.
+Every :class:`RedisDecision` says who decided in ``source``.
+
+>>> import redis, nanobucket.redis as nbr                      # doctest: +SKIP
+>>> limiter = nbr.RedisTokenBucket.from_url("redis://127.0.0.1:6379", rate=100, capacity=200)
+>>> limiter.allow("client-42")                                 # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from importlib.resources import files
+from typing import Any, Literal, Protocol
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ._bucket_py import Decision
+from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost, check_now
+
+__all__ = (
+    "AsyncRedisTokenBucket",
+    "CircuitBreaker",
+    "LeasedTokenBucket",
+    "RedisDecision",
+    "RedisTokenBucket",
+    "RedisUnavailable",
+)
+
+Policy = Literal["open", "closed", "raise"]
+Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
+Clock = Callable[[], int]
+
+NS_PER_US = 1000
+#: Largest tau in us: tat = now + tau must stay below 2**53 for every now.
+TAU_US_MAX = (1 << 53) - 1 - NOW_MAX // NS_PER_US
+#: Keys written at explicit times live this much longer than their debt: an
+#: explicit clock is not Redis's, so Redis cannot tell when such a bucket is
+#: full; without the slack a slow replay would lose state mid-trace.
+EXPLICIT_TTL_SLACK_MS = 86_400_000
+DEFAULT_SOCKET_TIMEOUT = 0.1
+#: Errors that mean "Redis is unreachable" (BusyLoadingError is a subclass);
+#: anything else (a script error, a wrong key type) is a bug and propagates.
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
+
+_GCRA = files(__package__).joinpath("_redis_gcra.lua").read_text(encoding="utf-8")
+_LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf-8")
+
+
+class RedisUnavailable(RedisConnectionError):
+    """Redis could not decide (``on_error="raise"``): down, timed out, or breaker open."""
+
+
+class RedisDecision(Decision):
+    """A :class:`nanobucket.Decision` plus ``source``: who decided.
+
+    ``source`` is ``"redis"`` (the shared bucket), ``"lease"`` (a local lease,
+    :class:`LeasedTokenBucket`), ``"fallback"`` (the local fallback limiter
+    while Redis was unreachable), ``"policy:open"`` or ``"policy:closed"``.
+    Equality compares the five Decision fields only, so a Redis decision
+    equals the in-process one for the same trace.
+    """
+
+    __slots__ = ("source",)
+
+    source: Source
+
+    def __init__(
+        self,
+        allowed: bool,
+        remaining: int,
+        retry_after_ns: int,
+        reset_after_ns: int,
+        limit: int,
+        source: Source = "redis",
+    ) -> None:
+        super().__init__(allowed, remaining, retry_after_ns, reset_after_ns, limit)
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, source={self.source!r})"
+
+
+class CircuitBreaker:
+    """Stops calling a failing Redis for a back-off, then lets one probe through.
+
+    After ``failures`` consecutive failures the breaker opens for ``backoff``
+    seconds; the first call after that is a probe: success closes the breaker
+    (and resets the back-off), failure re-opens it for twice as long, up to
+    ``max_backoff``. Thread-safe; ``clock`` (int ns) is injectable for tests.
+
+    >>> b = CircuitBreaker(backoff=1.0, clock=lambda: 0)
+    >>> b.record_failure(); b.allow_request()
+    False
+    """
+
+    def __init__(
+        self,
+        *,
+        failures: int = 1,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if isinstance(failures, bool) or not isinstance(failures, int):
+            raise TypeError(f"failures must be an int, not {type(failures).__name__}")
+        if failures < 1:
+            raise ValueError(f"failures must be >= 1, got {failures!r}")
+        for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+            if not 0 < value < 86_400 * 365:
+                raise ValueError(f"{name} must be > 0 seconds and finite, got {value!r}")
+        if max_backoff < backoff:
+            raise ValueError(f"max_backoff {max_backoff!r} < backoff {backoff!r}")
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a callable returning int ns")
+        self._threshold = failures
+        self._base_ns = int(backoff * NS_PER_S)
+        self._max_ns = int(max_backoff * NS_PER_S)
+        self._clock: Clock = clock if clock is not None else time.monotonic_ns
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._backoff_ns = self._base_ns
+        self._open_until = 0  # meaningful only while failures >= threshold
+
+    @property
+    def state(self) -> Literal["closed", "open", "half-open"]:
+        """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (next one probes)."""
+        with self._lock:
+            if self._failures < self._threshold:
+                return "closed"
+            return "open" if self._clock() < self._open_until else "half-open"
+
+    def allow_request(self) -> bool:
+        """True if the caller may try Redis now (closed, or this call is the probe)."""
+        with self._lock:
+            if self._failures < self._threshold:
+                return True
+            now = self._clock()
+            if now < self._open_until:
+                return False
+            # This caller probes; others keep getting the policy meanwhile.
+            self._open_until = now + self._backoff_ns
+            return True
+
+    def retry_in_ns(self) -> int:
+        """Nanoseconds until the breaker lets a probe through (0 when closed)."""
+        with self._lock:
+            if self._failures < self._threshold:
+                return 0
+            return max(0, self._open_until - self._clock())
+
+    def record_success(self) -> None:
+        """Redis answered: close the breaker and reset the back-off."""
+        with self._lock:
+            self._failures = 0
+            self._backoff_ns = self._base_ns
+
+    def record_failure(self) -> None:
+        """Redis failed: count it; open (or re-open, for twice as long) at the threshold."""
+        with self._lock:
+            self._failures += 1
+            if self._failures < self._threshold:
+                return
+            if self._failures > self._threshold:
+                self._backoff_ns = min(self._max_ns, self._backoff_ns * 2)
+            self._open_until = self._clock() + self._backoff_ns
+
+
+class Fallback(Protocol):
+    """A local keyed limiter to decide while Redis is unreachable."""
+
+    def check(self, key: Hashable, cost: int = 1) -> Any: ...
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> Any: ...
+    def peek(self, key: Hashable, cost: int = 1) -> Any: ...
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> Any: ...
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray: ...
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray: ...
+
+
+class _Skipped(Exception):
+    """The breaker is open: Redis was not asked."""
+
+
+def client_from_url(
+    url: str, *, socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, asyncio: bool = False
+) -> Any:
+    """A redis-py client for limiting: short timeouts and **no retries**.
+
+    redis-py retries a failed command 10 times with back-off by default, which
+    would block a request for seconds on a dead Redis; a limiter would rather
+    apply its failure policy after one ``socket_timeout``.
+    """
+    module = redis.asyncio if asyncio else redis
+    return module.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+class _RedisLimits:
+    """Parameters, key encoding and failure policy shared by the Redis limiters."""
+
+    def __init__(
+        self,
+        rate: RateLike,
+        capacity: int,
+        prefix: str,
+        on_error: Policy,
+        fallback: Fallback | None,
+        breaker: CircuitBreaker | None,
+    ) -> None:
+        exact, self._capacity, interval_ns, _ = bucket_params(rate, capacity)
+        self._rate = exact
+        # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
+        self._interval_us = -(-interval_ns // NS_PER_US)
+        self._tau_us = self._capacity * self._interval_us
+        if self._tau_us > TAU_US_MAX:
+            raise ValueError(
+                f"capacity / rate is {self._tau_us / 1e6 / 86400 / 365.25:.0f} years to refill: "
+                f"more than Redis's microsecond state can hold exactly"
+            )
+        self._interval_ns = self._interval_us * NS_PER_US
+        self._tau_ns = self._tau_us * NS_PER_US
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must not contain '{' or '}': the key is the hash tag")
+        self._prefix = prefix.encode("utf-8") + b":{"
+        if on_error not in ("open", "closed", "raise"):
+            raise ValueError(f"on_error must be 'open', 'closed' or 'raise', got {on_error!r}")
+        self._on_error = on_error
+        self._fallback = fallback
+        if breaker is not None and not isinstance(breaker, CircuitBreaker):
+            raise TypeError("breaker must be a CircuitBreaker")
+        self._breaker = breaker if breaker is not None else CircuitBreaker()
+        self._head = (str(self._interval_us).encode(), str(self._tau_us).encode())
+
+    @property
+    def rate(self) -> Any:
+        """Tokens per second, as an exact Fraction (Redis applies ``interval_us``)."""
+        return self._rate
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens a bucket holds."""
+        return self._capacity
+
+    @property
+    def interval_ns(self) -> int:
+        """Nanoseconds per token as Redis applies it: a whole number of microseconds."""
+        return self._interval_ns
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker guarding calls to Redis."""
+        return self._breaker
+
+    def key(self, key: Hashable) -> bytes:
+        """The Redis key of *key*'s bucket: ``<prefix>:{<key>}``."""
+        if isinstance(key, str):
+            raw = key.encode("utf-8")
+        elif isinstance(key, bytes):
+            raw = key
+        elif isinstance(key, int) and not isinstance(key, bool):
+            raw = str(key).encode()
+        else:
+            raise TypeError(f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}")
+        return self._prefix + raw + b"}"
+
+    def _cost(self, cost: object) -> int:
+        if cost.__class__ is int and 0 <= cost <= self._capacity:  # type: ignore[operator]
+            return cost  # type: ignore[return-value]
+        return check_cost(cost, self._capacity)
+
+    def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
+        if now_ns is None:
+            return (*self._head, cost, b"", b"1" if consume else b"0", b"0")
+        return (*self._head, cost, now_ns // NS_PER_US, b"1" if consume else b"0",
+                EXPLICIT_TTL_SLACK_MS)
+
+    def _decision(self, reply: Sequence[int]) -> RedisDecision:
+        allowed, remaining, retry_us, reset_us = reply
+        return RedisDecision(bool(allowed), int(remaining), int(retry_us) * NS_PER_US,
+                             int(reset_us) * NS_PER_US, self._capacity, "redis")
+
+    def _policy(
+        self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
+    ) -> RedisDecision:
+        fb = self._fallback
+        if fb is not None:
+            if consume:
+                d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
+            else:
+                d = fb.peek(key, cost) if now_ns is None else fb.peek_at(key, now_ns, cost)
+            return RedisDecision(d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns,
+                                 d.limit, "fallback")
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        if self._on_error == "open":
+            return RedisDecision(True, self._capacity - cost, 0, 0, self._capacity, "policy:open")
+        # Closed: come back when the breaker will try Redis again (at least one
+        # token's interval, so clients never spin on a zero Retry-After).
+        retry = max(self._breaker.retry_in_ns(), cost * self._interval_ns, 1)
+        return RedisDecision(False, 0, retry, self._tau_ns, self._capacity, "policy:closed")
+
+    def _policy_many(
+        self, keys: list[Hashable], cost: int, now_ns: int | None, err: BaseException | None
+    ) -> bytearray:
+        fb = self._fallback
+        if fb is not None:
+            return fb.allow_many(keys, cost) if now_ns is None else fb.allow_many_at(keys, now_ns, cost)
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+
+    def _batch(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], list[bytes]]:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        keys = list(keys)
+        return keys, [self.key(k) for k in keys]  # a bad key fails the batch before any call
+
+
+def _evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[Any, ...]]]) -> list[Any]:
+    """Run ``script`` once per (key, args) in one pipelined round trip.
+
+    redis-py's own pipeline support sends ``SCRIPT EXISTS`` first (a second
+    round trip on every batch); instead send ``EVALSHA`` and, should Redis have
+    lost the script (restart, ``SCRIPT FLUSH``), load it and re-run only the
+    calls that got ``NOSCRIPT``: those ran nothing, so none is applied twice.
+    """
+    results: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for _ in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            key, args = calls[i]
+            pipe.evalsha(script.sha, 1, key, *args)
+        replies = pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in zip(todo, replies):
+            if isinstance(reply, NoScriptError):
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                results[i] = reply
+        if not missing:
+            return results
+        script.sha = client.script_load(script.script)
+        todo = missing
+    raise NoScriptError("script vanished twice while running a batch")
+
+
+async def _evalsha_pipeline_async(
+    client: Any, script: Any, calls: list[tuple[bytes, tuple[Any, ...]]]
+) -> list[Any]:
+    """`_evalsha_pipeline` for ``redis.asyncio``."""
+    results: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for _ in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            key, args = calls[i]
+            pipe.evalsha(script.sha, 1, key, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in zip(todo, replies):
+            if isinstance(reply, NoScriptError):
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                results[i] = reply
+        if not missing:
+            return results
+        script.sha = await client.script_load(script.script)
+        todo = missing
+    raise NoScriptError("script vanished twice while running a batch")
+
+
+class RedisTokenBucket(_RedisLimits):
+    """A token bucket per key, held in Redis and shared by every client.
+
+    Same verbs and :class:`Decision` as :class:`nanobucket.KeyedTokenBucket`;
+    decisions are :class:`RedisDecision` (with ``source``). One round trip
+    per decision, one per batch for ``allow_many``.
+
+    Blocking is bounded by the client's ``socket_timeout`` (and its retry
+    policy: use :meth:`from_url`, or build the client with ``retry=Retry(
+    NoBackoff(), 0)``); while the breaker is open no call touches the network.
+
+    >>> limiter = RedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
+    >>> limiter.check("alice").remaining                                  # doctest: +SKIP
+    199
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        rate: RateLike,
+        capacity: int,
+        *,
+        prefix: str = "nanobucket",
+        on_error: Policy = "raise",
+        fallback: Fallback | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        if not hasattr(client, "register_script"):
+            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
+        self._client = client
+        self._script = client.register_script(_GCRA)
+
+    @classmethod
+    def from_url(
+        cls, url: str, rate: RateLike, capacity: int, *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, **kwargs: Any,
+    ) -> RedisTokenBucket:
+        """Build on a new client for *url* with a short timeout and no retries."""
+        return cls(client_from_url(url, socket_timeout=socket_timeout), rate, capacity, **kwargs)
+
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client."""
+        return self._client
+
+    def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._policy(key, cost, now_ns, consume, None)
+        try:
+            reply = self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._policy(key, cost, now_ns, consume, err)
+        breaker.record_success()
+        return self._decision(reply)
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted."""
+        return self._call(key, self._cost(cost), None, True).allowed
+
+    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us)."""
+        return self._call(key, self._cost(cost), check_now(now), True).allowed
+
+    def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """Like `allow`, but return the whole decision."""
+        return self._call(key, self._cost(cost), None, True)
+
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`check` at an explicit time *now* (int ns)."""
+        return self._call(key, self._cost(cost), check_now(now), True)
+
+    def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """The decision `check` would return now, without spending anything."""
+        return self._call(key, self._cost(cost), None, False)
+
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`peek` at an explicit time *now* (int ns)."""
+        return self._call(key, self._cost(cost), check_now(now), False)
+
+    def tokens_at(self, key: Hashable, now: int) -> float:
+        """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable."""
+        d = self._call(key, 0, check_now(now), False)
+        return self._tokens(d)
+
+    def tokens(self, key: Hashable) -> float:
+        """Tokens in *key*'s bucket now (Redis time)."""
+        return self._tokens(self._call(key, 0, None, False))
+
+    def _tokens(self, d: RedisDecision) -> float:
+        if d.source != "redis":
+            raise RedisUnavailable("Redis unavailable: cannot read tokens")
+        if d.reset_after_ns >= self._tau_ns:
+            return 0.0
+        return (self._tau_us - d.reset_after_ns // NS_PER_US) / self._interval_us
+
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
+
+        Each key is one script call in one pipeline (so keys in different
+        Redis Cluster slots work); each call reads Redis's clock itself.
+        """
+        return self._many(keys, self._cost(cost), None)
+
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns)."""
+        return self._many(keys, self._cost(cost), check_now(now))
+
+    def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+        keys, rkeys = self._batch(keys)
+        if not keys:
+            return bytearray()
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._policy_many(keys, cost, now_ns, None)
+        args = self._args(cost, now_ns, True)
+        try:
+            replies = _evalsha_pipeline(self._client, self._script, [(k, args) for k in rkeys])
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._policy_many(keys, cost, now_ns, err)
+        breaker.record_success()
+        return bytearray([reply[0] for reply in replies])
+
+    def __repr__(self) -> str:
+        return f"RedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
+
+
+class AsyncRedisTokenBucket(_RedisLimits):
+    """:class:`RedisTokenBucket` on ``redis.asyncio.Redis``: the same verbs, awaited.
+
+    >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
+    >>> await limiter.allow("alice")                                           # doctest: +SKIP
+    True
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        rate: RateLike,
+        capacity: int,
+        *,
+        prefix: str = "nanobucket",
+        on_error: Policy = "raise",
+        fallback: Fallback | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        if not hasattr(client, "register_script"):
+            raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
+        self._client = client
+        self._script = client.register_script(_GCRA)
+
+    @classmethod
+    def from_url(
+        cls, url: str, rate: RateLike, capacity: int, *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, **kwargs: Any,
+    ) -> AsyncRedisTokenBucket:
+        """Build on a new asyncio client for *url* with a short timeout and no retries."""
+        client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
+        return cls(client, rate, capacity, **kwargs)
+
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        """The redis-py asyncio client."""
+        return self._client
+
+    async def _call(
+        self, key: Hashable, cost: int, now_ns: int | None, consume: bool
+    ) -> RedisDecision:
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._policy(key, cost, now_ns, consume, None)
+        try:
+            reply = await self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._policy(key, cost, now_ns, consume, err)
+        breaker.record_success()
+        return self._decision(reply)
+
+    async def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s shared bucket now; True if admitted."""
+        return (await self._call(key, self._cost(cost), None, True)).allowed
+
+    async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns)."""
+        return (await self._call(key, self._cost(cost), check_now(now), True)).allowed
+
+    async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """Like `allow`, but return the whole decision."""
+        return await self._call(key, self._cost(cost), None, True)
+
+    async def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`check` at an explicit time *now* (int ns)."""
+        return await self._call(key, self._cost(cost), check_now(now), True)
+
+    async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """The decision `check` would return now, without spending anything."""
+        return await self._call(key, self._cost(cost), None, False)
+
+    async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`peek` at an explicit time *now* (int ns)."""
+        return await self._call(key, self._cost(cost), check_now(now), False)
+
+    async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0."""
+        return await self._many(keys, self._cost(cost), None)
+
+    async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns)."""
+        return await self._many(keys, self._cost(cost), check_now(now))
+
+    async def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+        keys, rkeys = self._batch(keys)
+        if not keys:
+            return bytearray()
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._policy_many(keys, cost, now_ns, None)
+        args = self._args(cost, now_ns, True)
+        try:
+            replies = await _evalsha_pipeline_async(
+                self._client, self._script, [(k, args) for k in rkeys])
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._policy_many(keys, cost, now_ns, err)
+        breaker.record_success()
+        return bytearray([reply[0] for reply in replies])
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        await self._client.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
+
+
+class _Lease:
+    __slots__ = ("balance", "denied_need", "denied_until", "size", "taken_at")
+
+    def __init__(self, size: int, taken_at: int) -> None:
+        self.balance = 0
+        self.size = size
+        self.taken_at = taken_at
+        # After Redis refused `denied_need` tokens, requests needing as many
+        # are refused locally until `denied_until`: a rejected burst costs
+        # one round trip, not one per request.
+        self.denied_need = 0
+        self.denied_until = 0
+
+
+class LeasedTokenBucket(_RedisLimits):
+    """A Redis-shared limit whose fast path stays local, spending leased tokens.
+
+    When a key's local balance cannot pay for a request, one round trip takes
+    a lease of up to ``size`` tokens from the shared Redis bucket (the same
+    GCRA state as :class:`RedisTokenBucket`, so both can share a prefix);
+    requests then spend it in process with no network. ``size`` adapts per
+    key: it doubles (up to ``max_lease``) when a lease lasted less than
+    ``lease_period`` seconds and halves (down to ``min_lease``) when it
+    lasted more than four. Unspent tokens go back to Redis on :meth:`close`.
+
+    The bound. Every admitted token was taken from Redis first, so over a
+    whole run the total admitted never exceeds ``capacity + rate * T``. Over
+    a window that starts later, tokens leased *before* it can be spent in it:
+    each instance holds at most ``max_lease - 1`` unspent tokens between
+    requests, so N instances admit at most
+    ``capacity + rate * T + N * (max_lease - 1)`` in any window of T seconds.
+    Round trips: about ``1000 / size`` per 1000 decisions on a busy key.
+
+    >>> with LeasedTokenBucket(client, rate=1000, capacity=2000) as limiter:  # doctest: +SKIP
+    ...     limiter.allow("alice")
+    True
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        rate: RateLike,
+        capacity: int,
+        *,
+        prefix: str = "nanobucket",
+        min_lease: int = 1,
+        max_lease: int | None = None,
+        lease_period: float = 0.1,
+        on_error: Policy = "raise",
+        fallback: Fallback | None = None,
+        breaker: CircuitBreaker | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        if not hasattr(client, "register_script"):
+            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
+        if max_lease is None:
+            max_lease = max(1, self._capacity // 16)
+        for name, value in (("min_lease", min_lease), ("max_lease", max_lease)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+            if not 1 <= value <= self._capacity:
+                raise ValueError(f"{name} must be in [1, capacity={self._capacity}], got {value!r}")
+        if min_lease > max_lease:
+            raise ValueError(f"min_lease {min_lease} > max_lease {max_lease}")
+        if isinstance(lease_period, bool) or not isinstance(lease_period, (int, float)):
+            raise TypeError(f"lease_period must be seconds, not {type(lease_period).__name__}")
+        if not 0 < lease_period < 86_400:
+            raise ValueError(f"lease_period must be in (0, 86400) seconds, got {lease_period!r}")
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a callable returning int ns")
+        self._client = client
+        self._script = client.register_script(_LEASE)
+        self._min_lease = min_lease
+        self._max_lease = max_lease
+        self._period_ns = int(lease_period * NS_PER_S)
+        self._clock: Clock = clock if clock is not None else time.monotonic_ns
+        self._leases: dict[bytes, _Lease] = {}
+        self._lock = threading.Lock()
+        #: Round trips to Redis so far (leases taken, plus one per close).
+        self.round_trips = 0
+
+    @property
+    def max_lease(self) -> int:
+        """The most tokens one lease takes (the over-admission bound is instances x this)."""
+        return self._max_lease
+
+    def held(self, key: Hashable) -> int:
+        """Tokens this instance holds for *key*: leased, not yet spent."""
+        lease = self._leases.get(self.key(key))
+        return lease.balance if lease is not None else 0
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out."""
+        return self._decide(self.key(key), key, self._cost(cost), None).allowed
+
+    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation."""
+        return self._decide(self.key(key), key, self._cost(cost), check_now(now)).allowed
+
+    def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance."""
+        return self._decide(self.key(key), key, self._cost(cost), None)
+
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`check` at an explicit time *now* (int ns)."""
+        return self._decide(self.key(key), key, self._cost(cost), check_now(now))
+
+    def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
+        t = self._clock() if now_ns is None else now_ns
+        with self._lock:
+            lease = self._leases.get(rkey)
+            if lease is not None and lease.balance >= cost:
+                lease.balance -= cost
+                return RedisDecision(True, lease.balance, 0, 0, self._capacity, "lease")
+            if cost == 0:
+                return RedisDecision(True, 0, 0, 0, self._capacity, "lease")
+            if lease is None:
+                size = self._min_lease
+                balance = 0
+            elif lease.denied_need and cost - lease.balance >= lease.denied_need \
+                    and lease.denied_until > t:
+                return RedisDecision(False, lease.balance, lease.denied_until - t, 0,
+                                     self._capacity, "lease")
+            else:
+                elapsed = t - lease.taken_at
+                size = lease.size
+                if elapsed < self._period_ns:
+                    size = min(self._max_lease, size * 2)
+                elif elapsed > 4 * self._period_ns:
+                    size = max(self._min_lease, size // 2)
+                balance = lease.balance
+            need = cost - balance
+            want = max(size, need)
+        # The round trip runs without the lock: other keys (and this one's
+        # balance) stay usable meanwhile; a concurrent second lease is harmless.
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._policy(key, cost, now_ns, True, None)
+        now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
+        try:
+            self.round_trips += 1
+            granted, retry_us, reset_us = self._script(
+                keys=(rkey,),
+                args=(*self._head, b"take", want, need, now_arg, EXPLICIT_TTL_SLACK_MS),
+            )
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._policy(key, cost, now_ns, True, err)
+        breaker.record_success()
+        with self._lock:
+            lease = self._leases.get(rkey)
+            if lease is None:
+                lease = self._leases[rkey] = _Lease(size, t)
+            if granted:
+                lease.balance += granted
+                lease.size = size
+                lease.taken_at = t
+                lease.denied_need = 0
+            if lease.balance >= cost:
+                lease.balance -= cost
+                return RedisDecision(True, lease.balance, 0, int(reset_us) * NS_PER_US,
+                                     self._capacity, "redis")
+            retry_ns = max(1, int(retry_us)) * NS_PER_US
+            if not granted:
+                lease.denied_need = need
+                lease.denied_until = t + retry_ns
+            return RedisDecision(False, lease.balance, retry_ns,
+                                 int(reset_us) * NS_PER_US, self._capacity, "redis")
+
+    def close(self) -> None:
+        """Give every unspent leased token back to Redis (one round trip) and forget the leases."""
+        self._give_back(None)
+
+    def close_at(self, now: int) -> None:
+        """`close` at an explicit time *now* (int ns)."""
+        self._give_back(check_now(now))
+
+    def _give_back(self, now_ns: int | None) -> None:
+        with self._lock:
+            leases = [(k, v.balance) for k, v in self._leases.items() if v.balance]
+            self._leases.clear()
+        if not leases:
+            return
+        now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
+        calls = [(k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS))
+                 for k, n in leases]
+        self.round_trips += 1
+        try:
+            _evalsha_pipeline(self._client, self._script, calls)
+        except UNAVAILABLE:
+            pass  # Redis is gone: the tokens return by themselves as the buckets refill
+
+    def __enter__(self) -> LeasedTokenBucket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"LeasedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
+                f"max_lease={self._max_lease})")

@@ -1,0 +1,160 @@
+"""A real redis-server for the tests: found on PATH, started on a free loopback port.
+
+No persistence (``--save ''``, no AOF), its own temp dir, stopped at the end.
+When no binary can be found the tests that need it skip with the reason,
+except under ``CI`` (any non-empty value), where they fail: CI installs
+``redis-server`` first, so a missing one there is a broken setup.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+SEARCH = ("/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/homebrew/bin")
+START_TIMEOUT = 10.0
+
+
+def find_redis_server() -> str | None:
+    """Path of a redis-server binary (``$REDIS_SERVER``, PATH, usual places), or None."""
+    explicit = os.environ.get("REDIS_SERVER")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    for folder in SEARCH:
+        path = os.path.join(folder, "redis-server")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1; ``stop``/``start`` keep the port."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="nanobucket-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        assert self.proc is None, "already running"
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self._dir.name,
+             "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+        deadline = time.monotonic() + START_TIMEOUT
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    self.proc = None
+                    raise RuntimeError(f"redis-server exited at start: {err.strip()}")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not answer PING in {START_TIMEOUT} s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a paused server cannot handle SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, replies never come."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Undo `pause`."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.stop()
+        self._dir.cleanup()
+
+
+def require_redis_server() -> str:
+    """The redis-server binary, or skip (fail under CI) with the reason."""
+    binary = find_redis_server()
+    if binary is None:
+        reason = ("no redis-server binary (PATH, /usr/bin, /usr/local/bin, $REDIS_SERVER): "
+                  "install it, e.g. apt-get install redis-server")
+        if os.environ.get("CI"):
+            pytest.fail(reason + " -- CI must run the Redis tests", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+def running_server() -> Iterator[RedisServer]:
+    """A started server, stopped and cleaned up afterwards."""
+    server = RedisServer(require_redis_server())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_session_server() -> Iterator[RedisServer]:
+    """One redis-server for the whole session (tests must not stop it)."""
+    yield from running_server()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_session_server: RedisServer) -> str:
+    """URL of the session's redis-server on 127.0.0.1."""
+    return redis_session_server.url
+
+
+@pytest.fixture
+def own_redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which the test may stop, pause and restart."""
+    yield from running_server()

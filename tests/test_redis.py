@@ -1,0 +1,443 @@
+"""nanobucket.redis against a real redis-server started for the session.
+
+Explicit-time traces must match the in-process table decision for decision;
+the real-clock and leasing tests run 4 spawned processes on one key; the
+failure tests stop, pause and restart a server of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import random
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+import nanobucket as nb
+from nanobucket import redis as nbr
+from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
+
+__all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
+
+MS = 1_000_000
+S = 1_000_000_000
+#: Generous "did not hang" bound for calls whose socket timeout is 0.25 s.
+HANG = 2.0
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class ManualClock:
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ns: int) -> None:
+        self.now += ns
+
+
+def _fresh(prefix: str) -> str:
+    return f"{prefix}{random.getrandbits(48):x}"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Any:
+    c = nbr.client_from_url(redis_url, socket_timeout=2.0)
+    yield c
+    c.close()
+
+
+# -- semantics: the same decisions as the in-process table -------------------------------------
+
+@pytest.mark.parametrize(("rate", "capacity"), [(100, 200), (1000, 10), (4, 3), (1, 1)])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_trace_matches_in_process_table(
+    impl: ModuleType, client: Any, rate: int, capacity: int, seed: int
+) -> None:
+    # 1e6/rate is whole for these rates and every time is whole microseconds,
+    # so Redis's microsecond GCRA is the in-process one, exactly.
+    rng = random.Random(seed * 1000 + rate)
+    limiter = nbr.RedisTokenBucket(client, rate=rate, capacity=capacity, prefix=_fresh("trace"))
+    local = impl.KeyedTokenBucket(rate=rate, capacity=capacity)
+    interval = S // rate
+    keys = ["a", "b", 7, b"c"]
+    now = 10**15  # well past zero, like a real clock; state starts empty
+    for _ in range(400):
+        step = rng.choice([0, 0, 1000, interval // 3 // 1000 * 1000, interval, 5 * interval, -interval])
+        now = max(0, now + step)
+        key = rng.choice(keys)
+        cost = rng.choice([0, 1, 1, 1, capacity, rng.randint(0, capacity)])
+        op = rng.choice(["check", "check", "peek", "allow", "many", "tokens"])
+        if op == "check":
+            assert limiter.check_at(key, now, cost) == local.check_at(key, now, cost)
+        elif op == "peek":
+            assert limiter.peek_at(key, now, cost) == local.peek_at(key, now, cost)
+        elif op == "allow":
+            assert limiter.allow_at(key, now, cost) is local.allow_at(key, now, cost)
+        elif op == "many":
+            batch = [rng.choice(keys) for _ in range(rng.randint(0, 5))]
+            assert limiter.allow_many_at(batch, now, cost) == local.allow_many_at(batch, now, cost)
+        else:
+            assert limiter.tokens_at(key, now) == local.tokens_at(key, now)
+
+
+def test_decision_fields_and_source(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix=_fresh("fields"))
+    d = limiter.check_at("k", 0, 150)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
+        True, 50, 0, 1500 * MS, 200)
+    assert d.source == "redis" and d.reset_after == 1.5
+    d = limiter.check_at("k", 5 * MS, 100)  # 50.5 tokens: 49.5 short, 495 ms to wait
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
+        False, 50, 495 * MS, 1495 * MS)
+    assert isinstance(d, nb.Decision) or isinstance(d, nbr.RedisDecision)
+
+
+def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=3, capacity=1, prefix=_fresh("units"))
+    assert limiter.interval_ns == 333_334_000  # ceil(1e6 / 3) us
+    assert limiter.allow_at("k", 0)
+    assert not limiter.allow_at("k", 333_333_999)
+    assert limiter.allow_at("k", 333_334_000)
+    # An explicit time floors to whole us: 1999 ns is 1 us.
+    d = limiter.peek_at("k", 333_334_000 + 1999)
+    assert d.retry_after_ns == 333_334_000 - 1000
+
+
+def test_time_going_backwards_creates_no_tokens(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2, prefix=_fresh("back"))
+    assert limiter.allow_many_at(["k"] * 3, 100 * S) == bytearray([1, 1, 0])
+    assert not limiter.allow_at("k", 50 * S)
+    assert not limiter.allow_at("k", 100 * S)
+    assert limiter.allow_at("k", 101 * S)
+
+
+def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix=_fresh("ttl"))
+    assert limiter.peek("k").allowed and not client.exists(limiter.key("k"))  # peek writes nothing
+    d = limiter.check("k", cost=5)  # Redis time: 50 ms of debt
+    assert d.reset_after_ns == 50 * MS
+    assert 0 < client.pttl(limiter.key("k")) <= 51  # the debt, rounded up, plus at most 1 ms
+    full = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix=_fresh("ttl"))
+    assert full.allow("k") and not full.allow("k")  # a rejection does not touch the TTL
+    assert 500 < client.pttl(full.key("k")) <= 1001
+    time.sleep(0.07)
+    assert not client.exists(limiter.key("k"))  # full again: gone, costs Redis nothing
+    assert limiter.tokens("k") == 200.0 and limiter.peek("k", cost=0).remaining == 200
+
+
+def test_keys_share_a_cluster_slot_per_client_key(client: Any) -> None:
+    a = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix="api")
+    b = nbr.RedisTokenBucket(client, rate=10, capacity=5, prefix="login")
+    assert a.key("user:1") == b"api:{user:1}" and a.key(5) == b"api:{5}" and a.key(b"x") == b"api:{x}"
+    assert key_slot(a.key("user:1")) == key_slot(b.key("user:1"))
+    assert key_slot(a.key("user:1")) != key_slot(a.key("user:2"))
+
+
+def test_script_flush_then_use(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=3, prefix=_fresh("flush"))
+    assert limiter.allow_at("k", 0)
+    client.script_flush()
+    assert limiter.check_at("k", 0).remaining == 1  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
+    client.script_flush()
+    assert limiter.allow_many_at(["k", "k", "j"], 0) == bytearray([1, 0, 1])
+    leased = nbr.LeasedTokenBucket(client, rate=1, capacity=3, prefix=_fresh("flush"), max_lease=2)
+    client.script_flush()
+    assert leased.allow_at("k", 0) and leased.held("k") == 0  # first lease: min_lease = 1
+    client.script_flush()
+    leased.close_at(0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"rate": 0, "capacity": 1}, ValueError),
+        ({"rate": float("nan"), "capacity": 1}, ValueError),
+        ({"rate": 1, "capacity": 1.5}, TypeError),
+        ({"rate": 1, "capacity": 1, "prefix": "a{b"}, ValueError),
+        ({"rate": 1, "capacity": 1, "prefix": 3}, TypeError),
+        ({"rate": 1, "capacity": 1, "on_error": "maybe"}, ValueError),
+        ({"rate": 1, "capacity": 1, "breaker": object()}, TypeError),
+        ({"rate": 1, "capacity": 4_500_000_000}, ValueError),  # tau_us + now_us >= 2**53
+    ],
+)
+def test_bad_construction(client: Any, kwargs: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        nbr.RedisTokenBucket(client, **kwargs)
+
+
+def test_bad_calls(client: Any) -> None:
+    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2)
+    for bad, error in [((("a",), 0), TypeError), ((1.5, 0), TypeError), ((True, 0), TypeError),
+                       (("a", -1), ValueError), (("a", 1.0), TypeError)]:
+        with pytest.raises(error):
+            limiter.allow_at(*bad)
+    with pytest.raises(ValueError):
+        limiter.check("a", cost=3)
+    with pytest.raises(TypeError):
+        limiter.allow_many("abc")
+    with pytest.raises(TypeError):
+        nbr.RedisTokenBucket("localhost", rate=1, capacity=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        nbr.LeasedTokenBucket(client, rate=1, capacity=4, min_lease=3, max_lease=2)
+    with pytest.raises(ValueError):
+        nbr.CircuitBreaker(backoff=0)
+
+
+# -- the circuit breaker ------------------------------------------------------------------------
+
+def test_circuit_breaker_backs_off_and_recovers() -> None:
+    clock = ManualClock()
+    b = nbr.CircuitBreaker(failures=2, backoff=1.0, max_backoff=3.0, clock=clock)
+    b.record_failure()
+    assert b.state == "closed" and b.allow_request()
+    b.record_failure()
+    assert b.state == "open" and not b.allow_request() and b.retry_in_ns() == S
+    clock.advance(S)
+    assert b.state == "half-open" and b.allow_request()  # the probe
+    assert not b.allow_request()  # only one probe at a time
+    b.record_failure()
+    assert b.retry_in_ns() == 2 * S
+    clock.advance(2 * S)
+    assert b.allow_request()
+    b.record_failure()
+    assert b.retry_in_ns() == 3 * S  # capped at max_backoff
+    clock.advance(3 * S)
+    assert b.allow_request()
+    b.record_success()
+    assert b.state == "closed" and b.retry_in_ns() == 0
+
+
+# -- Redis going away ---------------------------------------------------------------------------
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    result = fn(*args)
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize("policy", ["open", "closed", "raise", "fallback"])
+def test_redis_stopped_mid_run(own_redis_server: RedisServer, policy: str) -> None:
+    clock = ManualClock()
+    breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
+    fallback = nb.KeyedTokenBucket(rate=50, capacity=2, clock=clock) if policy == "fallback" else None
+    limiter = nbr.RedisTokenBucket.from_url(
+        own_redis_server.url, rate=100, capacity=200, socket_timeout=0.25,
+        on_error="raise" if policy == "fallback" else policy,  # type: ignore[arg-type]
+        fallback=fallback, breaker=breaker)
+    assert limiter.check("k").remaining == 199
+    own_redis_server.stop()
+
+    def decide() -> Any:
+        if policy == "raise":
+            with pytest.raises(nbr.RedisUnavailable):
+                limiter.check("k")
+            return None
+        return limiter.check("k")
+
+    for _ in range(2):  # the first call finds Redis down, the second the breaker open
+        d, elapsed = _timed(decide)
+        assert elapsed < HANG
+        assert breaker.state == "open"
+        if policy == "open":
+            assert (d.allowed, d.remaining, d.source) == (True, 199, "policy:open")
+        elif policy == "closed":
+            assert (d.allowed, d.retry_after_ns, d.source) == (False, S, "policy:closed")
+        elif policy == "fallback":
+            assert (d.allowed, d.remaining, d.source) == (True, 1 - _, "fallback")
+    if policy == "fallback":
+        d = limiter.check("k")
+        assert (d.allowed, d.retry_after_ns, d.source) == (False, 20 * MS, "fallback")
+    clock.advance(S)  # the probe finds Redis still down: back-off doubles
+    if policy == "raise":
+        with pytest.raises(nbr.RedisUnavailable):
+            limiter.peek("k")
+    else:
+        assert limiter.peek("k").source != "redis"
+    assert breaker.retry_in_ns() == 2 * S
+
+    own_redis_server.start()  # same port, empty, no scripts loaded (NOSCRIPT path)
+    assert breaker.state == "open"
+    clock.advance(2 * S)
+    d = limiter.check("k")  # recovered by itself: no reconnect call from us
+    assert (d.allowed, d.remaining, d.source) == (True, 199, "redis")
+    assert breaker.state == "closed"
+    assert limiter.allow_many(["k", "j"]) == bytearray([1, 1])
+    limiter.client.close()
+
+
+def test_redis_paused_calls_time_out(own_redis_server: RedisServer) -> None:
+    clock = ManualClock()
+    breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
+    limiter = nbr.RedisTokenBucket.from_url(
+        own_redis_server.url, rate=100, capacity=200, socket_timeout=0.25,
+        on_error="closed", breaker=breaker)
+    assert limiter.allow("k")
+    own_redis_server.pause()  # connections stay open, replies never come
+    try:
+        d, elapsed = _timed(limiter.check, "k")
+        assert (d.allowed, d.source) == (False, "policy:closed") and elapsed < HANG
+        assert limiter.allow_many(["a", "b"]) == bytearray([0, 0])  # breaker open: no wait
+    finally:
+        own_redis_server.resume()
+    clock.advance(S)
+    d = limiter.check("fresh")
+    assert (d.allowed, d.remaining, d.source) == (True, 199, "redis")
+    limiter.client.close()
+
+
+def test_async_limiter(redis_url: str, own_redis_server: RedisServer) -> None:
+    async def run() -> None:
+        limiter = nbr.AsyncRedisTokenBucket.from_url(
+            redis_url, rate=4, capacity=3, prefix=_fresh("async"))
+        local = nb.KeyedTokenBucket(rate=4, capacity=3)
+        rng = random.Random(5)
+        now = 0
+        for _ in range(120):
+            now += rng.choice([0, 1000, 125 * MS, 250 * MS])
+            key, cost = rng.choice("ab"), rng.randint(0, 3)
+            assert await limiter.check_at(key, now, cost) == local.check_at(key, now, cost)
+            assert await limiter.peek_at(key, now, 1) == local.peek_at(key, now, 1)
+        assert await limiter.allow_many_at(["a", "b", "c"], now, 2) == \
+            local.allow_many_at(["a", "b", "c"], now, 2)
+        await limiter.client.script_flush()
+        assert await limiter.allow_at("z", now) and (await limiter.check("z2")).remaining == 2
+        await limiter.aclose()
+
+        clock = ManualClock()
+        down = nbr.AsyncRedisTokenBucket.from_url(
+            own_redis_server.url, rate=4, capacity=3, socket_timeout=0.25, on_error="open",
+            breaker=nbr.CircuitBreaker(backoff=1.0, clock=clock))
+        assert (await down.check("k")).source == "redis"
+        own_redis_server.stop()
+        start = time.monotonic()
+        d = await down.check("k")
+        assert (d.allowed, d.source) == (True, "policy:open") and time.monotonic() - start < HANG
+        assert await down.allow_many(["k", "j"]) == bytearray([1, 1])
+        own_redis_server.start()
+        clock.advance(S)
+        assert (await down.check("k")).source == "redis"
+        await down.aclose()
+
+    asyncio.run(run())
+
+
+# -- many processes, one limit -----------------------------------------------------------------
+
+def _hammer(url: str, prefix: str, kind: str, start: Any, seconds: float, out: Any) -> None:
+    client = nbr.client_from_url(url, socket_timeout=2.0)
+    if kind == "leased":
+        limiter: Any = nbr.LeasedTokenBucket(client, rate=200, capacity=50, prefix=prefix,
+                                             max_lease=8)
+    else:
+        limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix)
+    start.wait()
+    admitted = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        admitted += limiter.allow("shared")
+    if kind == "leased":
+        out.put((admitted, limiter.held("shared")))
+        limiter.close()
+    else:
+        out.put((admitted, 0))
+    client.close()
+
+
+@pytest.mark.parametrize("kind", ["plain", "leased"])
+def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
+    # Redis's clock decides, so the run's length seen from here bounds it:
+    # every token admitted was in the bucket (50) or refilled (200/s) meanwhile.
+    prefix = _fresh("procs")
+    start, out = SPAWN.Event(), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_hammer, args=(redis_url, prefix, kind, start, 0.5, out))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    time.sleep(0.05)
+    begin = time.monotonic()
+    start.set()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(30)
+    elapsed = time.monotonic() - begin
+    assert all(p.exitcode == 0 for p in procs)
+    admitted = sum(r[0] for r in results)
+    # Leased tokens still held were taken from Redis too: count them as spent.
+    taken = admitted + sum(r[1] for r in results)
+    assert 50 <= admitted and taken <= 50 + 200 * elapsed
+
+
+def _lease_phases(url: str, prefix: str, lease: int, barrier: Any, out: Any) -> None:
+    client = nbr.client_from_url(url, socket_timeout=2.0)
+    limiter = nbr.LeasedTokenBucket(client, rate=100, capacity=100, prefix=prefix,
+                                    min_lease=lease, max_lease=lease)
+    first = limiter.allow_at("k", 0)  # takes a lease of `lease`, spends 1
+    barrier.wait()
+    later = 0
+    while limiter.allow_at("k", 2 * S):  # Redis is full again at 1 s
+        later += 1
+    out.put((first, later, limiter.round_trips))
+    client.close()
+
+
+def test_leasing_over_admission_bound_four_processes(redis_url: str) -> None:
+    # Each instance holds lease - 1 tokens taken at t=0; at t=2 s Redis is
+    # full again, so the instant t=2 s admits capacity + 4 * (lease - 1):
+    # the documented bound, reached exactly. Over the whole run it is still
+    # capacity + rate * T (every token came from Redis).
+    lease, prefix = 10, _fresh("lease")
+    barrier, out = SPAWN.Barrier(4), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_lease_phases, args=(redis_url, prefix, lease, barrier, out))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert all(p.exitcode == 0 for p in procs)
+    assert all(first for first, _, _ in results)
+    at_two_seconds = sum(later for _, later, _ in results)
+    assert at_two_seconds == 100 + 4 * (lease - 1)
+    assert 4 + at_two_seconds <= 100 + 100 * 2  # the whole run: capacity + rate * T
+    # Round trips: 4 leases at t=0, 10 leases of 10 at t=2 s, one refusal each.
+    assert sum(rt for _, _, rt in results) == 4 + 100 // lease + 4
+
+
+def test_lease_size_adapts_and_unused_tokens_go_back(client: Any) -> None:
+    prefix = _fresh("adapt")
+    clock = ManualClock()
+    # rate 10/s: the give-back is not hidden by refill (the test takes far less than 28 s).
+    leased = nbr.LeasedTokenBucket(client, rate=10, capacity=1000, prefix=prefix,
+                                   max_lease=64, lease_period=0.1, clock=clock)
+    shared = nbr.RedisTokenBucket(client, rate=10, capacity=1000, prefix=prefix)
+    # A busy key: each lease lasts < lease_period, so sizes go 1, 2, 4, ..., 64, 64.
+    assert all(leased.allow("k") for _ in range(1 + 2 + 4 + 8 + 16 + 32 + 64 + 64))
+    assert leased.round_trips == 8 and leased.held("k") == 0
+    assert leased.allow("k") and leased.held("k") == 63
+    # Idle for more than 4 periods: the next lease halves.
+    for _ in range(63):
+        leased.allow("k")
+    clock.advance(S)
+    assert leased.allow("k") and leased.held("k") == 31
+    tokens_before = shared.tokens("k")
+    leased.close()
+    assert leased.held("k") == 0
+    assert shared.tokens("k") - tokens_before >= 31  # given back (plus what refilled meanwhile)
+    assert leased.round_trips == 11
+
+
+def test_leased_refusals_cost_one_round_trip(client: Any) -> None:
+    leased = nbr.LeasedTokenBucket(client, rate=1, capacity=2, prefix=_fresh("deny"), max_lease=2)
+    assert [leased.allow_at("k", 0) for _ in range(5)] == [True, True, False, False, False]
+    assert leased.round_trips == 3  # lease of 1, lease of 2 (1 granted), one refusal
+    d = leased.check_at("k", S // 2)
+    assert (d.allowed, d.retry_after_ns, d.source) == (False, S // 2, "lease")
+    d = leased.check_at("k", S)
+    assert (d.allowed, d.source) == (True, "redis") and leased.round_trips == 4
