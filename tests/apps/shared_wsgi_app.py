@@ -1,0 +1,49 @@
+"""A tiny WSGI app for the gunicorn test: every worker asks one shared table.
+
+The table is made by the master in ``on_starting`` (see
+``shared_gunicorn_conf.py``) and opened in each worker by ``post_fork``;
+``table()`` also opens it lazily, so the app works with ``preload_app`` too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+
+from nanobucket.shared import SharedKeyedTokenBucket
+
+_table: SharedKeyedTokenBucket | None = None
+
+
+def attach() -> None:
+    """Open the shared table in this process (called by post_fork)."""
+    global _table
+    _table = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+
+
+def table() -> SharedKeyedTokenBucket:
+    if _table is None:
+        attach()
+    assert _table is not None
+    return _table
+
+
+def app(environ: dict[str, object],
+        start_response: Callable[[str, list[tuple[str, str]]], object]) -> Iterable[bytes]:
+    """``GET /<key>``: 200 if *key*'s bucket admits the request, else 429 with Retry-After."""
+    key = str(environ.get("PATH_INFO", "/")).strip("/")
+    headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid()))]
+    if key == "_health":
+        start_response("200 OK", headers)
+        return [b"up\n"]
+    time.sleep(0.005)  # hold the worker a moment, so concurrent clients spread over workers
+    d = table().check(key)
+    headers.append(("RateLimit-Remaining", str(d.remaining)))
+    if d.allowed:
+        start_response("200 OK", headers)
+        return [b"ok\n"]
+    headers.append(("Retry-After", str(math.ceil(d.retry_after_ns / 1e9))))
+    start_response("429 Too Many Requests", headers)
+    return [b"slow down\n"]

@@ -1,0 +1,105 @@
+"""A real pre-fork server: gunicorn, 4 sync workers, one shared limit."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+try:
+    from nanobucket import _shared_c
+except ImportError:  # pragma: no cover - a pure-Python install
+    _shared_c = None  # type: ignore[assignment]
+
+pytestmark = [
+    pytest.mark.c_extension,
+    pytest.mark.skipif(_shared_c is None and not os.environ.get("CI"),
+                       reason="the Cython extension is not built"),
+]
+
+APPS = Path(__file__).parent / "apps"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    table = tmp_path / "limits"
+    port = free_port()
+    env = dict(os.environ, NB_SHARED_TABLE=str(table))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(APPS / "shared_gunicorn_conf.py"),
+         "--chdir", str(APPS), "-b", f"127.0.0.1:{port}", "shared_wsgi_app:app"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if get(port, "/_health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""  # type: ignore[union-attr]
+                pytest.fail(f"gunicorn did not start:\n{err[-2000:]}")
+            time.sleep(0.1)
+        yield port, table
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    assert proc.returncode == 0
+    assert not table.exists()  # on_exit removed it
+
+
+def test_four_gunicorn_workers_admit_exactly_capacity_per_key(server) -> None:  # type: ignore[no-untyped-def]
+    port, table = server
+    assert table.exists()
+    # 120 requests for alice and 30 for bob, 8 at a time. The bucket holds 50
+    # and refills one token an hour, so whatever the timing and whichever
+    # worker serves each request, alice gets exactly 50 and bob all 30. With
+    # a bucket per worker alice could get up to 4 * 50 = 200.
+    paths = ["/alice"] * 120 + ["/bob"] * 30
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: (p, *get(port, p)), paths))
+    statuses = Counter((p, status) for p, status, _ in results)
+    assert statuses == {("/alice", 200): 50, ("/alice", 429): 70, ("/bob", 200): 30}
+    # Each admitted request took a distinct token: remaining counts 49 down to 0.
+    remaining = sorted(int(h["ratelimit-remaining"]) for p, s, h in results
+                       if p == "/alice" and s == 200)
+    assert remaining == list(range(50))
+    # The next token is an hour away (less the few seconds the test took).
+    waits = {int(h["retry-after"]) for _, s, h in results if s == 429}
+    assert waits <= set(range(3590, 3601)) and waits
+    workers = {h["x-worker"] for _, _, h in results}
+    assert len(workers) >= 2  # the limit really was shared between processes
