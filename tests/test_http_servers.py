@@ -233,3 +233,4 @@ def test_gunicorn_exact_count(gunicorn_server: tuple[Server, int]) -> None:
     pids = {h["x-worker"] for h in admitted}
     # With the shared table, several workers admitted and still only 60 in all.
     assert (2 if workers > 1 else 1) <= len(pids) <= workers
+    assert len({h["x-worker"] for _, h in results}) <= workers

@@ -9,6 +9,8 @@ one limit.
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 from flask import Flask
 
@@ -27,8 +29,23 @@ app = Flask(__name__)
 
 
 @app.route("/")
-def hello() -> tuple[str, int, dict[str, str]]:
-    return "hello", 200, {"X-Worker": str(os.getpid())}
+def hello() -> str:
+    return "hello"
 
 
 app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)  # type: ignore[method-assign]
+limited_app = app.wsgi_app
+
+
+def busy_worker(environ: dict, start_response: Any) -> Any:
+    """Outside the limiter: every answer names its worker, and each request
+    keeps its worker busy 10 ms, so concurrent clients spread over the workers."""
+    time.sleep(0.01)
+
+    def start(status: str, headers: list, exc_info: Any = None) -> Any:
+        return start_response(status, [*headers, ("X-Worker", str(os.getpid()))], exc_info)
+
+    return limited_app(environ, start)
+
+
+app.wsgi_app = busy_worker  # type: ignore[method-assign]
