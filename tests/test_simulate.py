@@ -136,7 +136,7 @@ def test_per_key_limit_stops_one_greedy_client_starving_the_others(
     assert (tb.busiest, tb.others) == ((1357, 1800), (9455, 10084))
     # Per key 25/50: the greedy client gets at most 50 + 25*30 tokens, others nearly all.
     assert (pk.busiest, pk.others) == ((798, 1800), (10009, 10084))
-    assert pk.busiest[0] <= 50 + 25 * 30 + 50
+    assert pk.busiest[0] <= 50 + 25 * 30  # its bucket plus 30 s of refill
 
 
 def test_both_implementations_decide_the_same(impl: ModuleType, seed_run: Simulation) -> None:

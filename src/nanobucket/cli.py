@@ -1,0 +1,246 @@
+"""The ``nanobucket`` command: ``explain``, ``simulate`` and ``bench``.
+
+Bad arguments print one line, ``nanobucket <command>: error: ...``, on
+stderr and exit with status 2: never a usage dump, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import NoReturn, TextIO
+
+from . import __version__
+from ._params import rate_fraction
+
+__all__ = ("UsageError", "build_parser", "main")
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors in one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _rate(text: str) -> Fraction:
+    try:
+        value = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number such as 100, 0.5 or 1/3"
+        ) from None
+    try:
+        return rate_fraction(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(repr(value), text)) from None
+
+
+def _count(minimum: int) -> "type[int]":
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse  # type: ignore[return-value]
+
+
+def _output_file(text: str) -> str:
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} does not exist")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and documentation)."""
+    parser = _Parser(
+        prog="nanobucket",
+        description="Explain a token-bucket limit, simulate strategies on traffic, benchmark.",
+    )
+    parser.add_argument("--version", action="version", version=f"nanobucket {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ex = sub.add_parser(
+        "explain",
+        help="what a rate/capacity admits, in exact numbers",
+        description="Explain a token bucket: sustained rate, largest burst, refill time, the "
+        "most admitted in T seconds, how long a burst is absorbed, what N instances admit. "
+        "Numbers are exact (fractions where needed).",
+    )
+    ex.add_argument("--rate", type=_rate, required=True, help="tokens per second (100, 0.5, 1/3)")
+    ex.add_argument("--capacity", type=_count(1), required=True, help="bucket size in tokens")
+    ex.add_argument("--cost", type=_count(1), default=1, help="tokens per request (default 1)")
+    ex.add_argument("--instances", type=_count(1), default=1,
+                    help="processes each holding such a bucket locally (default 1)")
+    ex.add_argument("--burst-rps", type=_rate, default=None,
+                    help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
+                    "the seed's 180 against 100)")
+    ex.add_argument("--json", action="store_true", help="print JSON (rationals as exact strings)")
+
+    sim = sub.add_parser(
+        "simulate",
+        help="replay traffic through five limiting strategies, in simulated time",
+        description="Replay traffic through a fixed 1-second window, an unbounded queue, a "
+        "bounded queue, a token bucket and a per-key + global token bucket, and compare them. "
+        "The default traffic is the seed's case study (70-90 req/s, bursts to 180 req/s, one "
+        "greedy client), seeded and repeatable; --trace replays your own.",
+    )
+    sim.add_argument("--rate", type=_rate, default=Fraction(100),
+                     help="limit in tokens/s for every strategy (default 100)")
+    sim.add_argument("--capacity", type=_count(1), default=200,
+                     help="token bucket size (default 200)")
+    sim.add_argument("--queue-bound", type=_count(1), default=None,
+                     help="most waiting requests in the bounded queue (default: capacity)")
+    sim.add_argument("--key-rate", type=_rate, default=None,
+                     help="per-key rate (default rate/4)")
+    sim.add_argument("--key-capacity", type=_count(1), default=None,
+                     help="per-key capacity (default capacity/4)")
+    sim.add_argument("--duration", type=_count(1), default=None,
+                     help="seconds of traffic (default 120; with --trace: the whole trace)")
+    sim.add_argument("--seed", type=_count(0), default=None, help="random seed (default 1)")
+    sim.add_argument("--trace", metavar="FILE.csv", default=None,
+                     help="replay rows of timestamp,key[,cost]; timestamp in seconds "
+                     "(decimal or Unix time), cost default 1, optional header row")
+    sim.add_argument("--plot", metavar="OUT.png", type=_output_file, default=None,
+                     help="draw load, admitted, rejected and queue per strategy (needs "
+                     "matplotlib: pip install 'nanobucket[plot]')")
+    sim.add_argument("--json", action="store_true", help="print JSON with exact counts and ns")
+
+    sub.add_parser(
+        "bench",
+        help="benchmarks (arguments are passed to nanobucket.bench)",
+        add_help=False,
+    )
+    return parser
+
+
+def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    from .explain import explain, render_text, to_json
+
+    e = explain(args.rate, args.capacity, args.cost, args.instances, args.burst_rps)
+    out.write(json.dumps(to_json(e), indent=2) + "\n" if args.json else render_text(e))
+    return 0
+
+
+def _simulate(args: argparse.Namespace, out: TextIO) -> int:
+    from . import simulate as sim_mod
+
+    if args.plot:
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()  # before the work, not after it
+        except PlotUnavailable as exc:
+            raise UsageError(str(exc)) from None
+    if args.trace is not None:
+        if args.seed is not None:
+            raise UsageError("--seed applies to the generated case study, not to --trace")
+        try:
+            traffic = sim_mod.load_trace(args.trace, args.duration)
+        except OSError as exc:
+            raise UsageError(f"cannot read trace: {exc.strerror}: {args.trace!r}") from None
+    else:
+        traffic = sim_mod.case_study(
+            sim_mod.CYCLE_S if args.duration is None else args.duration,
+            1 if args.seed is None else args.seed,
+        )
+    config = sim_mod.Config(args.rate, args.capacity, args.queue_bound, args.key_rate,
+                            args.key_capacity)
+    with _ProgressBar(5 * len(traffic), enabled=out.isatty() and sys.stderr.isatty()) as bar:
+        result = sim_mod.simulate(traffic, config, bar.advance)
+    out.write(json.dumps(sim_mod.to_json(result), indent=2) + "\n" if args.json
+              else sim_mod.render_table(result))
+    if args.plot:
+        from .plot import plot_simulation
+
+        plot_simulation(result, args.plot)
+        if not args.json:
+            out.write(f"\nplot written to {args.plot}\n")
+    return 0
+
+
+class _ProgressBar:
+    """A one-line bar on stderr, drawn only for a terminal and for long runs."""
+
+    MIN_WORK = 200_000  # below this the run is over before a bar is worth drawing
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = max(total, 1)
+        self.enabled = enabled and total >= self.MIN_WORK
+        self.done = 0
+        self.shown = -1
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        pct = min(100, 100 * self.done // self.total)
+        if pct != self.shown:
+            self.shown = pct
+            filled = pct * 30 // 100
+            sys.stderr.write(f"\rsimulating [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%")
+            sys.stderr.flush()
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self.shown >= 0:
+            sys.stderr.write("\r" + " " * 50 + "\r")  # leave the terminal clean
+            sys.stderr.flush()
+
+
+def _bench(argv: list[str]) -> int:
+    # Imported only when asked for: it needs the optional `bench` extra.
+    try:
+        bench = importlib.import_module("nanobucket.bench")
+    except ModuleNotFoundError as exc:
+        if exc.name == "nanobucket.bench":
+            raise UsageError("the bench command is not available in this version") from None
+        raise UsageError(
+            f"bench needs {exc.name!r}, which is not installed: pip install 'nanobucket[bench]'"
+        ) from None
+    return int(bench.main(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``nanobucket`` command with *argv* (default ``sys.argv[1:]``); return the status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = args_list[0] if args_list else ""
+    prog = f"nanobucket {command}" if command in ("explain", "simulate", "bench") else "nanobucket"
+    try:
+        if command == "bench":  # everything after it belongs to the bench command
+            return _bench(args_list[1:])
+        try:
+            args = build_parser().parse_args(args_list)
+        except SystemExit as exc:  # --help, --version, or a usage error already printed
+            return exc.code if isinstance(exc.code, int) else 2
+        if args.command == "explain":
+            return _explain(args, sys.stdout)
+        return _simulate(args, sys.stdout)
+    except (UsageError, ValueError) as exc:  # ValueError: a bad combination of arguments
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return 2
+    except BrokenPipeError:  # `nanobucket simulate | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+
