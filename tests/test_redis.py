@@ -154,6 +154,20 @@ def test_script_flush_then_use(client: Any) -> None:
     leased.close_at(0)
 
 
+def test_allow_many_cluster_path_pipelines_one_script_per_key(client: Any) -> None:
+    # A RedisCluster client takes this path (one EVALSHA per key, pipelined);
+    # here the flag is set on a plain client so a real single server runs it.
+    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2, prefix=_fresh("pipe"))
+    limiter._cluster = True
+    local = nb.KeyedTokenBucket(rate=1, capacity=2)
+    batch = ["a", "b", "a", "a", "c", "b"]
+    assert limiter.allow_many_at(batch, 0) == local.allow_many_at(batch, 0) == \
+        bytearray([1, 1, 1, 0, 1, 1])
+    client.script_flush()  # every call in the batch gets NOSCRIPT, then runs once
+    assert limiter.allow_many_at(batch, S) == local.allow_many_at(batch, S)
+    assert limiter.check_at("a", S) == local.check_at("a", S)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [

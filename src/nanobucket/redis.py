@@ -49,6 +49,8 @@ from typing import Any, Literal, Protocol
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -84,6 +86,7 @@ DEFAULT_SOCKET_TIMEOUT = 0.1
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
 
 _GCRA = files(__package__).joinpath("_redis_gcra.lua").read_text(encoding="utf-8")
+_GCRA_MANY = files(__package__).joinpath("_redis_gcra_many.lua").read_text(encoding="utf-8")
 _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf-8")
 
 
@@ -219,10 +222,6 @@ class Fallback(Protocol):
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray: ...
 
 
-class _Skipped(Exception):
-    """The breaker is open: Redis was not asked."""
-
-
 def client_from_url(
     url: str, *, socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, asyncio: bool = False
 ) -> Any:
@@ -321,6 +320,11 @@ class _RedisLimits:
             return (*self._head, cost, b"", b"1" if consume else b"0", b"0")
         return (*self._head, cost, now_ns // NS_PER_US, b"1" if consume else b"0",
                 EXPLICIT_TTL_SLACK_MS)
+
+    def _many_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:
+        if now_ns is None:
+            return (*self._head, cost, b"", b"0")
+        return (*self._head, cost, now_ns // NS_PER_US, EXPLICIT_TTL_SLACK_MS)
 
     def _decision(self, reply: Sequence[int]) -> RedisDecision:
         allowed, remaining, retry_us, reset_us = reply
@@ -454,6 +458,8 @@ class RedisTokenBucket(_RedisLimits):
             raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
         self._client = client
         self._script = client.register_script(_GCRA)
+        self._many_script = client.register_script(_GCRA_MANY)
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     @classmethod
     def from_url(
@@ -524,8 +530,10 @@ class RedisTokenBucket(_RedisLimits):
     def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
         """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
 
-        Each key is one script call in one pipeline (so keys in different
-        Redis Cluster slots work); each call reads Redis's clock itself.
+        On one Redis the batch is one script call at one reading of Redis's
+        clock, like ``KeyedTokenBucket.allow_many``. On a ``RedisCluster``
+        client (keys of different slots cannot share a script) it is one
+        script call per key, pipelined, each reading the clock itself.
         """
         return self._many(keys, self._cost(cost), None)
 
@@ -540,14 +548,18 @@ class RedisTokenBucket(_RedisLimits):
         breaker = self._breaker
         if not breaker.allow_request():
             return self._policy_many(keys, cost, now_ns, None)
-        args = self._args(cost, now_ns, True)
         try:
-            replies = _evalsha_pipeline(self._client, self._script, [(k, args) for k in rkeys])
+            if self._cluster:
+                args = self._args(cost, now_ns, True)
+                replies = _evalsha_pipeline(self._client, self._script, [(k, args) for k in rkeys])
+                result = bytearray([reply[0] for reply in replies])
+            else:
+                result = bytearray(self._many_script(keys=rkeys, args=self._many_args(cost, now_ns)))
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy_many(keys, cost, now_ns, err)
         breaker.record_success()
-        return bytearray([reply[0] for reply in replies])
+        return result
 
     def __repr__(self) -> str:
         return f"RedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
@@ -577,6 +589,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
             raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
         self._client = client
         self._script = client.register_script(_GCRA)
+        self._many_script = client.register_script(_GCRA_MANY)
+        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
 
     @classmethod
     def from_url(
@@ -646,15 +660,20 @@ class AsyncRedisTokenBucket(_RedisLimits):
         breaker = self._breaker
         if not breaker.allow_request():
             return self._policy_many(keys, cost, now_ns, None)
-        args = self._args(cost, now_ns, True)
         try:
-            replies = await _evalsha_pipeline_async(
-                self._client, self._script, [(k, args) for k in rkeys])
+            if self._cluster:
+                args = self._args(cost, now_ns, True)
+                replies = await _evalsha_pipeline_async(
+                    self._client, self._script, [(k, args) for k in rkeys])
+                result = bytearray([reply[0] for reply in replies])
+            else:
+                result = bytearray(
+                    await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns)))
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy_many(keys, cost, now_ns, err)
         breaker.record_success()
-        return bytearray([reply[0] for reply in replies])
+        return result
 
     async def aclose(self) -> None:
         """Close the client's connections."""
