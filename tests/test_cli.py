@@ -215,7 +215,12 @@ def test_help_for_each_command() -> None:
 def test_bench_passes_its_arguments_through(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
     bench = types.ModuleType("nanobucket.bench")
-    bench.main = lambda argv: seen.append(argv) or 3  # type: ignore[attr-defined]
+
+    def bench_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 3
+
+    bench.main = bench_main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "nanobucket.bench", bench)
     assert main(["bench", "--quick", "-k", "allow", "--help"]) == 3
     assert seen == [["--quick", "-k", "allow", "--help"]]

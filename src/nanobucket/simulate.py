@@ -114,8 +114,9 @@ def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
     reqs: list[tuple[int, str]] = []
     phases: list[Phase] = []
     for cycle in range(0, duration_s, CYCLE_S):
-        for name, a, b in CASE_PHASES:
-            start, end = int((cycle + a) * NS), min(int((cycle + b) * NS), duration_s * NS)
+        for name, begin_s, end_s in CASE_PHASES:
+            start = int((cycle + begin_s) * NS)
+            end = min(int((cycle + end_s) * NS), duration_s * NS)
             if start < end:
                 phases.append(Phase(name, start, end))
     for sec in range(duration_s):
@@ -408,9 +409,9 @@ def _measure(s: StrategyResult, tr: Traffic) -> None:
         s.by_phase[phase.name] = (off + b - a, ok + got, max(w, worst))
     counts: dict[str, list[int]] = {}
     for k, a in zip(tr.keys, s.admitted):
-        c = counts.setdefault(k, [0, 0])
-        c[0] += a
-        c[1] += 1
+        tally = counts.setdefault(k, [0, 0])
+        tally[0] += a
+        tally[1] += 1
     s.busiest_key = min(counts, key=lambda k: (-counts[k][1], k))
     busy = counts[s.busiest_key]
     s.busiest = (busy[0], busy[1])
@@ -505,7 +506,7 @@ def render_table(sim: Simulation) -> str:
     ]
     head = ("strategy", "admitted", "rejected", "p50 wait", "p99 wait", "peak queue",
             "max in 1 s", f"queue > {sim.bound}")
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for s in sim.strategies:
         rows.append((
             s.label, _pct(s.passed, s.offered), _pct(s.rejected, s.offered),
