@@ -1,0 +1,683 @@
+"""What the benchmarks measure: groups of contenders, each called the same way.
+
+A *group* asks one question (single ``allow()`` admitting, keyed ``allow(key)``
+over 100k keys, ...). Its *cases* answer it for the Cython implementation,
+the pure-Python twin, the seed's algorithm, a no-op floor, a bare-dict
+baseline where one makes sense, and each installed peer library. Every case
+builds a `Trial` whose ``run`` executes one timed round through one of the
+loop shapes below, so the only thing that differs between two cases of a
+group is the callable inside the loop: the ratios are fair.
+
+Both the pytest-benchmark suite (``benchmarks/``) and ``python -m nanobucket
+bench`` (`nanobucket.bench`) time these same trials.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import resource
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from . import _bucket_py
+from .reference import MonotonicSeedBucket
+
+try:
+    from . import _bucket_c
+except ImportError:  # pragma: no cover - a pure-Python install
+    _bucket_c = None  # type: ignore[assignment]
+
+try:
+    from ._floor import Floor
+except ImportError:  # pragma: no cover - a pure-Python install
+
+    class Floor:  # type: ignore[no-redef]
+        """Pure-Python stand-in when the extension is not built (a higher floor)."""
+
+        def allow(self, cost: int = 1) -> bool:
+            return True
+
+        def allow_key(self, key: object, cost: int = 1) -> bool:
+            return True
+
+        def check(self, cost: int = 1) -> bool:
+            return True
+
+        def allow_many(self, keys: object, cost: int = 1) -> None:
+            return None
+
+
+FLOOR_IS_CYTHON = Floor.__module__.endswith("_floor")
+
+# Peer libraries: display name -> distribution name.
+PEERS = {
+    "token-bucket": "token-bucket",
+    "limits-fixed": "limits",
+    "limits-sliding": "limits",
+    "pyrate-limiter": "pyrate-limiter",
+    "throttled-py": "throttled-py",
+}
+
+# Limiter settings. ALLOWING never runs dry at any call rate a benchmark
+# reaches; REJECTING, once drained, stays empty for 1000 s. KEYED refills
+# slowly into a deep bucket: a touched key owes tokens (is tracked, not
+# droppable) for 100 s, and no key is refused within a run. With a fast
+# refill the table would rightly drop keys whose buckets are full again, and
+# the keyed groups would time re-insertion instead of lookups.
+ALLOWING = (10**9, 10**6)
+REJECTING = (0.001, 1)
+KEYED = (0.01, 10_000)
+# Eviction: a key's bucket is full (idle, droppable) 1 us after its request.
+IDLE_FAST = (10**6, 1)
+
+
+class Unavailable(Exception):
+    """This case cannot run here (a peer not installed, a rejected buffer, ...)."""
+
+
+@dataclass
+class Trial:
+    """One contender, ready: ``run()`` is one timed round of ``calls`` calls (or keys).
+
+    ``reset`` runs untimed before every round (a fresh table, fresh keys);
+    ``close`` once at the end (stops a peer's background timer).
+    """
+
+    run: Callable[[], object]
+    calls: int
+    reset: Callable[[], object] | None = None
+    close: Callable[[], object] | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named contender of a group; ``build()`` may raise `Unavailable`."""
+
+    name: str
+    role: str  # floor | ours | twin | seed | baseline | peer
+    build: Callable[[], Trial]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One question, with the cases that answer it and the floor they are read against."""
+
+    id: str
+    title: str
+    unit: str  # "call" or "key": what ns/... is per
+    cases: tuple[Case, ...]
+    floor: str = "floor"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each group does; `FULL` for the real figures, `QUICK` for a smoke run."""
+
+    calls: int  # calls per round, single-bucket groups
+    keyed_small: int
+    keyed_large: int
+    keyed_chunk: int  # calls per round, keyed groups (consecutive slices, round-robin)
+    first_touch: int  # new keys per round
+    evict_max_keys: int
+    evict_stream: int  # new keys per round into a full table
+    many_str: int  # keys per allow_many batch (str)
+    many_u64: int  # keys per allow_many batch (uint64 buffer)
+    memory_keys: int
+
+
+FULL = Sizes(calls=10_000, keyed_small=100_000, keyed_large=1_000_000, keyed_chunk=10_000,
+             first_touch=20_000, evict_max_keys=10_000, evict_stream=20_000,
+             many_str=100_000, many_u64=1_000_000, memory_keys=1_000_000)
+QUICK = Sizes(calls=2_000, keyed_small=10_000, keyed_large=40_000, keyed_chunk=2_000,
+              first_touch=2_000, evict_max_keys=1_000, evict_stream=2_000,
+              many_str=5_000, many_u64=20_000, memory_keys=50_000)
+
+
+# --- the loop shapes: every case of a group runs the same bytecode ----------
+
+def loop_calls(f: Callable[[], object], calls: int) -> Trial:
+    """``for _ in r: f()`` -- single-bucket verbs."""
+    r = range(calls)
+
+    def run() -> None:
+        for _ in r:
+            f()
+
+    return Trial(run, calls)
+
+
+def loop_keys(f: Callable[[Any], object], chunks: Sequence[Sequence[object]]) -> Trial:
+    """``for k in chunk: f(k)`` over consecutive chunks, round-robin across rounds."""
+    cycle = itertools.cycle(chunks)
+
+    def run() -> None:
+        for k in next(cycle):
+            f(k)
+
+    return Trial(run, len(chunks[0]))
+
+
+def loop_fresh(make: Callable[[], Callable[[Any], object]],
+               fresh_keys: Callable[[], list[str]], calls: int) -> Trial:
+    """``for k in keys: f(k)`` with *f* from *make()* and never-seen keys every round."""
+    box: list[Any] = [None, None]
+
+    def reset() -> None:
+        box[0] = None  # drop the old table before building the next one
+        box[0] = make()
+        box[1] = fresh_keys()
+
+    def run() -> None:
+        f = box[0]
+        for k in box[1]:
+            f(k)
+
+    return Trial(run, calls, reset)
+
+
+def loop_stream(f: Callable[[Any], object], fresh_keys: Callable[[], list[str]],
+                calls: int) -> Trial:
+    """``for k in keys: f(k)`` into one long-lived table, never-seen keys every round."""
+    box: list[Any] = [None]
+
+    def reset() -> None:
+        box[0] = fresh_keys()
+
+    def run() -> None:
+        for k in box[0]:
+            f(k)
+
+    return Trial(run, calls, reset)
+
+
+def batch(f: Callable[[Any], object], keys: object, n: int) -> Trial:
+    """``f(keys)``: one call decides *n* keys (timed per key)."""
+
+    def run() -> None:
+        f(keys)
+
+    return Trial(run, n)
+
+
+# --- keys ------------------------------------------------------------------
+
+class Keys:
+    """Key lists shared by the groups, built once (1M str keys take ~70 MB)."""
+
+    def __init__(self) -> None:
+        self._str: dict[int, list[str]] = {}
+        self._fresh = itertools.count()
+
+    def str_keys(self, n: int) -> list[str]:
+        if n not in self._str:
+            self._str[n] = [f"user:{i:07d}" for i in range(n)]
+        return self._str[n]
+
+    def chunks(self, n: int, size: int) -> list[list[str]]:
+        keys = self.str_keys(n)
+        return [keys[i:i + size] for i in range(0, n - size + 1, size)]
+
+    def fresh(self, n: int) -> Callable[[], list[str]]:
+        """A maker of *n* never-seen str keys (new objects, hashes not cached yet)."""
+
+        def make() -> list[str]:
+            prefix = f"new{next(self._fresh)}:"
+            return [f"{prefix}{i}" for i in range(n)]
+
+        return make
+
+
+# --- the contenders --------------------------------------------------------
+
+def _impl(name: str) -> Any:
+    if name == "c":
+        if _bucket_c is None:
+            raise Unavailable("the Cython extension is not built")
+        return _bucket_c
+    return _bucket_py
+
+
+class SeedKeyed:
+    """The seed's algorithm per key: a dict of `MonotonicSeedBucket`, created on first use."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.buckets: dict[object, MonotonicSeedBucket] = {}
+
+    def allow(self, key: object) -> bool:
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = MonotonicSeedBucket(self.rate, self.capacity)
+        return b.allow()
+
+
+def _need(module: str, peer: str) -> Any:
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise Unavailable(f"{peer} is not installed (pip install 'nanobucket[bench]')") from None
+
+
+def peer_keyed(peer: str, rate: float, capacity: int, max_keys: int = 10**7,
+               ) -> tuple[Callable[[Any], object], Callable[[object], bool], Callable[[], None]]:
+    """``(f, admitted, close)`` with ``f(key)`` the peer's per-key limit call.
+
+    ``admitted(result)`` reads f's result as a bool; ``close()`` stops any
+    background thread the peer started. Each peer is configured the way its
+    documentation suggests for an in-process limiter.
+    """
+    nothing: Callable[[], None] = lambda: None  # noqa: E731
+    truthy: Callable[[object], bool] = bool
+    if peer == "token-bucket":
+        tb = _need("token_bucket", peer)
+        return tb.Limiter(rate, capacity, tb.MemoryStorage()).consume, truthy, nothing
+    if peer in ("limits-fixed", "limits-sliding"):
+        limits = _need("limits", peer)
+        storage = limits.storage.MemoryStorage()
+        strategies = limits.strategies
+        cls = (strategies.FixedWindowRateLimiter if peer == "limits-fixed"
+               else strategies.SlidingWindowCounterRateLimiter)
+        # `limits` counts hits per window: capacity hits per capacity/rate seconds
+        # is the nearest to a bucket of `capacity` refilled at `rate`/s.
+        seconds = max(1, round(capacity / rate))
+        item = limits.RateLimitItemPerSecond(max(1, round(rate * seconds)), seconds)
+
+        def close_limits() -> None:
+            storage.timer.cancel()  # its expiry timer would run during the next case
+
+        return functools.partial(cls(storage).hit, item), truthy, close_limits
+    if peer == "pyrate-limiter":
+        return _pyrate_keyed(rate, capacity), truthy, nothing
+    if peer == "throttled-py":
+        th = _need("throttled", peer)
+        limiter = th.Throttled(
+            using=th.RateLimiterType.TOKEN_BUCKET.value,
+            quota=th.per_duration(__import__("datetime").timedelta(seconds=_period(rate)),
+                                  max(1, round(rate * _period(rate))), burst=capacity),
+            store=th.MemoryStore(options={"MAX_SIZE": max_keys}),
+        )
+        return limiter.limit, (lambda r: not r.limited), nothing  # type: ignore[attr-defined]
+    raise ValueError(f"unknown peer {peer!r}")
+
+
+def _period(rate: float) -> int:
+    """Whole seconds that hold at least one token at *rate* (peers take int periods)."""
+    return max(1, round(1 / rate)) if rate < 1 else 1
+
+
+def _pyrate_keyed(rate: float, capacity: int) -> Callable[[Any], object]:
+    pl = _need("pyrate_limiter", "pyrate-limiter")
+    period_ms = _period(rate) * 1000
+    spec = pl.Rate(max(1, round(rate * _period(rate))), period_ms, burst=capacity)
+
+    class KeyedFactory(pl.BucketFactory):  # type: ignore[misc,name-defined]
+        """One GCRA `StateBucket` per name, as pyrate-limiter's docs route keys."""
+
+        def __init__(self) -> None:
+            self.buckets: dict[str, Any] = {}
+            self.clock = pl.MonotonicClock()
+
+        def wrap_item(self, name: str, weight: int = 1) -> Any:
+            return pl.RateItem(name, self.clock.now(), weight=weight)
+
+        def get(self, item: Any) -> Any:
+            b = self.buckets.get(item.name)
+            if b is None:
+                # State buckets have nothing to leak: no Leaker thread needed.
+                b = self.buckets[item.name] = pl.StateBucket([spec], algorithm=pl.TokenBucket())
+            return b
+
+    return functools.partial(pl.Limiter(KeyedFactory()).try_acquire, blocking=False)
+
+
+def _single(f: Callable[[], object], admitted: Callable[[object], bool], want: bool,
+            calls: int, close: Callable[[], None] | None = None,
+            drain: bool = False) -> Trial:
+    """A single-bucket trial, after checking the bucket is in the intended state."""
+    if drain:
+        for _ in range(3):
+            f()
+    if admitted(f()) != want:
+        raise AssertionError(f"set-up error: expected {'admission' if want else 'rejection'}")
+    trial = loop_calls(f, calls)
+    trial.close = close
+    return trial
+
+
+def single_cases(calls: int, config: tuple[float, int], want: bool,
+                 verb: str = "allow") -> tuple[Case, ...]:
+    """Cases for one bucket, ``f()`` per call; *want* is the admission they must give."""
+    rate, capacity = config
+    drain = not want
+
+    def ours(name: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            b = _impl(name).TokenBucket(rate, capacity)
+            return _single(getattr(b, verb), bool, want, calls, drain=drain)
+        return build
+
+    def floor() -> Trial:
+        return loop_calls(getattr(Floor(), verb), calls)
+
+    def seed() -> Trial:
+        b = MonotonicSeedBucket(rate, capacity)
+        return _single(b.allow, bool, want, calls, drain=drain)
+
+    def peer(p: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            f, admitted, close = peer_keyed(p, rate, capacity)
+            return _single(functools.partial(f, "client"), admitted, want, calls, close, drain)
+        return build
+
+    cases = [Case("floor", "floor", floor), Case("nanobucket-c", "ours", ours("c")),
+             Case("nanobucket-py", "twin", ours("py")), Case("seed", "seed", seed)]
+    peers = PEERS if verb == "allow" else {"throttled-py": ""}  # only it returns a decision
+    cases += [Case(p, "peer", peer(p)) for p in peers]
+    return tuple(cases)
+
+
+def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case, ...]:
+    """Cases for ``f(key)`` round-robin over *n* existing keys."""
+    rate, capacity = KEYED
+
+    def warm(f: Callable[[Any], object]) -> Trial:
+        chunks = keys.chunks(n, chunk)
+        for part in chunks:  # every key present before timing: steady state
+            for k in part:
+                f(k)
+        return loop_keys(f, chunks)
+
+    def ours(name: str) -> Callable[[], Trial]:
+        return lambda: warm(_impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1)).allow)
+
+    def dict_get() -> Trial:
+        return loop_keys(dict.fromkeys(keys.str_keys(n), 0).get, keys.chunks(n, chunk))
+
+    def peer(p: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            f, _, close = peer_keyed(p, rate, capacity, max_keys=n)
+            trial = warm(f)
+            trial.close = close
+            return trial
+        return build
+
+    cases = [Case("floor", "floor", lambda: loop_keys(Floor().allow_key, keys.chunks(n, chunk))),
+             Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
+             Case("dict.get", "baseline", dict_get),
+             Case("seed", "seed", lambda: warm(SeedKeyed(rate, capacity).allow))]
+    if with_peers:
+        cases += [Case(p, "peer", peer(p)) for p in PEERS]
+    return tuple(cases)
+
+
+def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
+    """Cases for ``f(key)`` with a key the table has never seen, into a fresh table."""
+    rate, capacity = KEYED
+    fresh = keys.fresh(n)
+
+    def ours(name: str) -> Callable[[], Trial]:
+        return lambda: loop_fresh(lambda: _impl(name).KeyedTokenBucket(rate, capacity).allow,
+                                  fresh, n)
+
+    def peer(p: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            closers: list[Callable[[], None]] = []
+
+            def make() -> Callable[[Any], object]:
+                for c in closers:
+                    c()
+                f, _, close = peer_keyed(p, rate, capacity)
+                closers[:] = [close]
+                return f
+
+            trial = loop_fresh(make, fresh, n)
+            trial.close = lambda: [c() for c in closers] and None
+            return trial
+        return build
+
+    cases = [Case("floor", "floor", lambda: loop_fresh(lambda: Floor().allow_key, fresh, n)),
+             Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
+             Case("dict.setdefault", "baseline", lambda: loop_fresh(lambda: {}.setdefault, fresh, n)),
+             Case("seed", "seed", lambda: loop_fresh(lambda: SeedKeyed(rate, capacity).allow,
+                                                     fresh, n))]
+    cases += [Case(p, "peer", peer(p)) for p in PEERS]
+    return tuple(cases)
+
+
+def eviction_cases(keys: Keys, max_keys: int, stream: int) -> tuple[Case, ...]:
+    """Cases for new keys streaming into a table held at *max_keys* by dropping idle keys."""
+    rate, capacity = IDLE_FAST
+    fresh = keys.fresh(stream)
+
+    def full(f: Callable[[Any], object]) -> Trial:
+        for k in keys.fresh(max_keys)():  # the table starts at its bound
+            f(k)
+        return loop_stream(f, fresh, stream)
+
+    def ours(name: str) -> Callable[[], Trial]:
+        return lambda: full(_impl(name).KeyedTokenBucket(rate, capacity, max_keys=max_keys).allow)
+
+    def throttled() -> Trial:
+        f, _, close = peer_keyed("throttled-py", rate, capacity, max_keys=max_keys)
+        trial = full(f)
+        trial.close = close
+        return trial
+
+    return (Case("floor", "floor", lambda: loop_stream(Floor().allow_key, fresh, stream)),
+            Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
+            Case("throttled-py", "peer", throttled))  # the only peer with a bounded table
+
+
+def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
+    """``allow_many(list of n str keys)`` beside the per-key loop it replaces.
+
+    The floor is the no-op method called once per key: the least the loop
+    that ``allow_many`` replaces can cost.
+    """
+    rate, capacity = KEYED
+    ks = keys.str_keys(n)
+
+    def ours(name: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            t = _impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
+            t.allow_many(ks)  # warm: every key present
+            return batch(t.allow_many, ks, n)
+        return build
+
+    def c_loop() -> Trial:
+        t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
+        return loop_keys(t.allow, [ks])
+
+    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [ks])),
+            Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
+            Case("nanobucket-c allow(key) loop", "ours", c_loop))
+
+
+def u64_buffer(n: int, kind: str) -> object:
+    """*n* distinct uint64 keys as ``array('Q')`` or a numpy array."""
+    if kind == "numpy":
+        try:
+            import numpy
+        except ImportError:
+            raise Unavailable("numpy is not installed") from None
+        return numpy.arange(n, dtype=numpy.uint64)
+    return array("Q", range(n))
+
+
+def many_u64_cases(n: int) -> tuple[Case, ...]:
+    """``allow_many(uint64 buffer of n keys)``: ``array('Q')`` and numpy."""
+    rate, capacity = KEYED
+
+    def ours(name: str, kind: str) -> Callable[[], Trial]:
+        def build() -> Trial:
+            buf = u64_buffer(n, kind)
+            t = _impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
+            try:
+                first = t.allow_many(buf)
+            except TypeError as exc:
+                raise Unavailable(f"allow_many rejects a {kind} buffer: {exc}") from None
+            if len(first) != n:
+                raise AssertionError("allow_many returned the wrong length")
+            return batch(t.allow_many, buf, n)
+        return build
+
+    def c_loop() -> Trial:
+        t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
+        return loop_keys(t.allow, [list(range(n))])
+
+    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [list(range(n))])),
+            Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
+            Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
+            Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
+            Case("nanobucket-c allow(int) loop", "ours", c_loop))
+
+
+def groups(sizes: Sizes = FULL, keys: Keys | None = None) -> list[Group]:
+    """Every group, in the order they are reported."""
+    keys = keys or Keys()
+    s = sizes
+    return [
+        Group("allow_allowing", "single allow(), admitted", "call",
+              single_cases(s.calls, ALLOWING, True)),
+        Group("allow_rejecting", "single allow(), rejected", "call",
+              single_cases(s.calls, REJECTING, False)),
+        Group("check", "single check() -> Decision, admitted", "call",
+              single_cases(s.calls, ALLOWING, True, verb="check")),
+        Group("keyed_small", f"keyed allow(key), {s.keyed_small:,} str keys round-robin", "call",
+              keyed_cases(keys, s.keyed_small, s.keyed_chunk, with_peers=True)),
+        Group("keyed_large", f"keyed allow(key), {s.keyed_large:,} str keys round-robin", "call",
+              keyed_cases(keys, s.keyed_large, min(s.keyed_large, 5 * s.keyed_chunk),
+                          with_peers=False)),
+        Group("first_touch", "keyed allow(key), first touch of a new key", "call",
+              first_touch_cases(keys, s.first_touch)),
+        Group("eviction", f"new keys into a table at max_keys={s.evict_max_keys:,}"
+              " (idle keys dropped)", "call", eviction_cases(keys, s.evict_max_keys, s.evict_stream)),
+        Group("allow_many_str", f"allow_many, list of {s.many_str:,} str keys", "key",
+              many_str_cases(keys, s.many_str)),
+        Group("allow_many_u64", f"allow_many, {s.many_u64:,} int keys in a uint64 buffer", "key",
+              many_u64_cases(s.many_u64)),
+    ]
+
+
+def peer_versions() -> dict[str, str | None]:
+    """The installed version of each peer library (None when not installed)."""
+    out: dict[str, str | None] = {}
+    for name, dist in PEERS.items():
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# --- resident memory per key -----------------------------------------------
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (peak on systems without /proc)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # pragma: no cover - not Linux
+        scale = 1 if os.uname().sysname == "Darwin" else 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+MEMORY_KINDS = ("nanobucket-c", "nanobucket-py", "dict", "seed", "token-bucket")
+
+
+def memory_per_key(kind: str, n: int) -> float:
+    """Resident bytes per tracked key for *n* str keys; run it in a fresh process.
+
+    The keys are created before the first reading, so their own memory is
+    not counted: what remains is what the limiter adds per key.
+    """
+    rate, capacity = KEYED
+    keys = [f"user:{i:07d}" for i in range(n)]
+    f: Callable[[Any], object]
+    if kind == "dict":  # a bare dict of key -> int: the least a Python table costs
+        table: dict[str, int] = {}
+        base = time.monotonic_ns()
+
+        def f(k: str) -> None:
+            table[k] = base + len(table)  # distinct ints, as a tat per key would be
+    elif kind == "seed":
+        f = SeedKeyed(rate, capacity).allow
+    elif kind.startswith("nanobucket-"):
+        f = _impl(kind[len("nanobucket-"):]).KeyedTokenBucket(rate, capacity, max_keys=n).allow
+    else:
+        f = peer_keyed(kind, rate, capacity, max_keys=n)[0]
+    before = rss_bytes()
+    for k in keys:
+        f(k)
+    after = rss_bytes()
+    tracked = getattr(getattr(f, "__self__", None), "__len__", None)
+    if tracked is not None and kind.startswith("nanobucket-") and tracked() != n:
+        raise AssertionError(f"{kind} tracks {tracked()} of {n} keys: not a per-key figure")
+    return (after - before) / n
+
+
+def _memory_main(argv: Sequence[str]) -> None:
+    """``python -m nanobucket._bench_cases KIND N``: print bytes per key (for bench)."""
+    print(f"{memory_per_key(argv[0], int(argv[1])):.2f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _memory_main(sys.argv[1:])
+
+
+def pytest_functions(group_id: str) -> dict[str, Callable[..., None]]:
+    """One pytest-benchmark test per case of *group_id*, named ``test_<group>__<case>``.
+
+    The benchmarks modules put these in their namespace, so each case is a
+    test of its own with a name that says which it is (no parametrize ids).
+    ``NANOBUCKET_BENCH_QUICK=1`` picks the `QUICK` sizes and 3 rounds;
+    ``NANOBUCKET_BENCH_ROUNDS`` sets the rounds (default 9).
+    """
+    quick = os.environ.get("NANOBUCKET_BENCH_QUICK", "") not in ("", "0")
+    rounds = int(os.environ.get("NANOBUCKET_BENCH_ROUNDS", "3" if quick else "9"))
+    (group,) = [g for g in groups(QUICK if quick else FULL) if g.id == group_id]
+    out: dict[str, Callable[..., None]] = {}
+    for case in group.cases:
+        slug = "".join(ch if ch.isalnum() else "_" for ch in case.name).strip("_")
+        name = f"test_{group.id}__{slug}"
+
+        def test(benchmark: Any, group: Group = group, case: Case = case) -> None:
+            _pytest_run(benchmark, group, case, rounds)
+
+        test.__name__ = test.__qualname__ = name
+        test.__doc__ = f"{group.title}: {case.name} ({case.role})"
+        out[name] = test
+    return out
+
+
+def _pytest_run(benchmark: Any, group: Group, case: Case, rounds: int) -> None:
+    import gc
+
+    import pytest
+
+    try:
+        trial = case.build()
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    benchmark.group = f"{group.id}: {group.title} (per round: see calls_per_round)"
+    benchmark.extra_info.update(calls_per_round=trial.calls, unit=group.unit, role=case.role,
+                                case=case.name)
+    gc.collect()
+    try:
+        benchmark.pedantic(trial.run, setup=trial.reset, rounds=rounds, warmup_rounds=1,
+                           iterations=1)
+    finally:
+        if trial.close is not None:
+            trial.close()
+    stats = benchmark.stats.stats if benchmark.stats is not None else None
+    if stats is not None:
+        benchmark.extra_info["ns_per_" + group.unit] = stats.median * 1e9 / trial.calls

@@ -1,0 +1,368 @@
+"""``python -m nanobucket bench``: nanobucket beside the floor, the seed and its peers.
+
+Runs every group of `nanobucket._bench_cases` without pytest, prints a table
+(ns per call: median of the rounds and the spread between their quartiles;
+the multiple of the floor; the multiple of nanobucket-c) and the resident
+bytes per key at 1M keys, then checks the project's speed goals. ``--json
+FILE`` writes the same figures for machines; ``--quick`` is a few-second
+smoke run with small sizes (its figures are not the published ones).
+
+    python -m nanobucket bench
+    python -m nanobucket bench --quick --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any, NoReturn
+
+from . import __version__
+from . import _bench_cases as cases
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Timing effort per case: rounds run until *seconds* pass, within [lo, hi].
+
+    A case whose warm-up round alone takes over ``seconds / lo`` (a slow peer,
+    a million keys) runs ``lo_slow`` rounds instead of ``lo``.
+    """
+
+    seconds: float
+    lo: int
+    hi: int
+    lo_slow: int = 3
+
+
+FULL_BUDGET = Budget(0.3, 5, 21)
+QUICK_BUDGET = Budget(0.03, 3, 9)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, exit status 2: the house rule for bad CLI input.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
+    """The ``bench`` command's options (also used by ``nanobucket.cli``)."""
+    p = _Parser(prog=prog, description="Time nanobucket against a no-op floor, the seed "
+                "algorithm and the installed peer libraries; print a table.")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and few rounds: a few seconds, figures not for quoting")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--group", action="append", metavar="ID", dest="groups",
+                   help="run only this group (repeatable); --list shows the ids")
+    p.add_argument("--list", action="store_true", help="list the group ids and exit")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the resident-bytes-per-key measurement")
+    return p
+
+
+# --- timing ----------------------------------------------------------------
+
+def time_trial(trial: cases.Trial, budget: Budget) -> list[float]:
+    """ns per call (or key) of each round, after one untimed warm-up round.
+
+    The collector is off for the whole case, as in `timeit`: it would charge
+    one contender for another's garbage, and collecting between rounds would
+    evict the caches the rounds are meant to find warm.
+    """
+    out: list[float] = []
+    spent = 0.0
+    rounds = -1  # the first round warms caches and the branch predictor; it is dropped
+    lo = budget.lo
+    gc.collect()
+    gc.disable()
+    try:
+        while rounds < lo or (spent < budget.seconds and rounds < budget.hi):
+            if trial.reset is not None:
+                trial.reset()
+            t0 = time.perf_counter_ns()
+            trial.run()
+            elapsed = time.perf_counter_ns() - t0
+            if rounds >= 0:
+                out.append(elapsed / trial.calls)
+                spent += elapsed / 1e9
+            elif elapsed / 1e9 > budget.seconds / budget.lo:
+                lo = min(lo, budget.lo_slow)
+            rounds += 1
+    finally:
+        gc.enable()
+    return out
+
+
+def summarize(ns: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles and extremes of per-round figures."""
+    q1, median, q3 = statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else (
+        ns[0], ns[0], ns[0])
+    return {"median": statistics.median(ns), "p25": q1, "p75": q3, "min": min(ns),
+            "max": max(ns)}
+
+
+# --- progress ----------------------------------------------------------------
+
+class Progress:
+    """A bar redrawn in place on a terminal; one plain line per step otherwise."""
+
+    def __init__(self, total: int, stream: IO[str]) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def start(self, label: str) -> None:
+        if self.tty:
+            width = 30
+            filled = width * self.done // max(self.total, 1)
+            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}"
+            self.stream.write("\r\033[K" + line[:110])
+            self.stream.flush()
+
+    def finish(self, label: str, outcome: str) -> None:
+        self.done += 1
+        if not self.tty:
+            self.stream.write(f"[{self.done}/{self.total}] {label}: {outcome}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+# --- running -----------------------------------------------------------------
+
+def run_group(group: cases.Group, budget: Budget, progress: Progress) -> dict[str, Any]:
+    """Time every case of *group*; the result as it appears in the JSON."""
+    results: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    for case in group.cases:
+        label = f"{group.id}: {case.name}"
+        progress.start(label)
+        try:
+            trial = case.build()
+        except cases.Unavailable as exc:
+            skipped.append({"name": case.name, "reason": str(exc)})
+            progress.finish(label, f"skipped ({exc})")
+            continue
+        try:
+            ns = time_trial(trial, budget)
+        finally:
+            if trial.close is not None:
+                trial.close()
+        stats = summarize(ns)
+        results.append({"name": case.name, "role": case.role, "ns": stats, "rounds": len(ns),
+                        "calls_per_round": trial.calls})
+        del trial  # free its table before the next case is built
+        progress.finish(label, f"{stats['median']:.1f} ns/{group.unit}")
+    for r in results:
+        r["ratios"] = {o["name"]: r["ns"]["median"] / o["ns"]["median"]
+                       for o in results if o is not r and o["ns"]["median"] > 0}
+    return {"id": group.id, "title": group.title, "unit": group.unit, "floor": group.floor,
+            "results": results, "skipped": skipped}
+
+
+def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, Any]:
+    """Resident bytes per key for each kind, each measured in a fresh interpreter."""
+    per_key: dict[str, float] = {}
+    skipped: list[dict[str, str]] = []
+    for kind in kinds:
+        label = f"memory: {kind} at {n:,} keys"
+        progress.start(label)
+        proc = subprocess.run(
+            [sys.executable, "-m", "nanobucket._bench_cases", kind, str(n)],
+            capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            skipped.append({"name": kind, "reason": reason})
+            progress.finish(label, f"skipped ({reason})")
+            continue
+        per_key[kind] = float(proc.stdout.strip())
+        progress.finish(label, f"{per_key[kind]:.1f} bytes/key")
+    return {"keys": n, "bytes_per_key": per_key, "skipped": skipped}
+
+
+def memory_kinds(peers: dict[str, str | None]) -> list[str]:
+    return [k for k in cases.MEMORY_KINDS if k not in peers or peers[k] is not None]
+
+
+# --- goals -----------------------------------------------------------------
+
+def _median(groups: dict[str, dict[str, Any]], gid: str, name: str) -> float | None:
+    for r in groups.get(gid, {}).get("results", ()):
+        if r["name"] == name:
+            return float(r["ns"]["median"])
+    return None
+
+
+def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's speed goals, each with its measured value (None if not measured)."""
+    g = {grp["id"]: grp for grp in report["groups"]}
+
+    def ratio(gid: str, a: str, b: str) -> float | None:
+        x, y = _median(g, gid, a), _median(g, gid, b)
+        return None if x is None or y is None else x / y
+
+    mem = report.get("memory") or {}
+    rows = [
+        ("single allow(): x floor", ratio("allow_allowing", "nanobucket-c", "floor"), "<=", 1.2),
+        ("single allow(): times faster than seed",
+         ratio("allow_allowing", "seed", "nanobucket-c"), ">=", 6),
+        ("single allow(): times faster than token-bucket",
+         ratio("allow_allowing", "token-bucket", "nanobucket-c"), ">=", 8),
+        ("keyed allow(key), small table: x dict.get",
+         ratio("keyed_small", "nanobucket-c", "dict.get"), "<=", 1.3),
+        ("keyed allow(key), small table: times faster than token-bucket",
+         ratio("keyed_small", "token-bucket", "nanobucket-c"), ">=", 5),
+        ("first touch of a new key: ns", _median(g, "first_touch", "nanobucket-c"), "<=", 250),
+        ("allow_many, uint64 buffer: ns per key",
+         _median(g, "allow_many_u64", "nanobucket-c array('Q')"), "<=", 25),
+        ("allow_many, list of str: ns per key", _median(g, "allow_many_str", "nanobucket-c"),
+         "<=", 60),
+        (f"resident bytes per key at {mem.get('keys', 0):,} keys",
+         (mem.get("bytes_per_key") or {}).get("nanobucket-c"), "<=", 80),
+        ("pure-Python twin allow(): x seed", ratio("allow_allowing", "nanobucket-py", "seed"),
+         "<=", 1.0),
+    ]
+    out = []
+    for text, value, op, limit in rows:
+        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
+        out.append({"goal": f"{text} {op} {limit}", "op": op, "limit": limit, "value": value,
+                    "met": met})
+    return out
+
+
+# --- output ----------------------------------------------------------------
+
+def _fmt_ns(x: float) -> str:
+    return f"{x:,.1f}" if x < 1e4 else f"{x:,.0f}"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = [f"nanobucket {report['nanobucket']} ({report['implementation']}), "
+             f"Python {report['python']}, {report['machine']}, {report['cpus']} CPUs"
+             f"{', QUICK run (small sizes)' if report['quick'] else ''}",
+             "ns: median of the rounds; spread: (p75 - p25) / 2 as % of the median; "
+             "x floor / x c: this median over the floor's / nanobucket-c's", ""]
+    for grp in report["groups"]:
+        lines.append(f"{grp['title']}  [ns per {grp['unit']}]")
+        ref = next((r for r in grp["results"] if r["role"] == "ours"), None)
+        lines.append(f"  {'contender':<30} {'ns':>10} {'spread':>8} {'x floor':>8} "
+                     f"{'x c':>8} {'rounds':>6}")
+        for r in grp["results"]:
+            ns = r["ns"]
+            spread = (ns["p75"] - ns["p25"]) / 2 / ns["median"] * 100 if ns["median"] else 0.0
+            xf = r["ratios"].get(grp["floor"], 1.0 if r["name"] == grp["floor"] else None)
+            xc = r["ratios"].get(ref["name"], 1.0) if ref else None
+            lines.append(f"  {r['name']:<30} {_fmt_ns(ns['median']):>10} {spread:>7.1f}% "
+                         f"{'' if xf is None else f'{xf:.2f}':>8} "
+                         f"{'' if xc is None else f'{xc:.2f}':>8} {r['rounds']:>6}")
+        for s in grp["skipped"]:
+            lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
+        lines.append("")
+    mem = report.get("memory")
+    if mem:
+        lines.append(f"resident bytes per key at {mem['keys']:,} str keys "
+                     "(RSS growth while filling, keys created beforehand)")
+        for kind, b in mem["bytes_per_key"].items():
+            lines.append(f"  {kind:<30} {b:>10.1f}")
+        for s in mem["skipped"]:
+            lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
+        lines.append("")
+    lines.append("goals (issue 3)")
+    for goal in report["goals"]:
+        value = "not measured" if goal["value"] is None else f"{goal['value']:.2f}"
+        mark = {True: "ok", False: "MISSED", None: "-"}[goal["met"]]
+        lines.append(f"  {mark:<7}{goal['goal']:<62} {value}")
+    lines.append(f"\n{report['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def run(quick: bool = False, only: Sequence[str] | None = None, memory: bool = True,
+        progress_stream: IO[str] | None = None) -> dict[str, Any]:
+    """Run the benchmarks; return the report (the JSON document)."""
+    start = time.perf_counter()
+    sizes, budget = (cases.QUICK, QUICK_BUDGET) if quick else (cases.FULL, FULL_BUDGET)
+    selected = [g for g in cases.groups(sizes) if not only or g.id in only]
+    peers = cases.peer_versions()
+    kinds = memory_kinds(peers) if memory and (not only or "memory" in only) else []
+    if quick:
+        kinds = [k for k in kinds if k.startswith("nanobucket-") or k == "dict"]
+    progress = Progress(sum(len(g.cases) for g in selected) + len(kinds),
+                        progress_stream or sys.stderr)
+    groups_out = []
+    try:
+        for g in selected:
+            groups_out.append(run_group(g, budget, progress))
+        mem = run_memory(sizes.memory_keys, kinds, progress) if kinds else None
+    finally:
+        progress.close()
+    from ._bucket import IMPLEMENTATION
+
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "nanobucket": __version__,
+        "implementation": IMPLEMENTATION,
+        "floor": "cython" if cases.FLOOR_IS_CYTHON else "python",
+        "python": platform.python_version(),
+        "machine": f"{platform.system()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "quick": quick,
+        "peers": peers,
+        "groups": groups_out,
+        "memory": mem,
+    }
+    report["goals"] = goals(report)
+    report["elapsed_s"] = time.perf_counter() - start
+    return report
+
+
+def group_ids() -> list[str]:
+    return [g.id for g in cases.groups(cases.QUICK)] + ["memory"]
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "nanobucket bench") -> int:
+    """Entry point of ``python -m nanobucket bench`` and ``python -m nanobucket.bench``."""
+    parser = build_parser(prog)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    ids = group_ids()
+    if args.list:
+        print("\n".join(ids))
+        return 0
+    unknown = [g for g in args.groups or () if g not in ids]
+    if unknown:
+        parser.error(f"unknown group {unknown[0]!r} (choose from {', '.join(ids)})")
+    out: IO[str] | None = None
+    if args.json:
+        try:
+            out = open(args.json, "w")  # noqa: SIM115 - opened early: fail before the long run
+        except OSError as exc:
+            parser.error(f"cannot write {args.json}: {exc.strerror}")
+    try:
+        report = run(quick=args.quick, only=args.groups, memory=not args.no_memory)
+        if out is not None:
+            json.dump(report, out, indent=1)
+            out.write("\n")
+    finally:
+        if out is not None:
+            out.close()
+    print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Smoke test of ``python -m nanobucket.bench``: structure and arithmetic, never timings."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nanobucket import _bench_cases as cases
+from nanobucket import bench
+
+GROUP_IDS = ["allow_allowing", "allow_rejecting", "check", "keyed_small", "keyed_large",
+             "first_touch", "eviction", "allow_many_str", "allow_many_u64"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, str]:
+    """One real ``--quick --json`` run in a child process: (report, stdout, stderr)."""
+    path = tmp_path_factory.mktemp("bench") / "out.json"
+    proc = subprocess.run([sys.executable, "-m", "nanobucket.bench", "--quick", "--json",
+                           str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(path.read_text()), proc.stdout, proc.stderr
+
+
+def test_report_header(quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, _, _ = quick_run
+    assert report["schema"] == 1
+    assert report["quick"] is True
+    assert report["cpus"] == os.cpu_count()
+    assert set(report["peers"]) == set(cases.PEERS)
+    assert [g["id"] for g in report["groups"]] == GROUP_IDS
+
+
+def test_every_case_is_measured_or_skipped_with_a_reason(
+        quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, _, _ = quick_run
+    for built, group in zip(cases.groups(cases.QUICK), report["groups"]):
+        names = [r["name"] for r in group["results"]] + [s["name"] for s in group["skipped"]]
+        assert sorted(names) == sorted(c.name for c in built.cases), group["id"]
+        assert len(set(names)) == len(names)  # unique within the group
+        assert all(s["reason"] for s in group["skipped"])
+        measured = {r["name"] for r in group["results"]}
+        assert group["floor"] in measured
+        if cases.FLOOR_IS_CYTHON or os.environ.get("CI"):
+            assert report["floor"] == "cython"
+        # the implementations themselves never skip (buffer cases may, with a reason)
+        assert {r["role"] for r in group["results"]} >= {"floor", "ours", "twin"}
+        for name, version in report["peers"].items():
+            in_group = name in measured or name in {s["name"] for s in group["skipped"]}
+            if version is not None and in_group:
+                assert name in measured, (group["id"], name)
+
+
+def test_figures_are_consistent(quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, _, _ = quick_run
+    for group in report["groups"]:
+        by_name = {r["name"]: r for r in group["results"]}
+        for r in group["results"]:
+            ns = r["ns"]
+            assert 0 < ns["min"] <= ns["p25"] <= ns["median"] <= ns["p75"] <= ns["max"]
+            assert r["rounds"] >= min(bench.QUICK_BUDGET.lo, bench.QUICK_BUDGET.lo_slow)
+            assert r["calls_per_round"] > 0
+            # a ratio to every other contender of the group, and it is ns / ns
+            assert set(r["ratios"]) == set(by_name) - {r["name"]}
+            for other, ratio in r["ratios"].items():
+                expected = ns["median"] / by_name[other]["ns"]["median"]
+                assert math.isclose(ratio, expected, rel_tol=1e-12), (group["id"], other)
+        # every contender of a group runs the same number of calls per round
+        assert len({r["calls_per_round"] for r in group["results"]}) == 1
+
+
+def test_memory_per_key(quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, _, _ = quick_run
+    mem = report["memory"]
+    assert mem["keys"] == cases.QUICK.memory_keys
+    assert set(mem["bytes_per_key"]) | {s["name"] for s in mem["skipped"]} == {
+        "nanobucket-c", "nanobucket-py", "dict"}
+    assert "nanobucket-py" in mem["bytes_per_key"]
+    assert all(b > 0 for b in mem["bytes_per_key"].values())
+
+
+def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, _, _ = quick_run
+    goals = report["goals"]
+    assert len(goals) == 10
+    groups = {g["id"]: {r["name"]: r["ns"]["median"] for r in g["results"]}
+              for g in report["groups"]}
+    first_touch = next(g for g in goals if g["goal"].startswith("first touch"))
+    assert first_touch["value"] == groups["first_touch"]["nanobucket-c"]
+    for goal in goals:
+        if goal["value"] is None:
+            assert goal["met"] is None
+        elif goal["op"] == "<=":
+            assert goal["met"] is (goal["value"] <= goal["limit"])
+        else:
+            assert goal["met"] is (goal["value"] >= goal["limit"])
+
+
+def test_table_and_plain_progress(quick_run: tuple[dict[str, Any], str, str]) -> None:
+    report, out, err = quick_run
+    for group in report["groups"]:
+        assert group["title"] in out
+    assert "resident bytes per key at 50,000 str keys" in out
+    total = sum(len(g["results"]) + len(g["skipped"]) for g in report["groups"]) + len(
+        report["memory"]["bytes_per_key"]) + len(report["memory"]["skipped"])
+    lines = err.splitlines()
+    # not a terminal: one plain line per step, no carriage returns
+    assert lines[0].startswith(f"[1/{total}] allow_allowing: floor: ")
+    assert lines[-1].startswith(f"[{total}/{total}] memory: ")
+    assert "\r" not in err
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    p = bench.Progress(4, stream)
+    p.start("a")
+    p.finish("a", "1 ns")
+    p.start("b")
+    p.close()
+    assert stream.getvalue() == ("\r\033[K[" + "." * 30 + "] 0/4 a"
+                                 "\r\033[K[" + "#" * 7 + "." * 23 + "] 1/4 b" "\r\033[K")
+
+
+def test_summarize_uses_quartiles() -> None:
+    assert bench.summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == {
+        "median": 3.0, "p25": 2.0, "p75": 4.0, "min": 1.0, "max": 5.0}
+    assert bench.summarize([7.0]) == {"median": 7.0, "p25": 7.0, "p75": 7.0, "min": 7.0,
+                                      "max": 7.0}
+
+
+def test_list_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == GROUP_IDS + ["memory"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--group", "nope"], "unknown group 'nope'"),
+    (["--json", "/nonexistent-dir/x.json"], "cannot write /nonexistent-dir/x.json"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_bad_input_is_one_line_and_status_2(argv: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("nanobucket bench: error: ") and message in err
+
+
+def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "one.json"
+    assert bench.main(["--quick", "--no-memory", "--group", "check", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert [g["id"] for g in report["groups"]] == ["check"]
+    assert report["memory"] is None
+    names = [r["name"] for r in report["groups"][0]["results"]]
+    assert names[:4] == ["floor", "nanobucket-c", "nanobucket-py", "seed"]
+    assert "single check() -> Decision, admitted" in capsys.readouterr().out
