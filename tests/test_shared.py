@@ -410,3 +410,12 @@ def test_siphash_matches_the_published_vectors_and_the_reference() -> None:
         data = rng.randbytes(n)
         a, b, tweak = rng.getrandbits(64), rng.getrandbits(64), rng.choice([0, 0x73, 0x69])
         assert _shared_c.siphash(data, a, b, 1, tweak) == _siphash_ref(data, a, b, 1, 3, tweak)
+
+
+def test_without_the_extension_create_and_open_say_why(monkeypatch: pytest.MonkeyPatch,
+                                                       path: Path) -> None:
+    monkeypatch.setattr(shared, "_Base", None)  # as on a pure-Python install
+    with pytest.raises(RuntimeError, match="Cython extension"):
+        SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1)
+    with pytest.raises(RuntimeError, match="Cython extension"):
+        SharedKeyedTokenBucket.open(path=path)

@@ -1,0 +1,134 @@
+"""Shared-memory table speed: per call against the in-process table, and 1 vs 2 processes.
+
+    python benchmarks/bench_shared.py [--keys 1000] [--n 200000] [--seconds 2]
+
+``percall``: keyed ``allow(key)`` over ``--keys`` distinct str keys (every
+call admitted: the common path), best of 5 rounds of ``--n`` calls, for the
+in-process ``KeyedTokenBucket`` (Cython and pure Python) and the
+``SharedKeyedTokenBucket``, in the same run; prints ns/call and the ratio
+shared / in-process Cython (goal <= 1.5).
+
+``scaling``: 1 then 2 forked processes call ``allow`` on one shared table
+for ``--seconds`` each; prints decisions/s and the ratio (goal >= 1.6 on 2
+cores), for distinct keys per process and for one hot key they all hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import uuid
+from collections.abc import Callable
+
+from nanobucket import _bucket_c, _bucket_py
+from nanobucket.shared import SharedKeyedTokenBucket
+
+RATE = 10**9  # every call admitted
+CAPACITY = 10**9
+
+
+def best_ns_per_call(allow: Callable[[object], object], keys: list[str], n: int) -> float:
+    rounds = []
+    reps = max(1, n // len(keys))
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(reps):
+            for k in keys:
+                allow(k)
+        rounds.append((time.perf_counter_ns() - t0) / (reps * len(keys)))
+    return min(rounds)
+
+
+def percall(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
+    keys = [f"user-{i}" for i in range(args.keys)]
+    c = _bucket_c.KeyedTokenBucket(rate=RATE, capacity=CAPACITY)
+    py = _bucket_py.KeyedTokenBucket(rate=RATE, capacity=CAPACITY)
+    rows = [
+        ("in-process KeyedTokenBucket (Cython)", best_ns_per_call(c.allow, keys, args.n)),
+        ("SharedKeyedTokenBucket", best_ns_per_call(table.allow, keys, args.n)),
+        ("in-process KeyedTokenBucket (pure Python)",
+         best_ns_per_call(py.allow, keys, args.n // 10)),
+    ]
+    print(f"allow(key), {args.keys} str keys, best of 5 (ns/call):")
+    for name, ns in rows:
+        print(f"  {name:44s} {ns:8.1f}")
+    print(f"  shared / in-process Cython: {rows[1][1] / rows[0][1]:.2f}x (goal <= 1.5x)")
+
+
+def run(table: SharedKeyedTokenBucket, procs: int, seconds: float,
+        hot: bool) -> tuple[float, float]:
+    """Decisions per wall second, and per CPU second, of *procs* processes calling allow.
+
+    The second figure does not depend on other load on the machine: if two
+    processes each decide as many per CPU second as one alone, they share
+    nothing that slows them, and on two idle cores reach twice the rate.
+    """
+    start = time.monotonic_ns() + 200_000_000
+    end = start + int(seconds * 1e9)
+    pipes = []
+    for i in range(procs):
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.close(r)
+            keys = ["hot"] * 100 if hot else [f"p{i}-user-{j}" for j in range(1000)]
+            allow = table.allow
+            calls = 0
+            while time.monotonic_ns() < start:
+                pass
+            cpu = time.process_time_ns()
+            while time.monotonic_ns() < end:
+                for k in keys:
+                    allow(k)
+                calls += len(keys)
+            cpu = time.process_time_ns() - cpu
+            os.write(w, f"{calls} {cpu}".encode())
+            os._exit(0)
+        os.close(w)
+        pipes.append(r)
+    total = cpu_ns = 0
+    for r in pipes:
+        calls, cpu = (int(x) for x in os.read(r, 64).split())
+        total += calls
+        cpu_ns += cpu
+        os.close(r)
+        os.wait()
+    return total / seconds, total / (cpu_ns / 1e9)
+
+
+def scaling(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
+    print(f"forked processes calling allow for {args.seconds} s each; load average "
+          f"{os.getloadavg()[0]:.2f} (wall figures need idle cores; per-CPU-s ones do not):")
+    for hot in (False, True):
+        one, one_cpu = run(table, 1, args.seconds, hot)
+        two, two_cpu = run(table, 2, args.seconds, hot)
+        label = "one hot key" if hot else "distinct keys"
+        print(f"  {label:14s} decisions/s     1 process {one:12,.0f}   2 processes {two:12,.0f}"
+              f"   {two / one:.2f}x (goal >= 1.6x)")
+        print(f"  {'':14s} per CPU second  1 process {one_cpu:12,.0f}   2 processes "
+              f"{two_cpu:12,.0f} each: 2 processes = {2 * two_cpu / one_cpu:.2f}x one "
+              f"on 2 idle cores")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", nargs="?", choices=["percall", "scaling", "all"], default="all")
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    name = f"nanobucket-bench-{uuid.uuid4().hex}"
+    table = SharedKeyedTokenBucket.create(name, rate=RATE, capacity=CAPACITY, max_keys=10_000)
+    try:
+        print(f"cpus: {os.cpu_count()}")
+        if args.what in ("percall", "all"):
+            percall(args, table)
+        if args.what in ("scaling", "all"):
+            scaling(args, table)
+    finally:
+        table.unlink()
+        table.close()
+
+
+if __name__ == "__main__":
+    main()
