@@ -37,7 +37,13 @@ def _per_second(times: list[int], seconds: int) -> list[int]:
         i = t // NS_PER_S
         if 0 <= i < seconds:
             counts[i] += 1
-    return counts
+    return _closed(counts)
+
+
+def _closed(series: list[int]) -> list[int]:
+    # A "post" step draws value i over [i, i+1): repeat the last one so the
+    # final second is drawn to the right edge.
+    return series + series[-1:]
 
 
 def _queue_series(s: StrategyResult, sim: Simulation, seconds: int) -> list[int]:
@@ -60,7 +66,7 @@ def _queue_series(s: StrategyResult, sim: Simulation, seconds: int) -> list[int]
         length += d
         if sec < seconds:
             peak[sec] = max(peak[sec], length)
-    return peak
+    return _closed(peak)
 
 
 def plot_simulation(sim: Simulation, path: str | Path) -> None:
@@ -70,7 +76,7 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
 
     tr = sim.traffic
     seconds = max(1, -(-tr.duration_ns // NS_PER_S))
-    xs = list(range(seconds))
+    xs = list(range(seconds + 1))
     offered = _per_second(tr.times, seconds)
     n = len(sim.strategies)
     fig, axes = plt.subplots(n, 1, figsize=(12, 2.6 * n + 1), sharex=True, squeeze=False)
@@ -108,6 +114,8 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[-1][0].set_xlabel("time (s); shaded: bursts and the greedy client")
     axes[-1][0].set_xlim(0, seconds)
+    if seconds <= 300:  # a tick every 10 s: bursts are a few seconds long
+        axes[-1][0].set_xticks(range(0, seconds + 1, 10))
     fig.suptitle(tr.description, fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
