@@ -22,6 +22,7 @@ that waits what it is told is never early):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import ipaddress
 import json
@@ -324,8 +325,8 @@ class Policy:
     """One limiter as the middleware uses it: check function and header text."""
 
     __slots__ = (
-        "capacity", "check", "is_async", "name", "policy_header", "policy_value", "quota",
-        "r_prefix", "window",
+        "capacity", "check", "ietf_extra", "is_async", "name", "policy_header", "policy_value",
+        "quota", "r_prefix", "window",
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
@@ -339,6 +340,7 @@ class Policy:
         self.capacity: int | None = capacity if isinstance(capacity, int) else None
         self.policy_value: bytes | None = None
         self.policy_header: tuple[bytes, bytes] | None = None
+        self.ietf_extra: list[tuple[bytes, bytes]] = []  # the fields that never change
         self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
         self.quota = self.window = 0
         if self.capacity is not None and rate is not None:
@@ -349,6 +351,7 @@ class Policy:
             self.quota = max(1, math.floor(exact_rate * self.window))
             self.policy_value = f'"{name}";q={self.quota};w={self.window}'.encode("ascii")
             self.policy_header = (b"ratelimit-policy", self.policy_value)
+            self.ietf_extra = [self.policy_header]
 
     def validate_cost(self, cost: int) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
@@ -378,14 +381,19 @@ def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
     return []
 
 
-def problem_body(retry_after: int, policy: Policy) -> bytes:
-    """A small RFC 9457 ``application/problem+json`` body for a 429."""
+@functools.lru_cache(maxsize=1024)
+def problem_body(retry_after: int, name: str) -> bytes:
+    """A small RFC 9457 ``application/problem+json`` body for a 429.
+
+    Cached: a flood of rejected requests repeats a few bodies, and a 429
+    should cost less than the request it turns away.
+    """
     return json.dumps(
         {
             "type": "about:blank",
             "title": "Too Many Requests",
             "status": 429,
-            "detail": f"Rate limit {policy.name!r} exceeded; retry after {retry_after} s.",
+            "detail": f"Rate limit {name!r} exceeded; retry after {retry_after} s.",
             "retry_after": retry_after,
         },
         separators=(",", ":"),
@@ -395,7 +403,7 @@ def problem_body(retry_after: int, policy: Policy) -> bytes:
 def rejection(mode: str, policy: Policy, decision: Any) -> tuple[Headers, bytes]:
     """Headers and body of the 429 answer."""
     seconds = retry_after_seconds(decision.retry_after_ns)
-    body = problem_body(seconds, policy)
+    body = problem_body(seconds, policy.name)
     headers = [
         (b"content-type", b"application/problem+json"),
         (b"content-length", str(len(body)).encode("ascii")),
@@ -461,7 +469,7 @@ class Route:
 class Rule:
     """A resolved `Route`: what the middleware does for a request that matches it."""
 
-    __slots__ = ("cost", "cost_fn", "exempt", "key", "pattern", "policy")
+    __slots__ = ("cost", "cost_fn", "exempt", "key", "pattern", "peer_key", "policy")
 
     def __init__(
         self,
@@ -478,6 +486,8 @@ class Rule:
         self.cost = cost
         self.cost_fn = cost_fn
         self.exempt = exempt
+        # The default key (the peer, no proxies trusted) is inlined by the ASGI hot path.
+        self.peer_key = type(key) is client_address and not key._trusted
 
 
 def make_rule(

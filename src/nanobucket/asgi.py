@@ -89,6 +89,7 @@ class RateLimitMiddleware:
         # With no routes every request takes the default rule: skip matching.
         self._simple = not self._router.exact and not self._router.prefixes
         self._quiet = shadow or self.headers == "off"
+        self._ietf = self.headers == "ietf"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -106,7 +107,12 @@ class RateLimitMiddleware:
         policy = rule.policy
         assert policy is not None  # only exempt rules have none
         cost = rule.cost if rule.cost_fn is None else rule.cost_fn(scope)
-        decision = policy.check(rule.key.asgi(scope), cost)  # type: ignore[union-attr]
+        if rule.peer_key:  # the default key, inlined: the peer address
+            client = scope.get("client")
+            key = client[0] if client else ""
+        else:
+            key = rule.key.asgi(scope)  # type: ignore[union-attr]
+        decision = policy.check(key, cost)
         if policy.is_async:
             decision = await decision
         scope["nanobucket.decision"] = decision
@@ -115,7 +121,13 @@ class RateLimitMiddleware:
             if self._quiet:
                 await self.app(scope, receive, send)
                 return
-            extra = limit_headers(self.headers, policy, decision)
+            if self._ietf:  # inlined limit_headers(), the common case
+                value = policy.r_prefix + b"%d;t=%d" % (
+                    decision.remaining, -(-decision.reset_after_ns // 1_000_000_000)
+                )
+                extra = policy.ietf_extra + [(b"ratelimit", value)]
+            else:
+                extra = limit_headers(self.headers, policy, decision)
 
             async def send_with_headers(message: Message) -> None:
                 if message["type"] == "http.response.start":
