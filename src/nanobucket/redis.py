@@ -58,7 +58,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ._bucket_py import Decision
-from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost, check_now
+from ._params import (
+    NOW_MAX,
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    check_cost,
+    check_max_keys,
+    check_now,
+)
 
 __all__ = (
     "AsyncRedisTokenBucket",
@@ -311,8 +319,8 @@ class _RedisLimits:
         return self._prefix + raw + b"}"
 
     def _cost(self, cost: object) -> int:
-        if cost.__class__ is int and 0 <= cost <= self._capacity:  # type: ignore[operator]
-            return cost  # type: ignore[return-value]
+        if cost.__class__ is int and 0 <= cost <= self._capacity:
+            return cost
         return check_cost(cost, self._capacity)
 
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
@@ -714,7 +722,11 @@ class LeasedTokenBucket(_RedisLimits):
     each instance holds at most ``max_lease - 1`` unspent tokens between
     requests, so N instances admit at most
     ``capacity + rate * T + N * (max_lease - 1)`` in any window of T seconds.
-    Round trips: about ``1000 / size`` per 1000 decisions on a busy key.
+    Round trips: about ``1000 / size`` per 1000 decisions on a busy key; a
+    refusal from Redis is remembered locally until its ``retry_after``, so a
+    rejected burst costs one round trip. Lease state is kept for at most
+    ``max_keys`` keys; past that the oldest eighth is dropped and its unspent
+    tokens forfeited (an under-admission, never an over-admission).
 
     >>> with LeasedTokenBucket(client, rate=1000, capacity=2000) as limiter:  # doctest: +SKIP
     ...     limiter.allow("alice")
@@ -735,10 +747,12 @@ class LeasedTokenBucket(_RedisLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         clock: Clock | None = None,
+        max_keys: int = 100_000,
     ) -> None:
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
         if not hasattr(client, "register_script"):
             raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
+        self._max_keys = check_max_keys(max_keys)
         if max_lease is None:
             max_lease = max(1, self._capacity // 16)
         for name, value in (("min_lease", min_lease), ("max_lease", max_lease)):
@@ -836,6 +850,8 @@ class LeasedTokenBucket(_RedisLimits):
         with self._lock:
             lease = self._leases.get(rkey)
             if lease is None:
+                if len(self._leases) >= self._max_keys:
+                    self._evict()
                 lease = self._leases[rkey] = _Lease(size, t)
             if granted:
                 lease.balance += granted
@@ -852,6 +868,18 @@ class LeasedTokenBucket(_RedisLimits):
                 lease.denied_until = t + retry_ns
             return RedisDecision(False, lease.balance, retry_ns,
                                  int(reset_us) * NS_PER_US, self._capacity, "redis")
+
+    def _evict(self) -> None:
+        # Called with the lock held and the table full: drop the oldest
+        # eighth of the keys. Their unspent tokens are forfeited, not given
+        # back (no round trip under the lock): that only ever under-admits,
+        # and Redis refills them within max_lease intervals.
+        for rkey in list(self._leases)[: max(1, self._max_keys // 8)]:
+            del self._leases[rkey]
+
+    def __len__(self) -> int:
+        """Keys this instance keeps lease state for (at most ``max_keys``)."""
+        return len(self._leases)
 
     def close(self) -> None:
         """Give every unspent leased token back to Redis (one round trip) and forget the leases."""
