@@ -353,7 +353,7 @@ class Policy:
             self.policy_header = (b"ratelimit-policy", self.policy_value)
             self.ietf_extra = [self.policy_header]
 
-    def validate_cost(self, cost: int) -> int:
+    def validate_cost(self, cost: object) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
         if self.capacity is not None:
             return check_cost(cost, self.capacity)
