@@ -791,7 +791,13 @@ class LeasedTokenBucket(_RedisLimits):
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out."""
-        return self._decide(self.key(key), key, self._cost(cost), None).allowed
+        rkey, cost = self.key(key), self._cost(cost)
+        with self._lock:  # the fast path: no clock, no Decision object
+            lease = self._leases.get(rkey)
+            if lease is not None and lease.balance >= cost:
+                lease.balance -= cost
+                return True
+        return self._decide(rkey, key, cost, None).allowed
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation."""
