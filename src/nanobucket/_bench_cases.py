@@ -15,6 +15,7 @@ bench`` (`nanobucket.bench`) time these same trials.
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import os
 import resource
@@ -22,38 +23,42 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
 from . import _bucket_py
 from .reference import MonotonicSeedBucket
 
-try:
-    from . import _bucket_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _bucket_c = None  # type: ignore[assignment]
 
-try:
-    from ._floor import Floor
-except ImportError:  # pragma: no cover - a pure-Python install
-
-    class Floor:  # type: ignore[no-redef]
-        """Pure-Python stand-in when the extension is not built (a higher floor)."""
-
-        def allow(self, cost: int = 1) -> bool:
-            return True
-
-        def allow_key(self, key: object, cost: int = 1) -> bool:
-            return True
-
-        def check(self, cost: int = 1) -> bool:
-            return True
-
-        def allow_many(self, keys: object, cost: int = 1) -> None:
-            return None
+def _optional(name: str) -> Any:
+    """The extension module *name*, or None in a pure-Python install."""
+    try:
+        return importlib.import_module(f"nanobucket.{name}")
+    except ImportError:  # pragma: no cover - a pure-Python install
+        return None
 
 
-FLOOR_IS_CYTHON = Floor.__module__.endswith("_floor")
+class _PyFloor:
+    """Pure-Python stand-in when the extension is not built (a higher floor)."""
+
+    def allow(self, cost: int = 1) -> bool:
+        return True
+
+    def allow_key(self, key: object, cost: int = 1) -> bool:
+        return True
+
+    def check(self, cost: int = 1) -> bool:
+        return True
+
+    def allow_many(self, keys: object, cost: int = 1) -> None:
+        return None
+
+
+_bucket_c: Any = _optional("_bucket_c")
+_floor: Any = _optional("_floor")
+Floor: Any = _PyFloor if _floor is None else _floor.Floor
+FLOOR_IS_CYTHON = _floor is not None
 
 # Peer libraries: display name -> distribution name.
 PEERS = {
@@ -299,11 +304,12 @@ def peer_keyed(peer: str, rate: float, capacity: int, max_keys: int = 10**7,
         th = _need("throttled", peer)
         limiter = th.Throttled(
             using=th.RateLimiterType.TOKEN_BUCKET.value,
-            quota=th.per_duration(__import__("datetime").timedelta(seconds=_period(rate)),
+            quota=th.per_duration(timedelta(seconds=_period(rate)),
                                   max(1, round(rate * _period(rate))), burst=capacity),
             store=th.MemoryStore(options={"MAX_SIZE": max_keys}),
         )
-        return limiter.limit, (lambda r: not r.limited), nothing  # type: ignore[attr-defined]
+        not_limited: Callable[[Any], bool] = lambda r: not r.limited  # noqa: E731
+        return limiter.limit, not_limited, nothing
     raise ValueError(f"unknown peer {peer!r}")
 
 
