@@ -7,7 +7,15 @@ True
 """
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from .shared import SharedKeyedTokenBucket
 
 __version__ = "0.1.0"
 
-__all__ = ("IMPLEMENTATION", "Decision", "KeyedTokenBucket", "TokenBucket", "__version__")
+__all__ = (
+    "IMPLEMENTATION",
+    "Decision",
+    "KeyedTokenBucket",
+    "SharedKeyedTokenBucket",
+    "TokenBucket",
+    "__version__",
+)

@@ -254,7 +254,8 @@ class KeyedTokenBucket(_Limits):
         # from it, so an explicit time older than a dropped state cannot find
         # a fresh bucket (time going backwards never creates tokens).
         self._floor = 0
-        self._lock = threading.Lock()
+        # Re-entrant: a key's __eq__ or __hash__ may call back into this table.
+        self._lock = threading.RLock()
 
     @property
     def max_keys(self) -> int:

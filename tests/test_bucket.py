@@ -1,0 +1,181 @@
+"""TokenBucket: the seed's numbers and the exact Decision values, on both implementations."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from types import ModuleType
+
+import pytest
+
+from nanobucket._params import NOW_MAX
+from nanobucket.reference import ExactBucket, SeedBucket
+
+S = 1_000_000_000
+
+
+def test_burst_of_250_at_one_instant_admits_exactly_200(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    assert [b.allow_at(5 * S) for _ in range(250)] == [True] * 200 + [False] * 50
+
+
+def test_the_seed_as_written_admits_the_same_burst() -> None:
+    seed = SeedBucket(rate=100, capacity=200)
+    assert sum(seed.allow(1.0) for _ in range(250)) == 200
+
+
+def test_empty_bucket_is_full_again_after_exactly_two_seconds(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    assert b.allow_at(S, cost=200)
+    empty = b.peek_at(S, cost=0)
+    assert (empty.remaining, empty.reset_after_ns) == (0, 2 * S)
+    assert not b.peek_at(3 * S - 1, cost=200).allowed
+    assert b.peek_at(3 * S - 1, cost=199).allowed
+    assert b.tokens_at(3 * S) == 200.0
+    assert b.peek_at(3 * S, cost=200) == b.check_at(3 * S, cost=200)
+    assert b.tokens_at(3 * S) == 0.0
+
+
+def test_150_per_second_for_10_seconds_admits_200_plus_100_times_10(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    exact = ExactBucket(rate=100, capacity=200)
+    times = [k * 10 * S // 1500 for k in range(1501)]  # 150/s over [0, 10 s]
+    ours = [b.allow_at(t) for t in times]
+    assert ours == [exact.allow_at(t) for t in times]
+    assert sum(ours) == 200 + 100 * 10
+
+
+def test_long_overload_is_held_to_the_rate(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    # 1000 req/s for 60 s: the burst, then exactly one token per 10 ms.
+    admitted = sum(b.allow_at(k * S // 1000) for k in range(60_001))
+    assert admitted == 200 + 100 * 60
+
+
+def test_decision_of_an_admitted_request(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    d = b.check_at(S, cost=5)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
+        True, 195, 0, 50_000_000, 200)
+    assert (d.retry_after, d.reset_after) == (0.0, 0.05)
+    assert bool(d) is True
+
+
+def test_decision_of_a_rejected_request(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    assert b.allow_at(S, cost=198)
+    d = b.check_at(S, cost=5)
+    # 2 tokens left; 3 more take 30 ms; the bucket is full again in 1.98 s.
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
+        False, 2, 30_000_000, 1_980_000_000, 200)
+    assert d.retry_after == 0.03
+    assert bool(d) is False
+
+
+def test_retry_after_is_exact_to_the_nanosecond(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=3, capacity=4)  # 333_333_334 ns per token
+    assert b.allow_at(S, cost=4)
+    d = b.check_at(S + 7, cost=2)
+    assert not d.allowed
+    assert d.retry_after_ns == 2 * 333_333_334 - 7
+    assert not b.peek_at(S + 7 + d.retry_after_ns - 1, cost=2).allowed
+    assert b.check_at(S + 7 + d.retry_after_ns, cost=2).allowed
+
+
+def test_peek_never_consumes(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=10, capacity=3)
+    for _ in range(10):
+        d = b.peek_at(0)
+        assert (d.allowed, d.remaining) == (True, 2)
+    assert b.tokens_at(0) == 3.0
+    assert b.peek_at(0) == b.check_at(0)
+    assert b.tokens_at(0) == 2.0
+
+
+def test_a_rejection_changes_nothing(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=10, capacity=3)
+    assert b.allow_at(0, cost=3)
+    before = b.peek_at(50_000_000, cost=0)
+    for _ in range(5):
+        assert not b.allow_at(50_000_000)
+        assert not b.check_at(50_000_000, cost=2).allowed
+    assert b.peek_at(50_000_000, cost=0) == before
+    assert b.tokens_at(50_000_000) == 0.5
+
+
+def test_cost_zero_is_a_probe(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=10, capacity=3)
+    assert b.allow_at(0, cost=3)
+    d = b.check_at(0, cost=0)
+    assert (d.allowed, d.remaining, d.reset_after_ns) == (True, 0, 300_000_000)
+    assert b.tokens_at(0) == 0.0
+
+
+def test_time_going_backwards_creates_no_tokens(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    assert b.allow_at(10 * S, cost=200)
+    assert b.tokens_at(10 * S) == 0.0
+    for older in (0, 5 * S, 10 * S - 1):
+        assert b.tokens_at(older) == 0.0
+        assert not b.allow_at(older)
+        d = b.check_at(older)
+        assert (d.allowed, d.remaining) == (False, 0)
+        assert d.retry_after_ns == 10 * S + 10_000_000 - older
+    assert b.check_at(10 * S + 10_000_000).allowed
+
+
+def test_no_overflow_at_the_ends_of_the_time_range(impl: ModuleType) -> None:
+    rate = Fraction(1, 86_400)  # one per day, refill time as long as allowed
+    b = impl.TokenBucket(rate=rate, capacity=53_375)
+    assert b.allow_at(NOW_MAX, cost=53_375)
+    d = b.check_at(NOW_MAX)
+    assert (d.allowed, d.retry_after_ns) == (False, 86_400 * S)
+    assert d.reset_after_ns == 53_375 * 86_400 * S
+    assert b.check_at(0).retry_after_ns == NOW_MAX + 86_400 * S
+    fast = impl.TokenBucket(rate=10**9, capacity=1)
+    assert fast.allow_at(NOW_MAX) and not fast.allow_at(NOW_MAX)
+    assert fast.allow_at(0) is False
+
+
+def test_rate_can_be_int_float_or_fraction(impl: ModuleType) -> None:
+    for rate, interval in ((100, 10_000_000), (0.1, 10 * S), (Fraction(7, 60), 8_571_428_572),
+                           (2.5, 400_000_000), (10**9, 1), (Fraction(1, 2), 2 * S)):
+        b = impl.TokenBucket(rate=rate, capacity=1)
+        assert b.interval_ns == interval
+        assert b.allow_at(S) and not b.allow_at(S + interval - 1) and b.allow_at(S + interval)
+    assert impl.TokenBucket(rate=0.1, capacity=1).rate == Fraction(1, 10)
+    assert impl.TokenBucket(rate=100, capacity=200).rate == 100
+    assert impl.TokenBucket(rate=100, capacity=200).capacity == 200
+
+
+def test_attributes_are_read_only(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=100, capacity=200)
+    for name, value in (("rate", 1), ("capacity", 1), ("interval_ns", 1)):
+        with pytest.raises(AttributeError):
+            setattr(b, name, value)
+
+
+def test_the_real_clock(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=1, capacity=3)
+    assert [b.allow() for _ in range(4)] == [True, True, True, False]
+    assert b.allow(cost=0)
+    d = b.check()
+    assert not d.allowed and 0 < d.retry_after_ns <= S
+    assert not b.peek().allowed
+    assert 0.0 <= b.tokens() < 1.0
+
+
+def test_an_injected_clock(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    b = impl.TokenBucket(rate=100, capacity=2, clock=clock)
+    assert [b.allow(), b.allow(), b.allow()] == [True, True, False]
+    clock.advance(10_000_000)
+    assert b.check().allowed and not b.peek().allowed
+    assert b.tokens() == 0.0
+    clock.advance(5_000_000)
+    assert b.tokens() == 0.5
+
+
+def test_repr(impl: ModuleType) -> None:
+    assert repr(impl.TokenBucket(rate=100, capacity=200)) == "TokenBucket(rate=100, capacity=200)"
+    assert repr(impl.TokenBucket(rate=100, capacity=200).check_at(0)) == (
+        "Decision(allowed=True, remaining=199, retry_after_ns=0, "
+        "reset_after_ns=10000000, limit=200)")

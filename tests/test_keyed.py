@@ -1,0 +1,166 @@
+"""KeyedTokenBucket: independent keys, bounded memory, the overflow policy."""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import pytest
+
+S = 1_000_000_000
+
+
+def test_keys_are_independent(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=2)
+    keys = ["alice", b"alice", 7, ("tenant", 7), 7.5, None, frozenset({1})]
+    for key in keys:
+        assert [t.allow_at(key, S) for _ in range(3)] == [True, True, False]
+    assert t.allow_at("bob", S)
+    d = t.check_at("alice", S + S // 2)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (False, 0, S // 2, 3 * S // 2)
+    assert t.check_at("alice", 2 * S).allowed
+
+
+def test_equal_keys_share_a_bucket(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=2)
+    assert t.allow_at("".join(["ab", "c"]), 0)
+    assert t.allow_at("abc", 0)
+    assert not t.allow_at("a" + "bc", 0)
+    assert t.allow_at(1, 0) and t.allow_at(1.0, 0) and not t.allow_at(True if False else 1, 0)
+
+
+def test_decision_values_per_key(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=100, capacity=200)
+    d = t.check_at("k", S, cost=5)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
+        True, 195, 0, 50_000_000, 200)
+    assert t.peek_at("k", S, cost=196).retry_after_ns == 10_000_000
+    assert t.peek_at("other", S, cost=200).allowed
+    assert t.tokens_at("k", S) == 195.0
+    assert t.tokens_at("other", S) == 200.0
+
+
+def test_peek_of_a_missing_key_does_not_store_it(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    t = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    for i in range(100):
+        assert t.peek(i).allowed
+        assert t.tokens(i) == 2.0
+    assert len(t) == 0
+    assert t.allow("x")
+    assert len(t) == 1
+
+
+def test_len_counts_buckets_that_are_not_full(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    t = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    for key in "abc":
+        assert t.allow(key)
+    assert t.allow("a")
+    assert len(t) == 3
+    clock.advance(S)
+    assert len(t) == 1  # b and c are full again; a still owes one token
+    clock.advance(S)
+    assert len(t) == 0
+
+
+def _table_bytes(t: object) -> int:
+    tats = getattr(t, "_tats", None)  # the pure-Python table is a dict
+    return sys.getsizeof(tats) if tats is not None else sys.getsizeof(t)
+
+
+def test_memory_stays_bounded_while_keys_churn(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    t = impl.KeyedTokenBucket(rate=1, capacity=10, max_keys=1000, clock=clock)
+    sizes = []
+    for i in range(100_000):
+        # every key stays in debt (full again only after 10 s): the bound must hold
+        clock.now = i * 1000
+        assert t.allow(f"client-{i}", cost=10)
+        if i % 10_000 == 9_999:
+            assert len(t) <= 1000
+            sizes.append(_table_bytes(t))
+    assert len(set(sizes)) == 1, sizes
+    assert sizes[0] < 1000 * 80
+
+
+def test_full_buckets_are_dropped_without_loss(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=1, max_keys=4)
+    assert t.allow_at("old", 0)
+    for i in range(1_000):  # the old key is full again from 1 s on
+        assert t.allow_at(i, S + i)
+    assert t.check_at("old", S + 1_000).allowed
+    assert not t.check_at("old", S + 1_000).allowed
+
+
+def test_overflow_forgives_the_keys_closest_to_full(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=100, max_keys=16)
+    for i in range(16):  # key i owes 20 + i tokens
+        assert t.allow_at(i, 0, cost=20 + i)
+    # A 17th key: no bucket is full, so the 16 // 8 = 2 least indebted go.
+    assert t.allow_at("new", 0, cost=50)
+    assert [t.tokens_at(i, 0) for i in range(16)] == [100.0, 100.0] + [
+        float(100 - 20 - i) for i in range(2, 16)]
+    assert t.tokens_at("new", 0) == 50.0
+    # The table now has room for one more before it forgives again.
+    assert t.allow_at("newer", 0, cost=1)
+    assert t.tokens_at(2, 0) == 78.0
+
+
+def test_a_table_of_one_key(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=3, max_keys=1)
+    assert t.allow_at("a", 0, cost=3)
+    assert t.allow_at("b", 0, cost=3)  # "a" is forgiven to make room
+    assert t.allow_at("a", 0, cost=3)
+    assert not t.allow_at("a", 0)
+
+
+def test_allow_many_decides_in_order_at_one_instant(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    t = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    result = t.allow_many(["a", "b", "a", "a", "b", "c"])
+    assert isinstance(result, bytearray)
+    assert list(result) == [1, 1, 1, 0, 1, 1]
+    assert list(t.allow_many(iter(["c", "c", "c"]))) == [1, 0, 0]
+    assert list(t.allow_many_at(["a"], S, cost=1)) == [1]
+    assert t.allow_many([]) == bytearray()
+
+
+def test_allow_many_with_an_unhashable_key_spends_nothing(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=2)
+    with pytest.raises(TypeError):
+        t.allow_many_at(["a", "a", ["unhashable"]], 0)
+    assert t.tokens_at("a", 0) == 2.0
+    with pytest.raises(TypeError):
+        t.allow_many_at("abc", 0)
+
+
+def test_keys_with_equal_hashes_stay_apart(impl: ModuleType) -> None:
+    class Colliding:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __hash__(self) -> int:
+            return 42
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Colliding) and other.name == self.name
+
+    t = impl.KeyedTokenBucket(rate=1, capacity=1, max_keys=64)
+    keys = [Colliding(str(i)) for i in range(40)]
+    assert all(t.allow_at(k, 0) for k in keys)
+    assert not any(t.allow_at(Colliding(str(i)), 0) for i in range(40))
+
+
+def test_an_eq_that_mutates_the_table_is_survived(impl: ModuleType) -> None:
+    t = impl.KeyedTokenBucket(rate=1, capacity=1, max_keys=8)
+
+    class Evil:
+        def __hash__(self) -> int:
+            return 7
+
+        def __eq__(self, other: object) -> bool:
+            for i in range(20):  # forces sweeps and rebuilds mid-lookup
+                t.allow_at(("filler", i), 10 * S + i)
+            return other is self
+
+    e1, e2 = Evil(), Evil()
+    assert t.allow_at(e1, 0)
+    assert t.allow_at(e2, S)
+    assert t.tokens_at(e2, S) == 0.0
