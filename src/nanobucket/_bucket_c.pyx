@@ -465,7 +465,17 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t tat, base
         cdef Slot *s
         with cython.critical_section(self):
-            s = self._find(key, h, now, True)
+            s = self._find(key, h, now, False)
+            if s == NULL:
+                # A missing key is a full bucket (from `floor`); only a key
+                # that is charged takes a place in the table.
+                tat = self.floor
+                base = tat if tat > now else now
+                if base - now > self.tau - cost_t:
+                    return False
+                if cost_t == 0:
+                    return True
+                s = self._find(key, h, now, True)
             return take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
 
     def allow_many(self, keys, cost=1):
@@ -531,15 +541,19 @@ cdef class KeyedTokenBucket(_Limits):
         cdef bint allowed
         cdef Slot *s
         with cython.critical_section(self):
-            s = self._find(key, h, now, consume)
-            if consume:
+            s = self._find(key, h, now, False)
+            if consume and s != NULL:
                 allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
             else:
                 tat = nb_load(&s.tat) if s != NULL else self.floor
                 base = tat if tat > now else now
                 allowed = base - now <= self.tau - cost_t
                 if allowed and cost_t:
-                    tat = base + cost_t
+                    if consume:  # a missing key, charged: it takes a place
+                        s = self._find(key, h, now, True)
+                        allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+                    else:
+                        tat = base + cost_t
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self, key):

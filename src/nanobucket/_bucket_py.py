@@ -296,14 +296,16 @@ class KeyedTokenBucket(_Limits):
         tats = self._tats
         with self._lock:
             tat = tats.get(key)
+            missing = tat is None
             if tat is None:
                 tat = self._floor
-                if len(tats) >= self._max_keys:
-                    self._make_room(now)
             base = tat if tat > now else now
             if base - now > self._tau - cost_t:
                 return False
             if cost_t:
+                # Only a key that is charged takes a place in the table.
+                if missing and len(tats) >= self._max_keys:
+                    self._make_room(now)
                 tats[key] = base + cost_t
             return True
 

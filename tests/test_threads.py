@@ -1,0 +1,70 @@
+"""Threads: no token lost and none spent twice, on both implementations."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+THREADS = 4
+
+
+def _hammer(call: Callable[[], bool], per_thread: int) -> list[int]:
+    counts = [0] * THREADS
+    start = threading.Barrier(THREADS)
+
+    def run(i: int) -> None:
+        start.wait()
+        n = 0
+        for _ in range(per_thread):
+            n += call()
+        counts[i] = n
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    return counts
+
+
+def test_four_threads_on_one_bucket_admit_exactly_capacity(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    b = impl.TokenBucket(rate=1, capacity=20_000, clock=clock)  # frozen clock
+    counts = _hammer(b.allow, 10_000)
+    assert sum(counts) == 20_000
+    assert b.tokens() == 0.0
+
+
+def test_four_threads_on_one_key_admit_exactly_capacity(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    t = impl.KeyedTokenBucket(rate=1, capacity=20_000, clock=clock)
+    counts = _hammer(lambda: t.allow("hot"), 10_000)
+    assert sum(counts) == 20_000
+    assert t.tokens("hot") == 0.0
+
+
+def test_four_threads_with_costs_and_many_keys(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    # Keys churn through a small table while four threads spend on them:
+    # each key's total is still exactly its capacity.
+    t = impl.KeyedTokenBucket(rate=1, capacity=300, max_keys=64, clock=clock)
+    spent = [[0] * 40 for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+
+    def run(i: int) -> None:
+        start.wait()
+        for n in range(6_000):
+            key = n % 40
+            if t.allow(key, cost=3):
+                spent[i][key] += 3
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert [sum(s[k] for s in spent) for k in range(40)] == [300] * 40
