@@ -1,0 +1,118 @@
+"""Instructions per call under callgrind: repeatable where wall-clock time is not.
+
+    python benchmarks/callgrind.py              # every case, a table
+    python benchmarks/callgrind.py --json out.json c_allow c_keyed
+
+Each case runs twice under ``valgrind --tool=callgrind``, once with N calls
+and once with 2N; the same program otherwise (imports, table set-up, 100k
+keys filled), so start-up cancels and ``(I(2N) - I(N)) / N`` is the
+instruction count of one call *including* the loop around it. The floor (a
+no-op Cython method called the same way) is reported beside it, and so is
+the difference: what the limiter itself costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+N = 100_000  # calls in the short run; the long run makes 2N
+KEYS = 100_000
+
+SINGLE = """
+import sys
+from nanobucket import _bucket_c, _bucket_py
+from nanobucket._floor import Floor
+from nanobucket.reference import MonotonicSeedBucket
+n = int(sys.argv[1])
+f = {make}
+r = range(n)
+for _ in r:
+    f()
+"""
+
+KEYED = """
+import sys
+from nanobucket import _bucket_c, _bucket_py
+from nanobucket._floor import Floor
+passes = int(sys.argv[1]) // {keys}
+keys = [f"user:{{i:07d}}" for i in range({keys})]
+f = {make}
+for k in keys:  # every key present before counting: steady state
+    f(k)
+for _ in range(passes):
+    for k in keys:
+        f(k)
+"""
+
+# name -> (template, expression for f, what it is)
+CASES: dict[str, tuple[str, str, str]] = {
+    "floor_allow": (SINGLE, "Floor().allow", "floor: no-op Floor.allow()"),
+    "c_allow": (SINGLE, "_bucket_c.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (c)"),
+    "py_allow": (SINGLE, "_bucket_py.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (py)"),
+    "seed_allow": (SINGLE, "MonotonicSeedBucket(10**9, 10**6).allow", "seed allow()"),
+    "floor_keyed": (KEYED, "Floor().allow_key", "floor: no-op Floor.allow_key(k)"),
+    "dict_get": (KEYED, "dict.fromkeys(keys, 0).get", "dict.get(k), 100k str keys"),
+    "c_keyed": (KEYED, "_bucket_c.KeyedTokenBucket(0.01, 10_000).allow",
+                "KeyedTokenBucket.allow(k) (c), 100k str keys"),
+    "py_keyed": (KEYED, "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
+                 "KeyedTokenBucket.allow(k) (py), 100k str keys"),
+}
+FLOOR_OF = {"c_allow": "floor_allow", "py_allow": "floor_allow", "seed_allow": "floor_allow",
+            "dict_get": "floor_keyed", "c_keyed": "floor_keyed", "py_keyed": "floor_keyed"}
+
+
+def instructions(code: str, calls: int) -> int:
+    """Total instructions callgrind counts for ``python -c code calls``."""
+    with tempfile.NamedTemporaryFile(suffix=".out") as out:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+             sys.executable, "-c", code, str(calls)],
+            capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"callgrind failed: {proc.stderr.strip().splitlines()[-1:]}")
+    match = re.search(r"Collected : (\d+)", proc.stderr)
+    if match is None:
+        raise SystemExit("callgrind printed no instruction count")
+    return int(match.group(1))
+
+
+def per_call(name: str) -> float:
+    template, make, _ = CASES[name]
+    code = template.format(make=make, keys=KEYS)
+    return (instructions(code, 2 * N) - instructions(code, N)) / N
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="*", help=f"any of {', '.join(CASES)} (default: all)")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.cases if n not in CASES]
+    if unknown:
+        p.error(f"unknown case {unknown[0]!r}")
+    if shutil.which("valgrind") is None:
+        p.exit(2, "callgrind.py: error: valgrind is not installed\n")
+    names = args.cases or list(CASES)
+    names = sorted(set(names) | {FLOOR_OF[n] for n in names if n in FLOOR_OF},
+                   key=list(CASES).index)
+    counts = {name: per_call(name) for name in names}
+    print(f"instructions per call (loop included), (I(2N) - I(N)) / N with N = {N:,}; "
+          f"Python {sys.version.split()[0]}")
+    for name in names:
+        floor = FLOOR_OF.get(name)
+        extra = f"   {counts[name] - counts[floor]:8.0f} over the floor" if floor else ""
+        print(f"  {CASES[name][2]:<48} {counts[name]:8.0f}{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": N, "instructions_per_call": counts}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
