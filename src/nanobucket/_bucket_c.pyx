@@ -159,6 +159,13 @@ cdef class _Limits:
             return 0.0
         return <double>(self.tau - debt) / <double>self.interval_ns
 
+    cdef tuple _new_params(self, object rate, object capacity):
+        """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
+        rate = self.rate if rate is None else rate
+        capacity = self.capacity if capacity is None else capacity
+        exact, cap, interval, tau = bucket_params(rate, capacity)
+        return (rate if isinstance(rate, (int, Fraction)) else exact), cap, interval, tau
+
 
 cdef inline int64_t as_now(object now) except -1:
     cdef int overflow = 0
@@ -244,6 +251,66 @@ cdef class TokenBucket(_Limits):
 
     def __repr__(self):
         return f"TokenBucket(rate={self.rate!r}, capacity={self.capacity})"
+
+    def refund(self, cost=1):
+        """Give back *cost* tokens for work that did not happen (never above capacity)."""
+        cdef int64_t c = self._cost(cost)
+        give_back(&self.tat, self._now(), c * self.interval_ns)
+
+    def refund_at(self, now, cost=1):
+        """`refund` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
+
+    def _reserve(self, now, cost, max_wait, bint shape):
+        """Reserve *cost* tokens; the ns to wait before using them, or -1 (see ``_bucket_py``)."""
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t mw = max_wait
+        cdef int64_t cost_t = c * self.interval_ns
+        return reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
+
+    def reconfigure(self, rate=None, capacity=None, *, now=None):
+        """Change the rate and/or the capacity, keeping the bucket's state.
+
+        The tokens the bucket holds at *now* (default: its clock) carry over
+        as they are, capped at the new capacity. Under the GIL this is atomic
+        with respect to every other verb; see ``KeyedTokenBucket.reconfigure``
+        for free-threaded builds.
+        """
+        new_rate, cap, interval, tau = self._new_params(rate, capacity)
+        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t old, new
+        with cython.critical_section(self):
+            old = nb_load(&self.tat)
+            while True:
+                new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
+                if nb_cas(&self.tat, &old, new):
+                    break
+            self.rate = new_rate
+            self.capacity = cap
+            self.interval_ns = interval
+            self.tau = tau
+
+    def acquire(self, cost=1, timeout=None):
+        """Wait (block the thread) until *cost* tokens are spent, or *timeout* s pass.
+
+        Waiters are served first in, first out; False at once when the wait
+        would exceed *timeout* or too many waiters are queued (see ``waiting``).
+        """
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t now, tat, base
+        if timeout is not None:
+            waiting_module().check_timeout(timeout)
+        now = self._now()
+        if take(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+                &tat, &base):
+            return True
+        return waiting_module().acquire_slow(self, (), c, timeout)
+
+    def acquire_async(self, cost=1, timeout=None):
+        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing."""
+        return waiting_module().acquire_async(self, (), cost, timeout)
 
 
 ctypedef struct Slot:
@@ -589,3 +656,138 @@ cdef class KeyedTokenBucket(_Limits):
     def __repr__(self):
         return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
                 f"max_keys={self.max_keys})")
+
+    def refund(self, key, cost=1):
+        """Give back *cost* tokens to *key*'s bucket (never above capacity; a missing key gets nothing)."""
+        cdef int64_t c = self._cost(cost)
+        self._refund(key, self._now(), c)
+
+    def refund_at(self, key, now, cost=1):
+        """`refund` at an explicit time *now* (int ns)."""
+        cdef int64_t t = as_now(now)
+        self._refund(key, t, self._cost(cost))
+
+    cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
+        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Slot *s
+        with cython.critical_section(self):
+            s = self._find(key, h, now, False)
+            if s != NULL:
+                give_back(&s.tat, now, cost * self.interval_ns)
+        return 0
+
+    def _reserve(self, key, now, cost, max_wait, bint shape):
+        """`TokenBucket._reserve` for *key*'s bucket."""
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t mw = max_wait
+        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef int64_t cost_t, wait
+        cdef Slot *s
+        with cython.critical_section(self):
+            cost_t = c * self.interval_ns
+            s = self._find(key, h, t, True)
+            wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
+        return wait
+
+    def reconfigure(self, rate=None, capacity=None, *, now=None):
+        """Change the rate and/or the capacity of every bucket, keeping their state.
+
+        Each bucket's tokens at *now* (default: the clock) carry over as they
+        are, capped at the new capacity -- keys not in the table too (they
+        were full: with a larger capacity they keep the old capacity's tokens
+        and refill the rest). Takes time in proportion to the table's size.
+        Under the GIL it is atomic with respect to every other verb. On a
+        free-threaded build it holds the table's critical section, but an
+        ``allow`` already past its parameter reads may decide one request
+        with the old rate.
+        """
+        new_rate, cap, interval, tau = self._new_params(rate, capacity)
+        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t old, new
+        cdef Py_ssize_t i
+        with cython.critical_section(self):
+            for i in range(self.mask + 1):
+                if self.slots[i].key == NULL:
+                    continue
+                old = nb_load(&self.slots[i].tat)
+                while True:
+                    new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
+                    if nb_cas(&self.slots[i].tat, &old, new):
+                        break
+            self.floor = carry_over(self.floor, t, self.interval_ns, self.tau, interval, tau)
+            self.rate = new_rate
+            self.capacity = cap
+            self.interval_ns = interval
+            self.tau = tau
+
+    def acquire(self, key, cost=1, timeout=None):
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass."""
+        cdef int64_t c = self._cost(cost)
+        if timeout is not None:
+            waiting_module().check_timeout(timeout)
+        if self._allow(key, self._now(), c):
+            return True
+        return waiting_module().acquire_slow(self, (key,), c, timeout)
+
+    def acquire_async(self, key, cost=1, timeout=None):
+        """`acquire` for asyncio: ``await t.acquire_async(key)``."""
+        return waiting_module().acquire_async(self, (key,), cost, timeout)
+
+
+# -- refund, reserve (waiting) and reconfigure: off the hot path ---------------
+
+cdef int64_t INT64_MAX = 0x7FFFFFFFFFFFFFFF
+cdef object _waiting = None
+
+
+cdef object waiting_module():
+    """``nanobucket.waiting``, imported on first use (it imports nothing from here)."""
+    global _waiting
+    if _waiting is None:
+        from . import waiting
+        _waiting = waiting
+    return _waiting
+
+
+cdef inline int64_t reserve(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
+                            int64_t max_wait) noexcept nogil:
+    """Move the word past empty if need be: the ns to wait, or -1 (nothing written).
+
+    The wait ends when max(tat, now) + cost*T - now <= slack: slack = tau
+    waits for the tokens, slack = cost*T for the slot's start (shaping).
+    """
+    cdef int64_t old = nb_load(word)
+    cdef int64_t base, wait
+    while True:
+        base = old if old > now else now
+        wait = base - now - (slack - cost_t)
+        if wait < 0:
+            wait = 0
+        if wait > max_wait or base > INT64_MAX - cost_t:
+            return -1
+        if cost_t == 0 or nb_cas(word, &old, base + cost_t):
+            return wait
+
+
+cdef inline void give_back(int64_t *word, int64_t now, int64_t cost_t) noexcept nogil:
+    """tat = max(now, tat - cost*T) by CAS; a full bucket (tat <= now) is left alone."""
+    cdef int64_t old = nb_load(word)
+    cdef int64_t new
+    while old > now:
+        new = old - cost_t
+        if new < now:
+            new = now
+        if nb_cas(word, &old, new):
+            return
+
+
+cdef int64_t carry_over(int64_t tat, int64_t now, object interval, object tau,
+                        object new_interval, object new_tau) except? -1:
+    """*tat* under new parameters with the same tokens at *now*, capped (see ``_bucket_py``)."""
+    cdef int64_t debt = tat - now if tat > now else 0
+    # Python ints: (tau - debt) * new_interval does not fit 64 bits in general.
+    new_debt = new_tau - ((tau - debt) * new_interval) // interval
+    if new_debt <= 0:
+        return tat if tat <= now else now
+    return min(now + new_debt, INT64_MAX)

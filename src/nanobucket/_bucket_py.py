@@ -13,8 +13,10 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from fractions import Fraction
+
+from . import waiting as _waiting
 
 from ._params import (
     NS_PER_S,
@@ -144,6 +146,35 @@ class _Limits:
         return (self._tau - debt) / self._interval
 
 
+INT64_MAX = (1 << 63) - 1
+NO_LIMIT = 1 << 62  # "wait as long as it takes" for _reserve: 146 years
+
+
+def _carry_over(tat: int, now: int, interval: int, tau: int, new_interval: int,
+                new_tau: int) -> int:
+    """*tat* re-expressed under new parameters, keeping the tokens as they are at *now*.
+
+    Tokens ``(tau - debt) / interval`` (negative while waiters hold
+    reservations past an empty bucket) carry over unchanged, capped at the
+    new capacity; the new debt is rounded up, so the bucket never gains a
+    fraction of a token from the conversion.
+    """
+    debt = tat - now if tat > now else 0
+    new_debt = new_tau - ((tau - debt) * new_interval) // interval
+    if new_debt <= 0:
+        return tat if tat <= now else now  # full (capped): keep a full state as it was
+    return min(now + new_debt, INT64_MAX)
+
+
+def _reconfigure_params(limits: _Limits, rate: RateLike | None,
+                        capacity: int | None) -> tuple[int | Fraction, int, int, int]:
+    """Validated ``(public rate, capacity, interval_ns, tau_ns)`` for `reconfigure`."""
+    rate = limits._rate if rate is None else rate
+    capacity = limits._capacity if capacity is None else capacity
+    exact, cap, interval, tau = bucket_params(rate, capacity)
+    return (rate if isinstance(rate, (int, Fraction)) else exact), cap, interval, tau
+
+
 class TokenBucket(_Limits):
     """One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
 
@@ -169,8 +200,8 @@ class TokenBucket(_Limits):
         return self._allow(check_now(now), self._cost(cost))
 
     def _allow(self, now: int, cost: int) -> bool:
-        cost_t = cost * self._interval
-        with self._lock:
+        with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
+            cost_t = cost * self._interval
             tat = self._tat
             base = tat if tat > now else now
             if base - now > self._tau - cost_t:
@@ -196,8 +227,8 @@ class TokenBucket(_Limits):
         return self._check(check_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
-        cost_t = cost * self._interval
-        with self._lock:
+        with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
+            cost_t = cost * self._interval
             tat = self._tat
             base = tat if tat > now else now
             allowed = base - now <= self._tau - cost_t
@@ -217,6 +248,77 @@ class TokenBucket(_Limits):
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
+
+    def refund(self, cost: int = 1) -> None:
+        """Give back *cost* tokens for work that did not happen (never above capacity)."""
+        self._refund(self._now(), self._cost(cost))
+
+    def refund_at(self, now: int, cost: int = 1) -> None:
+        """`refund` at an explicit time *now* (int ns)."""
+        self._refund(check_now(now), self._cost(cost))
+
+    def _refund(self, now: int, cost: int) -> None:
+        with self._lock:
+            tat = self._tat
+            if tat > now:  # a full bucket has nothing to take back
+                tat -= cost * self._interval
+                self._tat = tat if tat > now else now
+
+    def _reserve(self, now: int | None, cost: int, max_wait: int, shape: bool) -> int:
+        """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
+
+        Unlike `allow` the bucket may go past empty: the reservation is a
+        place in line (the tat), so later callers wait behind it, first in,
+        first out. With *shape* the wait ends at the start of the slot (even
+        spacing, no burst); otherwise when the bucket holds the tokens.
+        Nothing is reserved when the wait would exceed *max_wait* ns.
+        """
+        cost = self._cost(cost)
+        if now is None:
+            now = self._now()
+        with self._lock:
+            cost_t = cost * self._interval
+            tat = self._tat
+            base = tat if tat > now else now
+            wait = base - now - ((cost_t if shape else self._tau) - cost_t)
+            if wait < 0:
+                wait = 0
+            if wait > max_wait or base + cost_t > INT64_MAX:
+                return -1
+            if cost_t:
+                self._tat = base + cost_t
+            return wait
+
+    def reconfigure(self, rate: RateLike | None = None, capacity: int | None = None, *,
+                    now: int | None = None) -> None:
+        """Change the rate and/or the capacity, keeping the bucket's state.
+
+        The tokens the bucket holds at *now* (default: its clock) carry over
+        as they are, capped at the new capacity; a full bucket whose capacity
+        grows keeps its tokens and refills the rest at the new rate.
+        """
+        new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
+        now = self._now() if now is None else check_now(now)
+        with self._lock:
+            self._tat = _carry_over(self._tat, now, self._interval, self._tau, interval, tau)
+            self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
+
+    def acquire(self, cost: int = 1, timeout: float | None = None) -> bool:
+        """Wait (block the thread) until *cost* tokens are spent, or *timeout* s pass.
+
+        Waiters are served first in, first out; False at once when the wait
+        would exceed *timeout* or too many waiters are queued (see `waiting`).
+        """
+        cost = self._cost(cost)
+        if timeout is not None:
+            _waiting.check_timeout(timeout)
+        if self._allow(self._now(), cost):
+            return True
+        return _waiting.acquire_slow(self, (), cost, timeout)
+
+    def acquire_async(self, cost: int = 1, timeout: float | None = None) -> Awaitable[bool]:
+        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing."""
+        return _waiting.acquire_async(self, (), cost, timeout)
 
 
 class KeyedTokenBucket(_Limits):
@@ -292,9 +394,9 @@ class KeyedTokenBucket(_Limits):
         return bytearray([allow(key, now, cost) for key in keys])
 
     def _allow(self, key: Hashable, now: int, cost: int) -> bool:
-        cost_t = cost * self._interval
         tats = self._tats
-        with self._lock:
+        with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
+            cost_t = cost * self._interval
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
@@ -326,9 +428,9 @@ class KeyedTokenBucket(_Limits):
         return self._check(key, check_now(now), self._cost(cost), False)
 
     def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
-        cost_t = cost * self._interval
         tats = self._tats
-        with self._lock:
+        with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
+            cost_t = cost * self._interval
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
@@ -378,3 +480,76 @@ class KeyedTokenBucket(_Limits):
             f"KeyedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
             f"max_keys={self._max_keys})"
         )
+
+    def refund(self, key: Hashable, cost: int = 1) -> None:
+        """Give back *cost* tokens to *key*'s bucket (never above capacity; a missing key gets nothing)."""
+        self._refund(key, self._now(), self._cost(cost))
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> None:
+        """`refund` at an explicit time *now* (int ns)."""
+        self._refund(key, check_now(now), self._cost(cost))
+
+    def _refund(self, key: Hashable, now: int, cost: int) -> None:
+        tats = self._tats
+        with self._lock:
+            tat = tats.get(key)
+            if tat is not None and tat > now:
+                tat -= cost * self._interval
+                tats[key] = tat if tat > now else now
+
+    def _reserve(self, key: Hashable, now: int | None, cost: int, max_wait: int,
+                 shape: bool) -> int:
+        """`TokenBucket._reserve` for *key*'s bucket."""
+        cost = self._cost(cost)
+        if now is None:
+            now = self._now()
+        tats = self._tats
+        with self._lock:
+            cost_t = cost * self._interval
+            tat = tats.get(key)
+            if tat is None:
+                tat = self._floor
+                if len(tats) >= self._max_keys:
+                    self._make_room(now)
+            base = tat if tat > now else now
+            wait = base - now - ((cost_t if shape else self._tau) - cost_t)
+            if wait < 0:
+                wait = 0
+            if wait > max_wait or base + cost_t > INT64_MAX:
+                return -1
+            if cost_t:
+                tats[key] = base + cost_t
+            return wait
+
+    def reconfigure(self, rate: RateLike | None = None, capacity: int | None = None, *,
+                    now: int | None = None) -> None:
+        """Change the rate and/or the capacity of every bucket, keeping their state.
+
+        Each bucket's tokens at *now* (default: the clock) carry over as they
+        are, capped at the new capacity -- keys not in the table too (they
+        were full: with a larger capacity they keep the old capacity's tokens
+        and refill the rest). Takes time in proportion to the keys tracked.
+        """
+        new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
+        now = self._now() if now is None else check_now(now)
+        with self._lock:
+            old_interval, old_tau = self._interval, self._tau
+            tats = self._tats
+            for key, tat in tats.items():
+                tats[key] = _carry_over(tat, now, old_interval, old_tau, interval, tau)
+            self._floor = _carry_over(self._floor, now, old_interval, old_tau, interval, tau)
+            self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
+
+    def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass."""
+        cost = self._cost(cost)
+        if timeout is not None:
+            _waiting.check_timeout(timeout)
+        if self._allow(key, self._now(), cost):
+            return True
+        return _waiting.acquire_slow(self, (key,), cost, timeout)
+
+    def acquire_async(self, key: Hashable, cost: int = 1,
+                      timeout: float | None = None) -> Awaitable[bool]:
+        """`acquire` for asyncio: ``await t.acquire_async(key)``."""
+        return _waiting.acquire_async(self, (key,), cost, timeout)

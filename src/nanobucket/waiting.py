@@ -1,0 +1,342 @@
+"""Waiting instead of rejecting: ``acquire`` / ``acquire_async`` over a bounded, FIFO line.
+
+A waiter does not poll. It *reserves* its tokens at once (``_reserve`` on
+the bucket): the bucket's ``tat`` may move past "empty", and the time by
+which it is past is the waiter's place in line. Everyone after it -- other
+waiters and plain ``allow`` callers alike -- sees a bucket that is still
+owed those tokens, so waiters are served first in, first out per bucket and
+a large cost is never starved by a stream of small ones. The waiter then
+sleeps exactly until its tokens exist.
+
+Bounds, so that waiting never becomes an unbounded queue in memory:
+
+* ``timeout`` (seconds): a wait longer than it is refused at once, before
+  anything is reserved (``acquire`` returns False);
+* ``max_waiters`` (default 1024 per limiter): past it, ``acquire`` returns
+  False at once.
+
+A waiter interrupted while it sleeps (a cancelled task, a
+``KeyboardInterrupt``) gives its tokens back with ``refund``: nothing stays
+reserved.
+
+``Waiting(limiter, shape=True)`` -- or ``LeakyBucket(rate)`` -- releases
+callers at an even rate, one slot of ``cost / rate`` seconds each, with no
+burst: the leaky bucket used as a shaper, for a downstream that needs smooth
+load.
+
+>>> import nanobucket as nb
+>>> b = nb.TokenBucket(rate=100, capacity=200)
+>>> b.acquire(timeout=0.5)          # blocks at most 0.5 s
+True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from ._params import NS_PER_S
+
+__all__ = (
+    "DEFAULT_MAX_WAITERS",
+    "LeakyBucket",
+    "Waiting",
+    "acquire_async",
+    "acquire_slow",
+    "check_timeout",
+    "is_keyed",
+)
+
+DEFAULT_MAX_WAITERS = 1024
+NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
+
+Sleep = Callable[[float], object]
+AsyncSleep = Callable[[float], Awaitable[object]]
+
+
+def check_timeout(timeout: object) -> float | None:
+    """Return *timeout* (seconds, >= 0, or None for no limit), or raise."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def check_max_waiters(max_waiters: object) -> int:
+    """Return *max_waiters* as an int >= 0, or raise."""
+    if isinstance(max_waiters, bool) or not isinstance(max_waiters, int):
+        raise TypeError(f"max_waiters must be an int, not {type(max_waiters).__name__}")
+    if max_waiters < 0:
+        raise ValueError(f"max_waiters must be >= 0, got {max_waiters!r}")
+    return int(max_waiters)
+
+
+def _max_wait_ns(timeout: object) -> int:
+    seconds = check_timeout(timeout)
+    if seconds is None or seconds * NS_PER_S >= NO_LIMIT:
+        return NO_LIMIT
+    return int(seconds * NS_PER_S)  # rounded down: never wait past the timeout
+
+
+def is_keyed(limiter: object) -> bool:
+    """True if *limiter*'s verbs take a key first (``allow(key, cost=1)``)."""
+    keyed = getattr(limiter, "keyed", None)
+    if isinstance(keyed, bool):
+        return keyed
+    try:
+        params = list(inspect.signature(limiter.allow).parameters)  # type: ignore[attr-defined]
+    except AttributeError:
+        raise TypeError(f"{type(limiter).__name__} has no allow(): not a limiter") from None
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        raise TypeError(f"cannot tell whether {type(limiter).__name__}.allow takes a key") from None
+    return bool(params) and params[0] == "key"
+
+
+class _Gate:
+    """Counts the waiters of one limiter and refuses past its bound."""
+
+    __slots__ = ("count", "limit", "lock")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> bool:
+        with self.lock:
+            if self.count >= self.limit:
+                return False
+            self.count += 1
+            return True
+
+    def leave(self) -> None:
+        with self.lock:
+            self.count -= 1
+
+
+# Gates of the core classes' own acquire(): a core object has no room for
+# one, so it lives here, keyed by id(), only while the object has waiters
+# (the object is alive while its method runs, so the id cannot be reused).
+_gates: dict[int, _Gate] = {}
+_gates_lock = threading.Lock()
+
+
+def _enter_default(limiter: object) -> bool:
+    with _gates_lock:
+        gate = _gates.get(id(limiter))
+        if gate is None:
+            gate = _gates[id(limiter)] = _Gate(DEFAULT_MAX_WAITERS)
+        if gate.count >= gate.limit:
+            return False
+        gate.count += 1
+        return True
+
+
+def _leave_default(limiter: object) -> None:
+    with _gates_lock:
+        gate = _gates[id(limiter)]
+        gate.count -= 1
+        if not gate.count:
+            del _gates[id(limiter)]
+
+
+def waiters(limiter: object) -> int:
+    """Callers of *limiter*'s own ``acquire`` waiting now (0 when none)."""
+    with _gates_lock:
+        gate = _gates.get(id(limiter))
+        return gate.count if gate is not None else 0
+
+
+def _wait_sync(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int,
+               shape: bool, sleep: Sleep) -> bool:
+    wait = limiter._reserve(*key, None, cost, max_wait, shape)
+    if wait < 0:
+        return False
+    if wait:
+        try:
+            sleep(wait / NS_PER_S)
+        except BaseException:  # interrupted: hand the place in line back
+            limiter.refund(*key, cost)
+            raise
+    return True
+
+
+async def _wait_async(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int,
+                      shape: bool, sleep: AsyncSleep) -> bool:
+    wait = limiter._reserve(*key, None, cost, max_wait, shape)
+    if wait < 0:
+        return False
+    if wait:
+        try:
+            await sleep(wait / NS_PER_S)
+        except BaseException:  # cancelled: hand the place in line back
+            limiter.refund(*key, cost)
+            raise
+    return True
+
+
+def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int,
+                 timeout: float | None) -> bool:
+    """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``)."""
+    max_wait = _max_wait_ns(timeout)
+    if not _enter_default(limiter):
+        return False
+    try:
+        return _wait_sync(limiter, key, cost, max_wait, False, time.sleep)
+    finally:
+        _leave_default(limiter)
+
+
+async def acquire_async(limiter: Any, key: tuple[Hashable, ...], cost: object,
+                        timeout: object) -> bool:
+    """The core classes' ``acquire_async``: reserve, then sleep in asyncio."""
+    max_wait = _max_wait_ns(timeout)
+    if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
+        return True
+    if not _enter_default(limiter):
+        return False
+    try:
+        return await _wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)  # type: ignore[arg-type]
+    finally:
+        _leave_default(limiter)
+
+
+class Waiting:
+    """A limiter whose callers wait in a bounded FIFO line: ``acquire`` / ``acquire_async``.
+
+    *limiter* is a ``TokenBucket``, a ``KeyedTokenBucket`` (then the verbs
+    take the key first) or an ``all_of``. At most *max_waiters* callers wait
+    at once; past it ``acquire`` returns False at once. With ``shape=True``
+    callers are released at an even rate with no burst (a leaky bucket).
+    *sleep* / *async_sleep* replace ``time.sleep`` / ``asyncio.sleep`` (tests,
+    simulations). Every other attribute is the wrapped limiter's.
+
+    >>> w = Waiting(TokenBucket(rate=10, capacity=1), shape=True)  # doctest: +SKIP
+    >>> w.acquire(timeout=1.0)                                       # doctest: +SKIP
+    True
+    """
+
+    def __init__(
+        self,
+        limiter: Any,
+        *,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
+        shape: bool = False,
+        sleep: Sleep | None = None,
+        async_sleep: AsyncSleep | None = None,
+    ) -> None:
+        if not hasattr(limiter, "_reserve") or not hasattr(limiter, "refund"):
+            raise TypeError(
+                f"{type(limiter).__name__} cannot reserve tokens: Waiting needs an in-process "
+                "TokenBucket, KeyedTokenBucket or all_of")
+        if not isinstance(shape, bool):
+            raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
+        for name, fn in (("sleep", sleep), ("async_sleep", async_sleep)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
+        self.limiter = limiter
+        self.keyed = is_keyed(limiter)
+        self.shape = shape
+        self._gate = _Gate(check_max_waiters(max_waiters))
+        self._sleep: Sleep = sleep if sleep is not None else time.sleep
+        self._async_sleep: AsyncSleep = async_sleep if async_sleep is not None else asyncio.sleep
+
+    @property
+    def max_waiters(self) -> int:
+        """The most callers that may wait at once."""
+        return self._gate.limit
+
+    @property
+    def waiters(self) -> int:
+        """Callers waiting now."""
+        return self._gate.count
+
+    def _split(self, args: tuple[Any, ...], cost: object) -> tuple[tuple[Hashable, ...], object]:
+        if self.keyed:
+            if not args and getattr(self.limiter, "key_optional", False):
+                return (None,), cost  # an all_of without keyed layers
+            if len(args) != 1:
+                raise TypeError("acquire() of a keyed limiter takes the key first: acquire(key, cost=1)")
+            return (args[0],), cost
+        if len(args) > 1:
+            raise TypeError("acquire() takes at most one positional argument (cost)")
+        return (), (args[0] if args else cost)
+
+    def acquire(self, *args: Any, cost: int = 1, timeout: float | None = None) -> bool:
+        """Block until admitted (True) or refused (False): ``acquire([key,] cost=1, timeout=None)``.
+
+        False at once when the wait would exceed *timeout* seconds or
+        *max_waiters* callers are already waiting; nothing is then reserved.
+        """
+        key, c = self._split(args, cost)
+        max_wait = _max_wait_ns(timeout)
+        limiter = self.limiter
+        if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
+            return True  # tokens at hand: no need to count as a waiter
+        if not self._gate.enter():
+            return False
+        try:
+            return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)  # type: ignore[arg-type]
+        finally:
+            self._gate.leave()
+
+    async def acquire_async(self, *args: Any, cost: int = 1,
+                            timeout: float | None = None) -> bool:
+        """`acquire` for asyncio; a cancelled waiter gives its tokens back."""
+        key, c = self._split(args, cost)
+        max_wait = _max_wait_ns(timeout)
+        limiter = self.limiter
+        if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
+            return True
+        if not self._gate.enter():
+            return False
+        try:
+            return await _wait_async(limiter, key, c, max_wait, self.shape,  # type: ignore[arg-type]
+                                     self._async_sleep)
+        finally:
+            self._gate.leave()
+
+    def __getattr__(self, name: str) -> Any:
+        # allow, check, peek, refund, reconfigure, tokens...: the limiter's own
+        return getattr(self.limiter, name)
+
+    def __repr__(self) -> str:
+        return (f"Waiting({self.limiter!r}, max_waiters={self.max_waiters}, "
+                f"shape={self.shape})")
+
+
+class LeakyBucket(Waiting):
+    """A shaper: ``acquire`` releases callers at *rate* per second, evenly, with no burst.
+
+    Request ``i`` of cost ``c`` starts ``c / rate`` seconds after the one
+    before it (or at once when the line is empty); *capacity* is only the
+    largest cost one request may have. ``allow`` / ``check`` are those of
+    the underlying ``TokenBucket`` (they admit a burst): use ``acquire``.
+
+    >>> shaper = LeakyBucket(rate=50)        # one request every 20 ms
+    >>> shaper.acquire()
+    True
+    """
+
+    def __init__(
+        self,
+        rate: Any,
+        capacity: int = 1,
+        *,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
+        clock: Callable[[], int] | None = None,
+        sleep: Sleep | None = None,
+        async_sleep: AsyncSleep | None = None,
+    ) -> None:
+        from ._bucket import TokenBucket
+
+        super().__init__(TokenBucket(rate, capacity, clock=clock), max_waiters=max_waiters,
+                         shape=True, sleep=sleep, async_sleep=async_sleep)
