@@ -506,19 +506,38 @@ def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
             Case("nanobucket-c allow(key) loop", "ours", c_loop))
 
 
+GOLDEN = 0x9E3779B97F4A7C15  # odd, so i -> i * GOLDEN mod 2**64 is a bijection
+
+
+def u64_keys(n: int) -> list[int]:
+    """*n* distinct uint64 keys spread over the whole range, as ids and hashes are.
+
+    Consecutive ints would land in consecutive slots of a table indexed by
+    the int's own hash: a best case no real key set gives.
+    """
+    return [(i * GOLDEN) & 0xFFFF_FFFF_FFFF_FFFF for i in range(n)]
+
+
 def u64_buffer(n: int, kind: str) -> object:
-    """*n* distinct uint64 keys as ``array('Q')`` or a numpy array."""
+    """`u64_keys` as ``array('Q')`` or a numpy ``uint64`` array; kind "sequential": 0..n-1."""
+    if kind == "sequential":
+        return array("Q", range(n))
+    keys = u64_keys(n)
     if kind == "numpy":
         try:
             import numpy
         except ImportError:
             raise Unavailable("numpy is not installed") from None
-        return numpy.arange(n, dtype=numpy.uint64)
-    return array("Q", range(n))
+        return numpy.array(keys, dtype=numpy.uint64)
+    return array("Q", keys)
 
 
 def many_u64_cases(n: int) -> tuple[Case, ...]:
-    """``allow_many(uint64 buffer of n keys)``: ``array('Q')`` and numpy."""
+    """``allow_many(uint64 buffer of n keys)``: ``array('Q')`` and numpy.
+
+    The keys are spread over the 64-bit range (`u64_keys`); one case also
+    shows the flattering 0..n-1, for comparison with figures quoted that way.
+    """
     rate, capacity = KEYED
 
     def ours(name: str, kind: str) -> Callable[[], Trial]:
@@ -536,11 +555,12 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
 
     def c_loop() -> Trial:
         t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
-        return loop_keys(t.allow, [list(range(n))])
+        return loop_keys(t.allow, [u64_keys(n)])
 
-    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [list(range(n))])),
+    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [u64_keys(n)])),
             Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
             Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
+            Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
             Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
             Case("nanobucket-c allow(int) loop", "ours", c_loop))
 
