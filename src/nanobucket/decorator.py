@@ -1,0 +1,147 @@
+"""``@limit(...)``: rate-limit a function, sync or async, by raising or by waiting.
+
+>>> from nanobucket import TokenBucket
+>>> @limit(TokenBucket(rate=1, capacity=1))
+... def ping() -> str:
+...     return "pong"
+>>> ping()
+'pong'
+>>> try:
+...     ping()
+... except RateLimited as e:
+...     print(f"retry after {e.retry_after:.1f} s")
+retry after 1.0 s
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+from ._params import NS_PER_S, RateLike
+from . import waiting as _waiting
+
+__all__ = ("RateLimited", "limit")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RateLimited(Exception):
+    """Raised by a function decorated with `limit` when the call is not admitted.
+
+    ``retry_after`` (float seconds) and ``retry_after_ns`` (int) say when
+    the same call would be admitted; ``decision`` is the limiter's own.
+    """
+
+    def __init__(self, retry_after_ns: int, decision: Any = None) -> None:
+        self.retry_after_ns = int(retry_after_ns)
+        self.decision = decision
+        super().__init__(f"rate limited: retry after {self.retry_after:.3f} s")
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until the same call would be admitted."""
+        return self.retry_after_ns / NS_PER_S
+
+
+def limit(
+    limiter: Any = None,
+    *,
+    rate: RateLike | None = None,
+    capacity: int | None = None,
+    key: Callable[..., Hashable] | None = None,
+    cost: int | Callable[..., int] = 1,
+    wait: bool = False,
+    timeout: float | None = None,
+) -> Callable[[F], F]:
+    """Decorate a sync or async function so that each call spends *cost* tokens of *limiter*.
+
+    *limiter* is any in-process limiter (``TokenBucket``, ``KeyedTokenBucket``,
+    ``all_of``, ``Waiting``...), or give ``rate=`` and ``capacity=`` to build
+    one (a ``KeyedTokenBucket`` when *key* is given). *key* and *cost*, when
+    callables, get the call's arguments. By default a refused call raises
+    `RateLimited`; with ``wait=True`` it waits (at most *timeout* seconds,
+    in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
+    `RateLimited` only if it still is not admitted.
+
+    >>> @limit(rate=10, capacity=20, key=lambda user, *_: user)  # doctest: +SKIP
+    ... async def handler(user: str, body: bytes) -> None: ...
+    """
+    limiter = _make_limiter(limiter, rate, capacity, key)
+    keyed = _waiting.is_keyed(limiter)
+    optional = getattr(limiter, "key_optional", False)
+    if keyed and key is None and not optional:
+        raise TypeError(f"{type(limiter).__name__} is keyed: pass key=<callable returning the key>")
+    if not keyed and key is not None:
+        raise TypeError(f"{type(limiter).__name__} is not keyed: key= has no bucket to pick")
+    if key is not None and not callable(key):
+        raise TypeError(f"key must be a callable, not {type(key).__name__}")
+    if not isinstance(wait, bool):
+        raise TypeError(f"wait must be a bool, not {type(wait).__name__}")
+    _waiting.check_timeout(timeout)
+    if wait and not hasattr(limiter, "acquire"):
+        raise TypeError(f"{type(limiter).__name__} cannot wait (no acquire())")
+    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):
+        raise TypeError(f"cost must be an int or a callable, not {type(cost).__name__}")
+
+    def prefix(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
+        k = () if not keyed else ((key(*args, **kwargs) if key is not None else None),)
+        c = cost(*args, **kwargs) if callable(cost) else cost
+        return k, c
+
+    def refused(k: tuple[Any, ...], c: Any) -> RateLimited:
+        d = limiter.peek(*k, c)
+        return RateLimited(d.retry_after_ns, d)
+
+    def decorate(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                k, c = prefix(args, kwargs)
+                if wait:
+                    if not await limiter.acquire_async(*k, cost=c, timeout=timeout):
+                        raise refused(k, c)
+                else:
+                    d = limiter.check(*k, c)
+                    if not d.allowed:
+                        raise RateLimited(d.retry_after_ns, d)
+                return await fn(*args, **kwargs)
+
+            async_wrapper.limiter = limiter  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            k, c = prefix(args, kwargs)
+            if wait:
+                if not limiter.acquire(*k, cost=c, timeout=timeout):
+                    raise refused(k, c)
+            else:
+                d = limiter.check(*k, c)
+                if not d.allowed:
+                    raise RateLimited(d.retry_after_ns, d)
+            return fn(*args, **kwargs)
+
+        wrapper.limiter = limiter  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _make_limiter(limiter: Any, rate: RateLike | None, capacity: int | None,
+                  key: Callable[..., Hashable] | None) -> Any:
+    if limiter is not None:
+        if rate is not None or capacity is not None:
+            raise TypeError("limit() takes a limiter or rate=/capacity=, not both")
+        if not hasattr(limiter, "check"):
+            raise TypeError(f"{type(limiter).__name__} is not a limiter (no check())")
+        return limiter
+    if rate is None or capacity is None:
+        raise TypeError("limit() needs a limiter, or both rate= and capacity=")
+    from ._bucket import KeyedTokenBucket, TokenBucket
+
+    if key is not None:
+        return KeyedTokenBucket(rate, capacity)
+    return TokenBucket(rate, capacity)

@@ -1,0 +1,324 @@
+"""Several limits as one: ``all_of(*limiters)`` admits a request only if every layer does.
+
+The seed's two limits at once -- one bucket per client key and a protective
+global one per instance -- or several bandwidths on one resource (100/s
+with bursts of 200 AND 3000 per minute)::
+
+    per_client = KeyedTokenBucket(rate=100, capacity=200)
+    instance = TokenBucket(rate=1000, capacity=1000)
+    limit = all_of(per_client, instance)
+    limit.allow("alice")           # keyed layers get the key, unkeyed ones do not
+
+    api = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=50, capacity=3000))
+
+All or nothing, also under threads, without a lock: layers are charged one
+after the other, and when one rejects, the layers already charged get their
+tokens back (``refund``), so a rejected request charges no layer and a
+bucket shared with callers outside the ``all_of`` can never be pushed past
+its own limit (each charge is that bucket's own atomic ``allow``). While a
+rejected request is being undone, a concurrent caller may briefly see an
+earlier layer a few tokens poorer (it may be refused, never over-admitted).
+
+A layer without ``refund`` (``RedisTokenBucket``, ``SharedKeyedTokenBucket``
+today) is accepted once: it is charged last, so a rejection from it needs
+no undo on it. Two such layers cannot be made all-or-nothing: ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Hashable, Sequence
+from typing import Any
+
+from ._params import NS_PER_S
+from . import waiting as _waiting
+
+__all__ = ("AllOf", "LayeredDecision", "all_of")
+
+_PLAIN, _KEYED, _NESTED = 0, 1, 2  # how a layer takes the key
+
+
+class LayeredDecision:
+    """The `Decision` of an ``all_of``: the binding layer's numbers, and which layer.
+
+    ``retry_after_ns`` is the largest of the layers' (when every layer will
+    admit the request again), ``remaining`` the smallest, ``reset_after_ns``
+    the largest (when every layer is full). ``layer`` is the index (in the
+    order given to ``all_of``) of the binding layer: the rejecting layer with
+    the longest wait, or when admitted the one with the fewest tokens left;
+    ``limit`` is that layer's capacity. ``decisions`` holds every layer's own.
+    """
+
+    __slots__ = ("allowed", "decisions", "layer", "limit", "remaining", "reset_after_ns",
+                 "retry_after_ns")
+
+    def __init__(self, allowed: bool, decisions: Sequence[Any]) -> None:
+        self.allowed = allowed
+        self.decisions = tuple(decisions)
+        if allowed:
+            layer = min(range(len(decisions)), key=lambda i: decisions[i].remaining)
+        else:
+            layer = max(range(len(decisions)),
+                        key=lambda i: (not decisions[i].allowed, decisions[i].retry_after_ns))
+        self.layer = layer
+        self.limit: int = decisions[layer].limit
+        self.remaining: int = min(d.remaining for d in decisions)
+        self.retry_after_ns: int = max(d.retry_after_ns for d in decisions)
+        self.reset_after_ns: int = max(d.reset_after_ns for d in decisions)
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until every layer would admit the same request (0.0 if admitted)."""
+        return self.retry_after_ns / NS_PER_S
+
+    @property
+    def reset_after(self) -> float:
+        """Seconds until every layer is full again."""
+        return self.reset_after_ns / NS_PER_S
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LayeredDecision):
+            return NotImplemented
+        return (self.allowed, self.layer, self.decisions) == (
+            other.allowed, other.layer, other.decisions)
+
+    def __hash__(self) -> int:
+        return hash((self.allowed, self.layer, self.decisions))
+
+    def __repr__(self) -> str:
+        return (f"LayeredDecision(allowed={self.allowed}, remaining={self.remaining}, "
+                f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
+                f"limit={self.limit}, layer={self.layer})")
+
+
+def _style(layer: object) -> int:
+    if isinstance(layer, AllOf):
+        return _NESTED
+    return _KEYED if _waiting.is_keyed(layer) else _PLAIN
+
+
+class AllOf:
+    """One limiter made of several; build it with `all_of`.
+
+    Verbs take an optional key first -- ``allow(key=None, cost=1)``,
+    ``allow_at(key, now, cost=1)``, ``check``, ``peek``, ``refund``,
+    ``acquire``, ``acquire_async`` -- and pass it to the keyed layers only.
+    """
+
+    keyed = True  # the verbs take the key first (it may be None)
+    key_optional = True
+
+    def __init__(self, *layers: Any) -> None:
+        if not layers:
+            raise ValueError("all_of() needs at least one limiter")
+        styles = tuple(_style(layer) for layer in layers)
+        undoable = [hasattr(layer, "refund") for layer in layers]
+        if undoable.count(False) > 1:
+            names = ", ".join(type(lr).__name__ for lr, ok in zip(layers, undoable) if not ok)
+            raise TypeError(
+                f"all_of() takes at most one layer without refund() (it is charged last); "
+                f"got {names}")
+        self.layers: tuple[Any, ...] = tuple(layers)
+        # Charging order: every refundable layer as given, then the one that is not.
+        order = sorted(range(len(layers)), key=lambda i: not undoable[i])
+        self._order = tuple(order)
+        self._needs_key = _KEYED in styles
+        self._steps = tuple((layers[i].allow, styles[i], layers[i].refund if undoable[i] else None)
+                            for i in order)
+        self._styles = styles
+
+    def _key(self, key: Hashable | None) -> None:
+        if key is None and self._needs_key:
+            raise TypeError("this all_of has a keyed layer: pass a key, e.g. allow(key)")
+
+    # -- allow ---------------------------------------------------------------
+
+    def allow(self, key: Hashable | None = None, cost: int = 1) -> bool:
+        """Admit (True) only if every layer admits *cost*; a rejection charges no layer."""
+        if key is None and self._needs_key:
+            self._key(key)
+        done = 0
+        steps = self._steps
+        try:
+            for allow, style, _ in steps:
+                if not (allow(cost) if style == _PLAIN else allow(key, cost)):
+                    break
+                done += 1
+            else:
+                return True
+        except BaseException:
+            self._undo(steps, done, key, cost)
+            raise
+        self._undo(steps, done, key, cost)
+        return False
+
+    def _undo(self, steps: tuple[Any, ...], done: int, key: Hashable | None, cost: int) -> None:
+        for _, style, refund in steps[:done]:
+            if style == _PLAIN:
+                refund(cost)
+            else:
+                refund(key, cost)
+
+    def allow_at(self, key: Hashable | None, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns); *key* may be None without keyed layers."""
+        self._key(key)
+        done: list[int] = []
+        try:
+            for i in self._order:
+                if not self._call(i, "allow_at", key, (now, cost)):
+                    break
+                done.append(i)
+            else:
+                return True
+        finally:
+            if len(done) < len(self._order):
+                for j in done:
+                    self._call(j, "refund_at", key, (now, cost))
+        return False
+
+    def _call(self, i: int, verb: str, key: Hashable | None, args: tuple[Any, ...]) -> Any:
+        fn = getattr(self.layers[i], verb)
+        return fn(*args) if self._styles[i] == _PLAIN else fn(key, *args)
+
+    # -- check / peek --------------------------------------------------------
+
+    def check(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
+        """Like `allow`, but return a `LayeredDecision` naming the binding layer."""
+        self._key(key)
+        return self._check(key, (cost,), "check", "refund", "peek")
+
+    def check_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
+        """`check` at an explicit time *now* (int ns)."""
+        self._key(key)
+        return self._check(key, (now, cost), "check_at", "refund_at", "peek_at")
+
+    def _check(self, key: Hashable | None, args: tuple[Any, ...], check: str, refund: str,
+               peek: str) -> LayeredDecision:
+        decisions: list[Any] = [None] * len(self.layers)
+        done: list[int] = []
+        rejected = -1
+        try:
+            for i in self._order:
+                d = self._call(i, check, key, args)
+                decisions[i] = d
+                if not d.allowed:
+                    rejected = i
+                    break
+                done.append(i)
+        finally:
+            if len(done) < len(self._order):
+                for j in done:
+                    self._call(j, refund, key, args)
+        if rejected < 0:
+            return LayeredDecision(True, decisions)
+        # Every other layer as it stands now that nothing is charged.
+        for i in range(len(self.layers)):
+            if i != rejected:
+                decisions[i] = self._call(i, peek, key, args)
+        return LayeredDecision(False, decisions)
+
+    def peek(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
+        """The `LayeredDecision` `check` would return now, without spending anything."""
+        self._key(key)
+        return self._peek(key, "peek", (cost,))
+
+    def peek_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
+        """`peek` at an explicit time *now* (int ns)."""
+        self._key(key)
+        return self._peek(key, "peek_at", (now, cost))
+
+    def _peek(self, key: Hashable | None, verb: str, args: tuple[Any, ...]) -> LayeredDecision:
+        decisions = [self._call(i, verb, key, args) for i in range(len(self.layers))]
+        return LayeredDecision(all(d.allowed for d in decisions), decisions)
+
+    def tokens(self, key: Hashable | None = None) -> float:
+        """The fewest tokens any layer holds now."""
+        self._key(key)
+        return min(self._call(i, "tokens", key, ()) for i in range(len(self.layers)))
+
+    def tokens_at(self, key: Hashable | None, now: int) -> float:
+        """`tokens` at *now* (int ns)."""
+        self._key(key)
+        return min(self._call(i, "tokens_at", key, (now,)) for i in range(len(self.layers)))
+
+    # -- refund and waiting --------------------------------------------------
+
+    def _require(self, verb: str) -> None:
+        for layer in self.layers:
+            if not hasattr(layer, verb):
+                raise TypeError(f"{type(layer).__name__} has no {verb}(): this all_of cannot "
+                                f"{'refund' if verb == 'refund' else 'wait'}")
+
+    def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
+        """Give *cost* tokens back to every layer (never above any capacity)."""
+        self._key(key)
+        self._require("refund")
+        for i in range(len(self.layers)):
+            self._call(i, "refund", key, (cost,))
+
+    def refund_at(self, key: Hashable | None, now: int, cost: int = 1) -> None:
+        """`refund` at an explicit time *now* (int ns)."""
+        self._key(key)
+        self._require("refund_at")
+        for i in range(len(self.layers)):
+            self._call(i, "refund_at", key, (now, cost))
+
+    def _reserve(self, key: Hashable | None, now: int | None, cost: int, max_wait: int,
+                 shape: bool) -> int:
+        """Reserve on every layer; the longest wait, or -1 with nothing reserved."""
+        self._key(key)
+        self._require("_reserve")
+        done: list[int] = []
+        longest = 0
+        try:
+            for i in range(len(self.layers)):
+                wait = self._call(i, "_reserve", key, (now, cost, max_wait, shape))
+                if wait < 0:
+                    return -1
+                done.append(i)
+                longest = max(longest, wait)
+            return longest
+        finally:
+            if len(done) < len(self.layers):
+                for j in done:
+                    if now is None:
+                        self._call(j, "refund", key, (cost,))
+                    else:
+                        self._call(j, "refund_at", key, (now, cost))
+
+    def acquire(self, key: Hashable | None = None, cost: int = 1,
+                timeout: float | None = None) -> bool:
+        """Block until every layer admits *cost* (True), or refuse (False) -- see `waiting`."""
+        if timeout is not None:
+            _waiting.check_timeout(timeout)
+        if self.allow(key, cost):
+            return True
+        return _waiting.acquire_slow(self, (key,), cost, timeout)
+
+    def acquire_async(self, key: Hashable | None = None, cost: int = 1,
+                      timeout: float | None = None) -> Awaitable[bool]:
+        """`acquire` for asyncio; a cancelled waiter gives its tokens back to every layer."""
+        self._key(key)
+        return _waiting.acquire_async(self, (key,), cost, timeout)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"all_of({', '.join(repr(layer) for layer in self.layers)})"
+
+
+def all_of(*limiters: Any) -> AllOf:
+    """One limiter admitting a request only if every one of *limiters* does.
+
+    >>> from nanobucket import KeyedTokenBucket, TokenBucket
+    >>> limit = all_of(KeyedTokenBucket(rate=100, capacity=200), TokenBucket(rate=1000, capacity=1000))
+    >>> limit.allow_at("alice", 0, cost=5)
+    True
+    >>> d = limit.check_at("alice", 0, cost=200)
+    >>> (d.allowed, d.layer, d.remaining)
+    (False, 0, 195)
+    """
+    return AllOf(*limiters)

@@ -1,0 +1,187 @@
+"""all_of: all or nothing (also under threads), the binding layer, the seed's two limits."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from types import ModuleType
+
+import pytest
+
+from nanobucket import _bucket_c
+from nanobucket.layered import LayeredDecision, all_of
+from nanobucket.reference import ExactBucket
+
+S = 1_000_000_000
+
+
+def test_a_rejected_request_charges_no_layer(impl: ModuleType) -> None:
+    big = impl.TokenBucket(rate=1, capacity=10)
+    small = impl.TokenBucket(rate=1, capacity=3)
+    both = all_of(big, small)
+    assert both.allow_at(None, 0, cost=2)
+    assert not both.allow_at(None, 0, cost=2)  # big admits, small refuses: big is refunded
+    assert (big.tokens_at(0), small.tokens_at(0)) == (8.0, 1.0)
+    assert not all_of(small, big).allow_at(None, 0, cost=2)
+    assert (big.tokens_at(0), small.tokens_at(0)) == (8.0, 1.0)
+    assert both.allow_at(None, 0)
+    assert (big.tokens_at(0), small.tokens_at(0)) == (7.0, 0.0)
+
+
+def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock) -> None:
+    per_key = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    instance = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    limit = all_of(per_key, instance)
+    assert [limit.allow("a"), limit.allow("a"), limit.allow("a")] == [True, True, False]
+    assert [limit.allow("b"), limit.allow("b")] == [True, False]
+    assert (per_key.tokens("a"), per_key.tokens("b"), instance.tokens()) == (0.0, 1.0, 0.0)
+    with pytest.raises(TypeError, match="pass a key"):
+        limit.allow()
+    clock.advance(S)
+    assert limit.allow("b") and not limit.allow("c")
+
+
+def test_unkeyed_layers_need_no_key(impl: ModuleType, clock) -> None:
+    limit = all_of(impl.TokenBucket(rate=1, capacity=1, clock=clock),
+                   impl.TokenBucket(rate=2, capacity=5, clock=clock))
+    assert limit.allow() and not limit.allow()
+    assert limit.check().retry_after_ns == S
+
+
+def test_the_decision_names_the_binding_layer(impl: ModuleType) -> None:
+    a = impl.TokenBucket(rate=10, capacity=10)
+    b = impl.TokenBucket(rate=1, capacity=8)
+    limit = all_of(a, b)
+    d = limit.check_at(None, 0, cost=5)
+    assert isinstance(d, LayeredDecision)
+    assert (d.allowed, d.layer, d.remaining, d.limit, d.retry_after_ns) == (True, 1, 3, 8, 0)
+    assert d.reset_after_ns == 5 * S  # every layer full again
+    # a would admit (and is refunded), b refuses: b binds
+    d = limit.check_at(None, 0, cost=4)
+    assert (d.allowed, d.layer, d.limit, d.retry_after_ns) == (False, 1, 8, S)
+    assert d.retry_after == 1.0 and not d
+    assert [x.allowed for x in d.decisions] == [True, False]
+    assert d.remaining == min(x.remaining for x in d.decisions) == 1
+    # a refuses first (0.1 s) but b's wait (3 s) is the binding one
+    d = limit.check_at(None, 0, cost=6)
+    assert (d.allowed, d.layer, d.retry_after_ns) == (False, 1, 3 * S)
+    assert [x.retry_after_ns for x in d.decisions] == [S // 10, 3 * S]
+    assert (a.tokens_at(0), b.tokens_at(0)) == (5.0, 3.0)
+    assert limit.peek_at(None, 0, cost=0).allowed
+    assert limit.tokens_at(None, 0) == 3.0
+
+
+def test_several_bandwidths_on_one_object_match_the_exact_model(impl: ModuleType) -> None:
+    # 100/s with bursts of 200 AND 3000 per minute (50/s, a minute's worth of burst)
+    limit = all_of(impl.TokenBucket(rate=100, capacity=200), impl.TokenBucket(rate=50, capacity=3000))
+    exact = (ExactBucket(rate=100, capacity=200), ExactBucket(rate=50, capacity=3000))
+    times = [k * S // 1000 for k in range(90_000)]  # 1000 req/s for 90 s
+    ours = [limit.allow_at(None, t) for t in times]
+
+    def model(t: int) -> bool:
+        if all(e.tokens_at(t) >= 1 for e in exact):
+            return all(e.allow_at(t) for e in exact)
+        return False
+
+    assert ours == [model(t) for t in times]
+    # The minute layer binds in the end: its 3000 plus 50/s over 89.999 s.
+    assert sum(ours) == 3000 + 4499
+    assert sum(ours[:10_000]) == 200 + 999  # the first 10 s: 100/s after the 200 burst
+
+
+def test_the_seed_case_one_greedy_client_cannot_starve_the_others(impl: ModuleType) -> None:
+    def run(limit: object, keyed: bool) -> dict[str, int]:
+        admitted = {"greedy": 0, "c1": 0, "c2": 0}
+        for ms in range(10_000):  # 10 s
+            t = ms * S // 1000
+            traffic = ["greedy"] + (["c1", "c2"] if ms % 20 == 0 else [])  # 1000/s and 50/s each
+            for who in traffic:
+                if keyed:
+                    admitted[who] += limit.allow_at(who, t)  # type: ignore[attr-defined]
+                else:
+                    admitted[who] += limit.allow_at(t)  # type: ignore[attr-defined]
+        return admitted
+
+    layered = run(all_of(impl.KeyedTokenBucket(rate=100, capacity=200),
+                         impl.TokenBucket(rate=300, capacity=300)), keyed=True)
+    greedy_alone = ExactBucket(rate=100, capacity=200)
+    assert layered == {"greedy": sum(greedy_alone.allow_at(ms * S // 1000) for ms in range(10_000)),
+                       "c1": 500, "c2": 500}
+    only_global = run(impl.TokenBucket(rate=300, capacity=300), keyed=False)
+    assert only_global["greedy"] > 2000 and only_global["c1"] + only_global["c2"] < 500
+
+
+def test_all_or_nothing_under_threads(impl: ModuleType, clock) -> None:
+    # Time stands still: exactly the small layer's capacity gets in, and the
+    # big layer is charged for those only (every rejection is refunded).
+    big = impl.TokenBucket(rate=1, capacity=1000, clock=clock)
+    small = impl.KeyedTokenBucket(rate=1, capacity=100, clock=clock)
+    limit = all_of(big, small)
+    counts = [0] * 4
+
+    def hammer(i: int) -> None:
+        for _ in range(300):
+            counts[i] += limit.allow("k")
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 100
+    assert (big.tokens(), small.tokens("k")) == (900.0, 0.0)
+
+
+def test_an_error_in_a_later_layer_refunds_the_earlier_ones(impl: ModuleType) -> None:
+    big = impl.TokenBucket(rate=1, capacity=10)
+    limit = all_of(big, impl.TokenBucket(rate=1, capacity=3))
+    with pytest.raises(ValueError, match="exceeds capacity"):
+        limit.allow_at(None, 0, cost=5)
+    with pytest.raises(ValueError, match="exceeds capacity"):
+        limit.check_at(None, 0, cost=5)
+    assert big.tokens_at(0) == 10.0
+
+
+def test_refund_reaches_every_layer(impl: ModuleType) -> None:
+    a = impl.KeyedTokenBucket(rate=1, capacity=4)
+    b = impl.TokenBucket(rate=1, capacity=4)
+    limit = all_of(a, b)
+    assert limit.allow_at("k", 0, cost=3)
+    limit.refund_at("k", 0, cost=2)
+    assert (a.tokens_at("k", 0), b.tokens_at(0)) == (3.0, 3.0)
+
+
+@pytest.mark.c_extension
+def test_a_layer_without_refund_is_charged_last(tmp_path) -> None:
+    from nanobucket.shared import SharedKeyedTokenBucket
+
+    if _bucket_c is None:  # pragma: no cover
+        pytest.skip("needs the extension")
+    shared = SharedKeyedTokenBucket.create(path=tmp_path / f"t-{uuid.uuid4().hex}", rate=1, capacity=2)
+    try:
+        local = _bucket_c.TokenBucket(rate=1, capacity=10)
+        limit = all_of(shared, local)  # shared is given first, but charged last
+        assert [limit.allow_at("k", 0) for _ in range(3)] == [True, True, False]
+        assert local.tokens_at(0) == 8.0  # the third was refunded
+        d = limit.check_at("k", 0)
+        assert (d.allowed, d.layer, d.retry_after_ns) == (False, 0, S)
+        with pytest.raises(TypeError, match="at most one layer without refund"):
+            all_of(shared, shared)
+        with pytest.raises(TypeError, match="no refund"):
+            limit.refund("k")
+    finally:
+        shared.unlink()
+
+
+def test_bad_layers(impl: ModuleType) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        all_of()
+    with pytest.raises(TypeError, match="not a limiter"):
+        all_of(impl.TokenBucket(rate=1, capacity=1), object())
+
+
+def test_nested_all_of(impl: ModuleType) -> None:
+    inner = all_of(impl.TokenBucket(rate=1, capacity=2))
+    outer = all_of(inner, impl.KeyedTokenBucket(rate=1, capacity=5))
+    assert [outer.allow_at("k", 0) for _ in range(3)] == [True, True, False]
+    assert outer.tokens_at("k", 0) == 0.0
