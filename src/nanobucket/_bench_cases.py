@@ -91,13 +91,16 @@ class Trial:
     """One contender, ready: ``run()`` is one timed round of ``calls`` calls (or keys).
 
     ``reset`` runs untimed before every round (a fresh table, fresh keys);
-    ``close`` once at the end (stops a peer's background timer).
+    ``close`` once at the end (stops a peer's background timer). ``warmed``
+    says the set-up already ran the timed work once (filled the table), so
+    a runner need not spend a warm-up round.
     """
 
     run: Callable[[], object]
     calls: int
     reset: Callable[[], object] | None = None
     close: Callable[[], object] | None = None
+    warmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -398,7 +401,9 @@ def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case,
         for part in chunks:  # every key present before timing: steady state
             for k in part:
                 f(k)
-        return loop_keys(f, chunks)
+        trial = loop_keys(f, chunks)
+        trial.warmed = True
+        return trial
 
     def ours(name: str) -> Callable[[], Trial]:
         return lambda: warm(_impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1)).allow)
@@ -494,7 +499,9 @@ def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
         def build() -> Trial:
             t = _impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
             t.allow_many(ks)  # warm: every key present
-            return batch(t.allow_many, ks, n)
+            trial = batch(t.allow_many, ks, n)
+            trial.warmed = True
+            return trial
         return build
 
     def c_loop() -> Trial:
@@ -550,7 +557,9 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
                 raise Unavailable(f"allow_many rejects a {kind} buffer: {exc}") from None
             if len(first) != n:
                 raise AssertionError("allow_many returned the wrong length")
-            return batch(t.allow_many, buf, n)
+            trial = batch(t.allow_many, buf, n)
+            trial.warmed = True
+            return trial
         return build
 
     def c_loop() -> Trial:
@@ -699,7 +708,8 @@ def _pytest_run(benchmark: Any, group: Group, case: Case, rounds: int) -> None:
                                 case=case.name)
     gc.collect()
     try:
-        benchmark.pedantic(trial.run, setup=trial.reset, rounds=rounds, warmup_rounds=1,
+        benchmark.pedantic(trial.run, setup=trial.reset, rounds=rounds,
+                           warmup_rounds=0 if trial.warmed else 1,
                            iterations=1)
     finally:
         if trial.close is not None:
