@@ -91,13 +91,23 @@ def is_keyed(limiter: object) -> bool:
     keyed = getattr(limiter, "keyed", None)
     if isinstance(keyed, bool):
         return keyed
+    allow = getattr(limiter, "allow", None)
+    if allow is None:
+        raise TypeError(f"{type(limiter).__name__} has no allow(): not a limiter")
     try:
-        params = list(inspect.signature(limiter.allow).parameters)  # type: ignore[attr-defined]
-    except AttributeError:
-        raise TypeError(f"{type(limiter).__name__} has no allow(): not a limiter") from None
-    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
-        raise TypeError(f"cannot tell whether {type(limiter).__name__}.allow takes a key") from None
-    return bool(params) and params[0] == "key"
+        params = [p for p in inspect.signature(allow).parameters if p != "self"]
+        return bool(params) and params[0] == "key"
+    except (TypeError, ValueError):
+        pass
+    # A Cython method built with binding=False has no signature object, but
+    # embedsignature puts "Class.allow(self, key, cost=1)" on its docstring.
+    first = (getattr(allow, "__doc__", None) or "").split("\n", 1)[0]
+    if ".allow(" in first:
+        params = [p.strip().split("=")[0] for p in first.split("(", 1)[1].split(",")]
+        params = [p for p in params if p and p != "self"]
+        return bool(params) and params[0] == "key"
+    raise TypeError(f"cannot tell whether {type(limiter).__name__}.allow takes a key: "
+                    "give the limiter a bool attribute `keyed`")
 
 
 class _Gate:

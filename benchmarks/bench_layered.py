@@ -1,0 +1,66 @@
+"""Overhead of ``all_of`` (two layers) and of ``acquire`` (tokens at hand) over one ``allow``.
+
+    python benchmarks/bench_layered.py [--n 200000]
+
+Every call is admitted (the common path). Best of 5 rounds of ``--n``
+calls, in ns/call, for the Cython and the pure-Python classes in the same
+run; the ratio is against one ``allow`` of the same implementation. Goals:
+``all_of`` of two layers < 2.5x, ``acquire`` < 2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from functools import partial
+from types import ModuleType
+
+from nanobucket import _bucket_c, _bucket_py
+from nanobucket.layered import all_of
+
+RATE = 10**9  # every call admitted
+CAPACITY = 10**9
+
+
+def best_ns(call: Callable[[], object], n: int) -> float:
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            call()
+        rounds.append((time.perf_counter_ns() - t0) / n)
+    return min(rounds)
+
+
+def cases(m: ModuleType) -> list[tuple[str, str, Callable[[], object]]]:
+    b = m.TokenBucket(RATE, CAPACITY)
+    two = all_of(m.TokenBucket(RATE, CAPACITY), m.TokenBucket(RATE, CAPACITY))
+    t = m.KeyedTokenBucket(RATE, CAPACITY)
+    layered = all_of(m.KeyedTokenBucket(RATE, CAPACITY), m.TokenBucket(RATE, CAPACITY))
+    return [
+        ("TokenBucket.allow()", "base", b.allow),
+        ("all_of(bucket, bucket).allow()", "TokenBucket.allow()", two.allow),
+        ("TokenBucket.acquire()", "TokenBucket.allow()", b.acquire),
+        ("KeyedTokenBucket.allow(key)", "base", partial(t.allow, "alice")),
+        ("all_of(keyed, bucket).allow(key)", "KeyedTokenBucket.allow(key)",
+         partial(layered.allow, "alice")),
+        ("KeyedTokenBucket.acquire(key)", "KeyedTokenBucket.allow(key)",
+         partial(t.acquire, "alice")),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=200_000)
+    args = parser.parse_args()
+    for name, m in (("cython", _bucket_c), ("python", _bucket_py)):
+        results: dict[str, float] = {}
+        for label, base, call in cases(m):
+            results[label] = ns = best_ns(call, args.n)
+            ratio = "" if base == "base" else f"  {ns / results[base]:.2f}x {base}"
+            print(f"{name:7} {label:34} {ns:8.1f} ns{ratio}")
+
+
+if __name__ == "__main__":
+    main()
