@@ -169,3 +169,10 @@ def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[
     names = [r["name"] for r in report["groups"][0]["results"]]
     assert names[:4] == ["floor", "nanobucket-c", "nanobucket-py", "seed"]
     assert "single check() -> Decision, admitted" in capsys.readouterr().out
+
+
+def test_memory_kinds() -> None:
+    peers = {"token-bucket": "0.4.0", "throttled-py": None}
+    assert bench.memory_kinds(peers, every=False) == ["nanobucket-c", "nanobucket-py", "dict"]
+    assert bench.memory_kinds(peers, every=True) == [
+        "nanobucket-c", "nanobucket-py", "dict", "seed", "token-bucket"]

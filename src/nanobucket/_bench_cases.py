@@ -624,7 +624,8 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
-MEMORY_KINDS = ("nanobucket-c", "nanobucket-py", "dict", "seed", "token-bucket")
+MEMORY_KINDS = ("nanobucket-c", "nanobucket-py", "dict")
+MEMORY_MORE = ("seed", "token-bucket", "throttled-py")  # slow to fill: on request
 
 
 def memory_per_key(kind: str, n: int) -> float:

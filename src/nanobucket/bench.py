@@ -68,6 +68,9 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the group ids and exit")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the resident-bytes-per-key measurement")
+    p.add_argument("--memory-all", action="store_true",
+                   help="also measure bytes per key of the seed and the installed peers "
+                   "(adds ~10-20 s)")
     return p
 
 
@@ -202,8 +205,10 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
     return {"keys": n, "bytes_per_key": per_key, "seconds": seconds, "skipped": skipped}
 
 
-def memory_kinds(peers: dict[str, str | None]) -> list[str]:
-    return [k for k in cases.MEMORY_KINDS if k not in peers or peers[k] is not None]
+def memory_kinds(peers: dict[str, str | None], every: bool) -> list[str]:
+    """What the memory measurement covers: ours and a bare dict, or also the others."""
+    kinds = list(cases.MEMORY_KINDS) + (list(cases.MEMORY_MORE) if every else [])
+    return [k for k in kinds if k not in peers or peers[k] is not None]
 
 
 # --- goals -----------------------------------------------------------------
@@ -300,15 +305,13 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def run(quick: bool = False, only: Sequence[str] | None = None, memory: bool = True,
-        progress_stream: IO[str] | None = None) -> dict[str, Any]:
+        memory_all: bool = False, progress_stream: IO[str] | None = None) -> dict[str, Any]:
     """Run the benchmarks; return the report (the JSON document)."""
     start = time.perf_counter()
     sizes, budget = (cases.QUICK, QUICK_BUDGET) if quick else (cases.FULL, FULL_BUDGET)
     selected = [g for g in cases.groups(sizes) if not only or g.id in only]
     peers = cases.peer_versions()
-    kinds = memory_kinds(peers) if memory and (not only or "memory" in only) else []
-    if quick:
-        kinds = [k for k in kinds if k.startswith("nanobucket-") or k == "dict"]
+    kinds = memory_kinds(peers, memory_all) if memory and (not only or "memory" in only) else []
     progress = Progress(sum(len(g.cases) for g in selected) + len(kinds),
                         progress_stream or sys.stderr)
     groups_out = []
@@ -364,7 +367,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "nanobucket bench") -> i
         except OSError as exc:
             parser.error(f"cannot write {args.json}: {exc.strerror}")
     try:
-        report = run(quick=args.quick, only=args.groups, memory=not args.no_memory)
+        report = run(quick=args.quick, only=args.groups, memory=not args.no_memory,
+                     memory_all=args.memory_all)
         if out is not None:
             json.dump(report, out, indent=1)
             out.write("\n")
