@@ -40,7 +40,7 @@ def extensions():
         )
         for name in MODULES
     ]
-    directives = {"embedsignature": True, "linetrace": TRACE}
+    directives = {"embedsignature": True, "binding": False, "linetrace": TRACE}
     return cythonize(exts, compiler_directives=directives, language_level=3)
 
 

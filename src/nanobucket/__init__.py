@@ -7,15 +7,25 @@ True
 """
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from .decorator import RateLimited, limit
+from .layered import AllOf, LayeredDecision, all_of
 from .shared import SharedKeyedTokenBucket
+from .waiting import LeakyBucket, Waiting
 
 __version__ = "0.1.0"
 
 __all__ = (
     "IMPLEMENTATION",
+    "AllOf",
     "Decision",
     "KeyedTokenBucket",
+    "LayeredDecision",
+    "LeakyBucket",
+    "RateLimited",
     "SharedKeyedTokenBucket",
     "TokenBucket",
+    "Waiting",
     "__version__",
+    "all_of",
+    "limit",
 )

@@ -187,6 +187,7 @@ cdef class TokenBucket(_Limits):
     """
 
     cdef int64_t tat
+    keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
     def __init__(self, rate, capacity, *, clock=None):
         _Limits.__init__(self, rate, capacity, clock)
@@ -382,6 +383,7 @@ cdef class KeyedTokenBucket(_Limits):
     # fresh bucket (time going backwards never creates tokens).
     cdef int64_t floor
     cdef uint64_t version       # bumped whenever `slots` is replaced
+    keyed = True  # the verbs take the key first
 
     def __cinit__(self):
         self.slots = NULL

@@ -184,6 +184,7 @@ class TokenBucket(_Limits):
     """
 
     __slots__ = ("_lock", "_now", "_tat")
+    keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
     def __init__(self, rate: RateLike, capacity: int, *, clock: Clock | None = None) -> None:
         super().__init__(rate, capacity)
@@ -339,6 +340,7 @@ class KeyedTokenBucket(_Limits):
     """
 
     __slots__ = ("_floor", "_lock", "_max_keys", "_now", "_tats")
+    keyed = True  # the verbs take the key first
 
     def __init__(
         self,

@@ -274,6 +274,9 @@ def is_keyed(limiter: object) -> bool:
             f"limiter must have a check() method (a nanobucket limiter), "
             f"not {type(limiter).__name__}"
         )
+    keyed = getattr(limiter, "keyed", None)  # every nanobucket limiter says
+    if isinstance(keyed, bool):
+        return keyed
     try:
         params = list(inspect.signature(check).parameters)
     except (TypeError, ValueError):

@@ -251,6 +251,8 @@ def client_from_url(
 class _RedisLimits:
     """Parameters, key encoding and failure policy shared by the Redis limiters."""
 
+    keyed = True  # the verbs take the key first
+
     def __init__(
         self,
         rate: RateLike,

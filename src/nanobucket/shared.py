@@ -136,6 +136,8 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
     [True, True, False]
     """
 
+    keyed = True  # the verbs take the key first
+
     __slots__ = ()
 
     def __init__(self, *args: object, **kwargs: object) -> None:
