@@ -5,7 +5,8 @@
 
 Each case runs twice under ``valgrind --tool=callgrind``, once with N calls
 and once with 2N; the same program otherwise (imports, table set-up, 100k
-keys filled), so start-up cancels and ``(I(2N) - I(N)) / N`` is the
+keys filled), so start-up cancels (with ``PYTHONHASHSEED=0``: the same start-up both
+times) and ``(I(2N) - I(N)) / N`` is the
 instruction count of one call *including* the loop around it. The floor (a
 no-op Cython method called the same way) is reported beside it, and so is
 the difference: what the limiter itself costs.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -73,6 +75,9 @@ def instructions(code: str, calls: int) -> int:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
              sys.executable, "-c", code, str(calls)],
+            # A fixed hash seed makes start-up (imports, dict probing) the same
+            # instructions in both runs; a random one moves it by millions.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
             capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"callgrind failed: {proc.stderr.strip().splitlines()[-1:]}")
