@@ -1,0 +1,204 @@
+"""Free-threading stress: eight threads use every verb of one bucket and one table.
+
+The clock is frozen, so no token is ever created by time: every token a
+bucket lost was spent by some thread and not given back. Each thread
+counts what it was granted and what it refunded (only tokens it holds), and
+at the end the buckets' own counts must agree exactly. A lost update (two
+threads spending from the same word, one write lost) or a double spend
+breaks the equality; on the free-threaded build (3.14t, run by the wheels
+workflow with PYTHON_GIL=0) this is where a race would show.
+
+On a GIL build it runs too, with the switch interval at 1 us so that
+threads are interleaved inside the verbs as often as the interpreter can.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+
+from conftest import ManualClock
+
+THREADS = 8
+OPS = 2_000  # per thread, per limiter
+FROZEN = 10**12  # ns: the only instant the clock shows
+BUCKET_CAPACITY = 4_000
+TABLE_CAPACITY = 1_500
+HOT = ["hot0", "hot1", "hot2", "hot3"]
+MAX_KEYS = 64
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def _run_threads(target: Callable[[int], None]) -> None:
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # GIL builds: switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    if errors:
+        raise errors[0]
+
+
+class Ledger:
+    """One thread's account: tokens granted, tokens refunded, costs still held."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+        self.refunded = 0
+        self.rejected = 0
+        self.held: list[int] = []
+
+    def grant(self, allowed: bool, cost: int) -> None:
+        if allowed:
+            self.spent += cost
+            self.held.append(cost)
+        else:
+            self.rejected += 1
+
+
+def test_every_verb_of_one_bucket_conserves_tokens(impl: ModuleType, clock: ManualClock) -> None:
+    clock.now = FROZEN
+    b = impl.TokenBucket(rate=1, capacity=BUCKET_CAPACITY, clock=clock)
+    ledgers = [Ledger() for _ in range(THREADS)]
+
+    def work(i: int) -> None:
+        me = ledgers[i]
+        for n in range(OPS):
+            cost = 1 + (n + i) % 3
+            op = (n * 7 + i) % 9
+            if op == 0:
+                me.grant(b.allow(cost), cost)
+            elif op == 1:
+                me.grant(b.allow_at(FROZEN, cost), cost)
+            elif op == 2:
+                d = b.check(cost)
+                assert d.limit == BUCKET_CAPACITY and 0 <= d.remaining <= BUCKET_CAPACITY
+                assert d.retry_after_ns == 0 if d.allowed else d.retry_after_ns > 0
+                me.grant(d.allowed, cost)
+            elif op == 3:
+                d = b.peek(cost)
+                assert 0 <= d.remaining <= BUCKET_CAPACITY
+            elif op == 4:
+                assert 0.0 <= b.tokens() <= BUCKET_CAPACITY
+            elif op == 5:
+                me.grant(b.acquire(cost, timeout=0), cost)
+            elif op == 6 and me.held:
+                # Give back tokens this thread holds: the bucket never goes
+                # past full, so the refund is exact.
+                back = me.held.pop()
+                b.refund(back)
+                me.refunded += back
+            elif op == 7:
+                assert b.tokens_at(FROZEN) <= BUCKET_CAPACITY
+            else:
+                me.grant(b.check_at(FROZEN, cost).allowed, cost)
+
+    _run_threads(work)
+    net = sum(me.spent for me in ledgers) - sum(me.refunded for me in ledgers)
+    assert 0 < net <= BUCKET_CAPACITY  # never more than capacity at one instant
+    assert b.tokens() == BUCKET_CAPACITY - net  # exactly what the threads kept
+    assert sum(me.rejected for me in ledgers) > 0  # the bucket did run dry
+    assert b.allow(BUCKET_CAPACITY - net + 1) is False
+    assert b.allow(BUCKET_CAPACITY - net) is True  # and exactly the rest is there
+
+
+def test_every_verb_of_one_table_conserves_tokens_while_keys_churn(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    clock.now = FROZEN
+    t = impl.KeyedTokenBucket(rate=1, capacity=TABLE_CAPACITY, max_keys=MAX_KEYS, clock=clock)
+    ledgers = [{key: Ledger() for key in HOT} for _ in range(THREADS)]
+    churned = [0] * THREADS
+
+    def work(i: int) -> None:
+        mine = ledgers[i]
+        for n in range(OPS):
+            key = HOT[(n + i) % len(HOT)]
+            me = mine[key]
+            cost = 1 + (n * 5 + i) % 3
+            op = (n * 7 + i) % 11
+            if op == 0:
+                me.grant(t.allow(key, cost), cost)
+            elif op == 1:
+                me.grant(t.allow_at(key, FROZEN, cost), cost)
+            elif op == 2:
+                d = t.check(key, cost)
+                assert d.limit == TABLE_CAPACITY and 0 <= d.remaining <= TABLE_CAPACITY
+                me.grant(d.allowed, cost)
+            elif op == 3:
+                assert 0 <= t.peek(key, cost).remaining <= TABLE_CAPACITY
+            elif op == 4:
+                assert 0.0 <= t.tokens(key) <= TABLE_CAPACITY
+            elif op == 5:
+                me.grant(t.acquire(key, cost, timeout=0), cost)
+            elif op == 6 and me.held:
+                back = me.held.pop()
+                t.refund(key, back)
+                me.refunded += back
+            elif op == 7:
+                # One call for every hot key, in order, at the frozen instant.
+                for k, ok in zip(HOT, t.allow_many(HOT, cost)):
+                    mine[k].grant(bool(ok), cost)
+            elif op == 8:
+                # Churn: new keys at an earlier explicit time fill the table
+                # and force sweeps. Their buckets owe less than any hot key's
+                # (which live at FROZEN), so a sweep forgives them, never a
+                # hot key, and the hot ledgers stay exact.
+                batch = [f"c{i}-{n}-{j}" for j in range(4)]
+                assert t.allow_at(batch[0], 0) is True
+                assert t.allow_many_at(batch[1:], 0) == bytearray(b"\x01\x01\x01")
+                churned[i] += 4
+            elif op == 9:
+                assert len(t) <= MAX_KEYS
+            else:
+                me.grant(t.check_at(key, FROZEN, cost).allowed, cost)
+
+    _run_threads(work)
+    for key in HOT:
+        spent = sum(mine[key].spent for mine in ledgers)
+        refunded = sum(mine[key].refunded for mine in ledgers)
+        net = spent - refunded
+        assert 0 < net <= TABLE_CAPACITY, key
+        assert t.tokens(key) == TABLE_CAPACITY - net, key
+        assert sum(mine[key].rejected for mine in ledgers) > 0, key
+    assert sum(churned) > 10 * MAX_KEYS  # so the table was swept many times
+    assert len(t) <= MAX_KEYS
+
+
+def test_free_threaded_build_keeps_the_gil_off() -> None:
+    """Importing every extension must not turn the GIL back on (3.14t only)."""
+    if not FREE_THREADED:
+        pytest.skip("a GIL build: nothing to turn off")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_GIL"}
+    code = (
+        "import sys, warnings; warnings.simplefilter('error');"
+        "import nanobucket, nanobucket._bucket_c, nanobucket._floor;"
+        "import importlib.util as u;"
+        "u.find_spec('nanobucket._shared_c') and __import__('nanobucket._shared_c');"
+        "print(sys._is_gil_enabled())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False", out.stderr
