@@ -202,3 +202,25 @@ def test_free_threaded_build_keeps_the_gil_off() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+class _ClearsTheBatch:
+    """A key whose hash empties the list being decided (as another thread could)."""
+
+    def __init__(self, batch: list[object]) -> None:
+        self.batch = batch
+
+    def __hash__(self) -> int:
+        self.batch.clear()  # drops the last reference to every other key
+        return 1
+
+
+def test_allow_many_decides_a_snapshot_of_a_list_that_changes(impl: ModuleType) -> None:
+    # The Cython table once read the list's item pointers after a key's
+    # __hash__ had freed them (a segfault); both now decide the list as it was.
+    t = impl.KeyedTokenBucket(rate=1, capacity=1)
+    batch: list[object] = [_ClearsTheBatch([])]
+    batch[0].batch = batch  # type: ignore[attr-defined]
+    batch.extend(object() for _ in range(2_000))
+    assert t.allow_many_at(batch, FROZEN) == bytearray(b"\x01" * 2_001)
+    assert batch == []

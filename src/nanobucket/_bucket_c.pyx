@@ -108,9 +108,12 @@ cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
 
 
 cdef class _Limits:
-    """Rate, capacity and the integers derived from them (immutable)."""
+    """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
-    cdef readonly object rate
+    # Not `readonly`: reconfigure replaces it, and on a free-threaded build a
+    # bare read of the object pointer could race with that and use a freed
+    # object. The property reads it under the same critical section.
+    cdef object _rate
     cdef readonly int64_t capacity
     cdef readonly int64_t interval_ns
     cdef int64_t tau
@@ -120,11 +123,17 @@ cdef class _Limits:
         if self.interval_ns:
             raise RuntimeError(f"{type(self).__name__} is already initialised")
         exact, self.capacity, self.interval_ns, self.tau = bucket_params(rate, capacity)
-        self.rate = rate if isinstance(rate, (int, Fraction)) else exact
+        self._rate = rate if isinstance(rate, (int, Fraction)) else exact
         if clock is not None and not callable(clock):
             raise TypeError(
                 f"clock must be a callable returning int ns, not {type(clock).__name__}")
         self.clock = clock
+
+    @property
+    def rate(self):
+        """Tokens per second: the int or Fraction given, else the float's exact value."""
+        with cython.critical_section(self):
+            return self._rate
 
     cdef inline int64_t _cost(self, object cost) except -1:
         cdef int overflow = 0
@@ -161,7 +170,7 @@ cdef class _Limits:
 
     cdef tuple _new_params(self, object rate, object capacity):
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
-        rate = self.rate if rate is None else rate
+        rate = self._rate if rate is None else rate
         capacity = self.capacity if capacity is None else capacity
         exact, cap, interval, tau = bucket_params(rate, capacity)
         return (rate if isinstance(rate, (int, Fraction)) else exact), cap, interval, tau
@@ -279,16 +288,16 @@ cdef class TokenBucket(_Limits):
         with respect to every other verb; see ``KeyedTokenBucket.reconfigure``
         for free-threaded builds.
         """
-        new_rate, cap, interval, tau = self._new_params(rate, capacity)
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
         with cython.critical_section(self):
+            new_rate, cap, interval, tau = self._new_params(rate, capacity)
             old = nb_load(&self.tat)
             while True:
                 new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
                 if nb_cas(&self.tat, &old, new):
                     break
-            self.rate = new_rate
+            self._rate = new_rate
             self.capacity = cap
             self.interval_ns = interval
             self.tau = tau
@@ -530,10 +539,12 @@ cdef class KeyedTokenBucket(_Limits):
         return self._allow_hashed(key, PyObject_Hash(key), now, cost)
 
     cdef bint _allow_hashed(self, object key, Py_hash_t h, int64_t now, int64_t cost) except -1:
-        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t cost_t
         cdef int64_t tat, base
         cdef Slot *s
         with cython.critical_section(self):
+            # interval_ns and tau inside: reconfigure changes them under this section.
+            cost_t = cost * self.interval_ns
             s = self._find(key, h, now, False)
             if s == NULL:
                 # A missing key is a full bucket (from `floor`); only a key
@@ -565,6 +576,11 @@ cdef class KeyedTokenBucket(_Limits):
         if isinstance(keys, (str, bytes)):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes")
         cdef object seq = PySequence_Fast(keys, "keys must be an iterable of keys")
+        if type(seq) is not tuple:
+            # A list is returned as itself: a key's __hash__ or __eq__ (or,
+            # free-threaded, another thread) could change it while its item
+            # pointers are in use. Decide a snapshot, as the Python twin does.
+            seq = tuple(seq)
         cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i
         cdef object out = PyByteArray_FromStringAndSize(NULL, n)
         cdef char *res = PyByteArray_AS_STRING(out)
@@ -605,11 +621,12 @@ cdef class KeyedTokenBucket(_Limits):
 
     cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
         cdef Py_hash_t h = PyObject_Hash(key)
-        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t cost_t
         cdef int64_t tat, base
         cdef bint allowed
         cdef Slot *s
         with cython.critical_section(self):
+            cost_t = cost * self.interval_ns  # inside: see _allow_hashed
             s = self._find(key, h, now, False)
             if consume and s != NULL:
                 allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
@@ -623,7 +640,7 @@ cdef class KeyedTokenBucket(_Limits):
                         allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
                     else:
                         tat = base + cost_t
-        return self._decision(allowed, tat, now, cost_t, base)
+            return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self, key):
         """Tokens in *key*'s bucket now."""
@@ -640,7 +657,7 @@ cdef class KeyedTokenBucket(_Limits):
         with cython.critical_section(self):
             s = self._find(key, h, now, False)
             tat = nb_load(&s.tat) if s != NULL else self.floor
-        return self._tokens(tat, now)
+            return self._tokens(tat, now)
 
     def __len__(self):
         """Keys whose buckets are not full (still owing tokens) now."""
@@ -704,11 +721,11 @@ cdef class KeyedTokenBucket(_Limits):
         ``allow`` already past its parameter reads may decide one request
         with the old rate.
         """
-        new_rate, cap, interval, tau = self._new_params(rate, capacity)
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
         cdef Py_ssize_t i
         with cython.critical_section(self):
+            new_rate, cap, interval, tau = self._new_params(rate, capacity)
             for i in range(self.mask + 1):
                 if self.slots[i].key == NULL:
                     continue
@@ -718,7 +735,7 @@ cdef class KeyedTokenBucket(_Limits):
                     if nb_cas(&self.slots[i].tat, &old, new):
                         break
             self.floor = carry_over(self.floor, t, self.interval_ns, self.tau, interval, tau)
-            self.rate = new_rate
+            self._rate = new_rate
             self.capacity = cap
             self.interval_ns = interval
             self.tau = tau
