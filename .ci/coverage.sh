@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Coverage of the .py and the .pyx files together, failing under 90% total.
+#
+# The extensions are rebuilt with Cython line tracing (NANOBUCKET_CYTHON_TRACE=1)
+# in a scratch COPY of the repository with its own virtual environment: the
+# .so files of the working tree, which other runs may be using, are never
+# touched. coverage.py reads the .pyx through the Cython.Coverage plugin;
+# the settings are [tool.coverage.*] in pyproject.toml.
+#
+#   bash .ci/coverage.sh              # uses python3 (PYTHON=... to choose)
+#   KEEP=1 bash .ci/coverage.sh       # keep the scratch copy (htmlcov/ etc.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/nanobucket-coverage.XXXXXX")
+if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$work"' EXIT; fi
+
+# The files git tracks, as they are in the working tree (no .so, no .c).
+mkdir "$work/repo"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git ls-files -z | xargs -0 cp --parents -t "$work/repo"
+else
+  cp -R . "$work/repo"
+fi
+cd "$work/repo"
+
+echo "--- building the extensions with Cython line tracing (in $work/repo)"
+"$python" -m venv "$work/venv"
+py="$work/venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+# Cython in the venv itself: coverage's Cython.Coverage plugin imports it.
+"$py" -m pip install -q "Cython>=3.1" "setuptools>=77" "coverage>=7.6"
+NANOBUCKET_CYTHON_TRACE=1 "$py" -m pip install -q --no-build-isolation -e ".[test,plot]"
+# In place, so each .c (which the plugin maps back to its .pyx) sits beside its .so.
+NANOBUCKET_CYTHON_TRACE=1 "$py" setup.py -q build_ext --inplace
+"$py" - <<'EOF'
+import nanobucket._bucket as sel
+assert sel.IMPLEMENTATION == "cython", "the traced extension did not load"
+print("implementation:", sel.TokenBucket.__module__, "from", __import__("nanobucket").__file__)
+EOF
+
+echo "--- the test suite under coverage (both implementations)"
+"$py" -m coverage erase
+"$py" -m coverage run -m pytest -q -p no:cacheprovider
+"$py" -m coverage combine -q 2>/dev/null || true
+
+echo "--- coverage of .py and .pyx together (fails under 90%)"
+"$py" -m coverage report
