@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from fractions import Fraction
 
 from hypothesis import given, settings
@@ -179,3 +180,6 @@ def test_allow_many_equals_allow_for_each_key_in_turn(batches: list[list[int]], 
             keys = [f"key-{k}" for k in batch]
             assert list(batched.allow_many_at(keys, now, cost)) == [
                 int(single.allow_at(key, now, cost)) for key in keys]
+            ints = array("Q", batch)
+            assert list(batched.allow_many_at(ints, now, cost)) == [
+                int(single.allow_at(k, now, cost)) for k in batch]

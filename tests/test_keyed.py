@@ -164,3 +164,49 @@ def test_an_eq_that_mutates_the_table_is_survived(impl: ModuleType) -> None:
     assert t.allow_at(e1, 0)
     assert t.allow_at(e2, S)
     assert t.tokens_at(e2, S) == 0.0
+
+
+def test_allow_many_takes_a_buffer_of_uint64(impl: ModuleType) -> None:
+    from array import array
+
+    t = impl.KeyedTokenBucket(rate=1, capacity=2)
+    assert t.allow_at(1.0, 0)  # 1.0 == 1: the same bucket as the int 1
+    keys = array("Q", [1, 1, 2**64 - 1, 2**64 - 1, 2**64 - 1, 5])
+    assert list(t.allow_many_at(keys, 0)) == [1, 0, 1, 1, 0, 1]
+    assert [t.tokens_at(k, 0) for k in (1, 2**64 - 1, 5)] == [0.0, 0.0, 1.0]
+    assert list(t.allow_many_at(array("q", [5, 5]), 0)) == [1, 0]  # signed: a sequence of ints
+
+
+def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleType) -> None:
+    # The batch charges with the GIL released while other threads insert
+    # keys, force sweeps of the table and spend on the same keys: at a frozen
+    # time every key still gives exactly its capacity.
+    import threading
+    from array import array
+
+    t = impl.KeyedTokenBucket(rate=1, capacity=500, max_keys=4096)
+    spent = [0] * 64
+    lock = threading.Lock()
+    batch = array("Q", [k % 64 for k in range(20_000)])
+
+    def batches() -> None:
+        for _ in range(3):
+            result = t.allow_many_at(batch, 10**9)
+            with lock:
+                for k, ok in zip(batch, result):
+                    spent[k] += ok
+
+    def singles(offset: int) -> None:
+        for n in range(20_000):
+            if t.allow_at(n % 64, 10**9):
+                with lock:
+                    spent[n % 64] += 1
+            t.allow_at(("churn", offset, n), 10**9)  # new keys: sweeps and growth
+
+    threads = [threading.Thread(target=batches), threading.Thread(target=singles, args=(1,)),
+               threading.Thread(target=singles, args=(2,))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert spent == [500] * 64

@@ -26,6 +26,10 @@ static __inline int nb_cas(int64_t *p, int64_t *expected, int64_t desired) {
     return 0;
 }
 
+static __inline void nb_prefetch(const void *p) {
+    _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+
 static __inline int64_t nb_monotonic_ns(void) {
     static LARGE_INTEGER freq; /* constant after boot: a racy first write stores the same value */
     LARGE_INTEGER count;
@@ -46,6 +50,10 @@ static inline int64_t nb_load(int64_t *p) {
 static inline int nb_cas(int64_t *p, int64_t *expected, int64_t desired) {
     return __atomic_compare_exchange_n(p, expected, desired, 0,
                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static inline void nb_prefetch(const void *p) {
+    __builtin_prefetch(p);
 }
 
 static inline int64_t nb_monotonic_ns(void) {

@@ -9,7 +9,13 @@ free-threaded builds, while each slot's word is still changed by CAS.
 """
 
 cimport cython
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.buffer cimport PyObject_CheckBuffer
+from cpython.exc cimport PyErr_Clear, PyErr_Occurred
+from cpython.long cimport (
+    PyLong_AsLongLongAndOverflow,
+    PyLong_AsUnsignedLongLong,
+    PyLong_FromUnsignedLongLong,
+)
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
 from cpython.ref cimport Py_DECREF, Py_INCREF
@@ -24,6 +30,10 @@ cdef extern from "_atomic.h":
     int64_t nb_load(int64_t *p) noexcept nogil
     bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
     int64_t nb_monotonic_ns() noexcept nogil
+    void nb_prefetch(const void *p) noexcept nogil
+
+cdef extern from "<sched.h>":
+    int sched_yield() nogil
 
 cdef extern from "Python.h":
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
@@ -34,6 +44,8 @@ cdef extern from "Python.h":
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
+cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
+cdef uint64_t HASH_MODULUS = (1 << 61) - 1  # CPython: hash(n) == n % (2**61 - 1), n >= 0
 
 
 @cython.freelist(64)
@@ -329,6 +341,10 @@ ctypedef struct Slot:
     PyObject *key       # a strong reference; NULL marks an empty slot
 
 
+cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
+REJECTING.tat = 0x7FFFFFFFFFFFFFFF
+
+
 cdef inline Py_ssize_t slots_for(Py_ssize_t keys) noexcept nogil:
     """The smallest power-of-two slot count that holds *keys* at 2/3 load."""
     cdef Py_ssize_t n = 8
@@ -392,6 +408,9 @@ cdef class KeyedTokenBucket(_Limits):
     # fresh bucket (time going backwards never creates tokens).
     cdef int64_t floor
     cdef uint64_t version       # bumped whenever `slots` is replaced
+    # Batches deciding without the GIL hold slot pointers: while pinned, the
+    # slot array must not be replaced (see `_make_room`).
+    cdef int pins
     keyed = True  # the verbs take the key first
 
     def __cinit__(self):
@@ -458,11 +477,17 @@ cdef class KeyedTokenBucket(_Limits):
 
     cdef int _make_room(self, int64_t now) except -1:
         """Sweep full buckets out; grow, or forgive the least indebted, as needed."""
+        while self.pins:
+            # A batch is deciding without the GIL on pointers into `slots`:
+            # let it finish (it never waits on us) before replacing them.
+            with nogil:
+                sched_yield()
         cdef Py_ssize_t n = self.mask + 1, i, j, live = 0, forgive = 0, size, new_n
         cdef Slot *old = self.slots
         cdef Slot *new
         cdef int64_t cut = -1, floor = self.floor
-        cdef Py_ssize_t ties = 0
+        cdef Py_ssize_t ties = 0, equal = 0
+        cdef int64_t hcut = INT64_MIN
         cdef int64_t *tats
         for i in range(n):
             if old[i].key != NULL and old[i].tat > now:
@@ -481,11 +506,26 @@ cdef class KeyedTokenBucket(_Limits):
                     tats[j] = old[i].tat
                     j += 1
             cut = kth_smallest(tats, live, forgive - 1)
-            # Forgive every tat below the cut, then as many equal to it as needed.
+            # Forgive every tat below the cut, then as many equal to it as
+            # needed, smallest hash first (the pure-Python twin's order).
             ties = forgive
             for i in range(live):
                 if tats[i] < cut:
                     ties -= 1
+                elif tats[i] == cut:
+                    equal += 1
+            if 0 < ties < equal:
+                j = 0
+                for i in range(n):
+                    if old[i].key != NULL and old[i].tat == cut:
+                        tats[j] = old[i].hash
+                        j += 1
+                hcut = kth_smallest(tats, equal, ties - 1)
+                for i in range(equal):
+                    if tats[i] < hcut:
+                        ties -= 1
+            elif ties == equal:
+                hcut = INT64_MAX
             PyMem_RawFree(tats)
         else:
             forgive = 0
@@ -506,8 +546,9 @@ cdef class KeyedTokenBucket(_Limits):
                 if old[i].tat > floor:
                     floor = old[i].tat
                 continue
-            if forgive > 0 and (old[i].tat < cut or (old[i].tat == cut and ties > 0)):
-                if old[i].tat == cut:
+            if forgive > 0 and (old[i].tat < cut or (
+                    old[i].tat == cut and (old[i].hash < hcut or (old[i].hash == hcut and ties > 0)))):
+                if old[i].tat == cut and old[i].hash == hcut:
                     ties -= 1
                 continue
             j = <Py_ssize_t>(<uint64_t>old[i].hash & <uint64_t>(new_n - 1))
@@ -562,7 +603,15 @@ cdef class KeyedTokenBucket(_Limits):
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
 
         The same as ``allow_at(key, now, cost)`` for each key in turn, with one
-        clock reading for the whole batch.
+        clock reading for the whole batch. *keys* is any iterable of keys; a
+        buffer of unsigned 64-bit ints (``array('Q')``, numpy ``uint64``)
+        means those ints, and the Cython table decides it without building
+        an int object per key and with the GIL released while it charges.
+
+        >>> from array import array
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> list(t.allow_many_at(array("Q", [7, 7, 7, 8]), 0))
+        [1, 1, 0, 1]
         """
         cdef int64_t c = self._cost(cost)
         return self._allow_many(keys, self._now(), c)
@@ -573,8 +622,16 @@ cdef class KeyedTokenBucket(_Limits):
         return self._allow_many(keys, t, self._cost(cost))
 
     cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
-        if isinstance(keys, (str, bytes)):
+        cdef const uint64_t[::1] ints
+        if isinstance(keys, (str, bytes, bytearray)):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        if cost and PyObject_CheckBuffer(keys):
+            try:
+                ints = keys
+            except (ValueError, TypeError, BufferError):
+                pass  # not a buffer of uint64: decided as a sequence below
+            else:
+                return self._allow_many_uint64(ints, now, cost)
         cdef object seq = PySequence_Fast(keys, "keys must be an iterable of keys")
         if type(seq) is not tuple:
             # A list is returned as itself: a key's __hash__ or __eq__ (or,
@@ -598,6 +655,88 @@ cdef class KeyedTokenBucket(_Limits):
         finally:
             PyMem_RawFree(hashes)
         return out
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef object _allow_many_uint64(self, const uint64_t[::1] keys, int64_t now, int64_t cost):
+        """`_allow_many` for a buffer of uint64 keys: the same buckets as the ints.
+
+        Chunk by chunk: with the GIL, find each key's slot (prefetched, no
+        Python object made unless the key is new); then, pinned, charge the
+        slots in order with the GIL released.
+        """
+        cdef Py_ssize_t n = keys.shape[0], start, end, i
+        cdef object out = PyByteArray_FromStringAndSize(NULL, n)
+        cdef char *res = PyByteArray_AS_STRING(out)
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t slack = self.tau - cost_t
+        cdef int64_t tat, base
+        cdef uint64_t version
+        cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
+        cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(BATCH * sizeof(Py_hash_t))
+        try:
+            if found == NULL or hashes == NULL:
+                raise MemoryError()
+            start = 0
+            while start < n:
+                end = min(start + BATCH, n)
+                with cython.critical_section(self):
+                    for i in range(start, end):
+                        hashes[i - start] = <Py_hash_t>(keys[i] % HASH_MODULUS)
+                        nb_prefetch(&self.slots[<uint64_t>hashes[i - start] & <uint64_t>self.mask])
+                    version = self.version
+                    i = start
+                    while i < end:
+                        if self.used >= self.room and i > start:
+                            # Inserting may sweep the table, and the keys found
+                            # so far are not charged yet: charge them first.
+                            end = i
+                            break
+                        found[i - start] = self._find_uint64(keys[i], hashes[i - start], now, slack)
+                        if self.version != version:
+                            version = self.version
+                            if i > start:  # a key's __eq__ changed the table: look again
+                                i = start
+                                continue
+                        i += 1
+                    self.pins += 1
+                with nogil:
+                    for i in range(start, end):
+                        res[i] = take(&found[i - start].tat, now, cost_t, slack, &tat, &base)
+                with cython.critical_section(self):
+                    self.pins -= 1
+                start = end
+        finally:
+            PyMem_RawFree(found)
+            PyMem_RawFree(hashes)
+        return out
+
+    cdef Slot *_find_uint64(self, uint64_t value, Py_hash_t h, int64_t now,
+                            int64_t slack) except NULL:
+        """The slot of the int *value*, comparing without objects.
+
+        A missing key is inserted if it will be charged (as `_allow_hashed`
+        does); if not, the result is a slot that rejects every request.
+        """
+        cdef Py_ssize_t i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
+        cdef Slot *s
+        cdef unsigned long long stored
+        while True:
+            s = &self.slots[i]
+            if s.key == NULL:
+                break
+            if s.hash == h:
+                if type(<object>s.key) is not int:
+                    break  # an equal key of another type (1.0 == 1): the general path
+                stored = PyLong_AsUnsignedLongLong(<object>s.key)
+                if stored == <unsigned long long>-1 and PyErr_Occurred():
+                    PyErr_Clear()  # out of uint64 range: not this key
+                elif stored == value:
+                    return s
+            i = (i + 1) & self.mask
+        if s.key == NULL and (self.floor if self.floor > now else now) - now > slack:
+            return &REJECTING
+        return self._find(PyLong_FromUnsignedLongLong(value), h, now, True)
 
     def check(self, key, cost=1):
         """Like `allow`, but return the whole `Decision`."""
@@ -757,6 +896,7 @@ cdef class KeyedTokenBucket(_Limits):
 # -- refund, reserve (waiting) and reconfigure: off the hot path ---------------
 
 cdef int64_t INT64_MAX = 0x7FFFFFFFFFFFFFFF
+cdef int64_t INT64_MIN = -INT64_MAX - 1
 cdef object _waiting = None
 
 

@@ -33,6 +33,14 @@ Clock = Callable[[], int]
 DEFAULT_MAX_KEYS = 1_000_000
 
 
+def _slots_for(keys: int) -> int:
+    """The Cython table's slot count for *keys* (a power of two, 2/3 load)."""
+    n = 8
+    while n * 2 // 3 < keys:
+        n *= 2
+    return n
+
+
 class Decision:
     """The outcome of ``check`` or ``peek``, with exact integer times.
 
@@ -275,8 +283,8 @@ class TokenBucket(_Limits):
         Nothing is reserved when the wait would exceed *max_wait* ns.
         """
         cost = self._cost(cost)
-        if now is None:
-            now = self._now()
+        # Checked like every explicit time (the Cython twin does the same).
+        now = self._now() if now is None else check_now(now)
         with self._lock:
             cost_t = cost * self._interval
             tat = self._tat
@@ -339,7 +347,7 @@ class KeyedTokenBucket(_Limits):
     True
     """
 
-    __slots__ = ("_floor", "_lock", "_max_keys", "_now", "_tats")
+    __slots__ = ("_floor", "_lock", "_max_keys", "_max_slots", "_now", "_room", "_slots", "_tats")
     keyed = True  # the verbs take the key first
 
     def __init__(
@@ -354,6 +362,12 @@ class KeyedTokenBucket(_Limits):
         self._max_keys = check_max_keys(max_keys)
         self._now = _clock_reader(clock)
         self._tats: dict[Hashable, int] = {}
+        # The sweep schedule of the Cython table (open addressing at 2/3 load
+        # of a power-of-two slot count), kept here so that both hold the same
+        # keys at every moment and decide alike even at the bound.
+        self._slots = 8
+        self._max_slots = _slots_for(self._max_keys)
+        self._room = min(self._slots * 2 // 3, self._max_keys)
         # The latest tat of a full bucket dropped so far: a missing key starts
         # from it, so an explicit time older than a dropped state cannot find
         # a fresh bucket (time going backwards never creates tokens).
@@ -378,7 +392,15 @@ class KeyedTokenBucket(_Limits):
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
 
         The same as ``allow_at(key, now, cost)`` for each key in turn, with one
-        clock reading for the whole batch.
+        clock reading for the whole batch. *keys* is any iterable of keys; a
+        buffer of unsigned 64-bit ints (``array('Q')``, numpy ``uint64``)
+        means those ints, and the Cython table decides it without building
+        an int object per key and with the GIL released while it charges.
+
+        >>> from array import array
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> list(t.allow_many_at(array("Q", [7, 7, 7, 8]), 0))
+        [1, 1, 0, 1]
         """
         return self._allow_many(keys, self._now(), self._cost(cost))
 
@@ -408,7 +430,7 @@ class KeyedTokenBucket(_Limits):
                 return False
             if cost_t:
                 # Only a key that is charged takes a place in the table.
-                if missing and len(tats) >= self._max_keys:
+                if missing and len(tats) >= self._room:
                     self._make_room(now)
                 tats[key] = base + cost_t
             return True
@@ -442,7 +464,7 @@ class KeyedTokenBucket(_Limits):
             if allowed and cost_t:
                 tat = base + cost_t
                 if consume:
-                    if missing and len(tats) >= self._max_keys:
+                    if missing and len(tats) >= self._room:
                         self._make_room(now)
                     tats[key] = tat
         return self._decision(allowed, tat, now, cost_t, base)
@@ -465,17 +487,23 @@ class KeyedTokenBucket(_Limits):
             return sum(1 for tat in self._tats.values() if tat > now)
 
     def _make_room(self, now: int) -> None:
-        # Called with the lock held and the table at max_keys. Full buckets
-        # go first (lossless); if none is full, forgive the eighth closest
-        # to full, so that the next max_keys/8 new keys insert in O(1).
+        # Called with the lock held when the table is at its room. Full
+        # buckets go (lossless); at max_keys, so does the eighth closest to
+        # full (forgiven), so that the next max_keys/8 new keys insert in
+        # O(1); then the room doubles if the survivors fill half of it.
         tats = self._tats
         full = [key for key, tat in tats.items() if tat <= now]
         for key in full:
             self._floor = max(self._floor, tats.pop(key))
         excess = len(tats) - (self._max_keys - max(1, self._max_keys // 8))
         if excess > 0:
-            for key in heapq.nsmallest(excess, tats, key=tats.__getitem__):
+            # Closest to full first; among equals, the smallest hash (the
+            # Cython table's order, so both forgive the same keys).
+            for key in heapq.nsmallest(excess, tats, key=lambda k: (tats[k], hash(k))):
                 del tats[key]
+        if len(tats) > self._room // 2 and self._slots < self._max_slots:
+            self._slots *= 2
+        self._room = min(self._slots * 2 // 3, self._max_keys)
 
     def __repr__(self) -> str:
         return (
@@ -503,15 +531,15 @@ class KeyedTokenBucket(_Limits):
                  shape: bool) -> int:
         """`TokenBucket._reserve` for *key*'s bucket."""
         cost = self._cost(cost)
-        if now is None:
-            now = self._now()
+        # Checked like every explicit time (the Cython twin does the same).
+        now = self._now() if now is None else check_now(now)
         tats = self._tats
         with self._lock:
             cost_t = cost * self._interval
             tat = tats.get(key)
             if tat is None:
                 tat = self._floor
-                if len(tats) >= self._max_keys:
+                if len(tats) >= self._room:
                     self._make_room(now)
             base = tat if tat > now else now
             wait = base - now - ((cost_t if shape else self._tau) - cost_t)
