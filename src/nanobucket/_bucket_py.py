@@ -202,7 +202,23 @@ class TokenBucket(_Limits):
 
     def allow(self, cost: int = 1) -> bool:
         """Spend *cost* tokens now if the bucket holds them; True if admitted."""
-        return self._allow(self._now(), self._cost(cost))
+        # `_allow` inlined: this is the pure-Python hot path.
+        if cost.__class__ is not int or not 0 <= cost <= self._capacity:
+            cost = check_cost(cost, self._capacity)
+        now = self._now()
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the hot path
+        try:
+            cost_t = cost * self._interval
+            tat = self._tat
+            base = tat if tat > now else now
+            if base - now > self._tau - cost_t:
+                return False
+            if cost_t:
+                self._tat = base + cost_t
+            return True
+        finally:
+            lock.release()
 
     def allow_at(self, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns)."""
@@ -382,7 +398,9 @@ class KeyedTokenBucket(_Limits):
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
-        return self._allow(key, self._now(), self._cost(cost))
+        if cost.__class__ is not int or not 0 <= cost <= self._capacity:
+            cost = check_cost(cost, self._capacity)
+        return self._allow(key, self._now(), cost)
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns)."""
@@ -419,8 +437,10 @@ class KeyedTokenBucket(_Limits):
 
     def _allow(self, key: Hashable, now: int, cost: int) -> bool:
         tats = self._tats
-        with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
-            cost_t = cost * self._interval
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on the hot path
+        try:
+            cost_t = cost * self._interval  # inside: reconfigure cannot tear interval/tau
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
@@ -434,6 +454,8 @@ class KeyedTokenBucket(_Limits):
                     self._make_room(now)
                 tats[key] = base + cost_t
             return True
+        finally:
+            lock.release()
 
     def check(self, key: Hashable, cost: int = 1) -> Decision:
         """Like `allow`, but return the whole `Decision`."""
