@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,10 @@ def test_figures_are_consistent(quick_run: tuple[dict[str, Any], str, str]) -> N
         for r in group["results"]:
             ns = r["ns"]
             assert 0 < ns["min"] <= ns["p25"] <= ns["median"] <= ns["p75"] <= ns["max"]
-            assert r["rounds"] >= min(bench.QUICK_BUDGET.lo, bench.QUICK_BUDGET.lo_slow)
+            assert r["rounds"] >= (1 if r["capped"] else min(bench.QUICK_BUDGET.lo,
+                                                             bench.QUICK_BUDGET.lo_slow))
             assert r["calls_per_round"] > 0
+            assert r["capped"] in (True, False)
             # a ratio to every other contender of the group, and it is ns / ns
             assert set(r["ratios"]) == set(by_name) - {r["name"]}
             for other, ratio in r["ratios"].items():
@@ -176,3 +179,20 @@ def test_memory_kinds() -> None:
     assert bench.memory_kinds(peers, every=False) == ["nanobucket-c", "nanobucket-py", "dict"]
     assert bench.memory_kinds(peers, every=True) == [
         "nanobucket-c", "nanobucket-py", "dict", "seed", "token-bucket"]
+
+
+def test_a_round_over_the_cap_ends_the_case() -> None:
+    calls: list[int] = []
+
+    def run() -> None:
+        calls.append(1)
+        time.sleep(0.02)  # at least 0.02 s: over the 0.01 s cap
+
+    ns, capped = bench.time_trial(cases.Trial(run, 1), bench.Budget(0.01, 3, 5, cap=0.01))
+    assert capped is True
+    assert len(calls) == 2  # the warm-up round, then one timed round
+    assert len(ns) == 1 and ns[0] >= 0.02e9
+
+    fast, capped = bench.time_trial(cases.Trial(lambda: None, 1, warmed=True),
+                                    bench.Budget(0.0, 3, 5))
+    assert capped is False and len(fast) == 3  # warmed: no warm-up round, lo rounds

@@ -44,10 +44,13 @@ class Budget:
     lo: int
     hi: int
     lo_slow: int = 3
+    # A round longer than this is a pathology to report, not to repeat: the
+    # case stops after it (and is marked "capped") so the run stays bounded.
+    cap: float = 5.0
 
 
 FULL_BUDGET = Budget(0.25, 5, 21)
-QUICK_BUDGET = Budget(0.03, 3, 9)
+QUICK_BUDGET = Budget(0.03, 3, 9, cap=2.0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,12 +79,13 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
 
 # --- timing ----------------------------------------------------------------
 
-def time_trial(trial: cases.Trial, budget: Budget) -> list[float]:
+def time_trial(trial: cases.Trial, budget: Budget) -> tuple[list[float], bool]:
     """ns per call (or key) of each round, after one untimed warm-up round.
 
     The collector is off for the whole case, as in `timeit`: it would charge
     one contender for another's garbage, and collecting between rounds would
-    evict the caches the rounds are meant to find warm.
+    evict the caches the rounds are meant to find warm. Returns the figures
+    and whether a round over ``budget.cap`` cut the case short.
     """
     out: list[float] = []
     spent = 0.0
@@ -104,9 +108,11 @@ def time_trial(trial: cases.Trial, budget: Budget) -> list[float]:
                 out.append(elapsed / trial.calls)
                 spent += elapsed / 1e9
             rounds += 1
+            if elapsed / 1e9 > budget.cap and out:
+                return out, True
     finally:
         gc.enable()
-    return out
+    return out, False
 
 
 def summarize(ns: Sequence[float]) -> dict[str, float]:
@@ -165,16 +171,17 @@ def run_group(group: cases.Group, budget: Budget, progress: Progress) -> dict[st
             progress.finish(label, f"skipped ({exc})")
             continue
         try:
-            ns = time_trial(trial, budget)
+            ns, capped = time_trial(trial, budget)
         finally:
             if trial.close is not None:
                 trial.close()
         stats = summarize(ns)
         results.append({"name": case.name, "role": case.role, "ns": stats, "rounds": len(ns),
-                        "calls_per_round": trial.calls,
+                        "calls_per_round": trial.calls, "capped": capped,
                         "seconds": time.perf_counter() - began})  # set-up included
         del trial  # free its table before the next case is built
-        progress.finish(label, f"{stats['median']:.1f} ns/{group.unit}")
+        progress.finish(label, f"{stats['median']:.1f} ns/{group.unit}"
+                        f"{f' (capped: a round took over {budget.cap:g} s)' if capped else ''}")
     for r in results:
         r["ratios"] = {o["name"]: r["ns"]["median"] / o["ns"]["median"]
                        for o in results if o is not r and o["ns"]["median"] > 0}
@@ -282,7 +289,8 @@ def format_table(report: dict[str, Any]) -> str:
             xc = r["ratios"].get(ref["name"], 1.0) if ref else None
             lines.append(f"  {r['name']:<30} {_fmt_ns(ns['median']):>10} {spread:>7.1f}% "
                          f"{'' if xf is None else f'{xf:.2f}':>8} "
-                         f"{'' if xc is None else f'{xc:.2f}':>8} {r['rounds']:>6}")
+                         f"{'' if xc is None else f'{xc:.2f}':>8} {r['rounds']:>6}"
+                         f"{'  capped: a round took too long' if r['capped'] else ''}")
         for s in grp["skipped"]:
             lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
         lines.append("")
