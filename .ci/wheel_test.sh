@@ -49,10 +49,10 @@ if missing or "nanobucket/py.typed" not in names:
     sys.exit(f"wheel lacks {missing or 'py.typed'}")
 EOF
 
-echo "--- installing the wheel with the test extra in a fresh venv"
+echo "--- installing the wheel with the test and plot extras in a fresh venv"
 "$python" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
-"$work/venv/bin/python" -m pip install -q "${wheel}[test]"
+"$work/venv/bin/python" -m pip install -q "${wheel}[test,plot]"
 
 # Only the tests, pytest.ini and README.md (test_readme runs its examples):
 # no src/ beside them, so `import nanobucket` can only find the wheel.
