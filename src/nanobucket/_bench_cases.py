@@ -448,6 +448,7 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
                 closers[:] = [close]
                 return f
 
+            make()  # now, so that a missing peer is Unavailable here, not mid-run
             trial = loop_fresh(make, fresh, n)
             trial.close = lambda: [c() for c in closers] and None
             return trial

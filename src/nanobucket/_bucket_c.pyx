@@ -45,6 +45,7 @@ DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
+cdef Py_ssize_t AHEAD = 16  # prefetch distance, in keys, of a uint64 batch
 cdef uint64_t HASH_MODULUS = (1 << 61) - 1  # CPython: hash(n) == n % (2**61 - 1), n >= 0
 
 
@@ -343,6 +344,7 @@ ctypedef struct Slot:
 
 cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
 REJECTING.tat = 0x7FFFFFFFFFFFFFFF
+cdef Slot NEEDS_ROOM  # a stand-in: this key's insertion may sweep the table
 
 
 cdef inline Py_ssize_t slots_for(Py_ssize_t keys) noexcept nogil:
@@ -476,12 +478,19 @@ cdef class KeyedTokenBucket(_Limits):
                 i = (i + 1) & self.mask
 
     cdef int _make_room(self, int64_t now) except -1:
-        """Sweep full buckets out; grow, or forgive the least indebted, as needed."""
+        """Sweep full buckets out; grow, or forgive the least indebted, as needed.
+
+        The caller looks its key up again afterwards: the table may have
+        changed, here or (while waiting) in another thread.
+        """
         while self.pins:
             # A batch is deciding without the GIL on pointers into `slots`:
             # let it finish (it never waits on us) before replacing them.
             with nogil:
                 sched_yield()
+        return self._sweep(now)
+
+    cdef int _sweep(self, int64_t now) except -1:
         cdef Py_ssize_t n = self.mask + 1, i, j, live = 0, forgive = 0, size, new_n
         cdef Slot *old = self.slots
         cdef Slot *new
@@ -647,10 +656,20 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(max(n, 1) * sizeof(Py_hash_t))
         if hashes == NULL:
             raise MemoryError()
+        cdef PyObject *ahead
         try:
             for i in range(n):
+                if i + AHEAD < n:  # the key objects are scattered in memory
+                    nb_prefetch(items[i + AHEAD])
                 hashes[i] = PyObject_Hash(<object>items[i])
             for i in range(n):
+                # As in `_allow_many_uint64`: the slot, then its key, ahead.
+                if i + AHEAD < n:
+                    nb_prefetch(&self.slots[<uint64_t>hashes[i + AHEAD] & <uint64_t>self.mask])
+                if i + AHEAD // 2 < n:
+                    ahead = self.slots[<uint64_t>hashes[i + AHEAD // 2] & <uint64_t>self.mask].key
+                    if ahead != NULL:
+                        nb_prefetch(ahead)
                 res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
         finally:
             PyMem_RawFree(hashes)
@@ -672,6 +691,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t slack = self.tau - cost_t
         cdef int64_t tat, base
         cdef uint64_t version
+        cdef PyObject *ahead
         cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
         cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(BATCH * sizeof(Py_hash_t))
         try:
@@ -683,16 +703,26 @@ cdef class KeyedTokenBucket(_Limits):
                 with cython.critical_section(self):
                     for i in range(start, end):
                         hashes[i - start] = <Py_hash_t>(keys[i] % HASH_MODULUS)
-                        nb_prefetch(&self.slots[<uint64_t>hashes[i - start] & <uint64_t>self.mask])
                     version = self.version
                     i = start
                     while i < end:
-                        if self.used >= self.room and i > start:
-                            # Inserting may sweep the table, and the keys found
-                            # so far are not charged yet: charge them first.
+                        # Two-stage prefetch: the slot AHEAD keys on, and the
+                        # key object of the slot AHEAD/2 on (its slot is in
+                        # cache by now), so the probe below rarely waits.
+                        if i + AHEAD < end:
+                            nb_prefetch(&self.slots[<uint64_t>hashes[i + AHEAD - start] & <uint64_t>self.mask])
+                        if i + AHEAD // 2 < end:
+                            ahead = self.slots[<uint64_t>hashes[i + AHEAD // 2 - start] & <uint64_t>self.mask].key
+                            if ahead != NULL:
+                                nb_prefetch(ahead)
+                        found[i - start] = self._find_uint64(
+                            keys[i], hashes[i - start], now, slack, i == start)
+                        if found[i - start] == &NEEDS_ROOM:
+                            # Inserting this key may sweep the table, and the
+                            # keys found so far are not charged yet: charge
+                            # them first, then start the next chunk with it.
                             end = i
                             break
-                        found[i - start] = self._find_uint64(keys[i], hashes[i - start], now, slack)
                         if self.version != version:
                             version = self.version
                             if i > start:  # a key's __eq__ changed the table: look again
@@ -712,11 +742,12 @@ cdef class KeyedTokenBucket(_Limits):
         return out
 
     cdef Slot *_find_uint64(self, uint64_t value, Py_hash_t h, int64_t now,
-                            int64_t slack) except NULL:
+                            int64_t slack, bint may_sweep) except NULL:
         """The slot of the int *value*, comparing without objects.
 
         A missing key is inserted if it will be charged (as `_allow_hashed`
-        does); if not, the result is a slot that rejects every request.
+        does); if not, the result is `REJECTING`, a slot no request fits. If
+        inserting it could sweep the table and not *may_sweep*: `NEEDS_ROOM`.
         """
         cdef Py_ssize_t i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
         cdef Slot *s
@@ -736,6 +767,8 @@ cdef class KeyedTokenBucket(_Limits):
             i = (i + 1) & self.mask
         if s.key == NULL and (self.floor if self.floor > now else now) - now > slack:
             return &REJECTING
+        if s.key == NULL and self.used >= self.room and not may_sweep:
+            return &NEEDS_ROOM
         return self._find(PyLong_FromUnsignedLongLong(value), h, now, True)
 
     def check(self, key, cost=1):
