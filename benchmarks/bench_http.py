@@ -30,7 +30,9 @@ BIG = 10**9  # capacity: every request is admitted, the common path
 
 
 async def bare(scope: Any, receive: Any, send: Any) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
     await send({"type": "http.response.body", "body": b"ok"})
 
 
@@ -55,8 +57,13 @@ async def _noop_receive() -> Any:
 
 
 async def _loop(app: Any, n: int) -> float:
-    scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
-             "client": ("127.0.0.1", 5000)}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "headers": [],
+        "client": ("127.0.0.1", 5000),
+    }
     t0 = time.perf_counter_ns()
     for _ in range(n):
         await app(scope, _noop_receive, _noop_send)
@@ -107,8 +114,19 @@ def uvicorn_rps(seconds: float, connections: int) -> None:
         port = _free_port()
         env = dict(os.environ, BENCH_VARIANT=variant)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "bench_http:server_app", "--app-dir", HERE,
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bench_http:server_app",
+                "--app-dir",
+                HERE,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
             env=env,
         )
         try:
@@ -120,8 +138,10 @@ def uvicorn_rps(seconds: float, connections: int) -> None:
                     time.sleep(0.1)
             asyncio.run(_drive(port, 0.5, connections))  # warm up
             n = asyncio.run(_drive(port, seconds, connections))
-            print(f"  uvicorn {variant:5s} {n / seconds:8.0f} requests/s "
-                  f"({connections} keep-alive connections, {seconds} s)")
+            print(
+                f"  uvicorn {variant:5s} {n / seconds:8.0f} requests/s "
+                f"({connections} keep-alive connections, {seconds} s)"
+            )
         finally:
             proc.terminate()
             proc.wait(10)

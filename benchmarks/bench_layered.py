@@ -43,10 +43,16 @@ def cases(m: ModuleType) -> list[tuple[str, str, Callable[[], object]]]:
         ("all_of(bucket, bucket).allow()", "TokenBucket.allow()", two.allow),
         ("TokenBucket.acquire()", "TokenBucket.allow()", b.acquire),
         ("KeyedTokenBucket.allow(key)", "base", partial(t.allow, "alice")),
-        ("all_of(keyed, bucket).allow(key)", "KeyedTokenBucket.allow(key)",
-         partial(layered.allow, "alice")),
-        ("KeyedTokenBucket.acquire(key)", "KeyedTokenBucket.allow(key)",
-         partial(t.acquire, "alice")),
+        (
+            "all_of(keyed, bucket).allow(key)",
+            "KeyedTokenBucket.allow(key)",
+            partial(layered.allow, "alice"),
+        ),
+        (
+            "KeyedTokenBucket.acquire(key)",
+            "KeyedTokenBucket.allow(key)",
+            partial(t.acquire, "alice"),
+        ),
     ]
 
 

@@ -41,14 +41,21 @@ def bench_redis_all(url: str, seconds: float) -> None:
     # GCRA update and nothing is refused: we measure the machinery.
     plain = nbr.RedisTokenBucket(client, rate=1_000_000, capacity=1_000_000, prefix="bench")
     print(f"one connection to {url}")
-    single = bench_redis_rate("RedisTokenBucket.allow (1 key)",
-                              lambda: sum(plain.allow("k") for _ in range(200)), seconds)
+    single = bench_redis_rate(
+        "RedisTokenBucket.allow (1 key)", lambda: sum(plain.allow("k") for _ in range(200)), seconds
+    )
     keys = [f"user{i}" for i in range(100)]
-    bench_redis_rate("RedisTokenBucket.allow_many (batches of 100)",
-                     lambda: len(plain.allow_many(keys)), seconds)
+    bench_redis_rate(
+        "RedisTokenBucket.allow_many (batches of 100)", lambda: len(plain.allow_many(keys)), seconds
+    )
     for max_lease in (100, 1000):
-        leased = nbr.LeasedTokenBucket(client, rate=1_000_000, capacity=1_000_000,
-                                       prefix=f"lease{max_lease}", max_lease=max_lease)
+        leased = nbr.LeasedTokenBucket(
+            client,
+            rate=1_000_000,
+            capacity=1_000_000,
+            prefix=f"lease{max_lease}",
+            max_lease=max_lease,
+        )
 
         def spend(leased: nbr.LeasedTokenBucket = leased) -> int:
             return sum(leased.allow("k") for _ in range(10_000))
@@ -58,12 +65,17 @@ def bench_redis_all(url: str, seconds: float) -> None:
         for _ in range(100_000):
             leased.allow("k")
         trips = (leased.round_trips - before_trips) / 100
-        print(f"  {'':<46} {trips:12.2f} round trips / 1000 decisions, "
-              f"{per_s / single:.0f}x RedisTokenBucket.allow")
+        print(
+            f"  {'':<46} {trips:12.2f} round trips / 1000 decisions, "
+            f"{per_s / single:.0f}x RedisTokenBucket.allow"
+        )
         leased.close()
     local = nb.KeyedTokenBucket(rate=1_000_000, capacity=1_000_000)
-    bench_redis_rate(f"KeyedTokenBucket.allow in process ({nb.IMPLEMENTATION})",
-                     lambda: sum(local.allow("k") for _ in range(10_000)), seconds)
+    bench_redis_rate(
+        f"KeyedTokenBucket.allow in process ({nb.IMPLEMENTATION})",
+        lambda: sum(local.allow("k") for _ in range(10_000)),
+        seconds,
+    )
     client.flushdb()
     client.close()
 

@@ -47,8 +47,10 @@ def percall(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
     rows = [
         ("in-process KeyedTokenBucket (Cython)", best_ns_per_call(c.allow, keys, args.n)),
         ("SharedKeyedTokenBucket", best_ns_per_call(table.allow, keys, args.n)),
-        ("in-process KeyedTokenBucket (pure Python)",
-         best_ns_per_call(py.allow, keys, args.n // 10)),
+        (
+            "in-process KeyedTokenBucket (pure Python)",
+            best_ns_per_call(py.allow, keys, args.n // 10),
+        ),
     ]
     print(f"allow(key), {args.keys} str keys, best of 5 (ns/call):")
     for name, ns in rows:
@@ -56,8 +58,9 @@ def percall(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
     print(f"  shared / in-process Cython: {rows[1][1] / rows[0][1]:.2f}x (goal <= 1.5x)")
 
 
-def run(table: SharedKeyedTokenBucket, procs: int, seconds: float,
-        hot: bool) -> tuple[float, float]:
+def run(
+    table: SharedKeyedTokenBucket, procs: int, seconds: float, hot: bool
+) -> tuple[float, float]:
     """Decisions per wall second, and per CPU second, of *procs* processes calling allow.
 
     The second figure does not depend on other load on the machine: if two
@@ -97,17 +100,23 @@ def run(table: SharedKeyedTokenBucket, procs: int, seconds: float,
 
 
 def scaling(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
-    print(f"forked processes calling allow for {args.seconds} s each; load average "
-          f"{os.getloadavg()[0]:.2f} (wall figures need idle cores; per-CPU-s ones do not):")
+    print(
+        f"forked processes calling allow for {args.seconds} s each; load average "
+        f"{os.getloadavg()[0]:.2f} (wall figures need idle cores; per-CPU-s ones do not):"
+    )
     for hot in (False, True):
         one, one_cpu = run(table, 1, args.seconds, hot)
         two, two_cpu = run(table, 2, args.seconds, hot)
         label = "one hot key" if hot else "distinct keys"
-        print(f"  {label:14s} decisions/s     1 process {one:12,.0f}   2 processes {two:12,.0f}"
-              f"   {two / one:.2f}x (goal >= 1.6x)")
-        print(f"  {'':14s} per CPU second  1 process {one_cpu:12,.0f}   2 processes "
-              f"{two_cpu:12,.0f} each: 2 processes = {2 * two_cpu / one_cpu:.2f}x one "
-              f"on 2 idle cores")
+        print(
+            f"  {label:14s} decisions/s     1 process {one:12,.0f}   2 processes {two:12,.0f}"
+            f"   {two / one:.2f}x (goal >= 1.6x)"
+        )
+        print(
+            f"  {'':14s} per CPU second  1 process {one_cpu:12,.0f}   2 processes "
+            f"{two_cpu:12,.0f} each: 2 processes = {2 * two_cpu / one_cpu:.2f}x one "
+            f"on 2 idle cores"
+        )
 
 
 def main() -> None:

@@ -60,25 +60,47 @@ CASES: dict[str, tuple[str, str, str]] = {
     "seed_allow": (SINGLE, "MonotonicSeedBucket(10**9, 10**6).allow", "seed allow()"),
     "floor_keyed": (KEYED, "Floor().allow_key", "floor: no-op Floor.allow_key(k)"),
     "dict_get": (KEYED, "dict.fromkeys(keys, 0).get", "dict.get(k), 100k str keys"),
-    "c_keyed": (KEYED, "_bucket_c.KeyedTokenBucket(0.01, 10_000).allow",
-                "KeyedTokenBucket.allow(k) (c), 100k str keys"),
-    "py_keyed": (KEYED, "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
-                 "KeyedTokenBucket.allow(k) (py), 100k str keys"),
+    "c_keyed": (
+        KEYED,
+        "_bucket_c.KeyedTokenBucket(0.01, 10_000).allow",
+        "KeyedTokenBucket.allow(k) (c), 100k str keys",
+    ),
+    "py_keyed": (
+        KEYED,
+        "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
+        "KeyedTokenBucket.allow(k) (py), 100k str keys",
+    ),
 }
-FLOOR_OF = {"c_allow": "floor_allow", "py_allow": "floor_allow", "seed_allow": "floor_allow",
-            "dict_get": "floor_keyed", "c_keyed": "floor_keyed", "py_keyed": "floor_keyed"}
+FLOOR_OF = {
+    "c_allow": "floor_allow",
+    "py_allow": "floor_allow",
+    "seed_allow": "floor_allow",
+    "dict_get": "floor_keyed",
+    "c_keyed": "floor_keyed",
+    "py_keyed": "floor_keyed",
+}
 
 
 def instructions(code: str, calls: int) -> int:
     """Total instructions callgrind counts for ``python -c code calls``."""
     with tempfile.NamedTemporaryFile(suffix=".out") as out:
         proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
-             sys.executable, "-c", code, str(calls)],
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out.name}",
+                sys.executable,
+                "-c",
+                code,
+                str(calls),
+            ],
             # A fixed hash seed makes start-up (imports, dict probing) the same
             # instructions in both runs; a random one moves it by millions.
             env={**os.environ, "PYTHONHASHSEED": "0"},
-            capture_output=True, text=True, check=False)
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if proc.returncode != 0:
         raise SystemExit(f"callgrind failed: {proc.stderr.strip().splitlines()[-1:]}")
     match = re.search(r"Collected : (\d+)", proc.stderr)
@@ -104,11 +126,14 @@ def main(argv: list[str]) -> int:
     if shutil.which("valgrind") is None:
         p.exit(2, "callgrind.py: error: valgrind is not installed\n")
     names = args.cases or list(CASES)
-    names = sorted(set(names) | {FLOOR_OF[n] for n in names if n in FLOOR_OF},
-                   key=list(CASES).index)
+    names = sorted(
+        set(names) | {FLOOR_OF[n] for n in names if n in FLOOR_OF}, key=list(CASES).index
+    )
     counts = {name: per_call(name) for name in names}
-    print(f"instructions per call (loop included), (I(2N) - I(N)) / N with N = {N:,}; "
-          f"Python {sys.version.split()[0]}")
+    print(
+        f"instructions per call (loop included), (I(2N) - I(N)) / N with N = {N:,}; "
+        f"Python {sys.version.split()[0]}"
+    )
     for name in names:
         floor = FLOOR_OF.get(name)
         extra = f"   {counts[name] - counts[floor]:8.0f} over the floor" if floor else ""

@@ -30,8 +30,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         by_group.setdefault(b.group, []).append(b)
     for group, items in by_group.items():
         tr.write_line(group)
-        per = {b.extra_info["case"]: b.stats.median * 1e9 / b.extra_info["calls_per_round"]
-               for b in items}
+        per = {
+            b.extra_info["case"]: b.stats.median * 1e9 / b.extra_info["calls_per_round"]
+            for b in items
+        }
         floor = per.get("floor")
         for b in items:
             ns = per[b.extra_info["case"]]

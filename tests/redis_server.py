@@ -63,18 +63,36 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         assert self.proc is None, "already running"
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self._dir.name,
-             "--daemonize", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
         deadline = time.monotonic() + START_TIMEOUT
         try:
             while True:
                 if self.proc.poll() is not None:
-                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    err = (
+                        self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    )
                     self.proc = None
                     raise RuntimeError(f"redis-server exited at start: {err.strip()}")
                 try:
@@ -124,8 +142,10 @@ def require_redis_server() -> str:
     """The redis-server binary, or skip (fail under CI) with the reason."""
     binary = find_redis_server()
     if binary is None:
-        reason = ("no redis-server binary (PATH, /usr/bin, /usr/local/bin, $REDIS_SERVER): "
-                  "install it, e.g. apt-get install redis-server")
+        reason = (
+            "no redis-server binary (PATH, /usr/bin, /usr/local/bin, $REDIS_SERVER): "
+            "install it, e.g. apt-get install redis-server"
+        )
         if os.environ.get("CI"):
             pytest.fail(reason + " -- CI must run the Redis tests", pytrace=False)
         pytest.skip(reason)

@@ -89,7 +89,9 @@ def client_for(clients: list[Client], app: Any, host: str = "127.0.0.1") -> Clie
     return c
 
 
-def test_admitted_then_429_with_exact_headers(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_admitted_then_429_with_exact_headers(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter)
     c = client_for(clients, app)
@@ -129,10 +131,17 @@ def test_admitted_then_429_with_exact_headers(impl: ModuleType, clock: Any, clie
     r = c.get("/")
     assert r.status_code == 200
     assert r.headers["ratelimit"] == '"default";r=0;t=2'
-    assert app.counters.snapshot() == {"admitted": 3, "limited": 2, "shadow_limited": 0, "exempt": 0}
+    assert app.counters.snapshot() == {
+        "admitted": 3,
+        "limited": 2,
+        "shadow_limited": 0,
+        "exempt": 0,
+    }
 
 
-def test_retry_after_rounds_up_whole_seconds(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_retry_after_rounds_up_whole_seconds(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     # 1 token per 4 s: after the one token is spent, the wait is 4 s, then 2.5 s -> "3".
     limiter = impl.KeyedTokenBucket(rate=0.25, capacity=1, clock=clock)
     c = client_for(clients, RateLimitMiddleware(starlette_app(), limiter))
@@ -184,15 +193,25 @@ def test_legacy_and_off_headers(impl: ModuleType, clock: Any, clients: list[Clie
     assert not [h for h in r.headers if "ratelimit" in h]
 
 
-def test_unkeyed_bucket_is_one_limit_for_everyone(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_unkeyed_bucket_is_one_limit_for_everyone(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     app = RateLimitMiddleware(starlette_app(), impl.TokenBucket(rate=1, capacity=2, clock=clock))
     a = client_for(clients, app, "10.0.0.1")
     b = client_for(clients, app, "10.0.0.2")
-    assert [a.get("/").status_code, b.get("/").status_code, b.get("/").status_code] == [200, 200, 429]
+    assert [a.get("/").status_code, b.get("/").status_code, b.get("/").status_code] == [
+        200,
+        200,
+        429,
+    ]
 
 
-def test_clients_have_their_own_buckets(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
-    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock))
+def test_clients_have_their_own_buckets(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
+    app = RateLimitMiddleware(
+        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
+    )
     a = client_for(clients, app, "10.0.0.1")
     b = client_for(clients, app, "10.0.0.2")
     assert [a.get("/").status_code, a.get("/").status_code] == [200, 429]
@@ -202,9 +221,13 @@ def test_clients_have_their_own_buckets(impl: ModuleType, clock: Any, clients: l
 def test_spoofed_forwarded_for_does_not_change_the_key(
     impl: ModuleType, clock: Any, clients: list[Client]
 ) -> None:
-    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock))
+    app = RateLimitMiddleware(
+        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    )
     c = client_for(clients, app, "203.0.113.9")
-    codes = [c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)]
+    codes = [
+        c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)
+    ]
     assert codes == [200, 200, 429, 429, 429]
 
 
@@ -256,7 +279,9 @@ def test_two_forwarded_for_fields_are_joined() -> None:
     assert client_address(trusted_proxies="10.0.0.0/8").asgi(scope) == "1.2.3.4"
 
 
-def test_header_key_with_address_fallback(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_header_key_with_address_fallback(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter, key=header("X-API-Key"))
     c = client_for(clients, app)
@@ -269,7 +294,9 @@ def test_header_key_with_address_fallback(impl: ModuleType, clock: Any, clients:
     assert limiter.tokens_at("addr:127.0.0.1", clock.now) == 0.0
 
 
-def test_routes_costs_exempt_and_route_key(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_routes_costs_exempt_and_route_key(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     default = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
     search = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
     app = RateLimitMiddleware(
@@ -305,17 +332,27 @@ def test_routes_costs_exempt_and_route_key(impl: ModuleType, clock: Any, clients
     # The route key: one bucket for the route, whoever calls.
     assert c.get("/remaining").json() == {"remaining": 9}
     assert default.tokens_at("/remaining", clock.now) == 9.0
-    assert app.counters.snapshot() == {"admitted": 6, "limited": 2, "shadow_limited": 0, "exempt": 20}
+    assert app.counters.snapshot() == {
+        "admitted": 6,
+        "limited": 2,
+        "shadow_limited": 0,
+        "exempt": 20,
+    }
 
 
-def test_cost_callable_and_composite_key(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_cost_callable_and_composite_key(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
 
     def cost(scope: Any) -> int:
         return 5 if scope["method"] == "POST" else 1
 
     app = RateLimitMiddleware(
-        starlette_app(), limiter, cost=cost, key=(client_address(), route()),
+        starlette_app(),
+        limiter,
+        cost=cost,
+        key=(client_address(), route()),
         routes=[Route("/search")],
     )
     c = client_for(clients, app)
@@ -325,7 +362,9 @@ def test_cost_callable_and_composite_key(impl: ModuleType, clock: Any, clients: 
     assert limiter.tokens_at("127.0.0.1\n*", clock.now) == 9.0
 
 
-def test_shadow_mode_counts_and_never_rejects(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_shadow_mode_counts_and_never_rejects(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
     counters = Counters()
     limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter, shadow=True, counters=counters)
@@ -339,7 +378,9 @@ def test_shadow_mode_counts_and_never_rejects(impl: ModuleType, clock: Any, clie
 
 
 def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
-    app = RateLimitMiddleware(starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock))
+    app = RateLimitMiddleware(
+        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock)
+    )
     c = client_for(clients, app)
     assert [c.get("/remaining").json()["remaining"] for _ in range(3)] == [4, 3, 2]
 

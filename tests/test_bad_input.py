@@ -15,10 +15,21 @@ from nanobucket._params import NOW_MAX
 @pytest.mark.parametrize(
     ("rate", "error"),
     [
-        (0, ValueError), (-1, ValueError), (math.nan, ValueError), (math.inf, ValueError),
-        (-math.inf, ValueError), (0.0, ValueError), (-0.0, ValueError), (Fraction(-1, 3), ValueError),
-        (2 * 10**9, ValueError), (Decimal("NaN"), ValueError), (True, TypeError),
-        ("100", TypeError), (None, TypeError), (1 + 2j, TypeError), ([100], TypeError),
+        (0, ValueError),
+        (-1, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (-math.inf, ValueError),
+        (0.0, ValueError),
+        (-0.0, ValueError),
+        (Fraction(-1, 3), ValueError),
+        (2 * 10**9, ValueError),
+        (Decimal("NaN"), ValueError),
+        (True, TypeError),
+        ("100", TypeError),
+        (None, TypeError),
+        (1 + 2j, TypeError),
+        ([100], TypeError),
     ],
 )
 def test_bad_rate(impl: ModuleType, rate: object, error: type[Exception]) -> None:
@@ -31,8 +42,14 @@ def test_bad_rate(impl: ModuleType, rate: object, error: type[Exception]) -> Non
 @pytest.mark.parametrize(
     ("capacity", "error"),
     [
-        (0, ValueError), (-5, ValueError), (200.0, TypeError), (2.5, TypeError),
-        (True, TypeError), ("200", TypeError), (None, TypeError), (Fraction(200), TypeError),
+        (0, ValueError),
+        (-5, ValueError),
+        (200.0, TypeError),
+        (2.5, TypeError),
+        (True, TypeError),
+        ("200", TypeError),
+        (None, TypeError),
+        (Fraction(200), TypeError),
     ],
 )
 def test_bad_capacity(impl: ModuleType, capacity: object, error: type[Exception]) -> None:
@@ -52,20 +69,35 @@ def test_refill_longer_than_the_time_range(impl: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("cost", "error"),
     [
-        (-1, ValueError), (201, ValueError), (10**30, ValueError), (-(10**30), ValueError),
-        (1.0, TypeError), (True, TypeError), (False, TypeError), ("1", TypeError),
-        (None, TypeError), (Fraction(1), TypeError),
+        (-1, ValueError),
+        (201, ValueError),
+        (10**30, ValueError),
+        (-(10**30), ValueError),
+        (1.0, TypeError),
+        (True, TypeError),
+        (False, TypeError),
+        ("1", TypeError),
+        (None, TypeError),
+        (Fraction(1), TypeError),
     ],
 )
 def test_bad_cost(impl: ModuleType, cost: object, error: type[Exception]) -> None:
     b = impl.TokenBucket(rate=100, capacity=200)
     t = impl.KeyedTokenBucket(rate=100, capacity=200)
     calls = [
-        lambda: b.allow(cost=cost), lambda: b.allow_at(0, cost), lambda: b.check(cost),
-        lambda: b.check_at(0, cost), lambda: b.peek(cost), lambda: b.peek_at(0, cost),
-        lambda: t.allow("k", cost), lambda: t.allow_at("k", 0, cost), lambda: t.check("k", cost),
-        lambda: t.check_at("k", 0, cost), lambda: t.peek("k", cost),
-        lambda: t.allow_many(["k"], cost), lambda: t.allow_many_at(["k"], 0, cost),
+        lambda: b.allow(cost=cost),
+        lambda: b.allow_at(0, cost),
+        lambda: b.check(cost),
+        lambda: b.check_at(0, cost),
+        lambda: b.peek(cost),
+        lambda: b.peek_at(0, cost),
+        lambda: t.allow("k", cost),
+        lambda: t.allow_at("k", 0, cost),
+        lambda: t.check("k", cost),
+        lambda: t.check_at("k", 0, cost),
+        lambda: t.peek("k", cost),
+        lambda: t.allow_many(["k"], cost),
+        lambda: t.allow_many_at(["k"], 0, cost),
     ]
     for call in calls:
         with pytest.raises(error, match="cost"):
@@ -76,17 +108,29 @@ def test_bad_cost(impl: ModuleType, cost: object, error: type[Exception]) -> Non
 @pytest.mark.parametrize(
     ("now", "error"),
     [
-        (-1, ValueError), (NOW_MAX + 1, ValueError), (2**63 - 1, ValueError), (-(2**63), ValueError),
-        (10**40, ValueError), (1.5, TypeError), (True, TypeError), ("0", TypeError), (None, TypeError),
+        (-1, ValueError),
+        (NOW_MAX + 1, ValueError),
+        (2**63 - 1, ValueError),
+        (-(2**63), ValueError),
+        (10**40, ValueError),
+        (1.5, TypeError),
+        (True, TypeError),
+        ("0", TypeError),
+        (None, TypeError),
     ],
 )
 def test_bad_time(impl: ModuleType, now: object, error: type[Exception]) -> None:
     b = impl.TokenBucket(rate=100, capacity=200)
     t = impl.KeyedTokenBucket(rate=100, capacity=200)
     calls = [
-        lambda: b.allow_at(now), lambda: b.check_at(now), lambda: b.peek_at(now),
-        lambda: b.tokens_at(now), lambda: t.allow_at("k", now), lambda: t.check_at("k", now),
-        lambda: t.peek_at("k", now), lambda: t.tokens_at("k", now),
+        lambda: b.allow_at(now),
+        lambda: b.check_at(now),
+        lambda: b.peek_at(now),
+        lambda: b.tokens_at(now),
+        lambda: t.allow_at("k", now),
+        lambda: t.check_at("k", now),
+        lambda: t.peek_at("k", now),
+        lambda: t.tokens_at("k", now),
         lambda: t.allow_many_at(["k"], now),
     ]
     for call in calls:
@@ -115,9 +159,17 @@ def test_unhashable_key(impl: ModuleType) -> None:
         t.allow_at({"a": 1}, 0)
 
 
-@pytest.mark.parametrize(("max_keys", "error"),
-                         [(0, ValueError), (-1, ValueError), (2**41, ValueError),
-                          (1.5, TypeError), (True, TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    ("max_keys", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (2**41, ValueError),
+        (1.5, TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 def test_bad_max_keys(impl: ModuleType, max_keys: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="max_keys"):
         impl.KeyedTokenBucket(rate=1, capacity=1, max_keys=max_keys)

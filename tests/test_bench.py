@@ -17,16 +17,30 @@ import pytest
 from nanobucket import _bench_cases as cases
 from nanobucket import bench
 
-GROUP_IDS = ["allow_allowing", "allow_rejecting", "check", "keyed_small", "keyed_large",
-             "first_touch", "eviction", "allow_many_str", "allow_many_u64"]
+GROUP_IDS = [
+    "allow_allowing",
+    "allow_rejecting",
+    "check",
+    "keyed_small",
+    "keyed_large",
+    "first_touch",
+    "eviction",
+    "allow_many_str",
+    "allow_many_u64",
+]
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, str]:
     """One real ``--quick --json`` run in a child process: (report, stdout, stderr)."""
     path = tmp_path_factory.mktemp("bench") / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "nanobucket.bench", "--quick", "--json",
-                           str(path)], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanobucket.bench", "--quick", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(path.read_text()), proc.stdout, proc.stderr
 
@@ -41,7 +55,8 @@ def test_report_header(quick_run: tuple[dict[str, Any], str, str]) -> None:
 
 
 def test_every_case_is_measured_or_skipped_with_a_reason(
-        quick_run: tuple[dict[str, Any], str, str]) -> None:
+    quick_run: tuple[dict[str, Any], str, str],
+) -> None:
     report, _, _ = quick_run
     for built, group in zip(cases.groups(cases.QUICK), report["groups"]):
         names = [r["name"] for r in group["results"]] + [s["name"] for s in group["skipped"]]
@@ -67,8 +82,9 @@ def test_figures_are_consistent(quick_run: tuple[dict[str, Any], str, str]) -> N
         for r in group["results"]:
             ns = r["ns"]
             assert 0 < ns["min"] <= ns["p25"] <= ns["median"] <= ns["p75"] <= ns["max"]
-            assert r["rounds"] >= (1 if r["capped"] else min(bench.QUICK_BUDGET.lo,
-                                                             bench.QUICK_BUDGET.lo_slow))
+            assert r["rounds"] >= (
+                1 if r["capped"] else min(bench.QUICK_BUDGET.lo, bench.QUICK_BUDGET.lo_slow)
+            )
             assert r["calls_per_round"] > 0
             assert r["capped"] in (True, False)
             # a ratio to every other contender of the group, and it is ns / ns
@@ -85,7 +101,10 @@ def test_memory_per_key(quick_run: tuple[dict[str, Any], str, str]) -> None:
     mem = report["memory"]
     assert mem["keys"] == cases.QUICK.memory_keys
     assert set(mem["bytes_per_key"]) | {s["name"] for s in mem["skipped"]} == {
-        "nanobucket-c", "nanobucket-py", "dict"}
+        "nanobucket-c",
+        "nanobucket-py",
+        "dict",
+    }
     assert "nanobucket-py" in mem["bytes_per_key"]
     assert all(b > 0 for b in mem["bytes_per_key"].values())
 
@@ -94,8 +113,9 @@ def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]
     report, _, _ = quick_run
     goals = report["goals"]
     assert len(goals) == 10
-    groups = {g["id"]: {r["name"]: r["ns"]["median"] for r in g["results"]}
-              for g in report["groups"]}
+    groups = {
+        g["id"]: {r["name"]: r["ns"]["median"] for r in g["results"]} for g in report["groups"]
+    }
     first_touch = next(g for g in goals if g["goal"].startswith("first touch"))
     assert first_touch["value"] == groups["first_touch"]["nanobucket-c"]
     for goal in goals:
@@ -112,8 +132,11 @@ def test_table_and_plain_progress(quick_run: tuple[dict[str, Any], str, str]) ->
     for group in report["groups"]:
         assert group["title"] in out
     assert "resident bytes per key at 50,000 str keys" in out
-    total = sum(len(g["results"]) + len(g["skipped"]) for g in report["groups"]) + len(
-        report["memory"]["bytes_per_key"]) + len(report["memory"]["skipped"])
+    total = (
+        sum(len(g["results"]) + len(g["skipped"]) for g in report["groups"])
+        + len(report["memory"]["bytes_per_key"])
+        + len(report["memory"]["skipped"])
+    )
     lines = err.splitlines()
     # not a terminal: one plain line per step, no carriage returns
     assert lines[0].startswith(f"[1/{total}] allow_allowing: floor: ")
@@ -132,15 +155,20 @@ def test_progress_bar_on_a_terminal() -> None:
     p.finish("a", "1 ns")
     p.start("b")
     p.close()
-    assert stream.getvalue() == ("\r\033[K[" + "." * 30 + "] 0/4 a"
-                                 "\r\033[K[" + "#" * 7 + "." * 23 + "] 1/4 b" "\r\033[K")
+    assert stream.getvalue() == (
+        "\r\033[K[" + "." * 30 + "] 0/4 a\r\033[K[" + "#" * 7 + "." * 23 + "] 1/4 b\r\033[K"
+    )
 
 
 def test_summarize_uses_quartiles() -> None:
     assert bench.summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == {
-        "median": 3.0, "p25": 2.0, "p75": 4.0, "min": 1.0, "max": 5.0}
-    assert bench.summarize([7.0]) == {"median": 7.0, "p25": 7.0, "p75": 7.0, "min": 7.0,
-                                      "max": 7.0}
+        "median": 3.0,
+        "p25": 2.0,
+        "p75": 4.0,
+        "min": 1.0,
+        "max": 5.0,
+    }
+    assert bench.summarize([7.0]) == {"median": 7.0, "p25": 7.0, "p75": 7.0, "min": 7.0, "max": 7.0}
 
 
 def test_list_groups(capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,13 +176,17 @@ def test_list_groups(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.split() == GROUP_IDS + ["memory"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--group", "nope"], "unknown group 'nope'"),
-    (["--json", "/nonexistent-dir/x.json"], "cannot write /nonexistent-dir/x.json"),
-    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
-])
-def test_bad_input_is_one_line_and_status_2(argv: list[str], message: str,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--group", "nope"], "unknown group 'nope'"),
+        (["--json", "/nonexistent-dir/x.json"], "cannot write /nonexistent-dir/x.json"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
@@ -178,7 +210,12 @@ def test_memory_kinds() -> None:
     peers = {"token-bucket": "0.4.0", "throttled-py": None}
     assert bench.memory_kinds(peers, every=False) == ["nanobucket-c", "nanobucket-py", "dict"]
     assert bench.memory_kinds(peers, every=True) == [
-        "nanobucket-c", "nanobucket-py", "dict", "seed", "token-bucket"]
+        "nanobucket-c",
+        "nanobucket-py",
+        "dict",
+        "seed",
+        "token-bucket",
+    ]
 
 
 def test_a_round_over_the_cap_ends_the_case() -> None:
@@ -193,6 +230,7 @@ def test_a_round_over_the_cap_ends_the_case() -> None:
     assert len(calls) == 2  # the warm-up round, then one timed round
     assert len(ns) == 1 and ns[0] >= 0.02e9
 
-    fast, capped = bench.time_trial(cases.Trial(lambda: None, 1, warmed=True),
-                                    bench.Budget(0.0, 3, 5))
+    fast, capped = bench.time_trial(
+        cases.Trial(lambda: None, 1, warmed=True), bench.Budget(0.0, 3, 5)
+    )
     assert capped is False and len(fast) == 3  # warmed: no warm-up round, lo rounds

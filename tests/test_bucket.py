@@ -55,7 +55,12 @@ def test_decision_of_an_admitted_request(impl: ModuleType) -> None:
     b = impl.TokenBucket(rate=100, capacity=200)
     d = b.check_at(S, cost=5)
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
-        True, 195, 0, 50_000_000, 200)
+        True,
+        195,
+        0,
+        50_000_000,
+        200,
+    )
     assert (d.retry_after, d.reset_after) == (0.0, 0.05)
     assert bool(d) is True
 
@@ -66,7 +71,12 @@ def test_decision_of_a_rejected_request(impl: ModuleType) -> None:
     d = b.check_at(S, cost=5)
     # 2 tokens left; 3 more take 30 ms; the bucket is full again in 1.98 s.
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
-        False, 2, 30_000_000, 1_980_000_000, 200)
+        False,
+        2,
+        30_000_000,
+        1_980_000_000,
+        200,
+    )
     assert d.retry_after == 0.03
     assert bool(d) is False
 
@@ -137,8 +147,14 @@ def test_no_overflow_at_the_ends_of_the_time_range(impl: ModuleType) -> None:
 
 
 def test_rate_can_be_int_float_or_fraction(impl: ModuleType) -> None:
-    for rate, interval in ((100, 10_000_000), (0.1, 10 * S), (Fraction(7, 60), 8_571_428_572),
-                           (2.5, 400_000_000), (10**9, 1), (Fraction(1, 2), 2 * S)):
+    for rate, interval in (
+        (100, 10_000_000),
+        (0.1, 10 * S),
+        (Fraction(7, 60), 8_571_428_572),
+        (2.5, 400_000_000),
+        (10**9, 1),
+        (Fraction(1, 2), 2 * S),
+    ):
         b = impl.TokenBucket(rate=rate, capacity=1)
         assert b.interval_ns == interval
         assert b.allow_at(S) and not b.allow_at(S + interval - 1) and b.allow_at(S + interval)
@@ -178,4 +194,5 @@ def test_repr(impl: ModuleType) -> None:
     assert repr(impl.TokenBucket(rate=100, capacity=200)) == "TokenBucket(rate=100, capacity=200)"
     assert repr(impl.TokenBucket(rate=100, capacity=200).check_at(0)) == (
         "Decision(allowed=True, remaining=199, retry_after_ns=0, "
-        "reset_after_ns=10000000, limit=200)")
+        "reset_after_ns=10000000, limit=200)"
+    )

@@ -20,8 +20,9 @@ BIN = Path(sys.executable).parent
 ENV = {**os.environ, "COLUMNS": "80"}
 
 
-def run(*args: str, prog: tuple[str, ...] = (sys.executable, "-m", "nanobucket"),
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, prog: tuple[str, ...] = (sys.executable, "-m", "nanobucket"), timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*prog, *args], capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
@@ -44,10 +45,14 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_explain_options(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", "--rate", "0.5", "--capacity", "10", "--cost", "2",
-                 "--burst-rps", "1"]) == 0
+    assert (
+        main(["explain", "--rate", "0.5", "--capacity", "10", "--cost", "2", "--burst-rps", "1"])
+        == 0
+    )
     out = capsys.readouterr().out
-    assert out.startswith("token bucket: rate 0.5 tokens/s, capacity 10 tokens (cost 2 tokens each)\n")
+    assert out.startswith(
+        "token bucket: rate 0.5 tokens/s, capacity 10 tokens (cost 2 tokens each)\n"
+    )
     assert "  sustained rate           0.25 req/s\n" in out
     assert "  refill from empty        20 s\n" in out
     assert "    first rejection        request #7 at 6 s" in out
@@ -60,20 +65,57 @@ def test_simulate_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0] == (
         "the seed's case study, 120 s, seed 1: 11884 requests from 9 client keys over 120 s"
     )
-    assert lines[6].split() == ["token", "bucket", "100/200", "91.0%", "9.0%", "0", "s", "0", "s",
-                                "-", "196", "-"]
+    assert lines[6].split() == [
+        "token",
+        "bucket",
+        "100/200",
+        "91.0%",
+        "9.0%",
+        "0",
+        "s",
+        "0",
+        "s",
+        "-",
+        "196",
+        "-",
+    ]
     assert captured.err == ""  # no progress bar when stdout is not a terminal
     assert "simulating" not in captured.out
 
 
 def test_simulate_options_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--duration", "30", "--seed", "7", "--rate", "120",
-                 "--capacity", "240", "--queue-bound", "50", "--key-rate", "10",
-                 "--key-capacity", "20", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--duration",
+                "30",
+                "--seed",
+                "7",
+                "--rate",
+                "120",
+                "--capacity",
+                "240",
+                "--queue-bound",
+                "50",
+                "--key-rate",
+                "10",
+                "--key-capacity",
+                "20",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     names = [s["label"] for s in doc["strategies"]]
-    assert names == ["fixed window 120/1 s", "unbounded queue 120/s", "bounded queue 120/s, 50",
-                     "token bucket 120/240", "per key 10/20 + 120/240"]
+    assert names == [
+        "fixed window 120/1 s",
+        "unbounded queue 120/s",
+        "bounded queue 120/s, 50",
+        "token bucket 120/240",
+        "per key 10/20 + 120/240",
+    ]
     assert doc["traffic"]["description"] == "the seed's case study, 30 s, seed 7"
     assert doc["traffic"]["duration_ns"] == 30_000_000_000
     assert doc["strategies"][2]["peak_queue"] == 50
@@ -123,7 +165,10 @@ def test_progress_bar_only_on_a_terminal() -> None:
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nanobucket", "simulate", "--duration", "440"],
-        stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+        env=ENV,
     )
     os.close(follower)
     chunks = []
@@ -151,34 +196,62 @@ def test_progress_bar_only_on_a_terminal() -> None:
     [
         ([], "nanobucket: error: the following arguments are required: COMMAND (see --help)"),
         (["frob"], "nanobucket: error: argument COMMAND: invalid choice: 'frob'"),
-        (["explain", "--capacity", "2"],
-         "nanobucket explain: error: the following arguments are required: --rate (see --help)"),
-        (["explain", "--rate", "0", "--capacity", "2"],
-         "nanobucket explain: error: argument --rate: rate must be > 0, got 0 (see --help)"),
-        (["explain", "--rate", "nan", "--capacity", "2"],
-         "nanobucket explain: error: argument --rate: 'nan' is not a number such as 100"),
-        (["explain", "--rate", "1/0", "--capacity", "2"],
-         "nanobucket explain: error: argument --rate: '1/0' is not a number"),
-        (["explain", "--rate", "1e10", "--capacity", "2"],
-         "nanobucket explain: error: argument --rate: rate must be at most 1e9 per second"),
-        (["explain", "--rate", "1", "--capacity", "2.5"],
-         "nanobucket explain: error: argument --capacity: '2.5' is not a whole number"),
-        (["explain", "--rate", "1", "--capacity", "2", "--cost", "3"],
-         "nanobucket explain: error: cost 3 exceeds capacity 2: it could never be admitted"),
-        (["explain", "--rate", "1", "--capacity", "2", "--instances", "0"],
-         "nanobucket explain: error: argument --instances: must be >= 1, got 0"),
-        (["simulate", "--duration", "0"],
-         "nanobucket simulate: error: argument --duration: must be >= 1, got 0"),
-        (["simulate", "--duration", "100000"],
-         "nanobucket simulate: error: duration must be 1 to 86400 s, got 100000"),
-        (["simulate", "--rate", "0.5"],
-         "nanobucket simulate: error: rate must be >= 1 to simulate a 1-second window, got 1/2"),
-        (["simulate", "--trace", "/nonexistent/t.csv"],
-         "nanobucket simulate: error: cannot read trace: No such file or directory"),
-        (["simulate", "--trace", "t.csv", "--seed", "3"],
-         "nanobucket simulate: error: --seed applies to the generated case study"),
-        (["simulate", "--plot", "/nonexistent/x.png"],
-         "nanobucket simulate: error: argument --plot: '/nonexistent/x.png': directory"),
+        (
+            ["explain", "--capacity", "2"],
+            "nanobucket explain: error: the following arguments are required: --rate (see --help)",
+        ),
+        (
+            ["explain", "--rate", "0", "--capacity", "2"],
+            "nanobucket explain: error: argument --rate: rate must be > 0, got 0 (see --help)",
+        ),
+        (
+            ["explain", "--rate", "nan", "--capacity", "2"],
+            "nanobucket explain: error: argument --rate: 'nan' is not a number such as 100",
+        ),
+        (
+            ["explain", "--rate", "1/0", "--capacity", "2"],
+            "nanobucket explain: error: argument --rate: '1/0' is not a number",
+        ),
+        (
+            ["explain", "--rate", "1e10", "--capacity", "2"],
+            "nanobucket explain: error: argument --rate: rate must be at most 1e9 per second",
+        ),
+        (
+            ["explain", "--rate", "1", "--capacity", "2.5"],
+            "nanobucket explain: error: argument --capacity: '2.5' is not a whole number",
+        ),
+        (
+            ["explain", "--rate", "1", "--capacity", "2", "--cost", "3"],
+            "nanobucket explain: error: cost 3 exceeds capacity 2: it could never be admitted",
+        ),
+        (
+            ["explain", "--rate", "1", "--capacity", "2", "--instances", "0"],
+            "nanobucket explain: error: argument --instances: must be >= 1, got 0",
+        ),
+        (
+            ["simulate", "--duration", "0"],
+            "nanobucket simulate: error: argument --duration: must be >= 1, got 0",
+        ),
+        (
+            ["simulate", "--duration", "100000"],
+            "nanobucket simulate: error: duration must be 1 to 86400 s, got 100000",
+        ),
+        (
+            ["simulate", "--rate", "0.5"],
+            "nanobucket simulate: error: rate must be >= 1 to simulate a 1-second window, got 1/2",
+        ),
+        (
+            ["simulate", "--trace", "/nonexistent/t.csv"],
+            "nanobucket simulate: error: cannot read trace: No such file or directory",
+        ),
+        (
+            ["simulate", "--trace", "t.csv", "--seed", "3"],
+            "nanobucket simulate: error: --seed applies to the generated case study",
+        ),
+        (
+            ["simulate", "--plot", "/nonexistent/x.png"],
+            "nanobucket simulate: error: argument --plot: '/nonexistent/x.png': directory",
+        ),
         (["simulate", "--bogus"], "nanobucket: error: unrecognized arguments: --bogus"),
     ],
 )
@@ -234,4 +307,7 @@ def test_bench_missing_is_one_line() -> None:
     )
     proc = run(prog=(sys.executable, "-c", code))
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "nanobucket bench: error: the bench command is not available in this version\n"
+    assert (
+        proc.stderr
+        == "nanobucket bench: error: the bench command is not available in this version\n"
+    )

@@ -61,8 +61,10 @@ def test_async_function(impl: ModuleType, clock) -> None:
 
 def test_wait_instead_of_raising(impl: ModuleType, clock) -> None:
     waits: list[int] = []
-    w = Waiting(impl.TokenBucket(rate=4, capacity=1, clock=clock),
-                sleep=lambda s: waits.append(round(s * S)))
+    w = Waiting(
+        impl.TokenBucket(rate=4, capacity=1, clock=clock),
+        sleep=lambda s: waits.append(round(s * S)),
+    )
 
     @limit(w, wait=True, timeout=0.6)
     def work() -> int:
@@ -82,8 +84,10 @@ def test_async_wait_with_an_all_of(impl: ModuleType, clock) -> None:
     async def sleep(seconds: float) -> None:
         waits.append(round(seconds * S))
 
-    layers = all_of(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock),
-                    impl.TokenBucket(rate=10, capacity=10, clock=clock))
+    layers = all_of(
+        impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock),
+        impl.TokenBucket(rate=10, capacity=10, clock=clock),
+    )
 
     @limit(Waiting(layers, async_sleep=sleep), key=lambda user: user, wait=True)
     async def handler(user: str) -> str:

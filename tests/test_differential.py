@@ -29,9 +29,13 @@ def traces(draw: st.DrawFn, rates: list[object]) -> tuple[object, int, list[tupl
     rate = draw(st.sampled_from(rates))
     capacity = draw(st.integers(1, 40))
     interval = -(-S * Fraction(1) // Fraction(rate))  # type: ignore[arg-type]
-    steps = draw(st.lists(
-        st.tuples(st.integers(0, int(interval) * 3), st.integers(0, capacity)),
-        min_size=1, max_size=400))
+    steps = draw(
+        st.lists(
+            st.tuples(st.integers(0, int(interval) * 3), st.integers(0, capacity)),
+            min_size=1,
+            max_size=400,
+        )
+    )
     return rate, capacity, steps
 
 
@@ -45,7 +49,9 @@ def _times(steps: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 @settings(max_examples=150, deadline=None)
 @given(traces(WHOLE_RATES))
-def test_whole_ns_rates_agree_with_the_exact_model(trace: tuple[object, int, list[tuple[int, int]]]) -> None:
+def test_whole_ns_rates_agree_with_the_exact_model(
+    trace: tuple[object, int, list[tuple[int, int]]],
+) -> None:
     rate, capacity, steps = trace
     events = _times(steps)
     exact = ExactBucket(rate, capacity)  # type: ignore[arg-type]
@@ -144,12 +150,14 @@ def test_any_window_admits_at_most_capacity_plus_rate_times_t(
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 20_000_000), st.integers(0, 3)),
-             max_size=200),
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 20_000_000), st.integers(0, 3)), max_size=200
+    ),
     st.integers(1, 16),
 )
 def test_keyed_tables_agree_with_each_other_and_with_single_buckets(
-    steps: list[tuple[int, int, int]], max_keys: int,
+    steps: list[tuple[int, int, int]],
+    max_keys: int,
 ) -> None:
     if _bucket_c is None:  # pragma: no cover
         return
@@ -179,7 +187,9 @@ def test_allow_many_equals_allow_for_each_key_in_turn(batches: list[list[int]], 
             now = i * 37_000_000
             keys = [f"key-{k}" for k in batch]
             assert list(batched.allow_many_at(keys, now, cost)) == [
-                int(single.allow_at(key, now, cost)) for key in keys]
+                int(single.allow_at(key, now, cost)) for key in keys
+            ]
             ints = array("Q", batch)
             assert list(batched.allow_many_at(ints, now, cost)) == [
-                int(single.allow_at(k, now, cost)) for k in batch]
+                int(single.allow_at(k, now, cost)) for k in batch
+            ]

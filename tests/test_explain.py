@@ -34,7 +34,7 @@ token bucket: rate 100 tokens/s, capacity 200 tokens
 def test_seed_configuration_text() -> None:
     text = render_text(explain(100, 200))
     assert text.startswith(SEED_TEXT)
-    summary = " ".join(text[len(SEED_TEXT):].split())
+    summary = " ".join(text[len(SEED_TEXT) :].split())
     assert summary.startswith("The bucket starts full with 200 tokens and refills 100 tokens")
     assert "an empty bucket takes 2 s to refill" in summary
     assert "is empty after 2.5 s" in summary

@@ -199,8 +199,14 @@ def test_free_threaded_build_keeps_the_gil_off() -> None:
         "u.find_spec('nanobucket._shared_c') and __import__('nanobucket._shared_c');"
         "print(sys._is_gil_enabled())"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 

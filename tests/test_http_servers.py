@@ -49,7 +49,11 @@ class Server:
         self.log = log
         self._log_file = open(log, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, cwd=APPS, stdout=self._log_file, stderr=subprocess.STDOUT
+            argv,
+            env={**os.environ, **env},
+            cwd=APPS,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -62,7 +66,9 @@ class Server:
             except OSError:
                 if time.monotonic() > deadline:
                     self.close()
-                    pytest.fail(f"server did not listen within {START_TIMEOUT} s:\n{log.read_text()}")
+                    pytest.fail(
+                        f"server did not listen within {START_TIMEOUT} s:\n{log.read_text()}"
+                    )
                 time.sleep(0.05)
 
     def close(self) -> None:
@@ -76,16 +82,18 @@ class Server:
         self._log_file.close()
 
 
-def get(conn: http.client.HTTPConnection, path: str = "/", headers: dict[str, str] | None = None
-        ) -> tuple[int, dict[str, str], bytes]:
+def get(
+    conn: http.client.HTTPConnection, path: str = "/", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     conn.request("GET", path, headers=headers or {})
     r = conn.getresponse()
     body = r.read()
     return r.status, {k.lower(): v for k, v in r.getheaders()}, body
 
 
-def load(port: int, threads: int, per_thread: int, headers: Any = None
-         ) -> list[tuple[int, dict[str, str]]]:
+def load(
+    port: int, threads: int, per_thread: int, headers: Any = None
+) -> list[tuple[int, dict[str, str]]]:
     """*threads* x *per_thread* GETs of ``/``; *headers* is a dict or f(thread, i) -> dict."""
     results: list[tuple[int, dict[str, str]]] = []
     lock = threading.Lock()
@@ -128,8 +136,17 @@ def statuses(results: list[tuple[int, dict[str, str]]]) -> tuple[int, int]:
 def uvicorn(tmp_path: Path, rate: float, capacity: int, key: str = "address") -> Server:
     port = free_port()
     argv = [
-        sys.executable, "-m", "uvicorn", "asgi_app:app", "--host", "127.0.0.1",
-        "--port", str(port), "--log-level", "warning", "--no-access-log",
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "asgi_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
         # uvicorn itself would take X-Forwarded-For from 127.0.0.1 by default
         # (forwarded_allow_ips); off, so the peer address reaches the middleware.
         "--no-proxy-headers",
@@ -162,7 +179,9 @@ def test_uvicorn_exact_count_and_spoofed_header(uvicorn_server: Server) -> None:
     assert hdrs["ratelimit"].startswith('"default";r=0;t=')
     assert b'"status":429' in body
     admitted = [h for s, h in results if s == 200]
-    assert sorted(int(h["ratelimit"].split("r=")[1].split(";")[0]) for h in admitted) == list(range(50))
+    assert sorted(int(h["ratelimit"].split("r=")[1].split(";")[0]) for h in admitted) == list(
+        range(50)
+    )
     status, _, body = get(conn, "/stats")  # exempt: the app reads the counters
     conn.close()
     assert status == 200
@@ -209,8 +228,18 @@ def gunicorn_server(tmp_path: Path) -> Iterator[tuple[Server, int]]:
     if SHARED:
         env["NB_SHARED_PATH"] = str(tmp_path / "table.nb")
     argv = [
-        sys.executable, "-m", "gunicorn", "-c", "gunicorn_conf.py", "-w", str(workers),
-        "-b", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app",
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        "gunicorn_conf.py",
+        "-w",
+        str(workers),
+        "-b",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "warning",
+        "wsgi_app:app",
     ]
     server = Server(argv, env, port, tmp_path / "gunicorn.log")
     yield server, workers
@@ -229,7 +258,9 @@ def test_gunicorn_exact_count(gunicorn_server: tuple[Server, int]) -> None:
     assert all(3600 - math.ceil(elapsed) <= int(h["retry-after"]) <= 3600 for h in limited)
     assert all(h["ratelimit"].startswith('"default";r=0;t=') for h in limited)
     admitted = [h for s, h in results if s == 200]
-    assert sorted(int(h["ratelimit"].split("r=")[1].split(";")[0]) for h in admitted) == list(range(60))
+    assert sorted(int(h["ratelimit"].split("r=")[1].split(";")[0]) for h in admitted) == list(
+        range(60)
+    )
     pids = {h["x-worker"] for h in admitted}
     # With the shared table, several workers admitted and still only 60 in all.
     assert (2 if workers > 1 else 1) <= len(pids) <= workers

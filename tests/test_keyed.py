@@ -17,7 +17,12 @@ def test_keys_are_independent(impl: ModuleType) -> None:
         assert [t.allow_at(key, S) for _ in range(3)] == [True, True, False]
     assert t.allow_at("bob", S)
     d = t.check_at("alice", S + S // 2)
-    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (False, 0, S // 2, 3 * S // 2)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
+        False,
+        0,
+        S // 2,
+        3 * S // 2,
+    )
     assert t.check_at("alice", 2 * S).allowed
 
 
@@ -33,7 +38,12 @@ def test_decision_values_per_key(impl: ModuleType) -> None:
     t = impl.KeyedTokenBucket(rate=100, capacity=200)
     d = t.check_at("k", S, cost=5)
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
-        True, 195, 0, 50_000_000, 200)
+        True,
+        195,
+        0,
+        50_000_000,
+        200,
+    )
     assert t.peek_at("k", S, cost=196).retry_after_ns == 10_000_000
     assert t.peek_at("other", S, cost=200).allowed
     assert t.tokens_at("k", S) == 195.0
@@ -97,7 +107,8 @@ def test_overflow_forgives_the_keys_closest_to_full(impl: ModuleType) -> None:
     # A 17th key: no bucket is full, so the 16 // 8 = 2 least indebted go.
     assert t.allow_at("new", 0, cost=50)
     assert [t.tokens_at(i, 0) for i in range(16)] == [100.0, 100.0] + [
-        float(100 - 20 - i) for i in range(2, 16)]
+        float(100 - 20 - i) for i in range(2, 16)
+    ]
     assert t.tokens_at("new", 0) == 50.0
     # The table now has room for one more before it forgives again.
     assert t.allow_at("newer", 0, cost=1)
@@ -203,8 +214,11 @@ def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleTyp
                     spent[n % 64] += 1
             t.allow_at(("churn", offset, n), 10**9)  # new keys: sweeps and growth
 
-    threads = [threading.Thread(target=batches), threading.Thread(target=singles, args=(1,)),
-               threading.Thread(target=singles, args=(2,))]
+    threads = [
+        threading.Thread(target=batches),
+        threading.Thread(target=singles, args=(1,)),
+        threading.Thread(target=singles, args=(2,)),
+    ]
     for th in threads:
         th.start()
     for th in threads:

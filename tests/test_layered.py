@@ -42,8 +42,10 @@ def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock) -> None:
 
 
 def test_unkeyed_layers_need_no_key(impl: ModuleType, clock) -> None:
-    limit = all_of(impl.TokenBucket(rate=1, capacity=1, clock=clock),
-                   impl.TokenBucket(rate=2, capacity=5, clock=clock))
+    limit = all_of(
+        impl.TokenBucket(rate=1, capacity=1, clock=clock),
+        impl.TokenBucket(rate=2, capacity=5, clock=clock),
+    )
     assert limit.allow() and not limit.allow()
     assert limit.check().retry_after_ns == S
 
@@ -73,7 +75,9 @@ def test_the_decision_names_the_binding_layer(impl: ModuleType) -> None:
 
 def test_several_bandwidths_on_one_object_match_the_exact_model(impl: ModuleType) -> None:
     # 100/s with bursts of 200 AND 3000 per minute (50/s, a minute's worth of burst)
-    limit = all_of(impl.TokenBucket(rate=100, capacity=200), impl.TokenBucket(rate=50, capacity=3000))
+    limit = all_of(
+        impl.TokenBucket(rate=100, capacity=200), impl.TokenBucket(rate=50, capacity=3000)
+    )
     exact = (ExactBucket(rate=100, capacity=200), ExactBucket(rate=50, capacity=3000))
     times = [k * S // 1000 for k in range(90_000)]  # 1000 req/s for 90 s
     ours = [limit.allow_at(None, t) for t in times]
@@ -102,11 +106,18 @@ def test_the_seed_case_one_greedy_client_cannot_starve_the_others(impl: ModuleTy
                     admitted[who] += limit.allow_at(t)  # type: ignore[attr-defined]
         return admitted
 
-    layered = run(all_of(impl.KeyedTokenBucket(rate=100, capacity=200),
-                         impl.TokenBucket(rate=300, capacity=300)), keyed=True)
+    layered = run(
+        all_of(
+            impl.KeyedTokenBucket(rate=100, capacity=200), impl.TokenBucket(rate=300, capacity=300)
+        ),
+        keyed=True,
+    )
     greedy_alone = ExactBucket(rate=100, capacity=200)
-    assert layered == {"greedy": sum(greedy_alone.allow_at(ms * S // 1000) for ms in range(10_000)),
-                       "c1": 500, "c2": 500}
+    assert layered == {
+        "greedy": sum(greedy_alone.allow_at(ms * S // 1000) for ms in range(10_000)),
+        "c1": 500,
+        "c2": 500,
+    }
     only_global = run(impl.TokenBucket(rate=300, capacity=300), keyed=False)
     assert only_global["greedy"] > 2000 and only_global["c1"] + only_global["c2"] < 500
 
@@ -157,7 +168,9 @@ def test_a_layer_without_refund_is_charged_last(tmp_path) -> None:
 
     if _bucket_c is None:  # pragma: no cover
         pytest.skip("needs the extension")
-    shared = SharedKeyedTokenBucket.create(path=tmp_path / f"t-{uuid.uuid4().hex}", rate=1, capacity=2)
+    shared = SharedKeyedTokenBucket.create(
+        path=tmp_path / f"t-{uuid.uuid4().hex}", rate=1, capacity=2
+    )
     try:
         local = _bucket_c.TokenBucket(rate=1, capacity=10)
         limit = all_of(shared, local)  # shared is given first, but charged last

@@ -55,6 +55,7 @@ def client(redis_url: str) -> Any:
 
 # -- semantics: the same decisions as the in-process table -------------------------------------
 
+
 @pytest.mark.parametrize(("rate", "capacity"), [(100, 200), (1000, 10), (4, 3), (1, 1)])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_trace_matches_in_process_table(
@@ -69,7 +70,9 @@ def test_trace_matches_in_process_table(
     keys = ["a", "b", 7, b"c"]
     now = 10**15  # well past zero, like a real clock; state starts empty
     for _ in range(400):
-        step = rng.choice([0, 0, 1000, interval // 3 // 1000 * 1000, interval, 5 * interval, -interval])
+        step = rng.choice(
+            [0, 0, 1000, interval // 3 // 1000 * 1000, interval, 5 * interval, -interval]
+        )
         now = max(0, now + step)
         key = rng.choice(keys)
         cost = rng.choice([0, 1, 1, 1, capacity, rng.randint(0, capacity)])
@@ -91,11 +94,20 @@ def test_decision_fields_and_source(client: Any) -> None:
     limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix=_fresh("fields"))
     d = limiter.check_at("k", 0, 150)
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
-        True, 50, 0, 1500 * MS, 200)
+        True,
+        50,
+        0,
+        1500 * MS,
+        200,
+    )
     assert d.source == "redis" and d.reset_after == 1.5
     d = limiter.check_at("k", 5 * MS, 100)  # 50.5 tokens: 49.5 short, 495 ms to wait
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
-        False, 50, 495 * MS, 1495 * MS)
+        False,
+        50,
+        495 * MS,
+        1495 * MS,
+    )
     assert isinstance(d, nb.Decision) or isinstance(d, nbr.RedisDecision)
 
 
@@ -135,7 +147,9 @@ def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
 def test_keys_share_a_cluster_slot_per_client_key(client: Any) -> None:
     a = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix="api")
     b = nbr.RedisTokenBucket(client, rate=10, capacity=5, prefix="login")
-    assert a.key("user:1") == b"api:{user:1}" and a.key(5) == b"api:{5}" and a.key(b"x") == b"api:{x}"
+    assert (
+        a.key("user:1") == b"api:{user:1}" and a.key(5) == b"api:{5}" and a.key(b"x") == b"api:{x}"
+    )
     assert key_slot(a.key("user:1")) == key_slot(b.key("user:1"))
     assert key_slot(a.key("user:1")) != key_slot(a.key("user:2"))
 
@@ -161,8 +175,11 @@ def test_allow_many_cluster_path_pipelines_one_script_per_key(client: Any) -> No
     limiter._cluster = True
     local = nb.KeyedTokenBucket(rate=1, capacity=2)
     batch = ["a", "b", "a", "a", "c", "b"]
-    assert limiter.allow_many_at(batch, 0) == local.allow_many_at(batch, 0) == \
-        bytearray([1, 1, 1, 0, 1, 1])
+    assert (
+        limiter.allow_many_at(batch, 0)
+        == local.allow_many_at(batch, 0)
+        == bytearray([1, 1, 1, 0, 1, 1])
+    )
     client.script_flush()  # every call in the batch gets NOSCRIPT, then runs once
     assert limiter.allow_many_at(batch, S) == local.allow_many_at(batch, S)
     assert limiter.check_at("a", S) == local.check_at("a", S)
@@ -189,8 +206,12 @@ def test_bad_construction(client: Any, kwargs: dict[str, Any], error: type) -> N
 def test_bad_calls(client: Any) -> None:
     limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2)
     cases: list[tuple[tuple[Any, Any], type[Exception]]] = [
-        ((("a",), 0), TypeError), ((1.5, 0), TypeError), ((True, 0), TypeError),
-        (("a", -1), ValueError), (("a", 1.0), TypeError)]
+        ((("a",), 0), TypeError),
+        ((1.5, 0), TypeError),
+        ((True, 0), TypeError),
+        (("a", -1), ValueError),
+        (("a", 1.0), TypeError),
+    ]
     for bad, error in cases:
         with pytest.raises(error):
             limiter.allow_at(*bad)
@@ -207,6 +228,7 @@ def test_bad_calls(client: Any) -> None:
 
 
 # -- the circuit breaker ------------------------------------------------------------------------
+
 
 def _state(b: nbr.CircuitBreaker) -> str:
     return b.state  # a call, so that mypy does not narrow the property between asserts
@@ -236,6 +258,7 @@ def test_circuit_breaker_backs_off_and_recovers() -> None:
 
 # -- Redis going away ---------------------------------------------------------------------------
 
+
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     start = time.monotonic()
     result = fn(*args)
@@ -246,11 +269,18 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
 def test_redis_stopped_mid_run(own_redis_server: RedisServer, policy: str) -> None:
     clock = ManualClock()
     breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
-    fallback = nb.KeyedTokenBucket(rate=50, capacity=2, clock=clock) if policy == "fallback" else None
+    fallback = (
+        nb.KeyedTokenBucket(rate=50, capacity=2, clock=clock) if policy == "fallback" else None
+    )
     limiter = nbr.RedisTokenBucket.from_url(
-        own_redis_server.url, rate=100, capacity=200, socket_timeout=0.25,
+        own_redis_server.url,
+        rate=100,
+        capacity=200,
+        socket_timeout=0.25,
         on_error=cast(Any, "raise" if policy == "fallback" else policy),
-        fallback=fallback, breaker=breaker)
+        fallback=fallback,
+        breaker=breaker,
+    )
     assert limiter.check("k").remaining == 199
     own_redis_server.stop()
 
@@ -296,8 +326,13 @@ def test_redis_paused_calls_time_out(own_redis_server: RedisServer) -> None:
     clock = ManualClock()
     breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
     limiter = nbr.RedisTokenBucket.from_url(
-        own_redis_server.url, rate=100, capacity=200, socket_timeout=0.25,
-        on_error="closed", breaker=breaker)
+        own_redis_server.url,
+        rate=100,
+        capacity=200,
+        socket_timeout=0.25,
+        on_error="closed",
+        breaker=breaker,
+    )
     assert limiter.allow("k")
     own_redis_server.pause()  # connections stay open, replies never come
     try:
@@ -315,7 +350,8 @@ def test_redis_paused_calls_time_out(own_redis_server: RedisServer) -> None:
 def test_async_limiter(redis_url: str, own_redis_server: RedisServer) -> None:
     async def run() -> None:
         limiter = nbr.AsyncRedisTokenBucket.from_url(
-            redis_url, rate=4, capacity=3, prefix=_fresh("async"))
+            redis_url, rate=4, capacity=3, prefix=_fresh("async")
+        )
         local = nb.KeyedTokenBucket(rate=4, capacity=3)
         rng = random.Random(5)
         now = 0
@@ -324,16 +360,22 @@ def test_async_limiter(redis_url: str, own_redis_server: RedisServer) -> None:
             key, cost = rng.choice("ab"), rng.randint(0, 3)
             assert await limiter.check_at(key, now, cost) == local.check_at(key, now, cost)
             assert await limiter.peek_at(key, now, 1) == local.peek_at(key, now, 1)
-        assert await limiter.allow_many_at(["a", "b", "c"], now, 2) == \
-            local.allow_many_at(["a", "b", "c"], now, 2)
+        assert await limiter.allow_many_at(["a", "b", "c"], now, 2) == local.allow_many_at(
+            ["a", "b", "c"], now, 2
+        )
         await limiter.client.script_flush()
         assert await limiter.allow_at("z", now) and (await limiter.check("z2")).remaining == 2
         await limiter.aclose()
 
         clock = ManualClock()
         down = nbr.AsyncRedisTokenBucket.from_url(
-            own_redis_server.url, rate=4, capacity=3, socket_timeout=0.25, on_error="open",
-            breaker=nbr.CircuitBreaker(backoff=1.0, clock=clock))
+            own_redis_server.url,
+            rate=4,
+            capacity=3,
+            socket_timeout=0.25,
+            on_error="open",
+            breaker=nbr.CircuitBreaker(backoff=1.0, clock=clock),
+        )
         assert (await down.check("k")).source == "redis"
         own_redis_server.stop()
         start = time.monotonic()
@@ -350,11 +392,13 @@ def test_async_limiter(redis_url: str, own_redis_server: RedisServer) -> None:
 
 # -- many processes, one limit -----------------------------------------------------------------
 
+
 def _hammer(url: str, prefix: str, kind: str, start: Any, seconds: float, out: Any) -> None:
     client = nbr.client_from_url(url, socket_timeout=2.0)
     if kind == "leased":
-        limiter: Any = nbr.LeasedTokenBucket(client, rate=200, capacity=50, prefix=prefix,
-                                             max_lease=8)
+        limiter: Any = nbr.LeasedTokenBucket(
+            client, rate=200, capacity=50, prefix=prefix, max_lease=8
+        )
     else:
         limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix)
     start.wait()
@@ -376,8 +420,10 @@ def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
     # every token admitted was in the bucket (50) or refilled (200/s) meanwhile.
     prefix = _fresh("procs")
     start, out = SPAWN.Event(), SPAWN.Queue()
-    procs = [SPAWN.Process(target=_hammer, args=(redis_url, prefix, kind, start, 0.5, out))
-             for _ in range(4)]
+    procs = [
+        SPAWN.Process(target=_hammer, args=(redis_url, prefix, kind, start, 0.5, out))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     time.sleep(0.05)
@@ -396,8 +442,9 @@ def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
 
 def _lease_phases(url: str, prefix: str, lease: int, barrier: Any, out: Any) -> None:
     client = nbr.client_from_url(url, socket_timeout=2.0)
-    limiter = nbr.LeasedTokenBucket(client, rate=100, capacity=100, prefix=prefix,
-                                    min_lease=lease, max_lease=lease)
+    limiter = nbr.LeasedTokenBucket(
+        client, rate=100, capacity=100, prefix=prefix, min_lease=lease, max_lease=lease
+    )
     first = limiter.allow_at("k", 0)  # takes a lease of `lease`, spends 1
     barrier.wait()
     later = 0
@@ -414,8 +461,10 @@ def test_leasing_over_admission_bound_four_processes(redis_url: str) -> None:
     # capacity + rate * T (every token came from Redis).
     lease, prefix = 10, _fresh("lease")
     barrier, out = SPAWN.Barrier(4), SPAWN.Queue()
-    procs = [SPAWN.Process(target=_lease_phases, args=(redis_url, prefix, lease, barrier, out))
-             for _ in range(4)]
+    procs = [
+        SPAWN.Process(target=_lease_phases, args=(redis_url, prefix, lease, barrier, out))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     results = [out.get(timeout=30) for _ in procs]
@@ -434,8 +483,9 @@ def test_lease_size_adapts_and_unused_tokens_go_back(client: Any) -> None:
     prefix = _fresh("adapt")
     clock = ManualClock()
     # rate 10/s: the give-back is not hidden by refill (the test takes far less than 28 s).
-    leased = nbr.LeasedTokenBucket(client, rate=10, capacity=1000, prefix=prefix,
-                                   max_lease=64, lease_period=0.1, clock=clock)
+    leased = nbr.LeasedTokenBucket(
+        client, rate=10, capacity=1000, prefix=prefix, max_lease=64, lease_period=0.1, clock=clock
+    )
     shared = nbr.RedisTokenBucket(client, rate=10, capacity=1000, prefix=prefix)
     # A busy key: each lease lasts < lease_period, so sizes go 1, 2, 4, ..., 64, 64.
     assert all(leased.allow("k") for _ in range(1 + 2 + 4 + 8 + 16 + 32 + 64 + 64))
@@ -464,8 +514,9 @@ def test_leased_refusals_cost_one_round_trip(client: Any) -> None:
 
 
 def test_leased_key_table_is_bounded(client: Any) -> None:
-    leased = nbr.LeasedTokenBucket(client, rate=1, capacity=4, prefix=_fresh("bound"),
-                                   max_lease=4, max_keys=8)
+    leased = nbr.LeasedTokenBucket(
+        client, rate=1, capacity=4, prefix=_fresh("bound"), max_lease=4, max_keys=8
+    )
     assert all(leased.allow_at(i, 0) for i in range(20))
     assert len(leased) <= 8
     # The newest key kept its state: its next lease doubles (2 tokens, 1 left).

@@ -18,8 +18,9 @@ def _run(env_value: str | None) -> str:
     env.pop("NANOBUCKET_NO_EXTENSIONS", None)
     if env_value is not None:
         env["NANOBUCKET_NO_EXTENSIONS"] = env_value
-    return subprocess.run([sys.executable, "-c", CODE], env=env, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", CODE], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def test_the_env_var_gives_pure_python() -> None:
@@ -30,5 +31,6 @@ def test_the_env_var_gives_pure_python() -> None:
 def test_the_default_is_cython() -> None:
     assert _run(None) == "cython nanobucket._bucket_c"
     assert _run("0") == "cython nanobucket._bucket_c"
-    assert nanobucket.IMPLEMENTATION == ("python" if os.environ.get(
-        "NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0") else "cython")
+    assert nanobucket.IMPLEMENTATION == (
+        "python" if os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0") else "cython"
+    )

@@ -25,8 +25,9 @@ except ImportError:  # pragma: no cover - a pure-Python install
 
 pytestmark = [
     pytest.mark.c_extension,
-    pytest.mark.skipif(_shared_c is None and not os.environ.get("CI"),
-                       reason="the Cython extension is not built"),
+    pytest.mark.skipif(
+        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
+    ),
 ]
 
 S = 1_000_000_000
@@ -66,8 +67,12 @@ def test_create_by_name_under_dev_shm_then_open(name: str) -> None:
 
 
 def test_rate_round_trips_exactly(path: Path) -> None:
-    for rate, back in [(100, 100), (Fraction(7, 2), Fraction(7, 2)), (0.1, Fraction(1, 10)),
-                       (3, 3)]:
+    for rate, back in [
+        (100, 100),
+        (Fraction(7, 2), Fraction(7, 2)),
+        (0.1, Fraction(1, 10)),
+        (3, 3),
+    ]:
         p = path.with_suffix(f".{len(str(rate))}.{back}".replace("/", "_"))
         with SharedKeyedTokenBucket.create(path=p, rate=rate, capacity=5) as t:
             ref = _bucket_py.KeyedTokenBucket(rate=rate, capacity=5)
@@ -117,20 +122,44 @@ def test_file_size_is_header_plus_slots(path: Path) -> None:
 # -- semantics: a differential trace against the in-process table --------------------
 
 
-KEYS: list[object] = ["alice", "bob", "", "ключ", b"alice", b"\x00", 0, 1, -1, 2**63, -(2**70),
-                      "a" * 300]
+KEYS: list[object] = [
+    "alice",
+    "bob",
+    "",
+    "ключ",
+    b"alice",
+    b"\x00",
+    0,
+    1,
+    -1,
+    2**63,
+    -(2**70),
+    "a" * 300,
+]
 
 
-@pytest.mark.parametrize(("rate", "capacity", "seed"), [
-    (1, 3, 1), (3, 10, 2), (Fraction(7, 2), 1, 3), (1000, 50, 4), (0.5, 7, 5),
-])
-def test_same_decisions_as_keyed_token_bucket(path: Path, rate: object, capacity: int,
-                                              seed: int) -> None:
+@pytest.mark.parametrize(
+    ("rate", "capacity", "seed"),
+    [
+        (1, 3, 1),
+        (3, 10, 2),
+        (Fraction(7, 2), 1, 3),
+        (1000, 50, 4),
+        (0.5, 7, 5),
+    ],
+)
+def test_same_decisions_as_keyed_token_bucket(
+    path: Path, rate: object, capacity: int, seed: int
+) -> None:
     ref = _bucket_py.KeyedTokenBucket(rate=rate, capacity=capacity)  # type: ignore[arg-type]
     rng = random.Random(seed)
     now = 0
-    with SharedKeyedTokenBucket.create(path=path, rate=rate, capacity=capacity,  # type: ignore[arg-type]
-                                       max_keys=64) as t:
+    with SharedKeyedTokenBucket.create(
+        path=path,
+        rate=rate,
+        capacity=capacity,  # type: ignore[arg-type]
+        max_keys=64,
+    ) as t:
         for _ in range(3000):
             now += rng.choice([0, 0, 1, ref.interval_ns // 3, ref.interval_ns, 5 * S])
             key = rng.choice(KEYS)
@@ -164,8 +193,9 @@ def test_time_going_backwards_matches_and_creates_nothing(path: Path) -> None:
 
 def test_real_clock_and_injected_clock(path: Path) -> None:
     ticks = iter([0, 0, 0, S // 2, S])
-    with SharedKeyedTokenBucket.create(path=path, rate=2, capacity=2,
-                                       clock=lambda: next(ticks)) as t:
+    with SharedKeyedTokenBucket.create(
+        path=path, rate=2, capacity=2, clock=lambda: next(ticks)
+    ) as t:
         assert [t.allow("k"), t.allow("k"), t.allow("k")] == [True, True, False]
         assert t.tokens("k") == 1.0
         assert t.check("k") == _bucket_py.Decision(True, 1, 0, S // 2, 2)
@@ -248,8 +278,9 @@ def test_full_window_rejects_new_keys_until_a_bucket_fills(path: Path) -> None:
 
 
 def test_full_window_admits_untracked_when_asked(path: Path) -> None:
-    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1,
-                                       when_full="admit") as t:
+    with SharedKeyedTokenBucket.create(
+        path=path, rate=1, capacity=2, max_keys=1, when_full="admit"
+    ) as t:
         assert t.allow_at("a", 0, cost=2) and t.allow_at("b", 0, cost=2)
         # Fail open: each request of "c" is decided on a full bucket, and not recorded.
         assert [t.allow_at("c", 0) for _ in range(5)] == [True] * 5
@@ -263,21 +294,24 @@ def test_full_window_admits_untracked_when_asked(path: Path) -> None:
 # -- parameters ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"rate": 0, "capacity": 1}, ValueError, "rate"),
-    ({"rate": float("nan"), "capacity": 1}, ValueError, "finite"),
-    ({"rate": "1", "capacity": 1}, TypeError, "rate"),
-    ({"rate": True, "capacity": 1}, TypeError, "rate"),
-    ({"rate": 1, "capacity": 0}, ValueError, "capacity"),
-    ({"rate": 1, "capacity": 1.5}, TypeError, "capacity"),
-    ({"rate": 1, "capacity": 1, "max_keys": 0}, ValueError, "max_keys"),
-    ({"rate": 1, "capacity": 1, "max_keys": 1.0}, TypeError, "max_keys"),
-    ({"rate": 1, "capacity": 1, "when_full": "maybe"}, ValueError, "when_full"),
-    ({"rate": 1, "capacity": 1, "mode": "rw"}, ValueError, "mode"),
-    ({"rate": 1, "capacity": 1, "clock": 5}, TypeError, "clock"),
-    ({"rate": Fraction(2**64 + 1, 2**64), "capacity": 1}, ValueError, "fraction"),
-    ({"rate": 1, "capacity": 1, "max_keys": 1 << 41}, ValueError, "max_keys"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"rate": 0, "capacity": 1}, ValueError, "rate"),
+        ({"rate": float("nan"), "capacity": 1}, ValueError, "finite"),
+        ({"rate": "1", "capacity": 1}, TypeError, "rate"),
+        ({"rate": True, "capacity": 1}, TypeError, "rate"),
+        ({"rate": 1, "capacity": 0}, ValueError, "capacity"),
+        ({"rate": 1, "capacity": 1.5}, TypeError, "capacity"),
+        ({"rate": 1, "capacity": 1, "max_keys": 0}, ValueError, "max_keys"),
+        ({"rate": 1, "capacity": 1, "max_keys": 1.0}, TypeError, "max_keys"),
+        ({"rate": 1, "capacity": 1, "when_full": "maybe"}, ValueError, "when_full"),
+        ({"rate": 1, "capacity": 1, "mode": "rw"}, ValueError, "mode"),
+        ({"rate": 1, "capacity": 1, "clock": 5}, TypeError, "clock"),
+        ({"rate": Fraction(2**64 + 1, 2**64), "capacity": 1}, ValueError, "fraction"),
+        ({"rate": 1, "capacity": 1, "max_keys": 1 << 41}, ValueError, "max_keys"),
+    ],
+)
 def test_bad_parameters(path: Path, kwargs: dict[str, object], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         SharedKeyedTokenBucket.create(path=path, **kwargs)  # type: ignore[arg-type]
@@ -285,8 +319,7 @@ def test_bad_parameters(path: Path, kwargs: dict[str, object], error: type, matc
 
 
 def test_bad_names(path: Path) -> None:
-    for name, error in [("a/b", ValueError), ("", ValueError), ("..", ValueError),
-                        (5, TypeError)]:
+    for name, error in [("a/b", ValueError), ("", ValueError), ("..", ValueError), (5, TypeError)]:
         with pytest.raises(error):
             SharedKeyedTokenBucket.create(name, rate=1, capacity=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="exactly one"):
@@ -297,14 +330,23 @@ def test_bad_names(path: Path) -> None:
 
 def test_bad_arguments_to_the_verbs(path: Path) -> None:
     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=3) as t:
-        for cost, error in [(-1, ValueError), (4, ValueError), (True, TypeError),
-                            (1.0, TypeError), (2**64, ValueError)]:
+        for cost, error in [
+            (-1, ValueError),
+            (4, ValueError),
+            (True, TypeError),
+            (1.0, TypeError),
+            (2**64, ValueError),
+        ]:
             with pytest.raises(error, match="cost"):
                 t.allow("k", cost)
             with pytest.raises(error, match="cost"):
                 t.peek_at("k", 0, cost)
-        for now, error in [(-1, ValueError), (2**62, ValueError), (1.0, TypeError),
-                           (False, TypeError)]:
+        for now, error in [
+            (-1, ValueError),
+            (2**62, ValueError),
+            (1.0, TypeError),
+            (False, TypeError),
+        ]:
             with pytest.raises(error, match="now"):
                 t.allow_at("k", now)
             with pytest.raises(error, match="now"):
@@ -329,23 +371,26 @@ def _rewrite(data: bytes, offset: int, fmt: str, value: int) -> bytes:
     return bytes(raw)
 
 
-@pytest.mark.parametrize(("mangle", "match"), [
-    (lambda d: b"", "not a nanobucket shared table"),
-    (lambda d: b"hello world\n" * 100, "not a nanobucket shared table"),
-    (lambda d: d[:60], "truncated"),
-    (lambda d: d[:-16], "truncated"),
-    (lambda d: d + b"\0" * 16, "unexpected bytes"),
-    (lambda d: _rewrite(d, 16, "=Q", 2), "layout version 2"),
-    (lambda d: _rewrite(d, 8, "=Q", 0x0807060504030201), "byte order"),
-    (lambda d: d[:40] + b"\x07" + d[41:], "corrupt"),
-    (lambda d: _rewrite(d, 64, "=q", 1 << 40), "truncated"),  # slot count past the file
-    (lambda d: _rewrite(d, 64, "=q", 3), "corrupt"),
-    (lambda d: _rewrite(d, 56, "=q", 5), "corrupt"),  # interval disagrees with the rate
-    (lambda d: _rewrite(d, 40, "=q", 0), "corrupt"),  # rate denominator 0
-    (lambda d: _rewrite(d, 80, "=q", 99), "corrupt"),  # probe longer than the table
-    (lambda d: _rewrite(d, 72, "=q", 0), "corrupt"),  # max_keys
-    (lambda d: _rewrite(d, 88, "=q", 7), "corrupt"),  # policy
-])
+@pytest.mark.parametrize(
+    ("mangle", "match"),
+    [
+        (lambda d: b"", "not a nanobucket shared table"),
+        (lambda d: b"hello world\n" * 100, "not a nanobucket shared table"),
+        (lambda d: d[:60], "truncated"),
+        (lambda d: d[:-16], "truncated"),
+        (lambda d: d + b"\0" * 16, "unexpected bytes"),
+        (lambda d: _rewrite(d, 16, "=Q", 2), "layout version 2"),
+        (lambda d: _rewrite(d, 8, "=Q", 0x0807060504030201), "byte order"),
+        (lambda d: d[:40] + b"\x07" + d[41:], "corrupt"),
+        (lambda d: _rewrite(d, 64, "=q", 1 << 40), "truncated"),  # slot count past the file
+        (lambda d: _rewrite(d, 64, "=q", 3), "corrupt"),
+        (lambda d: _rewrite(d, 56, "=q", 5), "corrupt"),  # interval disagrees with the rate
+        (lambda d: _rewrite(d, 40, "=q", 0), "corrupt"),  # rate denominator 0
+        (lambda d: _rewrite(d, 80, "=q", 99), "corrupt"),  # probe longer than the table
+        (lambda d: _rewrite(d, 72, "=q", 0), "corrupt"),  # max_keys
+        (lambda d: _rewrite(d, 88, "=q", 7), "corrupt"),  # policy
+    ],
+)
 def test_open_rejects_files_that_are_not_tables(path: Path, mangle: object, match: str) -> None:
     data = mangle(_valid_header(path))  # type: ignore[operator]
     path.write_bytes(data)
@@ -372,19 +417,29 @@ def _siphash_ref(data: bytes, k0: int, k1: int, c: int, d: int, tweak: int = 0) 
     def rotl(x: int, b: int) -> int:
         return ((x << b) | (x >> (64 - b))) & m64
 
-    v = [0x736F6D6570736575 ^ k0, 0x646F72616E646F6D ^ k1 ^ tweak,
-         0x6C7967656E657261 ^ k0, 0x7465646279746573 ^ k1]
+    v = [
+        0x736F6D6570736575 ^ k0,
+        0x646F72616E646F6D ^ k1 ^ tweak,
+        0x6C7967656E657261 ^ k0,
+        0x7465646279746573 ^ k1,
+    ]
 
     def rounds(n: int) -> None:
         for _ in range(n):
-            v[0] = (v[0] + v[1]) & m64; v[1] = rotl(v[1], 13) ^ v[0]; v[0] = rotl(v[0], 32)  # noqa: E702
-            v[2] = (v[2] + v[3]) & m64; v[3] = rotl(v[3], 16) ^ v[2]  # noqa: E702
-            v[0] = (v[0] + v[3]) & m64; v[3] = rotl(v[3], 21) ^ v[0]  # noqa: E702
-            v[2] = (v[2] + v[1]) & m64; v[1] = rotl(v[1], 17) ^ v[2]; v[2] = rotl(v[2], 32)  # noqa: E702
+            v[0] = (v[0] + v[1]) & m64
+            v[1] = rotl(v[1], 13) ^ v[0]
+            v[0] = rotl(v[0], 32)  # noqa: E702
+            v[2] = (v[2] + v[3]) & m64
+            v[3] = rotl(v[3], 16) ^ v[2]  # noqa: E702
+            v[0] = (v[0] + v[3]) & m64
+            v[3] = rotl(v[3], 21) ^ v[0]  # noqa: E702
+            v[2] = (v[2] + v[1]) & m64
+            v[1] = rotl(v[1], 17) ^ v[2]
+            v[2] = rotl(v[2], 32)  # noqa: E702
 
     tail = len(data) - len(data) % 8
     for i in range(0, tail, 8):
-        m = int.from_bytes(data[i:i + 8], "little")
+        m = int.from_bytes(data[i : i + 8], "little")
         v[3] ^= m
         rounds(c)
         v[0] ^= m
@@ -400,8 +455,13 @@ def _siphash_ref(data: bytes, k0: int, k1: int, c: int, d: int, tweak: int = 0) 
 def test_siphash_matches_the_published_vectors_and_the_reference() -> None:
     k0, k1 = struct.unpack("<QQ", bytes(range(16)))
     # SipHash-2-4 test vectors from the paper's reference code (key 00..0f, message 00..n-1).
-    vectors = {0: 0x726FDB47DD0E0E31, 1: 0x74F839C593DC67FD, 2: 0x0D6C8009D9A94F5A,
-               3: 0x85676696D7FB7E2D, 15: 0xA129CA6149BE45E5}
+    vectors = {
+        0: 0x726FDB47DD0E0E31,
+        1: 0x74F839C593DC67FD,
+        2: 0x0D6C8009D9A94F5A,
+        3: 0x85676696D7FB7E2D,
+        15: 0xA129CA6149BE45E5,
+    }
     for n, want in vectors.items():
         assert _shared_c.siphash(bytes(range(n)), k0, k1, 2) == want
         assert _siphash_ref(bytes(range(n)), k0, k1, 2, 4) == want
@@ -412,8 +472,9 @@ def test_siphash_matches_the_published_vectors_and_the_reference() -> None:
         assert _shared_c.siphash(data, a, b, 1, tweak) == _siphash_ref(data, a, b, 1, 3, tweak)
 
 
-def test_without_the_extension_create_and_open_say_why(monkeypatch: pytest.MonkeyPatch,
-                                                       path: Path) -> None:
+def test_without_the_extension_create_and_open_say_why(
+    monkeypatch: pytest.MonkeyPatch, path: Path
+) -> None:
     monkeypatch.setattr(shared, "_Base", None)  # as on a pure-Python install
     with pytest.raises(RuntimeError, match="Cython extension"):
         SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1)

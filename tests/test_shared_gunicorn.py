@@ -22,8 +22,9 @@ except ImportError:  # pragma: no cover - a pure-Python install
 
 pytestmark = [
     pytest.mark.c_extension,
-    pytest.mark.skipif(_shared_c is None and not os.environ.get("CI"),
-                       reason="the Cython extension is not built"),
+    pytest.mark.skipif(
+        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
+    ),
 ]
 
 APPS = Path(__file__).parent / "apps"
@@ -52,9 +53,21 @@ def server(tmp_path: Path):  # type: ignore[no-untyped-def]
     port = free_port()
     env = dict(os.environ, NB_SHARED_TABLE=str(table))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", str(APPS / "shared_gunicorn_conf.py"),
-         "--chdir", str(APPS), "-b", f"127.0.0.1:{port}", "shared_wsgi_app:app"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            str(APPS / "shared_gunicorn_conf.py"),
+            "--chdir",
+            str(APPS),
+            "-b",
+            f"127.0.0.1:{port}",
+            "shared_wsgi_app:app",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 30
@@ -95,8 +108,9 @@ def test_four_gunicorn_workers_admit_exactly_capacity_per_key(server) -> None:  
     statuses = Counter((p, status) for p, status, _ in results)
     assert statuses == {("/alice", 200): 50, ("/alice", 429): 70, ("/bob", 200): 30}
     # Each admitted request took a distinct token: remaining counts 49 down to 0.
-    remaining = sorted(int(h["ratelimit-remaining"]) for p, s, h in results
-                       if p == "/alice" and s == 200)
+    remaining = sorted(
+        int(h["ratelimit-remaining"]) for p, s, h in results if p == "/alice" and s == 200
+    )
     assert remaining == list(range(50))
     # The next token is an hour away (less the few seconds the test took).
     waits = {int(h["retry-after"]) for _, s, h in results if s == 429}

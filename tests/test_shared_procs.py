@@ -21,8 +21,9 @@ except ImportError:  # pragma: no cover - a pure-Python install
 
 pytestmark = [
     pytest.mark.c_extension,
-    pytest.mark.skipif(_shared_c is None and not os.environ.get("CI"),
-                       reason="the Cython extension is not built"),
+    pytest.mark.skipif(
+        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
+    ),
 ]
 
 S = 1_000_000_000
@@ -115,8 +116,9 @@ def test_frozen_time_admits_exactly_capacity_in_total(tmp_path: Path) -> None:
         assert t.tokens_at("hot", 10 * S) == 0.0
 
 
-def hammer(t: SharedKeyedTokenBucket, start: int, end: int, counter: memoryview | None,
-           i: int) -> list[int]:
+def hammer(
+    t: SharedKeyedTokenBucket, start: int, end: int, counter: memoryview | None, i: int
+) -> list[int]:
     """Call ``allow("hot")`` from *start* to *end*; [admitted, first call ns, last call ns]."""
     spin_until(start)
     admitted = 0
@@ -160,8 +162,7 @@ def test_a_worker_killed_mid_run_leaves_the_table_working(tmp_path: Path) -> Non
     counters = mmap.mmap(-1, 8 * 4)
     counter = memoryview(counters).cast("q")
     try:
-        with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000,
-                                           capacity=1000) as t:
+        with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000, capacity=1000) as t:
             start = time.monotonic_ns() + 300_000_000
             end = start + 1_500_000_000
             victim_r, victim_w = os.pipe()

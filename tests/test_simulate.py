@@ -95,7 +95,11 @@ def test_unbounded_queue_grows_under_sustained_overload(seed_run: Simulation) ->
     lengths = [q.queue_length_at(tr, t * S) for t in range(60, 95, 5)]
     assert lengths == [0, 178, 373, 590, 791, 1018, 1213]
     worst = [
-        max(q.wait_ns[bisect.bisect_left(tr.times, a * S):bisect.bisect_left(tr.times, (a + 5) * S)])
+        max(
+            q.wait_ns[
+                bisect.bisect_left(tr.times, a * S) : bisect.bisect_left(tr.times, (a + 5) * S)
+            ]
+        )
         for a in range(60, 90, 5)
     ]
     assert worst == sorted(worst) and len(set(worst)) == len(worst)  # strictly growing
@@ -150,12 +154,51 @@ def test_table_shows_the_numbers(seed_run: Simulation) -> None:
     assert lines[0] == (
         "the seed's case study, 120 s, seed 1: 11884 requests from 9 client keys over 120 s"
     )
-    assert lines[2].split() == ["strategy", "admitted", "rejected", "p50", "wait", "p99", "wait",
-                                "peak", "queue", "max", "in", "1", "s", "queue", ">", "200"]
-    assert lines[3].split() == ["fixed", "window", "100/1", "s", "86.8%", "13.2%", "0", "s", "0",
-                                "s", "-", "161", "-"]
-    assert lines[4].split()[3:] == ["100.0%", "0.0%", "2.238", "s", "12.024", "s", "1216", "100",
-                                    "61.9", "s"]
+    assert lines[2].split() == [
+        "strategy",
+        "admitted",
+        "rejected",
+        "p50",
+        "wait",
+        "p99",
+        "wait",
+        "peak",
+        "queue",
+        "max",
+        "in",
+        "1",
+        "s",
+        "queue",
+        ">",
+        "200",
+    ]
+    assert lines[3].split() == [
+        "fixed",
+        "window",
+        "100/1",
+        "s",
+        "86.8%",
+        "13.2%",
+        "0",
+        "s",
+        "0",
+        "s",
+        "-",
+        "161",
+        "-",
+    ]
+    assert lines[4].split()[3:] == [
+        "100.0%",
+        "0.0%",
+        "2.238",
+        "s",
+        "12.024",
+        "s",
+        "1216",
+        "100",
+        "61.9",
+        "s",
+    ]
     assert lines[7].split()[:5] == ["per", "key", "25/50", "+", "100/200"]
     assert "unbounded queue   100.0% [2.5 s]  100.0% [1.6 s]" in text
     assert "per-key + global   44.3%   99.3%" in text

@@ -230,8 +230,9 @@ def test_core_acquire_timeout_and_threads(impl: ModuleType) -> None:
     assert b.acquire("k")
     assert not b.acquire("k", timeout=0)
     got: list[bool] = []
-    threads = [threading.Thread(target=lambda: got.append(b.acquire("k", timeout=10)))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: got.append(b.acquire("k", timeout=10))) for _ in range(4)
+    ]
     for th in threads:
         th.start()
     for th in threads:

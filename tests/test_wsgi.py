@@ -86,9 +86,9 @@ def test_admitted_then_429_with_exact_headers(impl: ModuleType, clock: Any) -> N
 def test_legacy_headers_and_off(impl: ModuleType, clock: Any) -> None:
     app, _ = wrap(impl.KeyedTokenBucket(rate=2, capacity=3, clock=clock), headers="legacy")
     r = client(app).get("/")
-    assert [r.headers[h] for h in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")] == [
-        "3", "2", "1"
-    ]
+    assert [
+        r.headers[h] for h in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")
+    ] == ["3", "2", "1"]
     app, _ = wrap(impl.KeyedTokenBucket(rate=2, capacity=1, clock=clock), headers="off")
     c = client(app)
     assert "RateLimit" not in c.get("/").headers
@@ -99,7 +99,9 @@ def test_legacy_headers_and_off(impl: ModuleType, clock: Any) -> None:
 def test_spoofed_forwarded_for_does_not_change_the_key(impl: ModuleType, clock: Any) -> None:
     app, _ = wrap(impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock))
     c = client(app, "203.0.113.9")
-    codes = [c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)]
+    codes = [
+        c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)
+    ]
     assert codes == [200, 200, 429, 429, 429]
 
 
@@ -117,7 +119,9 @@ def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any) -> None:
 def test_unkeyed_and_header_keys(impl: ModuleType, clock: Any) -> None:
     app, _ = wrap(impl.TokenBucket(rate=1, capacity=2, clock=clock))
     assert [client(app, a).get("/").status_code for a in ("1.1.1.1", "2.2.2.2", "3.3.3.3")] == [
-        200, 200, 429
+        200,
+        200,
+        429,
     ]
     limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     app, _ = wrap(limiter, key=header("X-API-Key"))
@@ -145,17 +149,27 @@ def test_routes_exempt_costs_and_route_key(impl: ModuleType, clock: Any) -> None
     for _ in range(15):
         assert c.get("/healthz").status_code == 200
     r = c.get("/search")
-    assert (r.headers["RateLimit-Policy"], r.headers["RateLimit"]) == ('"search";q=3;w=3', '"search";r=2;t=1')
+    assert (r.headers["RateLimit-Policy"], r.headers["RateLimit"]) == (
+        '"search";q=3;w=3',
+        '"search";r=2;t=1',
+    )
     assert c.post("/search").status_code == 429
     assert c.get("/remaining").json == {"remaining": 8}
     assert default.tokens_at("/remaining", clock.now) == 8.0
     assert c.get("/").headers["RateLimit"] == '"default";r=9;t=1'
-    assert mw.counters.snapshot() == {"admitted": 3, "limited": 1, "shadow_limited": 0, "exempt": 15}
+    assert mw.counters.snapshot() == {
+        "admitted": 3,
+        "limited": 1,
+        "shadow_limited": 0,
+        "exempt": 15,
+    }
 
 
 def test_shadow_mode(impl: ModuleType, clock: Any) -> None:
     counters = Counters()
-    app, mw = wrap(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), shadow=True, counters=counters)
+    app, mw = wrap(
+        impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), shadow=True, counters=counters
+    )
     c = client(app)
     responses = [c.get("/") for _ in range(4)]
     assert [r.status_code for r in responses] == [200] * 4
@@ -182,7 +196,12 @@ def test_counters_are_exact_under_threads(impl: ModuleType, clock: Any) -> None:
     for t in threads:
         t.join(60)
     assert (codes.count(200), codes.count(429)) == (300, 700)
-    assert mw.counters.snapshot() == {"admitted": 300, "limited": 700, "shadow_limited": 0, "exempt": 0}
+    assert mw.counters.snapshot() == {
+        "admitted": 300,
+        "limited": 700,
+        "shadow_limited": 0,
+        "exempt": 0,
+    }
 
 
 def test_exc_info_is_passed_on(impl: ModuleType) -> None:
@@ -194,7 +213,9 @@ def test_exc_info_is_passed_on(impl: ModuleType) -> None:
         except RuntimeError:
             import sys
 
-            start_response("500 Internal Server Error", [("Content-Type", "text/plain")], sys.exc_info())
+            start_response(
+                "500 Internal Server Error", [("Content-Type", "text/plain")], sys.exc_info()
+            )
         return [b"err"]
 
     def start_response(status: str, headers: list[Any], exc_info: Any = None) -> None:
@@ -202,7 +223,9 @@ def test_exc_info_is_passed_on(impl: ModuleType) -> None:
 
     mw = RateLimitMiddleware(app, impl.KeyedTokenBucket(rate=1, capacity=1))
     assert mw({"REMOTE_ADDR": "1.2.3.4", "PATH_INFO": "/"}, start_response) == [b"err"]
-    assert calls == [("500 Internal Server Error", 3, True)]  # its header + the two RateLimit fields
+    assert calls == [
+        ("500 Internal Server Error", 3, True)
+    ]  # its header + the two RateLimit fields
 
 
 def test_bad_arguments(impl: ModuleType) -> None:

@@ -139,15 +139,34 @@ class Sizes:
     memory_keys: int
 
 
-FULL = Sizes(calls=10_000, keyed_small=100_000, keyed_large=1_000_000, keyed_chunk=10_000,
-             first_touch=20_000, evict_max_keys=10_000, evict_stream=20_000,
-             many_str=100_000, many_u64=1_000_000, memory_keys=1_000_000)
-QUICK = Sizes(calls=2_000, keyed_small=10_000, keyed_large=40_000, keyed_chunk=2_000,
-              first_touch=2_000, evict_max_keys=1_000, evict_stream=2_000,
-              many_str=5_000, many_u64=20_000, memory_keys=50_000)
+FULL = Sizes(
+    calls=10_000,
+    keyed_small=100_000,
+    keyed_large=1_000_000,
+    keyed_chunk=10_000,
+    first_touch=20_000,
+    evict_max_keys=10_000,
+    evict_stream=20_000,
+    many_str=100_000,
+    many_u64=1_000_000,
+    memory_keys=1_000_000,
+)
+QUICK = Sizes(
+    calls=2_000,
+    keyed_small=10_000,
+    keyed_large=40_000,
+    keyed_chunk=2_000,
+    first_touch=2_000,
+    evict_max_keys=1_000,
+    evict_stream=2_000,
+    many_str=5_000,
+    many_u64=20_000,
+    memory_keys=50_000,
+)
 
 
 # --- the loop shapes: every case of a group runs the same bytecode ----------
+
 
 def loop_calls(f: Callable[[], object], calls: int) -> Trial:
     """``for _ in r: f()`` -- single-bucket verbs."""
@@ -171,8 +190,9 @@ def loop_keys(f: Callable[[Any], object], chunks: Sequence[Sequence[object]]) ->
     return Trial(run, len(chunks[0]))
 
 
-def loop_fresh(make: Callable[[], Callable[[Any], object]],
-               fresh_keys: Callable[[], list[str]], calls: int) -> Trial:
+def loop_fresh(
+    make: Callable[[], Callable[[Any], object]], fresh_keys: Callable[[], list[str]], calls: int
+) -> Trial:
     """``for k in keys: f(k)`` with *f* from *make()* and never-seen keys every round."""
     box: list[Any] = [None, None]
 
@@ -189,8 +209,9 @@ def loop_fresh(make: Callable[[], Callable[[Any], object]],
     return Trial(run, calls, reset)
 
 
-def loop_stream(f: Callable[[Any], object], fresh_keys: Callable[[], list[str]],
-                calls: int) -> Trial:
+def loop_stream(
+    f: Callable[[Any], object], fresh_keys: Callable[[], list[str]], calls: int
+) -> Trial:
     """``for k in keys: f(k)`` into one long-lived table, never-seen keys every round."""
     box: list[Any] = [None]
 
@@ -215,6 +236,7 @@ def batch(f: Callable[[Any], object], keys: object, n: int) -> Trial:
 
 # --- keys ------------------------------------------------------------------
 
+
 class Keys:
     """Key lists shared by the groups, built once (1M str keys take ~70 MB)."""
 
@@ -229,7 +251,7 @@ class Keys:
 
     def chunks(self, n: int, size: int) -> list[list[str]]:
         keys = self.str_keys(n)
-        return [keys[i:i + size] for i in range(0, n - size + 1, size)]
+        return [keys[i : i + size] for i in range(0, n - size + 1, size)]
 
     def fresh(self, n: int) -> Callable[[], list[str]]:
         """A maker of *n* never-seen str keys (new objects, hashes not cached yet)."""
@@ -242,6 +264,7 @@ class Keys:
 
 
 # --- the contenders --------------------------------------------------------
+
 
 def _impl(name: str) -> Any:
     if name == "c":
@@ -273,8 +296,12 @@ def _need(module: str, peer: str) -> Any:
         raise Unavailable(f"{peer} is not installed (pip install 'nanobucket[bench]')") from None
 
 
-def peer_keyed(peer: str, rate: float, capacity: int, max_keys: int = 10**7,
-               ) -> tuple[Callable[[Any], object], Callable[[object], bool], Callable[[], None]]:
+def peer_keyed(
+    peer: str,
+    rate: float,
+    capacity: int,
+    max_keys: int = 10**7,
+) -> tuple[Callable[[Any], object], Callable[[object], bool], Callable[[], None]]:
     """``(f, admitted, close)`` with ``f(key)`` the peer's per-key limit call.
 
     ``admitted(result)`` reads f's result as a bool; ``close()`` stops any
@@ -290,8 +317,11 @@ def peer_keyed(peer: str, rate: float, capacity: int, max_keys: int = 10**7,
         limits = _need("limits", peer)
         storage = limits.storage.MemoryStorage()
         strategies = limits.strategies
-        cls = (strategies.FixedWindowRateLimiter if peer == "limits-fixed"
-               else strategies.SlidingWindowCounterRateLimiter)
+        cls = (
+            strategies.FixedWindowRateLimiter
+            if peer == "limits-fixed"
+            else strategies.SlidingWindowCounterRateLimiter
+        )
         # `limits` counts hits per window: capacity hits per capacity/rate seconds
         # is the nearest to a bucket of `capacity` refilled at `rate`/s.
         seconds = max(1, round(capacity / rate))
@@ -307,8 +337,11 @@ def peer_keyed(peer: str, rate: float, capacity: int, max_keys: int = 10**7,
         th = _need("throttled", peer)
         limiter = th.Throttled(
             using=th.RateLimiterType.TOKEN_BUCKET.value,
-            quota=th.per_duration(timedelta(seconds=_period(rate)),
-                                  max(1, round(rate * _period(rate))), burst=capacity),
+            quota=th.per_duration(
+                timedelta(seconds=_period(rate)),
+                max(1, round(rate * _period(rate))),
+                burst=capacity,
+            ),
             store=th.MemoryStore(options={"MAX_SIZE": max_keys}),
         )
         not_limited: Callable[[Any], bool] = lambda r: not r.limited  # noqa: E731
@@ -346,9 +379,14 @@ def _pyrate_keyed(rate: float, capacity: int) -> Callable[[Any], object]:
     return functools.partial(pl.Limiter(KeyedFactory()).try_acquire, blocking=False)
 
 
-def _single(f: Callable[[], object], admitted: Callable[[object], bool], want: bool,
-            calls: int, close: Callable[[], None] | None = None,
-            drain: bool = False) -> Trial:
+def _single(
+    f: Callable[[], object],
+    admitted: Callable[[object], bool],
+    want: bool,
+    calls: int,
+    close: Callable[[], None] | None = None,
+    drain: bool = False,
+) -> Trial:
     """A single-bucket trial, after checking the bucket is in the intended state."""
     if drain:
         for _ in range(3):
@@ -360,8 +398,9 @@ def _single(f: Callable[[], object], admitted: Callable[[object], bool], want: b
     return trial
 
 
-def single_cases(calls: int, config: tuple[float, int], want: bool,
-                 verb: str = "allow") -> tuple[Case, ...]:
+def single_cases(
+    calls: int, config: tuple[float, int], want: bool, verb: str = "allow"
+) -> tuple[Case, ...]:
     """Cases for one bucket, ``f()`` per call; *want* is the admission they must give."""
     rate, capacity = config
     drain = not want
@@ -370,6 +409,7 @@ def single_cases(calls: int, config: tuple[float, int], want: bool,
         def build() -> Trial:
             b = _impl(name).TokenBucket(rate, capacity)
             return _single(getattr(b, verb), bool, want, calls, drain=drain)
+
         return build
 
     def floor() -> Trial:
@@ -383,10 +423,15 @@ def single_cases(calls: int, config: tuple[float, int], want: bool,
         def build() -> Trial:
             f, admitted, close = peer_keyed(p, rate, capacity)
             return _single(functools.partial(f, "client"), admitted, want, calls, close, drain)
+
         return build
 
-    cases = [Case("floor", "floor", floor), Case("nanobucket-c", "ours", ours("c")),
-             Case("nanobucket-py", "twin", ours("py")), Case("seed", "seed", seed)]
+    cases = [
+        Case("floor", "floor", floor),
+        Case("nanobucket-c", "ours", ours("c")),
+        Case("nanobucket-py", "twin", ours("py")),
+        Case("seed", "seed", seed),
+    ]
     peers = PEERS if verb == "allow" else {"throttled-py": ""}  # only it returns a decision
     cases += [Case(p, "peer", peer(p)) for p in peers]
     return tuple(cases)
@@ -417,12 +462,16 @@ def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case,
             trial = warm(f)
             trial.close = close
             return trial
+
         return build
 
-    cases = [Case("floor", "floor", lambda: loop_keys(Floor().allow_key, keys.chunks(n, chunk))),
-             Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
-             Case("dict.get", "baseline", dict_get),
-             Case("seed", "seed", lambda: warm(SeedKeyed(rate, capacity).allow))]
+    cases = [
+        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, keys.chunks(n, chunk))),
+        Case("nanobucket-c", "ours", ours("c")),
+        Case("nanobucket-py", "twin", ours("py")),
+        Case("dict.get", "baseline", dict_get),
+        Case("seed", "seed", lambda: warm(SeedKeyed(rate, capacity).allow)),
+    ]
     if with_peers:
         cases += [Case(p, "peer", peer(p)) for p in PEERS]
     return tuple(cases)
@@ -434,8 +483,9 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
     fresh = keys.fresh(n)
 
     def ours(name: str) -> Callable[[], Trial]:
-        return lambda: loop_fresh(lambda: _impl(name).KeyedTokenBucket(rate, capacity).allow,
-                                  fresh, n)
+        return lambda: loop_fresh(
+            lambda: _impl(name).KeyedTokenBucket(rate, capacity).allow, fresh, n
+        )
 
     def peer(p: str) -> Callable[[], Trial]:
         def build() -> Trial:
@@ -452,13 +502,16 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
             trial = loop_fresh(make, fresh, n)
             trial.close = lambda: [c() for c in closers] and None
             return trial
+
         return build
 
-    cases = [Case("floor", "floor", lambda: loop_fresh(lambda: Floor().allow_key, fresh, n)),
-             Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
-             Case("dict.setdefault", "baseline", lambda: loop_fresh(lambda: {}.setdefault, fresh, n)),
-             Case("seed", "seed", lambda: loop_fresh(lambda: SeedKeyed(rate, capacity).allow,
-                                                     fresh, n))]
+    cases = [
+        Case("floor", "floor", lambda: loop_fresh(lambda: Floor().allow_key, fresh, n)),
+        Case("nanobucket-c", "ours", ours("c")),
+        Case("nanobucket-py", "twin", ours("py")),
+        Case("dict.setdefault", "baseline", lambda: loop_fresh(lambda: {}.setdefault, fresh, n)),
+        Case("seed", "seed", lambda: loop_fresh(lambda: SeedKeyed(rate, capacity).allow, fresh, n)),
+    ]
     cases += [Case(p, "peer", peer(p)) for p in PEERS]
     return tuple(cases)
 
@@ -482,9 +535,12 @@ def eviction_cases(keys: Keys, max_keys: int, stream: int) -> tuple[Case, ...]:
         trial.close = close
         return trial
 
-    return (Case("floor", "floor", lambda: loop_stream(Floor().allow_key, fresh, stream)),
-            Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
-            Case("throttled-py", "peer", throttled))  # the only peer with a bounded table
+    return (
+        Case("floor", "floor", lambda: loop_stream(Floor().allow_key, fresh, stream)),
+        Case("nanobucket-c", "ours", ours("c")),
+        Case("nanobucket-py", "twin", ours("py")),
+        Case("throttled-py", "peer", throttled),
+    )  # the only peer with a bounded table
 
 
 def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
@@ -503,15 +559,19 @@ def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
             trial = batch(t.allow_many, ks, n)
             trial.warmed = True
             return trial
+
         return build
 
     def c_loop() -> Trial:
         t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
         return loop_keys(t.allow, [ks])
 
-    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [ks])),
-            Case("nanobucket-c", "ours", ours("c")), Case("nanobucket-py", "twin", ours("py")),
-            Case("nanobucket-c allow(key) loop", "ours", c_loop))
+    return (
+        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [ks])),
+        Case("nanobucket-c", "ours", ours("c")),
+        Case("nanobucket-py", "twin", ours("py")),
+        Case("nanobucket-c allow(key) loop", "ours", c_loop),
+    )
 
 
 GOLDEN = 0x9E3779B97F4A7C15  # odd, so i -> i * GOLDEN mod 2**64 is a bijection
@@ -561,18 +621,21 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
             trial = batch(t.allow_many, buf, n)
             trial.warmed = True
             return trial
+
         return build
 
     def c_loop() -> Trial:
         t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
         return loop_keys(t.allow, [u64_keys(n)])
 
-    return (Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [u64_keys(n)])),
-            Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
-            Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
-            Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
-            Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
-            Case("nanobucket-c allow(int) loop", "ours", c_loop))
+    return (
+        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [u64_keys(n)])),
+        Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
+        Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
+        Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
+        Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
+        Case("nanobucket-c allow(int) loop", "ours", c_loop),
+    )
 
 
 def groups(sizes: Sizes = FULL, keys: Keys | None = None) -> list[Group]:
@@ -580,25 +643,62 @@ def groups(sizes: Sizes = FULL, keys: Keys | None = None) -> list[Group]:
     keys = keys or Keys()
     s = sizes
     return [
-        Group("allow_allowing", "single allow(), admitted", "call",
-              single_cases(s.calls, ALLOWING, True)),
-        Group("allow_rejecting", "single allow(), rejected", "call",
-              single_cases(s.calls, REJECTING, False)),
-        Group("check", "single check() -> Decision, admitted", "call",
-              single_cases(s.calls, ALLOWING, True, verb="check")),
-        Group("keyed_small", f"keyed allow(key), {s.keyed_small:,} str keys round-robin", "call",
-              keyed_cases(keys, s.keyed_small, s.keyed_chunk, with_peers=True)),
-        Group("keyed_large", f"keyed allow(key), {s.keyed_large:,} str keys round-robin", "call",
-              keyed_cases(keys, s.keyed_large, min(s.keyed_large, 5 * s.keyed_chunk),
-                          with_peers=False)),
-        Group("first_touch", "keyed allow(key), first touch of a new key", "call",
-              first_touch_cases(keys, s.first_touch)),
-        Group("eviction", f"new keys into a table at max_keys={s.evict_max_keys:,}"
-              " (idle keys dropped)", "call", eviction_cases(keys, s.evict_max_keys, s.evict_stream)),
-        Group("allow_many_str", f"allow_many, list of {s.many_str:,} str keys", "key",
-              many_str_cases(keys, s.many_str)),
-        Group("allow_many_u64", f"allow_many, {s.many_u64:,} int keys in a uint64 buffer", "key",
-              many_u64_cases(s.many_u64)),
+        Group(
+            "allow_allowing",
+            "single allow(), admitted",
+            "call",
+            single_cases(s.calls, ALLOWING, True),
+        ),
+        Group(
+            "allow_rejecting",
+            "single allow(), rejected",
+            "call",
+            single_cases(s.calls, REJECTING, False),
+        ),
+        Group(
+            "check",
+            "single check() -> Decision, admitted",
+            "call",
+            single_cases(s.calls, ALLOWING, True, verb="check"),
+        ),
+        Group(
+            "keyed_small",
+            f"keyed allow(key), {s.keyed_small:,} str keys round-robin",
+            "call",
+            keyed_cases(keys, s.keyed_small, s.keyed_chunk, with_peers=True),
+        ),
+        Group(
+            "keyed_large",
+            f"keyed allow(key), {s.keyed_large:,} str keys round-robin",
+            "call",
+            keyed_cases(
+                keys, s.keyed_large, min(s.keyed_large, 5 * s.keyed_chunk), with_peers=False
+            ),
+        ),
+        Group(
+            "first_touch",
+            "keyed allow(key), first touch of a new key",
+            "call",
+            first_touch_cases(keys, s.first_touch),
+        ),
+        Group(
+            "eviction",
+            f"new keys into a table at max_keys={s.evict_max_keys:,} (idle keys dropped)",
+            "call",
+            eviction_cases(keys, s.evict_max_keys, s.evict_stream),
+        ),
+        Group(
+            "allow_many_str",
+            f"allow_many, list of {s.many_str:,} str keys",
+            "key",
+            many_str_cases(keys, s.many_str),
+        ),
+        Group(
+            "allow_many_u64",
+            f"allow_many, {s.many_u64:,} int keys in a uint64 buffer",
+            "key",
+            many_u64_cases(s.many_u64),
+        ),
     ]
 
 
@@ -614,6 +714,7 @@ def peer_versions() -> dict[str, str | None]:
 
 
 # --- resident memory per key -----------------------------------------------
+
 
 def rss_bytes() -> int:
     """Resident set size of this process now (peak on systems without /proc)."""
@@ -647,7 +748,7 @@ def memory_per_key(kind: str, n: int) -> float:
     elif kind == "seed":
         f = SeedKeyed(rate, capacity).allow
     elif kind.startswith("nanobucket-"):
-        f = _impl(kind[len("nanobucket-"):]).KeyedTokenBucket(rate, capacity, max_keys=n).allow
+        f = _impl(kind[len("nanobucket-") :]).KeyedTokenBucket(rate, capacity, max_keys=n).allow
     else:
         f = peer_keyed(kind, rate, capacity, max_keys=n)[0]
     before = rss_bytes()
@@ -706,13 +807,18 @@ def _pytest_run(benchmark: Any, group: Group, case: Case, rounds: int) -> None:
     except Unavailable as exc:
         pytest.skip(str(exc))
     benchmark.group = f"{group.id}: {group.title} (per round: see calls_per_round)"
-    benchmark.extra_info.update(calls_per_round=trial.calls, unit=group.unit, role=case.role,
-                                case=case.name)
+    benchmark.extra_info.update(
+        calls_per_round=trial.calls, unit=group.unit, role=case.role, case=case.name
+    )
     gc.collect()
     try:
-        benchmark.pedantic(trial.run, setup=trial.reset, rounds=rounds,
-                           warmup_rounds=0 if trial.warmed else 1,
-                           iterations=1)
+        benchmark.pedantic(
+            trial.run,
+            setup=trial.reset,
+            rounds=rounds,
+            warmup_rounds=0 if trial.warmed else 1,
+            iterations=1,
+        )
     finally:
         if trial.close is not None:
             trial.close()

@@ -96,8 +96,10 @@ class Decision:
 
 
 def _fields(d: object) -> tuple[object, ...]:
-    return tuple(getattr(d, name) for name in ("allowed", "remaining", "retry_after_ns",
-                                               "reset_after_ns", "limit"))
+    return tuple(
+        getattr(d, name)
+        for name in ("allowed", "remaining", "retry_after_ns", "reset_after_ns", "limit")
+    )
 
 
 def _clock_reader(clock: Clock | None) -> Clock:
@@ -158,8 +160,9 @@ INT64_MAX = (1 << 63) - 1
 NO_LIMIT = 1 << 62  # "wait as long as it takes" for _reserve: 146 years
 
 
-def _carry_over(tat: int, now: int, interval: int, tau: int, new_interval: int,
-                new_tau: int) -> int:
+def _carry_over(
+    tat: int, now: int, interval: int, tau: int, new_interval: int, new_tau: int
+) -> int:
     """*tat* re-expressed under new parameters, keeping the tokens as they are at *now*.
 
     Tokens ``(tau - debt) / interval`` (negative while waiters hold
@@ -174,8 +177,9 @@ def _carry_over(tat: int, now: int, interval: int, tau: int, new_interval: int,
     return min(now + new_debt, INT64_MAX)
 
 
-def _reconfigure_params(limits: _Limits, rate: RateLike | None,
-                        capacity: int | None) -> tuple[int | Fraction, int, int, int]:
+def _reconfigure_params(
+    limits: _Limits, rate: RateLike | None, capacity: int | None
+) -> tuple[int | Fraction, int, int, int]:
     """Validated ``(public rate, capacity, interval_ns, tau_ns)`` for `reconfigure`."""
     rate = limits._rate if rate is None else rate
     capacity = limits._capacity if capacity is None else capacity
@@ -314,8 +318,9 @@ class TokenBucket(_Limits):
                 self._tat = base + cost_t
             return wait
 
-    def reconfigure(self, rate: RateLike | None = None, capacity: int | None = None, *,
-                    now: int | None = None) -> None:
+    def reconfigure(
+        self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
+    ) -> None:
         """Change the rate and/or the capacity, keeping the bucket's state.
 
         The tokens the bucket holds at *now* (default: its clock) carry over
@@ -549,8 +554,9 @@ class KeyedTokenBucket(_Limits):
                 tat -= cost * self._interval
                 tats[key] = tat if tat > now else now
 
-    def _reserve(self, key: Hashable, now: int | None, cost: int, max_wait: int,
-                 shape: bool) -> int:
+    def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
         """`TokenBucket._reserve` for *key*'s bucket."""
         cost = self._cost(cost)
         # Checked like every explicit time (the Cython twin does the same).
@@ -573,8 +579,9 @@ class KeyedTokenBucket(_Limits):
                 tats[key] = base + cost_t
             return wait
 
-    def reconfigure(self, rate: RateLike | None = None, capacity: int | None = None, *,
-                    now: int | None = None) -> None:
+    def reconfigure(
+        self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
+    ) -> None:
         """Change the rate and/or the capacity of every bucket, keeping their state.
 
         Each bucket's tokens at *now* (default: the clock) carry over as they
@@ -601,7 +608,8 @@ class KeyedTokenBucket(_Limits):
             return True
         return _waiting.acquire_slow(self, (key,), cost, timeout)
 
-    def acquire_async(self, key: Hashable, cost: int = 1,
-                      timeout: float | None = None) -> Awaitable[bool]:
+    def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> Awaitable[bool]:
         """`acquire` for asyncio: ``await t.acquire_async(key)``."""
         return _waiting.acquire_async(self, (key,), cost, timeout)

@@ -328,8 +328,16 @@ class Policy:
     """One limiter as the middleware uses it: check function and header text."""
 
     __slots__ = (
-        "capacity", "check", "ietf_extra", "is_async", "name", "policy_header", "policy_value",
-        "quota", "r_prefix", "window",
+        "capacity",
+        "check",
+        "ietf_extra",
+        "is_async",
+        "name",
+        "policy_header",
+        "policy_value",
+        "quota",
+        "r_prefix",
+        "window",
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:

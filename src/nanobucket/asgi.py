@@ -123,7 +123,8 @@ class RateLimitMiddleware:
                 return
             if self._ietf:  # inlined limit_headers(), the common case
                 value = policy.r_prefix + b"%d;t=%d" % (
-                    decision.remaining, -(-decision.reset_after_ns // 1_000_000_000)
+                    decision.remaining,
+                    -(-decision.reset_after_ns // 1_000_000_000),
                 )
                 extra = policy.ietf_extra + [(b"ratelimit", value)]
             else:

@@ -61,23 +61,38 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
     """The ``bench`` command's options (also used by ``nanobucket.cli``)."""
-    p = _Parser(prog=prog, description="Time nanobucket against a no-op floor, the seed "
-                "algorithm and the installed peer libraries; print a table.")
-    p.add_argument("--quick", action="store_true",
-                   help="small sizes and few rounds: a few seconds, figures not for quoting")
+    p = _Parser(
+        prog=prog,
+        description="Time nanobucket against a no-op floor, the seed "
+        "algorithm and the installed peer libraries; print a table.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and few rounds: a few seconds, figures not for quoting",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    p.add_argument("--group", action="append", metavar="ID", dest="groups",
-                   help="run only this group (repeatable); --list shows the ids")
+    p.add_argument(
+        "--group",
+        action="append",
+        metavar="ID",
+        dest="groups",
+        help="run only this group (repeatable); --list shows the ids",
+    )
     p.add_argument("--list", action="store_true", help="list the group ids and exit")
-    p.add_argument("--no-memory", action="store_true",
-                   help="skip the resident-bytes-per-key measurement")
-    p.add_argument("--memory-all", action="store_true",
-                   help="also measure bytes per key of the seed and the installed peers "
-                   "(adds ~10-20 s)")
+    p.add_argument(
+        "--no-memory", action="store_true", help="skip the resident-bytes-per-key measurement"
+    )
+    p.add_argument(
+        "--memory-all",
+        action="store_true",
+        help="also measure bytes per key of the seed and the installed peers (adds ~10-20 s)",
+    )
     return p
 
 
 # --- timing ----------------------------------------------------------------
+
 
 def time_trial(trial: cases.Trial, budget: Budget) -> tuple[list[float], bool]:
     """ns per call (or key) of each round, after one untimed warm-up round.
@@ -117,13 +132,14 @@ def time_trial(trial: cases.Trial, budget: Budget) -> tuple[list[float], bool]:
 
 def summarize(ns: Sequence[float]) -> dict[str, float]:
     """Median, quartiles and extremes of per-round figures."""
-    q1, median, q3 = statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else (
-        ns[0], ns[0], ns[0])
-    return {"median": statistics.median(ns), "p25": q1, "p75": q3, "min": min(ns),
-            "max": max(ns)}
+    q1, median, q3 = (
+        statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else (ns[0], ns[0], ns[0])
+    )
+    return {"median": statistics.median(ns), "p25": q1, "p75": q3, "min": min(ns), "max": max(ns)}
 
 
 # --- progress ----------------------------------------------------------------
+
 
 class Progress:
     """A bar redrawn in place on a terminal; one plain line per step otherwise."""
@@ -156,6 +172,7 @@ class Progress:
 
 # --- running -----------------------------------------------------------------
 
+
 def run_group(group: cases.Group, budget: Budget, progress: Progress) -> dict[str, Any]:
     """Time every case of *group*; the result as it appears in the JSON."""
     results: list[dict[str, Any]] = []
@@ -176,17 +193,37 @@ def run_group(group: cases.Group, budget: Budget, progress: Progress) -> dict[st
             if trial.close is not None:
                 trial.close()
         stats = summarize(ns)
-        results.append({"name": case.name, "role": case.role, "ns": stats, "rounds": len(ns),
-                        "calls_per_round": trial.calls, "capped": capped,
-                        "seconds": time.perf_counter() - began})  # set-up included
+        results.append(
+            {
+                "name": case.name,
+                "role": case.role,
+                "ns": stats,
+                "rounds": len(ns),
+                "calls_per_round": trial.calls,
+                "capped": capped,
+                "seconds": time.perf_counter() - began,
+            }
+        )  # set-up included
         del trial  # free its table before the next case is built
-        progress.finish(label, f"{stats['median']:.1f} ns/{group.unit}"
-                        f"{f' (capped: a round took over {budget.cap:g} s)' if capped else ''}")
+        progress.finish(
+            label,
+            f"{stats['median']:.1f} ns/{group.unit}"
+            f"{f' (capped: a round took over {budget.cap:g} s)' if capped else ''}",
+        )
     for r in results:
-        r["ratios"] = {o["name"]: r["ns"]["median"] / o["ns"]["median"]
-                       for o in results if o is not r and o["ns"]["median"] > 0}
-    return {"id": group.id, "title": group.title, "unit": group.unit, "floor": group.floor,
-            "results": results, "skipped": skipped}
+        r["ratios"] = {
+            o["name"]: r["ns"]["median"] / o["ns"]["median"]
+            for o in results
+            if o is not r and o["ns"]["median"] > 0
+        }
+    return {
+        "id": group.id,
+        "title": group.title,
+        "unit": group.unit,
+        "floor": group.floor,
+        "results": results,
+        "skipped": skipped,
+    }
 
 
 def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, Any]:
@@ -200,7 +237,11 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
         began = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-m", "nanobucket._bench_cases", kind, str(n)],
-            capture_output=True, text=True, timeout=300, check=False)
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if proc.returncode != 0:
             reason = (proc.stderr.strip().splitlines() or ["failed"])[-1]
             skipped.append({"name": kind, "reason": reason})
@@ -220,6 +261,7 @@ def memory_kinds(peers: dict[str, str | None], every: bool) -> list[str]:
 
 # --- goals -----------------------------------------------------------------
 
+
 def _median(groups: dict[str, dict[str, Any]], gid: str, name: str) -> float | None:
     for r in groups.get(gid, {}).get("results", ()):
         if r["name"] == name:
@@ -238,33 +280,67 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     mem = report.get("memory") or {}
     rows = [
         ("single allow(): x floor", ratio("allow_allowing", "nanobucket-c", "floor"), "<=", 1.2),
-        ("single allow(): times faster than seed",
-         ratio("allow_allowing", "seed", "nanobucket-c"), ">=", 6),
-        ("single allow(): times faster than token-bucket",
-         ratio("allow_allowing", "token-bucket", "nanobucket-c"), ">=", 8),
-        ("keyed allow(key), small table: x dict.get",
-         ratio("keyed_small", "nanobucket-c", "dict.get"), "<=", 1.3),
-        ("keyed allow(key), small table: times faster than token-bucket",
-         ratio("keyed_small", "token-bucket", "nanobucket-c"), ">=", 5),
+        (
+            "single allow(): times faster than seed",
+            ratio("allow_allowing", "seed", "nanobucket-c"),
+            ">=",
+            6,
+        ),
+        (
+            "single allow(): times faster than token-bucket",
+            ratio("allow_allowing", "token-bucket", "nanobucket-c"),
+            ">=",
+            8,
+        ),
+        (
+            "keyed allow(key), small table: x dict.get",
+            ratio("keyed_small", "nanobucket-c", "dict.get"),
+            "<=",
+            1.3,
+        ),
+        (
+            "keyed allow(key), small table: times faster than token-bucket",
+            ratio("keyed_small", "token-bucket", "nanobucket-c"),
+            ">=",
+            5,
+        ),
         ("first touch of a new key: ns", _median(g, "first_touch", "nanobucket-c"), "<=", 250),
-        ("allow_many, uint64 buffer: ns per key",
-         _median(g, "allow_many_u64", "nanobucket-c array('Q')"), "<=", 25),
-        ("allow_many, list of str: ns per key", _median(g, "allow_many_str", "nanobucket-c"),
-         "<=", 60),
-        (f"resident bytes per key at {mem.get('keys', 0):,} keys",
-         (mem.get("bytes_per_key") or {}).get("nanobucket-c"), "<=", 80),
-        ("pure-Python twin allow(): x seed", ratio("allow_allowing", "nanobucket-py", "seed"),
-         "<=", 1.0),
+        (
+            "allow_many, uint64 buffer: ns per key",
+            _median(g, "allow_many_u64", "nanobucket-c array('Q')"),
+            "<=",
+            25,
+        ),
+        (
+            "allow_many, list of str: ns per key",
+            _median(g, "allow_many_str", "nanobucket-c"),
+            "<=",
+            60,
+        ),
+        (
+            f"resident bytes per key at {mem.get('keys', 0):,} keys",
+            (mem.get("bytes_per_key") or {}).get("nanobucket-c"),
+            "<=",
+            80,
+        ),
+        (
+            "pure-Python twin allow(): x seed",
+            ratio("allow_allowing", "nanobucket-py", "seed"),
+            "<=",
+            1.0,
+        ),
     ]
     out = []
     for text, value, op, limit in rows:
         met = None if value is None else (value <= limit if op == "<=" else value >= limit)
-        out.append({"goal": f"{text} {op} {limit}", "op": op, "limit": limit, "value": value,
-                    "met": met})
+        out.append(
+            {"goal": f"{text} {op} {limit}", "op": op, "limit": limit, "value": value, "met": met}
+        )
     return out
 
 
 # --- output ----------------------------------------------------------------
+
 
 def _fmt_ns(x: float) -> str:
     return f"{x:,.1f}" if x < 1e4 else f"{x:,.0f}"
@@ -272,32 +348,40 @@ def _fmt_ns(x: float) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     """The human-readable report."""
-    lines = [f"nanobucket {report['nanobucket']} ({report['implementation']}), "
-             f"Python {report['python']}, {report['machine']}, {report['cpus']} CPUs"
-             f"{', QUICK run (small sizes)' if report['quick'] else ''}",
-             "ns: median of the rounds; spread: (p75 - p25) / 2 as % of the median; "
-             "x floor / x c: this median over the floor's / nanobucket-c's", ""]
+    lines = [
+        f"nanobucket {report['nanobucket']} ({report['implementation']}), "
+        f"Python {report['python']}, {report['machine']}, {report['cpus']} CPUs"
+        f"{', QUICK run (small sizes)' if report['quick'] else ''}",
+        "ns: median of the rounds; spread: (p75 - p25) / 2 as % of the median; "
+        "x floor / x c: this median over the floor's / nanobucket-c's",
+        "",
+    ]
     for grp in report["groups"]:
         lines.append(f"{grp['title']}  [ns per {grp['unit']}]")
         ref = next((r for r in grp["results"] if r["role"] == "ours"), None)
-        lines.append(f"  {'contender':<30} {'ns':>10} {'spread':>8} {'x floor':>8} "
-                     f"{'x c':>8} {'rounds':>6}")
+        lines.append(
+            f"  {'contender':<30} {'ns':>10} {'spread':>8} {'x floor':>8} {'x c':>8} {'rounds':>6}"
+        )
         for r in grp["results"]:
             ns = r["ns"]
             spread = (ns["p75"] - ns["p25"]) / 2 / ns["median"] * 100 if ns["median"] else 0.0
             xf = r["ratios"].get(grp["floor"], 1.0 if r["name"] == grp["floor"] else None)
             xc = r["ratios"].get(ref["name"], 1.0) if ref else None
-            lines.append(f"  {r['name']:<30} {_fmt_ns(ns['median']):>10} {spread:>7.1f}% "
-                         f"{'' if xf is None else f'{xf:.2f}':>8} "
-                         f"{'' if xc is None else f'{xc:.2f}':>8} {r['rounds']:>6}"
-                         f"{'  capped: a round took too long' if r['capped'] else ''}")
+            lines.append(
+                f"  {r['name']:<30} {_fmt_ns(ns['median']):>10} {spread:>7.1f}% "
+                f"{'' if xf is None else f'{xf:.2f}':>8} "
+                f"{'' if xc is None else f'{xc:.2f}':>8} {r['rounds']:>6}"
+                f"{'  capped: a round took too long' if r['capped'] else ''}"
+            )
         for s in grp["skipped"]:
             lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
         lines.append("")
     mem = report.get("memory")
     if mem:
-        lines.append(f"resident bytes per key at {mem['keys']:,} str keys "
-                     "(RSS growth while filling, keys created beforehand)")
+        lines.append(
+            f"resident bytes per key at {mem['keys']:,} str keys "
+            "(RSS growth while filling, keys created beforehand)"
+        )
         for kind, b in mem["bytes_per_key"].items():
             lines.append(f"  {kind:<30} {b:>10.1f}")
         for s in mem["skipped"]:
@@ -312,16 +396,22 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False, only: Sequence[str] | None = None, memory: bool = True,
-        memory_all: bool = False, progress_stream: IO[str] | None = None) -> dict[str, Any]:
+def run(
+    quick: bool = False,
+    only: Sequence[str] | None = None,
+    memory: bool = True,
+    memory_all: bool = False,
+    progress_stream: IO[str] | None = None,
+) -> dict[str, Any]:
     """Run the benchmarks; return the report (the JSON document)."""
     start = time.perf_counter()
     sizes, budget = (cases.QUICK, QUICK_BUDGET) if quick else (cases.FULL, FULL_BUDGET)
     selected = [g for g in cases.groups(sizes) if not only or g.id in only]
     peers = cases.peer_versions()
     kinds = memory_kinds(peers, memory_all) if memory and (not only or "memory" in only) else []
-    progress = Progress(sum(len(g.cases) for g in selected) + len(kinds),
-                        progress_stream or sys.stderr)
+    progress = Progress(
+        sum(len(g.cases) for g in selected) + len(kinds), progress_stream or sys.stderr
+    )
     groups_out = []
     # Spin first, so the first group does not pay for the CPU leaving a low clock.
     spin_until = time.perf_counter() + (0.05 if quick else 0.3)
@@ -375,8 +465,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "nanobucket bench") -> i
         except OSError as exc:
             parser.error(f"cannot write {args.json}: {exc.strerror}")
     try:
-        report = run(quick=args.quick, only=args.groups, memory=not args.no_memory,
-                     memory_all=args.memory_all)
+        report = run(
+            quick=args.quick,
+            only=args.groups,
+            memory=not args.no_memory,
+            memory_all=args.memory_all,
+        )
         if out is not None:
             json.dump(report, out, indent=1)
             out.write("\n")

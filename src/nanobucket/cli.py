@@ -85,11 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--rate", type=_rate, required=True, help="tokens per second (100, 0.5, 1/3)")
     ex.add_argument("--capacity", type=_count(1), required=True, help="bucket size in tokens")
     ex.add_argument("--cost", type=_count(1), default=1, help="tokens per request (default 1)")
-    ex.add_argument("--instances", type=_count(1), default=1,
-                    help="processes each holding such a bucket locally (default 1)")
-    ex.add_argument("--burst-rps", type=_rate, default=None,
-                    help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
-                    "the seed's 180 against 100)")
+    ex.add_argument(
+        "--instances",
+        type=_count(1),
+        default=1,
+        help="processes each holding such a bucket locally (default 1)",
+    )
+    ex.add_argument(
+        "--burst-rps",
+        type=_rate,
+        default=None,
+        help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
+        "the seed's 180 against 100)",
+    )
     ex.add_argument("--json", action="store_true", help="print JSON (rationals as exact strings)")
 
     sim = sub.add_parser(
@@ -100,25 +108,47 @@ def build_parser() -> argparse.ArgumentParser:
         "The default traffic is the seed's case study (70-90 req/s, bursts to 180 req/s, one "
         "greedy client), seeded and repeatable; --trace replays your own.",
     )
-    sim.add_argument("--rate", type=_rate, default=Fraction(100),
-                     help="limit in tokens/s for every strategy (default 100)")
-    sim.add_argument("--capacity", type=_count(1), default=200,
-                     help="token bucket size (default 200)")
-    sim.add_argument("--queue-bound", type=_count(1), default=None,
-                     help="most waiting requests in the bounded queue (default: capacity)")
-    sim.add_argument("--key-rate", type=_rate, default=None,
-                     help="per-key rate (default rate/4)")
-    sim.add_argument("--key-capacity", type=_count(1), default=None,
-                     help="per-key capacity (default capacity/4)")
-    sim.add_argument("--duration", type=_count(1), default=None,
-                     help="seconds of traffic (default 120; with --trace: the whole trace)")
+    sim.add_argument(
+        "--rate",
+        type=_rate,
+        default=Fraction(100),
+        help="limit in tokens/s for every strategy (default 100)",
+    )
+    sim.add_argument(
+        "--capacity", type=_count(1), default=200, help="token bucket size (default 200)"
+    )
+    sim.add_argument(
+        "--queue-bound",
+        type=_count(1),
+        default=None,
+        help="most waiting requests in the bounded queue (default: capacity)",
+    )
+    sim.add_argument("--key-rate", type=_rate, default=None, help="per-key rate (default rate/4)")
+    sim.add_argument(
+        "--key-capacity", type=_count(1), default=None, help="per-key capacity (default capacity/4)"
+    )
+    sim.add_argument(
+        "--duration",
+        type=_count(1),
+        default=None,
+        help="seconds of traffic (default 120; with --trace: the whole trace)",
+    )
     sim.add_argument("--seed", type=_count(0), default=None, help="random seed (default 1)")
-    sim.add_argument("--trace", metavar="FILE.csv", default=None,
-                     help="replay rows of timestamp,key[,cost]; timestamp in seconds "
-                     "(decimal or Unix time), cost default 1, optional header row")
-    sim.add_argument("--plot", metavar="OUT.png", type=_output_file, default=None,
-                     help="draw load, admitted, rejected and queue per strategy (needs "
-                     "matplotlib: pip install 'nanobucket[plot]')")
+    sim.add_argument(
+        "--trace",
+        metavar="FILE.csv",
+        default=None,
+        help="replay rows of timestamp,key[,cost]; timestamp in seconds "
+        "(decimal or Unix time), cost default 1, optional header row",
+    )
+    sim.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        type=_output_file,
+        default=None,
+        help="draw load, admitted, rejected and queue per strategy (needs "
+        "matplotlib: pip install 'nanobucket[plot]')",
+    )
     sim.add_argument("--json", action="store_true", help="print JSON with exact counts and ns")
 
     sub.add_parser(
@@ -159,12 +189,16 @@ def _simulate(args: argparse.Namespace, out: TextIO) -> int:
             sim_mod.CYCLE_S if args.duration is None else args.duration,
             1 if args.seed is None else args.seed,
         )
-    config = sim_mod.Config(args.rate, args.capacity, args.queue_bound, args.key_rate,
-                            args.key_capacity)
+    config = sim_mod.Config(
+        args.rate, args.capacity, args.queue_bound, args.key_rate, args.key_capacity
+    )
     with _ProgressBar(5 * len(traffic), enabled=out.isatty() and sys.stderr.isatty()) as bar:
         result = sim_mod.simulate(traffic, config, bar.advance)
-    out.write(json.dumps(sim_mod.to_json(result), indent=2) + "\n" if args.json
-              else sim_mod.render_table(result))
+    out.write(
+        json.dumps(sim_mod.to_json(result), indent=2) + "\n"
+        if args.json
+        else sim_mod.render_table(result)
+    )
     if args.plot:
         from .plot import plot_simulation
 
@@ -243,4 +277,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         return 130
-

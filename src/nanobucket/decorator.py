@@ -97,6 +97,7 @@ def limit(
 
     def decorate(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 k, c = prefix(args, kwargs)
@@ -130,8 +131,9 @@ def limit(
     return decorate
 
 
-def _make_limiter(limiter: Any, rate: RateLike | None, capacity: int | None,
-                  key: Callable[..., Hashable] | None) -> Any:
+def _make_limiter(
+    limiter: Any, rate: RateLike | None, capacity: int | None, key: Callable[..., Hashable] | None
+) -> Any:
     if limiter is not None:
         if rate is not None or capacity is not None:
             raise TypeError("limit() takes a limiter or rate=/capacity=, not both")

@@ -148,8 +148,18 @@ def explain(
     windows = tuple((t, math.floor((cap + exact * t) / cost)) for t in WINDOWS_S)
     burst = _burst(exact, cap, cost, bps)
     partial = Explanation(
-        exact, cap, cost, instances, interval, tau, sustained, largest,
-        Fraction(cap) / exact, windows, burst, "",
+        exact,
+        cap,
+        cost,
+        instances,
+        interval,
+        tau,
+        sustained,
+        largest,
+        Fraction(cap) / exact,
+        windows,
+        burst,
+        "",
     )
     return Explanation(**{**partial.__dict__, "summary": _summary(partial)})
 
@@ -204,8 +214,11 @@ def render_text(e: Explanation) -> str:
         f"  largest burst            {e.largest_burst} requests at once",
         f"  refill from empty        {fmt(e.refill_s)} s",
         f"  one token every          {e.interval_ns} ns"
-        + ("" if e.interval_exact else f" (1/{fmt(e.rate, approx=False)} s rounded up: "
-                                       "never faster than asked)"),
+        + (
+            ""
+            if e.interval_exact
+            else f" (1/{fmt(e.rate, approx=False)} s rounded up: never faster than asked)"
+        ),
         "",
         "  most admitted in any window of T seconds (capacity + rate * T):",
     ]

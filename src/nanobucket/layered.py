@@ -48,8 +48,15 @@ class LayeredDecision:
     ``limit`` is that layer's capacity. ``decisions`` holds every layer's own.
     """
 
-    __slots__ = ("allowed", "decisions", "layer", "limit", "remaining", "reset_after_ns",
-                 "retry_after_ns")
+    __slots__ = (
+        "allowed",
+        "decisions",
+        "layer",
+        "limit",
+        "remaining",
+        "reset_after_ns",
+        "retry_after_ns",
+    )
 
     def __init__(self, allowed: bool, decisions: Sequence[Any]) -> None:
         self.allowed = allowed
@@ -57,8 +64,10 @@ class LayeredDecision:
         if allowed:
             layer = min(range(len(decisions)), key=lambda i: decisions[i].remaining)
         else:
-            layer = max(range(len(decisions)),
-                        key=lambda i: (not decisions[i].allowed, decisions[i].retry_after_ns))
+            layer = max(
+                range(len(decisions)),
+                key=lambda i: (not decisions[i].allowed, decisions[i].retry_after_ns),
+            )
         self.layer = layer
         self.limit: int = decisions[layer].limit
         self.remaining: int = min(d.remaining for d in decisions)
@@ -82,15 +91,20 @@ class LayeredDecision:
         if not isinstance(other, LayeredDecision):
             return NotImplemented
         return (self.allowed, self.layer, self.decisions) == (
-            other.allowed, other.layer, other.decisions)
+            other.allowed,
+            other.layer,
+            other.decisions,
+        )
 
     def __hash__(self) -> int:
         return hash((self.allowed, self.layer, self.decisions))
 
     def __repr__(self) -> str:
-        return (f"LayeredDecision(allowed={self.allowed}, remaining={self.remaining}, "
-                f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
-                f"limit={self.limit}, layer={self.layer})")
+        return (
+            f"LayeredDecision(allowed={self.allowed}, remaining={self.remaining}, "
+            f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
+            f"limit={self.limit}, layer={self.layer})"
+        )
 
 
 def _style(layer: object) -> int:
@@ -119,14 +133,16 @@ class AllOf:
             names = ", ".join(type(lr).__name__ for lr, ok in zip(layers, undoable) if not ok)
             raise TypeError(
                 f"all_of() takes at most one layer without refund() (it is charged last); "
-                f"got {names}")
+                f"got {names}"
+            )
         self.layers: tuple[Any, ...] = tuple(layers)
         # Charging order: every refundable layer as given, then the one that is not.
         order = sorted(range(len(layers)), key=lambda i: not undoable[i])
         self._order = tuple(order)
         self._needs_key = _KEYED in styles
-        self._steps = tuple((layers[i].allow, styles[i], layers[i].refund if undoable[i] else None)
-                            for i in order)
+        self._steps = tuple(
+            (layers[i].allow, styles[i], layers[i].refund if undoable[i] else None) for i in order
+        )
         self._styles = styles
         # The hot path, unrolled for these layers: no loop, no per-layer branch.
         self.allow = _compile_allow(self._steps, self._needs_key)  # type: ignore[method-assign]
@@ -196,8 +212,9 @@ class AllOf:
         self._key(key)
         return self._check(key, (now, cost), "check_at", "refund_at", "peek_at")
 
-    def _check(self, key: Hashable | None, args: tuple[Any, ...], check: str, refund: str,
-               peek: str) -> LayeredDecision:
+    def _check(
+        self, key: Hashable | None, args: tuple[Any, ...], check: str, refund: str, peek: str
+    ) -> LayeredDecision:
         decisions: list[Any] = [None] * len(self.layers)
         done: list[int] = []
         rejected = -1
@@ -250,8 +267,10 @@ class AllOf:
     def _require(self, verb: str) -> None:
         for layer in self.layers:
             if not hasattr(layer, verb):
-                raise TypeError(f"{type(layer).__name__} has no {verb}(): this all_of cannot "
-                                f"{'refund' if verb == 'refund' else 'wait'}")
+                raise TypeError(
+                    f"{type(layer).__name__} has no {verb}(): this all_of cannot "
+                    f"{'refund' if verb == 'refund' else 'wait'}"
+                )
 
     def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
         """Give *cost* tokens back to every layer (never above any capacity)."""
@@ -267,8 +286,9 @@ class AllOf:
         for i in range(len(self.layers)):
             self._call(i, "refund_at", key, (now, cost))
 
-    def _reserve(self, key: Hashable | None, now: int | None, cost: int, max_wait: int,
-                 shape: bool) -> int:
+    def _reserve(
+        self, key: Hashable | None, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
         """Reserve on every layer; the longest wait, or -1 with nothing reserved."""
         self._key(key)
         self._require("_reserve")
@@ -290,8 +310,9 @@ class AllOf:
                     else:
                         self._call(j, "refund_at", key, (now, cost))
 
-    def acquire(self, key: Hashable | None = None, cost: int = 1,
-                timeout: float | None = None) -> bool:
+    def acquire(
+        self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
+    ) -> bool:
         """Block until every layer admits *cost* (True), or refuse (False) -- see `waiting`."""
         if timeout is not None:
             _waiting.check_timeout(timeout)
@@ -299,8 +320,9 @@ class AllOf:
             return True
         return _waiting.acquire_slow(self, (key,), cost, timeout)
 
-    def acquire_async(self, key: Hashable | None = None, cost: int = 1,
-                      timeout: float | None = None) -> Awaitable[bool]:
+    def acquire_async(
+        self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
+    ) -> Awaitable[bool]:
         """`acquire` for asyncio; a cancelled waiter gives its tokens back to every layer."""
         self._key(key)
         return _waiting.acquire_async(self, (key,), cost, timeout)
@@ -325,14 +347,22 @@ def _compile_allow(steps: tuple[Any, ...], needs_key: bool) -> Callable[..., boo
     for i, (allow, style, refund) in enumerate(steps):
         env[f"a{i}"], env[f"r{i}"] = allow, refund
         args = "cost" if style == _PLAIN else "key, cost"
-        undo = "; ".join(f"r{j}({'cost' if steps[j][1] == _PLAIN else 'key, cost'})"
-                         for j in reversed(range(i)))
+        undo = "; ".join(
+            f"r{j}({'cost' if steps[j][1] == _PLAIN else 'key, cost'})" for j in reversed(range(i))
+        )
         if not undo:
             lines += [f"    if not a{i}({args}):", "        return False"]
             continue
-        lines += ["    try:", f"        ok = a{i}({args})", "    except BaseException:",
-                  f"        {undo}", "        raise", "    if not ok:", f"        {undo}",
-                  "        return False"]
+        lines += [
+            "    try:",
+            f"        ok = a{i}({args})",
+            "    except BaseException:",
+            f"        {undo}",
+            "        raise",
+            "    if not ok:",
+            f"        {undo}",
+            "        return False",
+        ]
     lines.append("    return True")
     exec("\n".join(lines), env)  # noqa: S102 - code built from the fixed template above
     fn: Callable[..., bool] = env["allow"]

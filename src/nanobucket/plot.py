@@ -26,7 +26,9 @@ def require_matplotlib() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+        raise PlotUnavailable(
+            f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}"
+        ) from None
     matplotlib.use("Agg")  # no display needed: we only write files
     return matplotlib
 
@@ -83,13 +85,16 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
     top = max(max(offered), int(sim.rate)) * 1.15
     for ax, s in zip((row[0] for row in axes), sim.strategies):
         passed = _per_second(s.pass_times(tr), seconds)
-        rejected = _per_second(
-            [t for t, a in zip(tr.times, s.admitted) if not a], seconds
-        )
+        rejected = _per_second([t for t, a in zip(tr.times, s.admitted) if not a], seconds)
         for phase in tr.phases:
             if phase.name != "normal" and phase.name != "after":
-                ax.axvspan(phase.start_ns / NS_PER_S, phase.end_ns / NS_PER_S,
-                           color="#f3e6b3", alpha=0.6, lw=0)
+                ax.axvspan(
+                    phase.start_ns / NS_PER_S,
+                    phase.end_ns / NS_PER_S,
+                    color="#f3e6b3",
+                    alpha=0.6,
+                    lw=0,
+                )
         ax.fill_between(xs, offered, step="post", color="#cccccc", label="offered")
         ax.step(xs, passed, where="post", color="#1a7f37", lw=1.6, label="reached the service")
         ax.step(xs, rejected, where="post", color="#cf222e", lw=1.2, label="rejected")
@@ -99,13 +104,20 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
         ax.set_title(
             f"{s.label}: admitted {100 * s.passed / s.offered:.1f}%, "
             f"p99 wait {s.p99_wait_ns / NS_PER_S:.2f} s, max in 1 s {s.max_in_1s}",
-            loc="left", fontsize=10,
+            loc="left",
+            fontsize=10,
         )
         handles, labels = ax.get_legend_handles_labels()
         if s.queued:
             qax = ax.twinx()
-            qax.step(xs, _queue_series(s, sim, seconds), where="post", color="#0969da",
-                     lw=1.4, label="queue length (right)")
+            qax.step(
+                xs,
+                _queue_series(s, sim, seconds),
+                where="post",
+                color="#0969da",
+                lw=1.4,
+                label="queue length (right)",
+            )
             qax.set_ylabel("queued requests", color="#0969da")
             qax.set_ylim(bottom=0, top=max(s.peak_queue, sim.bound) * 1.15)
             qh, ql = qax.get_legend_handles_labels()

@@ -317,7 +317,9 @@ class _RedisLimits:
         elif isinstance(key, int) and not isinstance(key, bool):
             raw = str(key).encode()
         else:
-            raise TypeError(f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}")
+            raise TypeError(
+                f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}"
+            )
         return self._prefix + raw + b"}"
 
     def _cost(self, cost: object) -> int:
@@ -328,8 +330,13 @@ class _RedisLimits:
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
         if now_ns is None:
             return (*self._head, cost, b"", b"1" if consume else b"0", b"0")
-        return (*self._head, cost, now_ns // NS_PER_US, b"1" if consume else b"0",
-                EXPLICIT_TTL_SLACK_MS)
+        return (
+            *self._head,
+            cost,
+            now_ns // NS_PER_US,
+            b"1" if consume else b"0",
+            EXPLICIT_TTL_SLACK_MS,
+        )
 
     def _many_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:
         if now_ns is None:
@@ -338,8 +345,14 @@ class _RedisLimits:
 
     def _decision(self, reply: Sequence[int]) -> RedisDecision:
         allowed, remaining, retry_us, reset_us = reply
-        return RedisDecision(bool(allowed), int(remaining), int(retry_us) * NS_PER_US,
-                             int(reset_us) * NS_PER_US, self._capacity, "redis")
+        return RedisDecision(
+            bool(allowed),
+            int(remaining),
+            int(retry_us) * NS_PER_US,
+            int(reset_us) * NS_PER_US,
+            self._capacity,
+            "redis",
+        )
 
     def _policy(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
@@ -350,8 +363,9 @@ class _RedisLimits:
                 d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
             else:
                 d = fb.peek(key, cost) if now_ns is None else fb.peek_at(key, now_ns, cost)
-            return RedisDecision(d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns,
-                                 d.limit, "fallback")
+            return RedisDecision(
+                d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit, "fallback"
+            )
         if self._on_error == "raise":
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         if self._on_error == "open":
@@ -366,7 +380,11 @@ class _RedisLimits:
     ) -> bytearray:
         fb = self._fallback
         if fb is not None:
-            return fb.allow_many(keys, cost) if now_ns is None else fb.allow_many_at(keys, now_ns, cost)
+            return (
+                fb.allow_many(keys, cost)
+                if now_ns is None
+                else fb.allow_many_at(keys, now_ns, cost)
+            )
         if self._on_error == "raise":
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
@@ -378,7 +396,9 @@ class _RedisLimits:
         return keys, [self.key(k) for k in keys]  # a bad key fails the batch before any call
 
 
-def _evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[Any, ...]]]) -> list[Any]:
+def _evalsha_pipeline(
+    client: Any, script: Any, calls: list[tuple[bytes, tuple[Any, ...]]]
+) -> list[Any]:
     """Run ``script`` once per (key, args) in one pipelined round trip.
 
     redis-py's own pipeline support sends ``SCRIPT EXISTS`` first (a second
@@ -473,8 +493,13 @@ class RedisTokenBucket(_RedisLimits):
 
     @classmethod
     def from_url(
-        cls, url: str, rate: RateLike, capacity: int, *,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, **kwargs: Any,
+        cls,
+        url: str,
+        rate: RateLike,
+        capacity: int,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        **kwargs: Any,
     ) -> RedisTokenBucket:
         """Build on a new client for *url* with a short timeout and no retries."""
         return cls(client_from_url(url, socket_timeout=socket_timeout), rate, capacity, **kwargs)
@@ -564,7 +589,9 @@ class RedisTokenBucket(_RedisLimits):
                 replies = _evalsha_pipeline(self._client, self._script, [(k, args) for k in rkeys])
                 result = bytearray([reply[0] for reply in replies])
             else:
-                result = bytearray(self._many_script(keys=rkeys, args=self._many_args(cost, now_ns)))
+                result = bytearray(
+                    self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))
+                )
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy_many(keys, cost, now_ns, err)
@@ -604,8 +631,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     @classmethod
     def from_url(
-        cls, url: str, rate: RateLike, capacity: int, *,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, **kwargs: Any,
+        cls,
+        url: str,
+        rate: RateLike,
+        capacity: int,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        **kwargs: Any,
     ) -> AsyncRedisTokenBucket:
         """Build on a new asyncio client for *url* with a short timeout and no retries."""
         client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
@@ -674,11 +706,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
             if self._cluster:
                 args = self._args(cost, now_ns, True)
                 replies = await _evalsha_pipeline_async(
-                    self._client, self._script, [(k, args) for k in rkeys])
+                    self._client, self._script, [(k, args) for k in rkeys]
+                )
                 result = bytearray([reply[0] for reply in replies])
             else:
                 result = bytearray(
-                    await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns)))
+                    await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))
+                )
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy_many(keys, cost, now_ns, err)
@@ -825,10 +859,14 @@ class LeasedTokenBucket(_RedisLimits):
             if lease is None:
                 size = self._min_lease
                 balance = 0
-            elif lease.denied_need and cost - lease.balance >= lease.denied_need \
-                    and lease.denied_until > t:
-                return RedisDecision(False, lease.balance, lease.denied_until - t, 0,
-                                     self._capacity, "lease")
+            elif (
+                lease.denied_need
+                and cost - lease.balance >= lease.denied_need
+                and lease.denied_until > t
+            ):
+                return RedisDecision(
+                    False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
+                )
             else:
                 elapsed = t - lease.taken_at
                 size = lease.size
@@ -868,14 +906,16 @@ class LeasedTokenBucket(_RedisLimits):
                 lease.denied_need = 0
             if lease.balance >= cost:
                 lease.balance -= cost
-                return RedisDecision(True, lease.balance, 0, int(reset_us) * NS_PER_US,
-                                     self._capacity, "redis")
+                return RedisDecision(
+                    True, lease.balance, 0, int(reset_us) * NS_PER_US, self._capacity, "redis"
+                )
             retry_ns = max(1, int(retry_us)) * NS_PER_US
             if not granted:
                 lease.denied_need = need
                 lease.denied_until = t + retry_ns
-            return RedisDecision(False, lease.balance, retry_ns,
-                                 int(reset_us) * NS_PER_US, self._capacity, "redis")
+            return RedisDecision(
+                False, lease.balance, retry_ns, int(reset_us) * NS_PER_US, self._capacity, "redis"
+            )
 
     def _evict(self) -> None:
         # Called with the lock held and the table full: drop the oldest
@@ -904,8 +944,9 @@ class LeasedTokenBucket(_RedisLimits):
         if not leases:
             return
         now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
-        calls = [(k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS))
-                 for k, n in leases]
+        calls = [
+            (k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS)) for k, n in leases
+        ]
         self.round_trips += 1
         try:
             _evalsha_pipeline(self._client, self._script, calls)
@@ -919,5 +960,7 @@ class LeasedTokenBucket(_RedisLimits):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"LeasedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
-                f"max_lease={self._max_lease})")
+        return (
+            f"LeasedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
+            f"max_lease={self._max_lease})"
+        )

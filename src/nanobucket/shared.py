@@ -141,7 +141,9 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
     __slots__ = ()
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("use SharedKeyedTokenBucket.create(...) or SharedKeyedTokenBucket.open(...)")
+        raise TypeError(
+            "use SharedKeyedTokenBucket.create(...) or SharedKeyedTokenBucket.open(...)"
+        )
 
     @classmethod
     def create(
@@ -172,13 +174,30 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
         if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
             raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
         if clock is not None and not callable(clock):
-            raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
+            raise TypeError(
+                f"clock must be a callable returning int ns, not {type(clock).__name__}"
+            )
         slots = _slot_count(keys)
         probe = min(PROBE, slots)
         seed0, seed1 = struct.unpack("=QQ", secrets.token_bytes(16))
-        header = _header((MAGIC, BYTE_ORDER_MARK, LAYOUT_VERSION, HEADER_SIZE,
-                          exact.numerator, exact.denominator, cap, interval, slots, keys,
-                          probe, WHEN_FULL.index(when_full), seed0, seed1))
+        header = _header(
+            (
+                MAGIC,
+                BYTE_ORDER_MARK,
+                LAYOUT_VERSION,
+                HEADER_SIZE,
+                exact.numerator,
+                exact.denominator,
+                cap,
+                interval,
+                slots,
+                keys,
+                probe,
+                WHEN_FULL.index(when_full),
+                seed0,
+                seed1,
+            )
+        )
         size = HEADER_SIZE + slots * SLOT_SIZE
         fd, tmp = tempfile.mkstemp(prefix=".nanobucket-", dir=os.path.dirname(target) or ".")
         try:
@@ -191,8 +210,22 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
                 os.ftruncate(fd, size)
             os.pwrite(fd, header, 0)
             table = cls.__new__(cls)
-            table._attach(fd, size, HEADER_SIZE, target, _public_rate(rate, exact), cap,
-                          interval, slots, keys, probe, when_full == "admit", seed0, seed1, clock)
+            table._attach(
+                fd,
+                size,
+                HEADER_SIZE,
+                target,
+                _public_rate(rate, exact),
+                cap,
+                interval,
+                slots,
+                keys,
+                probe,
+                when_full == "admit",
+                seed0,
+                seed1,
+                clock,
+            )
             os.link(tmp, target)  # atomic and exclusive: FileExistsError if taken
         finally:
             os.close(fd)
@@ -221,16 +254,31 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
                 raise BadTableError(f"{target}: not a regular file")
             raw = os.pread(fd, HEADER_SIZE, 0)
             fields = _parse_header(target, raw, info.st_size)
-            (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy,
-             seed0, seed1) = fields
+            (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy, seed0, seed1) = (
+                fields
+            )
             if clock is not None and not callable(clock):
                 raise TypeError(
-                    f"clock must be a callable returning int ns, not {type(clock).__name__}")
+                    f"clock must be a callable returning int ns, not {type(clock).__name__}"
+                )
             rate = Fraction(num, den)
             table = cls.__new__(cls)
-            table._attach(fd, info.st_size, HEADER_SIZE, target,
-                          rate.numerator if rate.denominator == 1 else rate, cap, interval,
-                          slots, keys, probe, policy == 1, seed0, seed1, clock)
+            table._attach(
+                fd,
+                info.st_size,
+                HEADER_SIZE,
+                target,
+                rate.numerator if rate.denominator == 1 else rate,
+                cap,
+                interval,
+                slots,
+                keys,
+                probe,
+                policy == 1,
+                seed0,
+                seed1,
+                clock,
+            )
         finally:
             os.close(fd)
         return table
@@ -241,8 +289,10 @@ class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type:
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return (f"<SharedKeyedTokenBucket{state} rate={self.rate!r} capacity={self.capacity} "
-                f"max_keys={self.max_keys} path={self.path!r}>")
+        return (
+            f"<SharedKeyedTokenBucket{state} rate={self.rate!r} capacity={self.capacity} "
+            f"max_keys={self.max_keys} path={self.path!r}>"
+        )
 
     def __reduce__(self) -> Any:
         raise TypeError("a SharedKeyedTokenBucket cannot be pickled: open() it by name instead")
@@ -260,8 +310,22 @@ def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
             raise BadTableError(f"{target}: truncated shared table ({size} bytes)")
         raise BadTableError(f"{target}: not a nanobucket shared table")
     fields = _FIELDS.unpack_from(raw)
-    (magic, bom, version, header_size, num, den, cap, interval, slots, keys, probe, policy,
-     _s0, _s1) = fields
+    (
+        magic,
+        bom,
+        version,
+        header_size,
+        num,
+        den,
+        cap,
+        interval,
+        slots,
+        keys,
+        probe,
+        policy,
+        _s0,
+        _s1,
+    ) = fields
     if magic != MAGIC:
         raise BadTableError(f"{target}: not a nanobucket shared table")
     if bom != BYTE_ORDER_MARK:
@@ -269,7 +333,8 @@ def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
     if version != LAYOUT_VERSION:
         raise BadTableError(
             f"{target}: shared table layout version {version}; this nanobucket reads "
-            f"version {LAYOUT_VERSION}")
+            f"version {LAYOUT_VERSION}"
+        )
     (check,) = _CHECK.unpack_from(raw, _CHECKED)
     if check != hashlib.blake2b(raw[:_CHECKED], digest_size=8).digest():
         raise BadTableError(f"{target}: corrupt shared table header")

@@ -122,23 +122,30 @@ def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
     for sec in range(duration_s):
         lo = sec * NS
         base = rng.randint(*NORMAL_RPS)
-        reqs += [(lo + rng.randrange(NS), CLIENTS[rng.randrange(len(CLIENTS))])
-                 for _ in range(base)]
+        reqs += [
+            (lo + rng.randrange(NS), CLIENTS[rng.randrange(len(CLIENTS))]) for _ in range(base)
+        ]
         for phase in phases:
             a, b = max(lo, phase.start_ns), min(lo + NS, phase.end_ns)
             if a >= b:
                 continue
             if phase.name.startswith("burst"):
                 extra = (BURST_RPS - base) * (b - a) // NS
-                reqs += [(a + rng.randrange(b - a), CLIENTS[rng.randrange(len(CLIENTS))])
-                         for _ in range(extra)]
+                reqs += [
+                    (a + rng.randrange(b - a), CLIENTS[rng.randrange(len(CLIENTS))])
+                    for _ in range(extra)
+                ]
             elif phase.name == "greedy client":
                 extra = GREEDY_RPS * (b - a) // NS
                 reqs += [(a + rng.randrange(b - a), GREEDY) for _ in range(extra)]
     reqs.sort()
     return Traffic(
-        [t for t, _ in reqs], [k for _, k in reqs], [1] * len(reqs), duration_s * NS,
-        f"the seed's case study, {duration_s} s, seed {seed}", tuple(phases),
+        [t for t, _ in reqs],
+        [k for _, k in reqs],
+        [1] * len(reqs),
+        duration_s * NS,
+        f"the seed's case study, {duration_s} s, seed {seed}",
+        tuple(phases),
     )
 
 
@@ -402,7 +409,10 @@ def _measure(s: StrategyResult, tr: Traffic) -> None:
     if s.queued:
         _measure_queue(s, tr)
     for phase in tr.phases:
-        a, b = bisect.bisect_left(tr.times, phase.start_ns), bisect.bisect_left(tr.times, phase.end_ns)
+        a, b = (
+            bisect.bisect_left(tr.times, phase.start_ns),
+            bisect.bisect_left(tr.times, phase.end_ns),
+        )
         got = sum(s.admitted[a:b])
         worst = max((w for w, ok in zip(s.wait_ns[a:b], s.admitted[a:b]) if ok), default=0)
         off, ok, w = s.by_phase.get(phase.name, (0, 0, 0))
@@ -439,7 +449,13 @@ def _measure_queue(s: StrategyResult, tr: Traffic) -> None:
     s.peak_queue, s.over_bound_ns = peak, over
 
 
-STRATEGY_NAMES = ("fixed window", "unbounded queue", "bounded queue", "token bucket", "per-key + global")
+STRATEGY_NAMES = (
+    "fixed window",
+    "unbounded queue",
+    "bounded queue",
+    "token bucket",
+    "per-key + global",
+)
 
 
 def simulate(
@@ -462,16 +478,41 @@ def simulate(
     tick: Progress = progress or (lambda n: None)
     limit = int(rate)  # whole tokens per 1-second window
     runs: list[tuple[str, str, bool, int | None, Callable[[], tuple[bytearray, list[int]]]]] = [
-        ("fixed window", f"fixed window {limit}/1 s", False, None,
-         lambda: _fixed_window(traffic, limit, tick)),
-        ("unbounded queue", f"unbounded queue {_num(rate)}/s", True, bound,
-         lambda: _queue(traffic, interval, None, tick)),
-        ("bounded queue", f"bounded queue {_num(rate)}/s, {bound}", True, bound,
-         lambda: _queue(traffic, interval, bound, tick)),
-        ("token bucket", f"token bucket {_num(rate)}/{cap}", False, None,
-         lambda: _token_bucket(impl, traffic, rate, cap, tick)),
-        ("per-key + global", f"per key {_num(key_rate)}/{key_cap} + {_num(rate)}/{cap}",
-         False, None, lambda: _keyed_global(impl, traffic, rate, cap, key_rate, key_cap, tick)),
+        (
+            "fixed window",
+            f"fixed window {limit}/1 s",
+            False,
+            None,
+            lambda: _fixed_window(traffic, limit, tick),
+        ),
+        (
+            "unbounded queue",
+            f"unbounded queue {_num(rate)}/s",
+            True,
+            bound,
+            lambda: _queue(traffic, interval, None, tick),
+        ),
+        (
+            "bounded queue",
+            f"bounded queue {_num(rate)}/s, {bound}",
+            True,
+            bound,
+            lambda: _queue(traffic, interval, bound, tick),
+        ),
+        (
+            "token bucket",
+            f"token bucket {_num(rate)}/{cap}",
+            False,
+            None,
+            lambda: _token_bucket(impl, traffic, rate, cap, tick),
+        ),
+        (
+            "per-key + global",
+            f"per key {_num(key_rate)}/{key_cap} + {_num(rate)}/{cap}",
+            False,
+            None,
+            lambda: _keyed_global(impl, traffic, rate, cap, key_rate, key_cap, tick),
+        ),
     ]
     results = []
     for name, label, queued, qbound, run in runs:
@@ -504,16 +545,30 @@ def render_table(sim: Simulation) -> str:
         f"{'' if keys == 1 else 's'} over {tr.duration_ns / NS:g} s",
         "",
     ]
-    head = ("strategy", "admitted", "rejected", "p50 wait", "p99 wait", "peak queue",
-            "max in 1 s", f"queue > {sim.bound}")
+    head = (
+        "strategy",
+        "admitted",
+        "rejected",
+        "p50 wait",
+        "p99 wait",
+        "peak queue",
+        "max in 1 s",
+        f"queue > {sim.bound}",
+    )
     rows: list[tuple[str, ...]] = [head]
     for s in sim.strategies:
-        rows.append((
-            s.label, _pct(s.passed, s.offered), _pct(s.rejected, s.offered),
-            fmt_wait(s.p50_wait_ns), fmt_wait(s.p99_wait_ns),
-            str(s.peak_queue) if s.queued else "-", str(s.max_in_1s),
-            f"{s.over_bound_ns / NS:.1f} s" if s.queued else "-",
-        ))
+        rows.append(
+            (
+                s.label,
+                _pct(s.passed, s.offered),
+                _pct(s.rejected, s.offered),
+                fmt_wait(s.p50_wait_ns),
+                fmt_wait(s.p99_wait_ns),
+                str(s.peak_queue) if s.queued else "-",
+                str(s.max_in_1s),
+                f"{s.over_bound_ns / NS:.1f} s" if s.queued else "-",
+            )
+        )
     out += _grid(rows)
     out += ["", "max in 1 s: the most tokens that reached the service in any 1-second span."]
     if tr.phases:
@@ -540,8 +595,9 @@ def _grid(rows: Iterable[Sequence[str]]) -> list[str]:
     rows = list(rows)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        .rstrip()
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
         for r in rows
     ]
 
@@ -571,8 +627,11 @@ def to_json(sim: Simulation) -> dict[str, object]:
                     n: {"offered": o, "admitted": a, "max_wait_ns": w}
                     for n, (o, a, w) in s.by_phase.items()
                 },
-                "busiest_key": {"key": s.busiest_key, "admitted": s.busiest[0],
-                                "offered": s.busiest[1]},
+                "busiest_key": {
+                    "key": s.busiest_key,
+                    "admitted": s.busiest[0],
+                    "offered": s.busiest[1],
+                },
                 "other_keys": {"admitted": s.others[0], "offered": s.others[1]},
             }
             for s in sim.strategies

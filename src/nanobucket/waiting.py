@@ -64,7 +64,9 @@ def check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+        raise TypeError(
+            f"timeout must be a number of seconds or None, not {type(timeout).__name__}"
+        )
     if math.isnan(timeout) or timeout < 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
     return float(timeout)
@@ -106,8 +108,10 @@ def is_keyed(limiter: object) -> bool:
         params = [p.strip().split("=")[0] for p in first.split("(", 1)[1].split(",")]
         params = [p for p in params if p and p != "self"]
         return bool(params) and params[0] == "key"
-    raise TypeError(f"cannot tell whether {type(limiter).__name__}.allow takes a key: "
-                    "give the limiter a bool attribute `keyed`")
+    raise TypeError(
+        f"cannot tell whether {type(limiter).__name__}.allow takes a key: "
+        "give the limiter a bool attribute `keyed`"
+    )
 
 
 class _Gate:
@@ -165,8 +169,9 @@ def waiters(limiter: object) -> int:
         return gate.count if gate is not None else 0
 
 
-def _wait_sync(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int,
-               shape: bool, sleep: Sleep) -> bool:
+def _wait_sync(
+    limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int, shape: bool, sleep: Sleep
+) -> bool:
     wait = limiter._reserve(*key, None, cost, max_wait, shape)
     if wait < 0:
         return False
@@ -179,8 +184,14 @@ def _wait_sync(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int
     return True
 
 
-async def _wait_async(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int,
-                      shape: bool, sleep: AsyncSleep) -> bool:
+async def _wait_async(
+    limiter: Any,
+    key: tuple[Hashable, ...],
+    cost: int,
+    max_wait: int,
+    shape: bool,
+    sleep: AsyncSleep,
+) -> bool:
     wait = limiter._reserve(*key, None, cost, max_wait, shape)
     if wait < 0:
         return False
@@ -193,8 +204,7 @@ async def _wait_async(limiter: Any, key: tuple[Hashable, ...], cost: int, max_wa
     return True
 
 
-def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int,
-                 timeout: float | None) -> bool:
+def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
     """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``)."""
     max_wait = _max_wait_ns(timeout)
     if not _enter_default(limiter):
@@ -205,8 +215,9 @@ def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int,
         _leave_default(limiter)
 
 
-async def acquire_async(limiter: Any, key: tuple[Hashable, ...], cost: object,
-                        timeout: object) -> bool:
+async def acquire_async(
+    limiter: Any, key: tuple[Hashable, ...], cost: object, timeout: object
+) -> bool:
     """The core classes' ``acquire_async``: reserve, then sleep in asyncio."""
     max_wait = _max_wait_ns(timeout)
     if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
@@ -246,7 +257,8 @@ class Waiting:
         if not hasattr(limiter, "_reserve") or not hasattr(limiter, "refund"):
             raise TypeError(
                 f"{type(limiter).__name__} cannot reserve tokens: Waiting needs an in-process "
-                "TokenBucket, KeyedTokenBucket or all_of")
+                "TokenBucket, KeyedTokenBucket or all_of"
+            )
         if not isinstance(shape, bool):
             raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
         for name, fn in (("sleep", sleep), ("async_sleep", async_sleep)):
@@ -274,7 +286,9 @@ class Waiting:
             if not args and getattr(self.limiter, "key_optional", False):
                 return (None,), cost  # an all_of without keyed layers
             if len(args) != 1:
-                raise TypeError("acquire() of a keyed limiter takes the key first: acquire(key, cost=1)")
+                raise TypeError(
+                    "acquire() of a keyed limiter takes the key first: acquire(key, cost=1)"
+                )
             return (args[0],), cost
         if len(args) > 1:
             raise TypeError("acquire() takes at most one positional argument (cost)")
@@ -298,8 +312,7 @@ class Waiting:
         finally:
             self._gate.leave()
 
-    async def acquire_async(self, *args: Any, cost: int = 1,
-                            timeout: float | None = None) -> bool:
+    async def acquire_async(self, *args: Any, cost: int = 1, timeout: float | None = None) -> bool:
         """`acquire` for asyncio; a cancelled waiter gives its tokens back."""
         key, c = self._split(args, cost)
         max_wait = _max_wait_ns(timeout)
@@ -309,8 +322,14 @@ class Waiting:
         if not self._gate.enter():
             return False
         try:
-            return await _wait_async(limiter, key, c, max_wait, self.shape,  # type: ignore[arg-type]
-                                     self._async_sleep)
+            return await _wait_async(
+                limiter,
+                key,
+                c,
+                max_wait,
+                self.shape,  # type: ignore[arg-type]
+                self._async_sleep,
+            )
         finally:
             self._gate.leave()
 
@@ -319,8 +338,7 @@ class Waiting:
         return getattr(self.limiter, name)
 
     def __repr__(self) -> str:
-        return (f"Waiting({self.limiter!r}, max_waiters={self.max_waiters}, "
-                f"shape={self.shape})")
+        return f"Waiting({self.limiter!r}, max_waiters={self.max_waiters}, shape={self.shape})"
 
 
 class LeakyBucket(Waiting):
@@ -348,5 +366,10 @@ class LeakyBucket(Waiting):
     ) -> None:
         from ._bucket import TokenBucket
 
-        super().__init__(TokenBucket(rate, capacity, clock=clock), max_waiters=max_waiters,
-                         shape=True, sleep=sleep, async_sleep=async_sleep)
+        super().__init__(
+            TokenBucket(rate, capacity, clock=clock),
+            max_waiters=max_waiters,
+            shape=True,
+            sleep=sleep,
+            async_sleep=async_sleep,
+        )

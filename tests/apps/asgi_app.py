@@ -27,7 +27,9 @@ async def stats(request: Request) -> JSONResponse:
     return JSONResponse(counters.snapshot())
 
 
-limiter = nb.KeyedTokenBucket(rate=float(os.environ["NB_RATE"]), capacity=int(os.environ["NB_CAPACITY"]))
+limiter = nb.KeyedTokenBucket(
+    rate=float(os.environ["NB_RATE"]), capacity=int(os.environ["NB_CAPACITY"])
+)
 key = header("X-API-Key") if os.environ.get("NB_KEY") == "header" else client_address()
 
 app = RateLimitMiddleware(

@@ -30,8 +30,9 @@ def table() -> SharedKeyedTokenBucket:
     return _table
 
 
-def app(environ: dict[str, object],
-        start_response: Callable[[str, list[tuple[str, str]]], object]) -> Iterable[bytes]:
+def app(
+    environ: dict[str, object], start_response: Callable[[str, list[tuple[str, str]]], object]
+) -> Iterable[bytes]:
     """``GET /<key>``: 200 if *key*'s bucket admits the request, else 429 with Retry-After."""
     key = str(environ.get("PATH_INFO", "/")).strip("/")
     headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid()))]
