@@ -20,7 +20,8 @@ from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.sequence cimport PySequence_Fast
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memset
 
 from fractions import Fraction
 
@@ -339,7 +340,7 @@ cdef class TokenBucket(_Limits):
 ctypedef struct Slot:
     int64_t tat         # the bucket's word; changed only by CAS
     Py_hash_t hash
-    PyObject *key       # a strong reference; NULL marks an empty slot
+    PyObject *key       # a strong reference (NULL only in the stand-ins below)
 
 
 cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
@@ -399,9 +400,14 @@ cdef class KeyedTokenBucket(_Limits):
     True
     """
 
-    cdef Slot *slots
-    cdef Py_ssize_t mask        # slot count - 1 (a power of two)
-    cdef Py_ssize_t used        # slots holding a key
+    # A compact hash table, as CPython's dict: `slots` holds the entries in
+    # the order they came, `index` maps a hash position to an entry (-1:
+    # empty). Keys met in the order they came hit neighbouring memory, and
+    # the table costs 24 bytes an entry plus 4 per position.
+    cdef Slot *slots            # `room` entries, the first `used` hold keys
+    cdef int32_t *index         # `mask + 1` positions, linear probing
+    cdef Py_ssize_t mask        # positions - 1 (a power of two)
+    cdef Py_ssize_t used        # entries holding a key
     cdef Py_ssize_t room        # `used` may grow to this before a sweep
     cdef Py_ssize_t max_slots
     cdef readonly Py_ssize_t max_keys
@@ -417,34 +423,52 @@ cdef class KeyedTokenBucket(_Limits):
 
     def __cinit__(self):
         self.slots = NULL
+        self.index = NULL
 
     def __init__(self, rate, capacity, *, max_keys=DEF_MAX_KEYS, clock=None):
         _Limits.__init__(self, rate, capacity, clock)
         self.max_keys = check_max_keys(max_keys)
         self.max_slots = slots_for(self.max_keys)
+        cdef Slot *slots
+        cdef int32_t *index
         if self.slots == NULL:
-            self._install(<Slot *>PyMem_RawCalloc(8, sizeof(Slot)), 8)
+            self._alloc(8, &slots, &index)
+            self._install(slots, index, 8)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
         if self.slots != NULL:
-            for i in range(self.mask + 1):
-                if self.slots[i].key != NULL:
-                    Py_DECREF(<object>self.slots[i].key)
-            PyMem_RawFree(self.slots)
+            for i in range(self.used):
+                Py_DECREF(<object>self.slots[i].key)
+        PyMem_RawFree(self.slots)
+        PyMem_RawFree(self.index)
 
-    cdef int _install(self, Slot *slots, Py_ssize_t n) except -1:
-        if slots == NULL:
+    cdef inline Py_ssize_t _room_of(self, Py_ssize_t n) noexcept:
+        return min(n * 2 // 3, self.max_keys)
+
+    cdef int _alloc(self, Py_ssize_t n, Slot **slots, int32_t **index) except -1:
+        """Entries and an empty index for *n* positions (all or nothing)."""
+        slots[0] = <Slot *>PyMem_RawCalloc(self._room_of(n), sizeof(Slot))
+        index[0] = <int32_t *>PyMem_RawMalloc(n * sizeof(int32_t))
+        if slots[0] == NULL or index[0] == NULL:
+            PyMem_RawFree(slots[0])
+            PyMem_RawFree(index[0])
             raise MemoryError()
+        memset(index[0], 0xFF, n * sizeof(int32_t))  # -1: empty
+        return 0
+
+    cdef int _install(self, Slot *slots, int32_t *index, Py_ssize_t n) except -1:
         self.slots = slots
+        self.index = index
         self.mask = n - 1
-        self.room = min(n * 2 // 3, self.max_keys)
+        self.room = self._room_of(n)
         self.version += 1
         return 0
 
     cdef Slot *_find(self, object key, Py_hash_t h, int64_t now, bint insert) except? NULL:
         """The slot of *key*; a new one (tat = floor) if *insert*, else NULL if missing."""
         cdef Py_ssize_t i
+        cdef int32_t ix
         cdef Slot *s
         cdef uint64_t version
         cdef int eq
@@ -453,19 +477,22 @@ cdef class KeyedTokenBucket(_Limits):
             i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
             version = self.version
             while True:
-                s = &self.slots[i]
-                if s.key == NULL:
+                ix = self.index[i]
+                if ix < 0:
                     if not insert:
                         return NULL
                     if self.used >= self.room:
                         self._make_room(now)
                         break
+                    s = &self.slots[self.used]
                     Py_INCREF(key)
                     s.key = <PyObject *>key
                     s.hash = h
                     s.tat = self.floor
+                    self.index[i] = <int32_t>self.used
                     self.used += 1
                     return s
+                s = &self.slots[ix]
                 if s.key == <PyObject *>key:
                     return s
                 if s.hash == h:
@@ -491,15 +518,17 @@ cdef class KeyedTokenBucket(_Limits):
         return self._sweep(now)
 
     cdef int _sweep(self, int64_t now) except -1:
-        cdef Py_ssize_t n = self.mask + 1, i, j, live = 0, forgive = 0, size, new_n
+        cdef Py_ssize_t n = self.used, i, j, live = 0, forgive = 0, size, new_n
         cdef Slot *old = self.slots
+        cdef int32_t *old_index = self.index
         cdef Slot *new
+        cdef int32_t *new_index
         cdef int64_t cut = -1, floor = self.floor
         cdef Py_ssize_t ties = 0, equal = 0
         cdef int64_t hcut = INT64_MIN
         cdef int64_t *tats
         for i in range(n):
-            if old[i].key != NULL and old[i].tat > now:
+            if old[i].tat > now:
                 live += 1
         # At the bound: forgive the buckets closest to full (smallest tat)
         # until an eighth of max_keys is free, so this sweep runs once per
@@ -511,7 +540,7 @@ cdef class KeyedTokenBucket(_Limits):
                 raise MemoryError()
             j = 0
             for i in range(n):
-                if old[i].key != NULL and old[i].tat > now:
+                if old[i].tat > now:
                     tats[j] = old[i].tat
                     j += 1
             cut = kth_smallest(tats, live, forgive - 1)
@@ -526,7 +555,7 @@ cdef class KeyedTokenBucket(_Limits):
             if 0 < ties < equal:
                 j = 0
                 for i in range(n):
-                    if old[i].key != NULL and old[i].tat == cut:
+                    if old[i].tat == cut:
                         tats[j] = old[i].hash
                         j += 1
                 hcut = kth_smallest(tats, equal, ties - 1)
@@ -538,19 +567,15 @@ cdef class KeyedTokenBucket(_Limits):
             PyMem_RawFree(tats)
         else:
             forgive = 0
-        new_n = n
+        new_n = self.mask + 1
         if live - forgive > self.room // 2 and new_n < self.max_slots:
-            new_n = n * 2
-        new = <Slot *>PyMem_RawCalloc(new_n, sizeof(Slot))
-        if new == NULL:
-            raise MemoryError()
-        # Move the survivors; dropped keys keep their slot in `old` and are
-        # released only after the new table is in place, since releasing a
-        # key can run arbitrary code (a __del__) that uses this table.
+            new_n *= 2
+        self._alloc(new_n, &new, &new_index)
+        # Move the survivors, in order; dropped keys keep their entry in
+        # `old` and are released only after the new table is in place, since
+        # releasing a key can run arbitrary code (a __del__) that uses it.
         size = 0
         for i in range(n):
-            if old[i].key == NULL:
-                continue
             if old[i].tat <= now:
                 if old[i].tat > floor:
                     floor = old[i].tat
@@ -561,18 +586,20 @@ cdef class KeyedTokenBucket(_Limits):
                     ties -= 1
                 continue
             j = <Py_ssize_t>(<uint64_t>old[i].hash & <uint64_t>(new_n - 1))
-            while new[j].key != NULL:
+            while new_index[j] >= 0:
                 j = (j + 1) & (new_n - 1)
-            new[j] = old[i]
+            new[size] = old[i]
+            new_index[j] = <int32_t>size
             old[i].key = NULL  # moved, not dropped
             size += 1
         self.floor = floor
         self.used = size
-        self._install(new, new_n)
+        self._install(new, new_index, new_n)
         for i in range(n):
             if old[i].key != NULL:
                 Py_DECREF(<object>old[i].key)
         PyMem_RawFree(old)
+        PyMem_RawFree(old_index)
         return 0
 
     def allow(self, key, cost=1):
@@ -656,20 +683,14 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(max(n, 1) * sizeof(Py_hash_t))
         if hashes == NULL:
             raise MemoryError()
-        cdef PyObject *ahead
         try:
             for i in range(n):
                 if i + AHEAD < n:  # the key objects are scattered in memory
                     nb_prefetch(items[i + AHEAD])
                 hashes[i] = PyObject_Hash(<object>items[i])
             for i in range(n):
-                # As in `_allow_many_uint64`: the slot, then its key, ahead.
-                if i + AHEAD < n:
-                    nb_prefetch(&self.slots[<uint64_t>hashes[i + AHEAD] & <uint64_t>self.mask])
-                if i + AHEAD // 2 < n:
-                    ahead = self.slots[<uint64_t>hashes[i + AHEAD // 2] & <uint64_t>self.mask].key
-                    if ahead != NULL:
-                        nb_prefetch(ahead)
+                if i + AHEAD < n:  # as in `_allow_many_uint64`
+                    self._prefetch(hashes[i + AHEAD], hashes[i + AHEAD // 2])
                 res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
         finally:
             PyMem_RawFree(hashes)
@@ -691,7 +712,6 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t slack = self.tau - cost_t
         cdef int64_t tat, base
         cdef uint64_t version
-        cdef PyObject *ahead
         cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
         cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(BATCH * sizeof(Py_hash_t))
         try:
@@ -706,15 +726,10 @@ cdef class KeyedTokenBucket(_Limits):
                     version = self.version
                     i = start
                     while i < end:
-                        # Two-stage prefetch: the slot AHEAD keys on, and the
-                        # key object of the slot AHEAD/2 on (its slot is in
-                        # cache by now), so the probe below rarely waits.
+                        # Prefetch the index AHEAD keys on and the entry
+                        # AHEAD/2 on, so the probe below rarely waits.
                         if i + AHEAD < end:
-                            nb_prefetch(&self.slots[<uint64_t>hashes[i + AHEAD - start] & <uint64_t>self.mask])
-                        if i + AHEAD // 2 < end:
-                            ahead = self.slots[<uint64_t>hashes[i + AHEAD // 2 - start] & <uint64_t>self.mask].key
-                            if ahead != NULL:
-                                nb_prefetch(ahead)
+                            self._prefetch(hashes[i + AHEAD - start], hashes[i + AHEAD // 2 - start])
                         found[i - start] = self._find_uint64(
                             keys[i], hashes[i - start], now, slack, i == start)
                         if found[i - start] == &NEEDS_ROOM:
@@ -741,6 +756,14 @@ cdef class KeyedTokenBucket(_Limits):
             PyMem_RawFree(hashes)
         return out
 
+    cdef inline void _prefetch(self, Py_hash_t far, Py_hash_t near) noexcept:
+        """Two-stage prefetch for batches: *far*'s index position, *near*'s entry
+        (its index position was prefetched earlier, so reading it is cheap)."""
+        cdef int32_t ix = self.index[<uint64_t>near & <uint64_t>self.mask]
+        nb_prefetch(&self.index[<uint64_t>far & <uint64_t>self.mask])
+        if ix >= 0:
+            nb_prefetch(&self.slots[ix])
+
     cdef Slot *_find_uint64(self, uint64_t value, Py_hash_t h, int64_t now,
                             int64_t slack, bint may_sweep) except NULL:
         """The slot of the int *value*, comparing without objects.
@@ -750,12 +773,14 @@ cdef class KeyedTokenBucket(_Limits):
         inserting it could sweep the table and not *may_sweep*: `NEEDS_ROOM`.
         """
         cdef Py_ssize_t i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
-        cdef Slot *s
+        cdef int32_t ix
+        cdef Slot *s = NULL
         cdef unsigned long long stored
         while True:
-            s = &self.slots[i]
-            if s.key == NULL:
+            ix = self.index[i]
+            if ix < 0:
                 break
+            s = &self.slots[ix]
             if s.hash == h:
                 if type(<object>s.key) is not int:
                     break  # an equal key of another type (1.0 == 1): the general path
@@ -765,9 +790,9 @@ cdef class KeyedTokenBucket(_Limits):
                 elif stored == value:
                     return s
             i = (i + 1) & self.mask
-        if s.key == NULL and (self.floor if self.floor > now else now) - now > slack:
+        if ix < 0 and (self.floor if self.floor > now else now) - now > slack:
             return &REJECTING
-        if s.key == NULL and self.used >= self.room and not may_sweep:
+        if ix < 0 and self.used >= self.room and not may_sweep:
             return &NEEDS_ROOM
         return self._find(PyLong_FromUnsignedLongLong(value), h, now, True)
 
@@ -836,13 +861,14 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t now = self._now()
         cdef Py_ssize_t i, count = 0
         with cython.critical_section(self):
-            for i in range(self.mask + 1):
-                if self.slots[i].key != NULL and nb_load(&self.slots[i].tat) > now:
+            for i in range(self.used):
+                if nb_load(&self.slots[i].tat) > now:
                     count += 1
         return count
 
     def __sizeof__(self):
-        return object.__sizeof__(self) + (self.mask + 1) * sizeof(Slot)
+        return (object.__sizeof__(self) + self.room * sizeof(Slot)
+                + (self.mask + 1) * sizeof(int32_t))
 
     def __repr__(self):
         return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
@@ -898,9 +924,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Py_ssize_t i
         with cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
-            for i in range(self.mask + 1):
-                if self.slots[i].key == NULL:
-                    continue
+            for i in range(self.used):
                 old = nb_load(&self.slots[i].tat)
                 while True:
                     new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)

@@ -27,6 +27,7 @@ NS_PER_S = 1_000_000_000
 NOW_MAX = (1 << 62) - 1
 TAU_MAX = 1 << 62
 RATE_MAX = NS_PER_S  # one token per nanosecond: finer is not representable
+MAX_KEYS = (1 << 31) - 1  # the Cython table indexes its entries with int32
 
 RateLike = Union[int, float, Fraction, Decimal]
 
@@ -70,7 +71,8 @@ def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, i
     tau = cap * interval
     if tau > TAU_MAX:
         raise ValueError(
-            f"capacity / rate = {cap * interval / NS_PER_S:.3g} s to refill: "
+            # Decimal: a capacity of 10**400 must not overflow a float in the message.
+            f"capacity / rate = {Decimal(tau) / NS_PER_S:.3g} s to refill: "
             f"more than {TAU_MAX / NS_PER_S / 86400 / 365.25:.0f} years"
         )
     return exact, cap, interval, tau
@@ -100,6 +102,6 @@ def check_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
     if isinstance(max_keys, bool) or not isinstance(max_keys, int):
         raise TypeError(f"max_keys must be an int, not {type(max_keys).__name__}")
-    if max_keys < 1 or max_keys > 1 << 40:
-        raise ValueError(f"max_keys must be in [1, 2**40], got {max_keys!r}")
+    if max_keys < 1 or max_keys > MAX_KEYS:
+        raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {max_keys!r}")
     return int(max_keys)
