@@ -16,6 +16,8 @@ SANITIZE = os.environ.get("NANOBUCKET_SANITIZE", "") not in ("", "0")
 DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0")
 TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
 MODULES = ["_bucket_c", "_floor", "_shared_c"]
+if sys.platform == "win32":
+    MODULES.remove("_shared_c")  # POSIX mmap; shared.py raises a clear error without it
 
 
 def extensions():

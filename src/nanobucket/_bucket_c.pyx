@@ -299,8 +299,10 @@ cdef class TokenBucket(_Limits):
 
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity. Under the GIL this is atomic
-        with respect to every other verb; see ``KeyedTokenBucket.reconfigure``
-        for free-threaded builds.
+        with respect to every other verb. On a free-threaded build the
+        lock-free verbs read the rate and capacity without a lock: a request
+        decided at the very moment of a reconfigure may be decided with the
+        old parameters, or (once) with the old rate and the new capacity.
         """
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
@@ -914,10 +916,8 @@ cdef class KeyedTokenBucket(_Limits):
         are, capped at the new capacity -- keys not in the table too (they
         were full: with a larger capacity they keep the old capacity's tokens
         and refill the rest). Takes time in proportion to the table's size.
-        Under the GIL it is atomic with respect to every other verb. On a
-        free-threaded build it holds the table's critical section, but an
-        ``allow`` already past its parameter reads may decide one request
-        with the old rate.
+        It holds the table's critical section, as every keyed verb does, so
+        it is atomic with respect to them on every build.
         """
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
