@@ -173,7 +173,7 @@ def test_summarize_uses_quartiles() -> None:
 
 def test_list_groups(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--list"]) == 0
-    assert capsys.readouterr().out.split() == GROUP_IDS + ["memory"]
+    assert capsys.readouterr().out.split() == [*GROUP_IDS, "memory"]
 
 
 @pytest.mark.parametrize(

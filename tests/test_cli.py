@@ -23,7 +23,9 @@ ENV = {**os.environ, "COLUMNS": "80"}
 def run(
     *args: str, prog: tuple[str, ...] = (sys.executable, "-m", "nanobucket"), timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*prog, *args], capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [*prog, *args], capture_output=True, text=True, timeout=timeout, env=ENV, check=False
+    )
 
 
 def test_console_script_and_module_run_explain() -> None:

@@ -44,7 +44,7 @@ def _run_threads(target: Callable[[int], None]) -> None:
         try:
             start.wait()
             target(i)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:  # re-raised in the main thread
             errors.append(exc)
 
     old = sys.getswitchinterval()

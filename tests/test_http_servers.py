@@ -107,7 +107,7 @@ def load(
                 h = headers(t, i) if callable(headers) else headers
                 status, hdrs, _ = get(conn, "/", h)
                 mine.append((status, hdrs))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
             conn.close()

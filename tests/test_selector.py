@@ -31,6 +31,5 @@ def test_the_env_var_gives_pure_python() -> None:
 def test_the_default_is_cython() -> None:
     assert _run(None) == "cython nanobucket._bucket_c"
     assert _run("0") == "cython nanobucket._bucket_c"
-    assert nanobucket.IMPLEMENTATION == (
-        "python" if os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0") else "cython"
-    )
+    forced = os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0")
+    assert ("python" if forced else "cython") == nanobucket.IMPLEMENTATION

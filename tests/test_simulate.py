@@ -43,8 +43,8 @@ def test_case_study_traffic_is_the_seeds_and_repeatable() -> None:
     assert keys["greedy"] == 1800 and len(keys) == 9
     # 70-90 req/s normally; 180 req/s in the bursts.
     per_second = Counter(t // S for t in tr.times)
-    assert min(per_second[s] for s in range(0, 20)) >= 70
-    assert max(per_second[s] for s in range(0, 20)) <= 90
+    assert min(per_second[s] for s in range(20)) >= 70
+    assert max(per_second[s] for s in range(20)) <= 90
     assert [per_second[s] for s in (41, 42)] == [180, 180]
     assert case_study(120, seed=1).times == tr.times
     assert case_study(120, seed=2).times != tr.times

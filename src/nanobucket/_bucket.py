@@ -10,9 +10,7 @@ NO_EXTENSIONS = os.environ.get("NANOBUCKET_NO_EXTENSIONS", "") not in ("", "0") 
     platform.python_implementation() != "CPython"
 )
 
-if TYPE_CHECKING:  # the typed pure-Python module is the source of the types
-    from ._bucket_py import Decision, KeyedTokenBucket, TokenBucket
-elif NO_EXTENSIONS:
+if TYPE_CHECKING or NO_EXTENSIONS:  # the typed pure-Python module is the source of the types
     from ._bucket_py import Decision, KeyedTokenBucket, TokenBucket
 else:
     try:

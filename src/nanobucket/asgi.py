@@ -126,7 +126,7 @@ class RateLimitMiddleware:
                     decision.remaining,
                     -(-decision.reset_after_ns // 1_000_000_000),
                 )
-                extra = policy.ietf_extra + [(b"ratelimit", value)]
+                extra = [*policy.ietf_extra, (b"ratelimit", value)]
             else:
                 extra = limit_headers(self.headers, policy, decision)
 

@@ -132,7 +132,7 @@ def time_trial(trial: cases.Trial, budget: Budget) -> tuple[list[float], bool]:
 
 def summarize(ns: Sequence[float]) -> dict[str, float]:
     """Median, quartiles and extremes of per-round figures."""
-    q1, median, q3 = (
+    q1, _, q3 = (
         statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else (ns[0], ns[0], ns[0])
     )
     return {"median": statistics.median(ns), "p25": q1, "p75": q3, "min": min(ns), "max": max(ns)}

@@ -45,7 +45,7 @@ def _rate(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(str(exc).replace(repr(value), text)) from None
 
 
-def _count(minimum: int) -> "type[int]":
+def _count(minimum: int) -> type[int]:
     def parse(text: str) -> int:
         try:
             value = int(text.strip().replace("_", ""))

@@ -20,8 +20,8 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from ._params import NS_PER_S, RateLike
 from . import waiting as _waiting
+from ._params import NS_PER_S, RateLike
 
 __all__ = ("RateLimited", "limit")
 

@@ -229,7 +229,8 @@ def render_text(e: Explanation) -> str:
         lines.append(f"  burst of {fmt(b.rps)} req/s  never rejected (within the sustained rate)")
     else:
         lines += [
-            f"  burst of {fmt(b.rps)} req/s  drains {fmt(b.drain_per_s)} tokens/s from a full bucket",
+            f"  burst of {fmt(b.rps)} req/s  drains {fmt(b.drain_per_s)} tokens/s"
+            " from a full bucket",
             f"    bucket empty after     {fmt(b.absorbed_s)} s ({fmt(b.absorbed_requests or 0)}"
             " requests' worth)",
             f"    first rejection        request #{b.first_rejected} at "

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from ._params import NS_PER_S
 from . import waiting as _waiting
+from ._params import NS_PER_S
 
 __all__ = ("AllOf", "LayeredDecision", "all_of")
 
@@ -364,7 +364,7 @@ def _compile_allow(steps: tuple[Any, ...], needs_key: bool) -> Callable[..., boo
             "        return False",
         ]
     lines.append("    return True")
-    exec("\n".join(lines), env)  # noqa: S102 - code built from the fixed template above
+    exec("\n".join(lines), env)  # code built from the fixed template above
     fn: Callable[..., bool] = env["allow"]
     fn.__doc__ = AllOf.allow.__doc__
     return fn
@@ -378,7 +378,9 @@ def all_of(*limiters: Any) -> AllOf:
     """One limiter admitting a request only if every one of *limiters* does.
 
     >>> from nanobucket import KeyedTokenBucket, TokenBucket
-    >>> limit = all_of(KeyedTokenBucket(rate=100, capacity=200), TokenBucket(rate=1000, capacity=1000))
+    >>> limit = all_of(
+    ...     KeyedTokenBucket(rate=100, capacity=200), TokenBucket(rate=1000, capacity=1000)
+    ... )
     >>> limit.allow_at("alice", 0, cost=5)
     True
     >>> d = limit.check_at("alice", 0, cost=200)

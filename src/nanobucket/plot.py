@@ -82,12 +82,12 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
     offered = _per_second(tr.times, seconds)
     n = len(sim.strategies)
     fig, axes = plt.subplots(n, 1, figsize=(12, 2.6 * n + 1), sharex=True, squeeze=False)
-    top = max(max(offered), int(sim.rate)) * 1.15
+    top = max(*offered, int(sim.rate)) * 1.15
     for ax, s in zip((row[0] for row in axes), sim.strategies):
         passed = _per_second(s.pass_times(tr), seconds)
         rejected = _per_second([t for t, a in zip(tr.times, s.admitted) if not a], seconds)
         for phase in tr.phases:
-            if phase.name != "normal" and phase.name != "after":
+            if phase.name not in {"normal", "after"}:
                 ax.axvspan(
                     phase.start_ns / NS_PER_S,
                     phase.end_ns / NS_PER_S,

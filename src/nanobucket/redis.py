@@ -41,6 +41,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -177,7 +178,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> Literal["closed", "open", "half-open"]:
-        """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (next one probes)."""
+        """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (one probes)."""
         with self._lock:
             if self._failures < self._threshold:
                 return "closed"
@@ -948,10 +949,9 @@ class LeasedTokenBucket(_RedisLimits):
             (k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS)) for k, n in leases
         ]
         self.round_trips += 1
-        try:
+        # Redis gone: the tokens return by themselves as the buckets refill.
+        with contextlib.suppress(*UNAVAILABLE):
             _evalsha_pipeline(self._client, self._script, calls)
-        except UNAVAILABLE:
-            pass  # Redis is gone: the tokens return by themselves as the buckets refill
 
     def __enter__(self) -> LeasedTokenBucket:
         return self
