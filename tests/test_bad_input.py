@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from types import ModuleType
@@ -84,7 +85,7 @@ def test_refill_longer_than_the_time_range(impl: ModuleType) -> None:
 def test_bad_cost(impl: ModuleType, cost: object, error: type[Exception]) -> None:
     b = impl.TokenBucket(rate=100, capacity=200)
     t = impl.KeyedTokenBucket(rate=100, capacity=200)
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: b.allow(cost=cost),
         lambda: b.allow_at(0, cost),
         lambda: b.check(cost),
@@ -122,7 +123,7 @@ def test_bad_cost(impl: ModuleType, cost: object, error: type[Exception]) -> Non
 def test_bad_time(impl: ModuleType, now: object, error: type[Exception]) -> None:
     b = impl.TokenBucket(rate=100, capacity=200)
     t = impl.KeyedTokenBucket(rate=100, capacity=200)
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: b.allow_at(now),
         lambda: b.check_at(now),
         lambda: b.peek_at(now),

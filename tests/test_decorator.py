@@ -11,10 +11,12 @@ from nanobucket.decorator import RateLimited, limit
 from nanobucket.layered import all_of
 from nanobucket.waiting import Waiting
 
+from conftest import ManualClock
+
 S = 1_000_000_000
 
 
-def test_sync_raises_with_the_time_to_wait(impl: ModuleType, clock) -> None:
+def test_sync_raises_with_the_time_to_wait(impl: ModuleType, clock: ManualClock) -> None:
     @limit(impl.TokenBucket(rate=2, capacity=2, clock=clock))
     def ping(x: int) -> int:
         return x + 1
@@ -30,7 +32,7 @@ def test_sync_raises_with_the_time_to_wait(impl: ModuleType, clock) -> None:
     assert ping.__name__ == "ping"
 
 
-def test_key_and_cost_functions(impl: ModuleType, clock) -> None:
+def test_key_and_cost_functions(impl: ModuleType, clock: ManualClock) -> None:
     table = impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock)
 
     @limit(table, key=lambda user, n: user, cost=lambda user, n: n)
@@ -45,7 +47,7 @@ def test_key_and_cost_functions(impl: ModuleType, clock) -> None:
     assert table.tokens("alice") == 2.0  # the refused call spent nothing
 
 
-def test_async_function(impl: ModuleType, clock) -> None:
+def test_async_function(impl: ModuleType, clock: ManualClock) -> None:
     @limit(impl.TokenBucket(rate=1, capacity=1, clock=clock))
     async def handler() -> str:
         return "ok"
@@ -59,7 +61,7 @@ def test_async_function(impl: ModuleType, clock) -> None:
     asyncio.run(main())
 
 
-def test_wait_instead_of_raising(impl: ModuleType, clock) -> None:
+def test_wait_instead_of_raising(impl: ModuleType, clock: ManualClock) -> None:
     waits: list[int] = []
     w = Waiting(
         impl.TokenBucket(rate=4, capacity=1, clock=clock),
@@ -78,7 +80,7 @@ def test_wait_instead_of_raising(impl: ModuleType, clock) -> None:
     assert waits == [S // 4, S // 2]
 
 
-def test_async_wait_with_an_all_of(impl: ModuleType, clock) -> None:
+def test_async_wait_with_an_all_of(impl: ModuleType, clock: ManualClock) -> None:
     waits: list[int] = []
 
     async def sleep(seconds: float) -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobucket import _bucket_py
+from nanobucket._params import RateLike
 from nanobucket.reference import ExactBucket
 
 try:
@@ -19,16 +20,26 @@ except ImportError:  # pragma: no cover
 IMPLS = [m for m in (_bucket_c, _bucket_py) if m is not None]
 S = 1_000_000_000
 # Rates whose token interval is a whole number of nanoseconds: exact.
-WHOLE_RATES = [1, 4, 100, 1000, 10**6, Fraction(1, 2), Fraction(1, 86_400), 10**9, 3125]
+WHOLE_RATES: list[RateLike] = [
+    1,
+    4,
+    100,
+    1000,
+    10**6,
+    Fraction(1, 2),
+    Fraction(1, 86_400),
+    10**9,
+    3125,
+]
 # Rates whose interval is not whole: rounded conservatively.
-ODD_RATES = [3, 7, Fraction(7, 60), 0.3, 333, Fraction(10**6, 7)]
+ODD_RATES: list[RateLike] = [3, 7, Fraction(7, 60), 0.3, 333, Fraction(10**6, 7)]
 
 
 @st.composite
-def traces(draw: st.DrawFn, rates: list[object]) -> tuple[object, int, list[tuple[int, int]]]:
+def traces(draw: st.DrawFn, rates: list[RateLike]) -> tuple[RateLike, int, list[tuple[int, int]]]:
     rate = draw(st.sampled_from(rates))
     capacity = draw(st.integers(1, 40))
-    interval = -(-S * Fraction(1) // Fraction(rate))  # type: ignore[arg-type]
+    interval = -(-S * Fraction(1) // Fraction(rate))
     steps = draw(
         st.lists(
             st.tuples(st.integers(0, int(interval) * 3), st.integers(0, capacity)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from nanobucket import _bucket_c
 from nanobucket.layered import LayeredDecision, all_of
 from nanobucket.reference import ExactBucket
+
+from conftest import ManualClock
 
 S = 1_000_000_000
 
@@ -28,7 +31,7 @@ def test_a_rejected_request_charges_no_layer(impl: ModuleType) -> None:
     assert (big.tokens_at(0), small.tokens_at(0)) == (7.0, 0.0)
 
 
-def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock) -> None:
+def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock: ManualClock) -> None:
     per_key = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     instance = impl.TokenBucket(rate=1, capacity=3, clock=clock)
     limit = all_of(per_key, instance)
@@ -41,7 +44,7 @@ def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock) -> None:
     assert limit.allow("b") and not limit.allow("c")
 
 
-def test_unkeyed_layers_need_no_key(impl: ModuleType, clock) -> None:
+def test_unkeyed_layers_need_no_key(impl: ModuleType, clock: ManualClock) -> None:
     limit = all_of(
         impl.TokenBucket(rate=1, capacity=1, clock=clock),
         impl.TokenBucket(rate=2, capacity=5, clock=clock),
@@ -122,7 +125,7 @@ def test_the_seed_case_one_greedy_client_cannot_starve_the_others(impl: ModuleTy
     assert only_global["greedy"] > 2000 and only_global["c1"] + only_global["c2"] < 500
 
 
-def test_all_or_nothing_under_threads(impl: ModuleType, clock) -> None:
+def test_all_or_nothing_under_threads(impl: ModuleType, clock: ManualClock) -> None:
     # Time stands still: exactly the small layer's capacity gets in, and the
     # big layer is charged for those only (every rejection is refunded).
     big = impl.TokenBucket(rate=1, capacity=1000, clock=clock)
@@ -163,7 +166,7 @@ def test_refund_reaches_every_layer(impl: ModuleType) -> None:
 
 
 @pytest.mark.c_extension
-def test_a_layer_without_refund_is_charged_last(tmp_path) -> None:
+def test_a_layer_without_refund_is_charged_last(tmp_path: Path) -> None:
     from nanobucket.shared import SharedKeyedTokenBucket
 
     if _bucket_c is None:  # pragma: no cover

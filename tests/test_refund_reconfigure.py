@@ -7,6 +7,8 @@ from types import ModuleType
 
 import pytest
 
+from conftest import ManualClock
+
 S = 1_000_000_000
 
 
@@ -30,7 +32,7 @@ def test_refund_of_a_full_bucket_changes_nothing(impl: ModuleType) -> None:
     assert [b.allow_at(5 * S) for _ in range(4)] == [True, True, True, False]
 
 
-def test_refund_uses_the_injected_clock(impl: ModuleType, clock) -> None:
+def test_refund_uses_the_injected_clock(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.TokenBucket(rate=10, capacity=10, clock=clock)
     assert b.allow(cost=10)
     clock.advance(S // 10)  # one token back by refill
@@ -132,7 +134,9 @@ def test_bad_reconfigure_changes_nothing(impl: ModuleType) -> None:
     assert (b.rate, b.capacity, b.tokens_at(0)) == (10, 10, 6.0)
 
 
-def test_reconfigure_under_threads_never_creates_tokens(impl: ModuleType, clock) -> None:
+def test_reconfigure_under_threads_never_creates_tokens(
+    impl: ModuleType, clock: ManualClock
+) -> None:
     # Time stands still: no refill, so whatever the interleaving, the tokens
     # admitted plus the tokens left can only be <= the first capacity.
     b = impl.TokenBucket(rate=1000, capacity=300, clock=clock)

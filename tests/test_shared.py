@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -13,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nanobucket import _bucket_py
-
-from nanobucket import shared
+from nanobucket import _bucket_py, shared
+from nanobucket._params import RateLike
 from nanobucket.shared import BadTableError, SharedKeyedTokenBucket
 
 try:
@@ -43,10 +43,8 @@ def name() -> Iterator[str]:
     """A unique table name under /dev/shm, removed after the test."""
     n = f"nanobucket-test-{uuid.uuid4().hex}"
     yield n
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(shared.default_directory(), n))
-    except FileNotFoundError:
-        pass
 
 
 # -- the table itself -----------------------------------------------------------
@@ -67,12 +65,13 @@ def test_create_by_name_under_dev_shm_then_open(name: str) -> None:
 
 
 def test_rate_round_trips_exactly(path: Path) -> None:
-    for rate, back in [
+    cases: list[tuple[RateLike, RateLike]] = [
         (100, 100),
         (Fraction(7, 2), Fraction(7, 2)),
         (0.1, Fraction(1, 10)),
         (3, 3),
-    ]:
+    ]
+    for rate, back in cases:
         p = path.with_suffix(f".{len(str(rate))}.{back}".replace("/", "_"))
         with SharedKeyedTokenBucket.create(path=p, rate=rate, capacity=5) as t:
             ref = _bucket_py.KeyedTokenBucket(rate=rate, capacity=5)
@@ -108,9 +107,11 @@ def test_mode_and_unlink(path: Path) -> None:
 def test_cannot_be_constructed_or_pickled(path: Path) -> None:
     with pytest.raises(TypeError, match="create"):
         SharedKeyedTokenBucket(rate=1, capacity=1)
-    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
-        with pytest.raises(TypeError, match="pickled"):
-            pickle.dumps(t)
+    with (
+        SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t,
+        pytest.raises(TypeError, match="pickled"),
+    ):
+        pickle.dumps(t)
 
 
 def test_file_size_is_header_plus_slots(path: Path) -> None:
@@ -149,15 +150,15 @@ KEYS: list[object] = [
     ],
 )
 def test_same_decisions_as_keyed_token_bucket(
-    path: Path, rate: object, capacity: int, seed: int
+    path: Path, rate: RateLike, capacity: int, seed: int
 ) -> None:
-    ref = _bucket_py.KeyedTokenBucket(rate=rate, capacity=capacity)  # type: ignore[arg-type]
+    ref = _bucket_py.KeyedTokenBucket(rate=rate, capacity=capacity)
     rng = random.Random(seed)
     now = 0
     with SharedKeyedTokenBucket.create(
         path=path,
         rate=rate,
-        capacity=capacity,  # type: ignore[arg-type]
+        capacity=capacity,
         max_keys=64,
     ) as t:
         for _ in range(3000):
@@ -237,9 +238,11 @@ def test_other_key_types_are_a_type_error(path: Path, key: object) -> None:
 
 
 def test_unencodable_str_is_a_value_error(path: Path) -> None:
-    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
-        with pytest.raises(UnicodeEncodeError):
-            t.allow("\ud800")
+    with (
+        SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t,
+        pytest.raises(UnicodeEncodeError),
+    ):
+        t.allow("\ud800")
 
 
 def test_allow_many_checks_every_key_before_spending(path: Path) -> None:
@@ -338,9 +341,9 @@ def test_bad_arguments_to_the_verbs(path: Path) -> None:
             (2**64, ValueError),
         ]:
             with pytest.raises(error, match="cost"):
-                t.allow("k", cost)
+                t.allow("k", cost)  # type: ignore[arg-type]  # a float on purpose
             with pytest.raises(error, match="cost"):
-                t.peek_at("k", 0, cost)
+                t.peek_at("k", 0, cost)  # type: ignore[arg-type]  # a float on purpose
         for now, error in [
             (-1, ValueError),
             (2**62, ValueError),
@@ -348,9 +351,9 @@ def test_bad_arguments_to_the_verbs(path: Path) -> None:
             (False, TypeError),
         ]:
             with pytest.raises(error, match="now"):
-                t.allow_at("k", now)
+                t.allow_at("k", now)  # type: ignore[arg-type]  # a float on purpose
             with pytest.raises(error, match="now"):
-                t.tokens_at("k", now)
+                t.tokens_at("k", now)  # type: ignore[arg-type]  # a float on purpose
         assert t.tokens_at("k", 0) == 3.0  # nothing was spent
 
 
@@ -428,14 +431,14 @@ def _siphash_ref(data: bytes, k0: int, k1: int, c: int, d: int, tweak: int = 0) 
         for _ in range(n):
             v[0] = (v[0] + v[1]) & m64
             v[1] = rotl(v[1], 13) ^ v[0]
-            v[0] = rotl(v[0], 32)  # noqa: E702
+            v[0] = rotl(v[0], 32)
             v[2] = (v[2] + v[3]) & m64
-            v[3] = rotl(v[3], 16) ^ v[2]  # noqa: E702
+            v[3] = rotl(v[3], 16) ^ v[2]
             v[0] = (v[0] + v[3]) & m64
-            v[3] = rotl(v[3], 21) ^ v[0]  # noqa: E702
+            v[3] = rotl(v[3], 21) ^ v[0]
             v[2] = (v[2] + v[1]) & m64
             v[1] = rotl(v[1], 17) ^ v[2]
-            v[2] = rotl(v[2], 32)  # noqa: E702
+            v[2] = rotl(v[2], 32)
 
     tail = len(data) - len(data) % 8
     for i in range(0, tail, 8):

@@ -78,7 +78,7 @@ def server(tmp_path: Path):  # type: ignore[no-untyped-def]
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""  # type: ignore[union-attr]
+                err = proc.stderr.read().decode() if proc.stderr else ""
                 pytest.fail(f"gunicorn did not start:\n{err[-2000:]}")
             time.sleep(0.1)
         yield port, table

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,8 @@ pytestmark = [
 S = 1_000_000_000
 
 
-def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -> list[object]:
-    """Fork *n* children running ``body(i)``; return their JSON results, in order.
+def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -> list[Any]:
+    """Fork *n* children running ``body(i)``; return their JSON results (decoded), in order.
 
     A child that raises reports the error, which fails the test; every child
     is reaped (and killed if past *timeout*) before returning.
@@ -43,7 +44,7 @@ def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -
             os.close(r)
             try:
                 out = json.dumps({"ok": body(i)})
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
+            except BaseException as e:  # reported to the parent
                 out = json.dumps({"error": repr(e)})
             os.write(w, out.encode())
             os._exit(0)
@@ -111,7 +112,7 @@ def test_frozen_time_admits_exactly_capacity_in_total(tmp_path: Path) -> None:
             return admitted
 
         counts = run_children(4, child)
-        assert sum(counts) == 50_000  # type: ignore[arg-type]
+        assert sum(counts) == 50_000
         assert t.check_at("hot", 10 * S).retry_after_ns == S
         assert t.tokens_at("hot", 10 * S) == 0.0
 
@@ -146,9 +147,9 @@ def test_four_processes_share_one_limit_on_the_real_clock(tmp_path: Path) -> Non
         start = time.monotonic_ns() + 300_000_000
         end = start + 2 * S
         results = run_children(4, lambda i: hammer(t, start, end, None, i))
-        counts = [r[0] for r in results]  # type: ignore[index]
-        t0 = min(r[1] for r in results)  # type: ignore[index]
-        t1 = max(r[2] for r in results)  # type: ignore[index]
+        counts = [r[0] for r in results]
+        t0 = min(r[1] for r in results)
+        t1 = max(r[2] for r in results)
         most = bound(t, t0, t1)
         assert sum(counts) <= most
         assert sum(counts) >= 0.98 * most
@@ -188,14 +189,14 @@ def test_a_worker_killed_mid_run_leaves_the_table_working(tmp_path: Path) -> Non
             _, status = os.waitpid(victim, 0)
             os.close(victim_r)
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-            at_kill = results[0]  # type: ignore[assignment]
+            at_kill = results[0]
             survivors = results[1:]
             victim_count = counter[0]
             assert victim_count == at_kill[0] and victim_count > 0
             for i, r in enumerate(survivors, start=1):
-                assert r[0] > at_kill[i]  # type: ignore[index]  # went on after the kill
-            total = victim_count + sum(r[0] for r in survivors)  # type: ignore[index]
-            most = bound(t, start, max(r[2] for r in survivors))  # type: ignore[index]
+                assert r[0] > at_kill[i]  # went on after the kill
+            total = victim_count + sum(r[0] for r in survivors)
+            most = bound(t, start, max(r[2] for r in survivors))
             assert total <= most
             assert total + 1 >= 0.98 * most
             assert t.tokens("hot") < t.capacity  # still consistent and in use

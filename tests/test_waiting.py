@@ -13,13 +13,15 @@ from nanobucket import waiting
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 
+from conftest import ManualClock
+
 S = 1_000_000_000
 
 
 class Recorder:
     """An injected sleep: records each wait in ns and moves the clock by it (or not)."""
 
-    def __init__(self, clock=None) -> None:
+    def __init__(self, clock: ManualClock | None = None) -> None:
         self.clock = clock
         self.waits: list[int] = []
 
@@ -29,7 +31,7 @@ class Recorder:
             self.clock.advance(round(seconds * S))
 
 
-def test_waiters_are_served_first_in_first_out(impl: ModuleType, clock) -> None:
+def test_waiters_are_served_first_in_first_out(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.TokenBucket(rate=1, capacity=2, clock=clock)
     rec = Recorder()  # the clock stands still: each acquire books the next slot
     w = Waiting(b, sleep=rec)
@@ -44,7 +46,7 @@ def test_waiters_are_served_first_in_first_out(impl: ModuleType, clock) -> None:
     assert b.peek().allowed
 
 
-def test_acquire_with_tokens_at_hand_does_not_sleep(impl: ModuleType, clock) -> None:
+def test_acquire_with_tokens_at_hand_does_not_sleep(impl: ModuleType, clock: ManualClock) -> None:
     rec = Recorder()
     w = Waiting(impl.TokenBucket(rate=10, capacity=3, clock=clock), sleep=rec)
     assert [w.acquire() for _ in range(3)] == [True] * 3
@@ -53,7 +55,7 @@ def test_acquire_with_tokens_at_hand_does_not_sleep(impl: ModuleType, clock) -> 
     assert rec.waits == [S // 10]
 
 
-def test_timeout_refuses_at_once_and_reserves_nothing(impl: ModuleType, clock) -> None:
+def test_timeout_refuses_at_once_and_reserves_nothing(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.TokenBucket(rate=1, capacity=2, clock=clock)
     rec = Recorder()
     w = Waiting(b, sleep=rec)
@@ -67,7 +69,7 @@ def test_timeout_refuses_at_once_and_reserves_nothing(impl: ModuleType, clock) -
     assert rec.waits == [2 * S]
 
 
-def test_keyed_waiting_is_per_key(impl: ModuleType, clock) -> None:
+def test_keyed_waiting_is_per_key(impl: ModuleType, clock: ManualClock) -> None:
     t = impl.KeyedTokenBucket(rate=2, capacity=1, clock=clock)
     rec = Recorder()
     w = Waiting(t, sleep=rec)
@@ -77,7 +79,7 @@ def test_keyed_waiting_is_per_key(impl: ModuleType, clock) -> None:
         w.acquire()
 
 
-def test_the_bound_on_waiters_refuses_at_once(impl: ModuleType, clock) -> None:
+def test_the_bound_on_waiters_refuses_at_once(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     release = threading.Event()
     sleeping = threading.Semaphore(0)
@@ -105,7 +107,9 @@ def test_the_bound_on_waiters_refuses_at_once(impl: ModuleType, clock) -> None:
     assert results == [True, True] and w.waiters == 0
 
 
-def test_an_interrupted_thread_waiter_gives_its_tokens_back(impl: ModuleType, clock) -> None:
+def test_an_interrupted_thread_waiter_gives_its_tokens_back(
+    impl: ModuleType, clock: ManualClock
+) -> None:
     b = impl.TokenBucket(rate=1, capacity=3, clock=clock)
 
     def sleep(seconds: float) -> None:
@@ -120,7 +124,7 @@ def test_an_interrupted_thread_waiter_gives_its_tokens_back(impl: ModuleType, cl
     assert b.peek(cost=3) == before and w.waiters == 0
 
 
-def test_a_cancelled_task_leaves_nothing_reserved(impl: ModuleType, clock) -> None:
+def test_a_cancelled_task_leaves_nothing_reserved(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.TokenBucket(rate=1, capacity=2, clock=clock)
     asleep = asyncio.Event()
 
@@ -144,7 +148,7 @@ def test_a_cancelled_task_leaves_nothing_reserved(impl: ModuleType, clock) -> No
     asyncio.run(main())
 
 
-def test_async_waiters_in_fifo_order(impl: ModuleType, clock) -> None:
+def test_async_waiters_in_fifo_order(impl: ModuleType, clock: ManualClock) -> None:
     b = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     waits: list[int] = []
 
@@ -167,7 +171,7 @@ def test_async_waiters_in_fifo_order(impl: ModuleType, clock) -> None:
     assert sorted(done) == [0, 1, 2, 3]
 
 
-def test_shaping_spaces_requests_evenly_with_no_burst(clock) -> None:
+def test_shaping_spaces_requests_evenly_with_no_burst(clock: ManualClock) -> None:
     rec = Recorder()
     shaper = LeakyBucket(rate=10, capacity=5, clock=clock, sleep=rec)
     assert all(shaper.acquire() for _ in range(4))
@@ -181,7 +185,7 @@ def test_shaping_spaces_requests_evenly_with_no_burst(clock) -> None:
     assert burst.waits == [S // 10]
 
 
-def test_all_of_waits_for_the_slowest_layer(impl: ModuleType, clock) -> None:
+def test_all_of_waits_for_the_slowest_layer(impl: ModuleType, clock: ManualClock) -> None:
     fast = impl.TokenBucket(rate=10, capacity=1, clock=clock)
     slow = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     rec = Recorder()

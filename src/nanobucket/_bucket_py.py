@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from fractions import Fraction
 
 from . import waiting as _waiting
-
 from ._params import (
     NS_PER_S,
     RateLike,
@@ -139,8 +138,8 @@ class _Limits:
         return self._interval
 
     def _cost(self, cost: object) -> int:
-        if cost.__class__ is int and 0 <= cost <= self._capacity:  # type: ignore[operator]
-            return cost  # type: ignore[return-value]
+        if cost.__class__ is int and 0 <= cost <= self._capacity:
+            return cost
         return check_cost(cost, self._capacity)
 
     def _decision(self, allowed: bool, tat: int, now: int, cost_t: int, base: int) -> Decision:
@@ -310,8 +309,7 @@ class TokenBucket(_Limits):
             tat = self._tat
             base = tat if tat > now else now
             wait = base - now - ((cost_t if shape else self._tau) - cost_t)
-            if wait < 0:
-                wait = 0
+            wait = max(wait, 0)
             if wait > max_wait or base + cost_t > INT64_MAX:
                 return -1
             if cost_t:
@@ -539,7 +537,10 @@ class KeyedTokenBucket(_Limits):
         )
 
     def refund(self, key: Hashable, cost: int = 1) -> None:
-        """Give back *cost* tokens to *key*'s bucket (never above capacity; a missing key gets nothing)."""
+        """Give back *cost* tokens to *key*'s bucket.
+
+        Never above capacity; a key not in the table gets nothing.
+        """
         self._refund(key, self._now(), self._cost(cost))
 
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> None:
@@ -571,8 +572,7 @@ class KeyedTokenBucket(_Limits):
                     self._make_room(now)
             base = tat if tat > now else now
             wait = base - now - ((cost_t if shape else self._tau) - cost_t)
-            if wait < 0:
-                wait = 0
+            wait = max(wait, 0)
             if wait > max_wait or base + cost_t > INT64_MAX:
                 return -1
             if cost_t:

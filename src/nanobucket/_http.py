@@ -29,9 +29,9 @@ import json
 import math
 import posixpath
 import threading
-from fractions import Fraction
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from typing import Any, Union
+from fractions import Fraction
+from typing import Any
 
 from ._params import NS_PER_S, check_cost
 
@@ -43,8 +43,8 @@ __all__ = (
     "route",
 )
 
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Headers = list[tuple[bytes, bytes]]
 Check = Callable[[Hashable, int], Any]  # -> Decision, or an awaitable of one
 
@@ -100,7 +100,7 @@ def _parse_ip(text: str) -> IPAddress | None:
         return None
 
 
-class client_address(KeyFunc):  # noqa: N801 - reads as a function at the call site
+class client_address(KeyFunc):  # lower case: reads as a function at the call site
     """Key by client IP address (the default key).
 
     ``X-Forwarded-For`` is ignored unless ``trusted_proxies`` is given. With
@@ -165,7 +165,7 @@ def _asgi_header(scope: Mapping[str, Any], name: bytes) -> str | None:
     return ", ".join(values) if values else None
 
 
-class header(KeyFunc):  # noqa: N801
+class header(KeyFunc):
     """Key by a request header, such as an API key; *fallback* when absent.
 
     Each distinct value gets its own bucket, so use it for values the app
@@ -197,7 +197,7 @@ class header(KeyFunc):  # noqa: N801
         return "header:" + value if value else "addr:" + self._fallback.wsgi(environ)
 
 
-class route(KeyFunc):  # noqa: N801
+class route(KeyFunc):
     """Key by the matched `Route` pattern: one bucket per route for everyone.
 
     The pattern, not the raw path, so a client cannot mint keys by varying
@@ -524,7 +524,7 @@ def make_rule(
     cost_fn: Callable[[Any], int] | None = None
     fixed = 1
     if callable(cost):
-        cost_fn = cost  # type: ignore[assignment]
+        cost_fn = cost
     else:
         fixed = policy.validate_cost(cost)
     return Rule(pattern, policy, key_func(key), fixed, cost_fn, False)
@@ -606,7 +606,7 @@ def check_headers_mode(mode: object) -> str:
     """Validate ``headers=``: "ietf" (default), "legacy" or "off"."""
     if mode not in HEADER_MODES:
         raise ValueError(f"headers must be one of {HEADER_MODES}, got {mode!r}")
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 # --------------------------------------------------------------------------

@@ -58,8 +58,8 @@ _CHECK = struct.Struct("=8s8x")  # at 112: the check, then 8 reserved bytes
 
 Clock = Callable[[], int]
 
-if TYPE_CHECKING:
-    _Base = Any
+if TYPE_CHECKING:  # _shared_c.pyi types the extension
+    from ._shared_c import SharedTable as _Base
 else:
     try:
         from ._shared_c import SharedTable as _Base
@@ -114,7 +114,13 @@ class _Missing:
     """Stands in for the extension type on a pure-Python install."""
 
 
-class SharedKeyedTokenBucket(_Base if _Base is not None else _Missing):  # type: ignore[misc]
+if TYPE_CHECKING:
+    _Table = _Base
+else:  # the class statement must run on a pure-Python install too
+    _Table = _Base if _Base is not None else _Missing
+
+
+class SharedKeyedTokenBucket(_Table):
     """A ``KeyedTokenBucket`` in shared memory: one limit for all processes mapping it.
 
     Make one with ``create`` (before the workers fork, or in one of them) and

@@ -169,8 +169,9 @@ def waiters(limiter: object) -> int:
         return gate.count if gate is not None else 0
 
 
+# cost is the caller's, unchecked: the limiter's _reserve validates it.
 def _wait_sync(
-    limiter: Any, key: tuple[Hashable, ...], cost: int, max_wait: int, shape: bool, sleep: Sleep
+    limiter: Any, key: tuple[Hashable, ...], cost: object, max_wait: int, shape: bool, sleep: Sleep
 ) -> bool:
     wait = limiter._reserve(*key, None, cost, max_wait, shape)
     if wait < 0:
@@ -187,7 +188,7 @@ def _wait_sync(
 async def _wait_async(
     limiter: Any,
     key: tuple[Hashable, ...],
-    cost: int,
+    cost: object,
     max_wait: int,
     shape: bool,
     sleep: AsyncSleep,
@@ -225,7 +226,7 @@ async def acquire_async(
     if not _enter_default(limiter):
         return False
     try:
-        return await _wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)  # type: ignore[arg-type]
+        return await _wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
     finally:
         _leave_default(limiter)
 
@@ -308,7 +309,7 @@ class Waiting:
         if not self._gate.enter():
             return False
         try:
-            return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)  # type: ignore[arg-type]
+            return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)
         finally:
             self._gate.leave()
 
@@ -327,7 +328,7 @@ class Waiting:
                 key,
                 c,
                 max_wait,
-                self.shape,  # type: ignore[arg-type]
+                self.shape,
                 self._async_sleep,
             )
         finally:

@@ -11,7 +11,7 @@ def on_starting(server: Any) -> None:
     if path:
         import nanobucket as nb
 
-        nb.SharedKeyedTokenBucket.create(  # type: ignore[attr-defined]
+        nb.SharedKeyedTokenBucket.create(
             path=path, rate=float(os.environ["NB_RATE"]), capacity=int(os.environ["NB_CAPACITY"])
         ).close()
 

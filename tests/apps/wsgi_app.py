@@ -19,7 +19,7 @@ from nanobucket.wsgi import RateLimitMiddleware
 
 shared_path = os.environ.get("NB_SHARED_PATH")
 if shared_path:
-    limiter: object = nb.SharedKeyedTokenBucket.open(path=shared_path)  # type: ignore[attr-defined]
+    limiter: object = nb.SharedKeyedTokenBucket.open(path=shared_path)
 else:
     limiter = nb.KeyedTokenBucket(
         rate=float(os.environ["NB_RATE"]), capacity=int(os.environ["NB_CAPACITY"])
@@ -37,12 +37,12 @@ app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)  # type: ignore[method
 limited_app = app.wsgi_app
 
 
-def busy_worker(environ: dict, start_response: Any) -> Any:
+def busy_worker(environ: dict[str, Any], start_response: Any) -> Any:
     """Outside the limiter: every answer names its worker, and each request
     keeps its worker busy 10 ms, so concurrent clients spread over the workers."""
     time.sleep(0.01)
 
-    def start(status: str, headers: list, exc_info: Any = None) -> Any:
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
         return start_response(status, [*headers, ("X-Worker", str(os.getpid()))], exc_info)
 
     return limited_app(environ, start)
