@@ -9,7 +9,6 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket import _bucket_c
 from nanobucket.layered import LayeredDecision, all_of
 from nanobucket.reference import ExactBucket
 
@@ -167,10 +166,10 @@ def test_refund_reaches_every_layer(impl: ModuleType) -> None:
 
 @pytest.mark.c_extension
 def test_a_layer_without_refund_is_charged_last(tmp_path: Path) -> None:
+    _bucket_c = pytest.importorskip("nanobucket._bucket_c")
+    pytest.importorskip("nanobucket._shared_c")
     from nanobucket.shared import SharedKeyedTokenBucket
 
-    if _bucket_c is None:  # pragma: no cover
-        pytest.skip("needs the extension")
     shared = SharedKeyedTokenBucket.create(
         path=tmp_path / f"t-{uuid.uuid4().hex}", rate=1, capacity=2
     )

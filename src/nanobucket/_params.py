@@ -21,7 +21,6 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Rational
-from typing import Union
 
 NS_PER_S = 1_000_000_000
 NOW_MAX = (1 << 62) - 1
@@ -29,7 +28,7 @@ TAU_MAX = 1 << 62
 RATE_MAX = NS_PER_S  # one token per nanosecond: finer is not representable
 MAX_KEYS = (1 << 31) - 1  # the Cython table indexes its entries with int32
 
-RateLike = Union[int, float, Fraction, Decimal]
+RateLike = int | float | Fraction | Decimal
 
 
 def rate_fraction(rate: object) -> Fraction:
@@ -46,7 +45,7 @@ def rate_fraction(rate: object) -> Fraction:
             raise ValueError(f"rate must be finite, got {rate!r}")
         value = Fraction(rate)
     else:
-        value = Fraction(rate)  # type: ignore[arg-type]
+        value = Fraction(rate)
     if value <= 0:
         raise ValueError(f"rate must be > 0, got {rate!r}")
     if value > RATE_MAX:
