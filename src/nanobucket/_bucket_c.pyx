@@ -44,6 +44,7 @@ cdef extern from "Python.h":
 
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
+cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 16  # prefetch distance, in keys, of a uint64 batch
@@ -475,6 +476,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef uint64_t version
         cdef int eq
         cdef object other
+        cdef int restarts = 0
         while True:  # restarts when a comparison ran code that changed the table
             i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
             version = self.version
@@ -501,6 +503,13 @@ cdef class KeyedTokenBucket(_Limits):
                     other = <object>s.key  # a strong reference for the comparison
                     eq = PyObject_RichCompareBool(other, key, Py_EQ)
                     if self.version != version:
+                        # A key whose __eq__ rebuilds the table every time
+                        # would restart forever: give up after a few tries.
+                        restarts += 1
+                        if restarts > MAX_RESTARTS:
+                            raise RuntimeError(
+                                "a key's __eq__ keeps changing this KeyedTokenBucket: "
+                                "lookup abandoned")
                         break
                     if eq:
                         return s
