@@ -37,7 +37,7 @@ def fuzz(default: int, long_factor: int = 1) -> settings:
         deadline=None,
         database=None,  # reproducible from the printed seed; no .hypothesis/ in the tree
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                               HealthCheck.filter_too_much],
+                               HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
     )
 
 
