@@ -181,7 +181,9 @@ cdef class _Limits:
         cdef int64_t debt = tat - now if tat > now else 0
         if debt >= self.tau:
             return 0.0
-        return <double>(self.tau - debt) / <double>self.interval_ns
+        # Past 2**53 ns, (tau - debt) rounds on its way to a double and the
+        # quotient could exceed capacity: cap it (below, the same as Python's).
+        return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
 
     cdef tuple _new_params(self, object rate, object capacity):
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""

@@ -465,7 +465,8 @@ cdef class SharedTable:
         cdef int64_t debt = tat - now if tat > now else 0
         if debt >= self.tau:
             return 0.0
-        return <double>(self.tau - debt) / <double>self.interval_ns
+        # Capped: see _bucket_c._Limits._tokens.
+        return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
 
     def __len__(self):
         """Keys whose buckets are not full (still owing tokens) now."""
