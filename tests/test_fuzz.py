@@ -19,6 +19,12 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanobucket import _bucket_py
+from nanobucket.reference import ExactBucket
+
 from fuzz_values import (
     NOW_MAX,
     NS,
@@ -40,11 +46,6 @@ from fuzz_values import (
     outcome,
     unhashable,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from nanobucket import _bucket_py
-from nanobucket.reference import ExactBucket
 
 try:
     from nanobucket import _bucket_c
@@ -66,22 +67,44 @@ class Clock:
 
 
 # Limits at the edges of what is representable, and ordinary ones.
-RATES = [1, 3, 100, 1000, 10**9, Fraction(1, 10**9), Fraction(1, 86_400), 0.3, 7.5, 999_999_999,
-         Fraction(10**9, 3)]
+RATES = [
+    1,
+    3,
+    100,
+    1000,
+    10**9,
+    Fraction(1, 10**9),
+    Fraction(1, 86_400),
+    0.3,
+    7.5,
+    999_999_999,
+    Fraction(10**9, 3),
+]
 
 
 @st.composite
 def limits(draw: st.DrawFn) -> tuple[object, int]:
     rate = draw(st.sampled_from(RATES))
     top = TAU_MAX // interval_of(rate)
-    capacity = draw(st.one_of(st.integers(1, min(5, top)), st.integers(1, min(300, top)), st.just(top),
-                              st.integers(max(1, top - 3), top), st.integers(1, top)))
+    capacity = draw(
+        st.one_of(
+            st.integers(1, min(5, top)),
+            st.integers(1, min(300, top)),
+            st.just(top),
+            st.integers(max(1, top - 3), top),
+            st.integers(1, top),
+        )
+    )
     return rate, capacity
 
 
 def times() -> st.SearchStrategy[int]:
-    return st.one_of(st.integers(0, 10**10), st.integers(NOW_MAX - 10**10, NOW_MAX),
-                     st.integers(0, NOW_MAX), st.sampled_from([0, 1, NOW_MAX - 1, NOW_MAX]))
+    return st.one_of(
+        st.integers(0, 10**10),
+        st.integers(NOW_MAX - 10**10, NOW_MAX),
+        st.integers(0, NOW_MAX),
+        st.sampled_from([0, 1, NOW_MAX - 1, NOW_MAX]),
+    )
 
 
 def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -116,10 +139,15 @@ def check_decision(d: Any, capacity: int) -> None:
 
 
 @fuzz(300)
-@given(rate=maybe(st.sampled_from(RATES)), capacity=maybe(st.integers(1, 10**6)),
-       max_keys=maybe(st.integers(1, 2**31)), clock=st.sampled_from([None, Clock(), 5, "x"]))
-def test_constructors_raise_only_documented_errors(rate: object, capacity: object,
-                                                   max_keys: object, clock: object) -> None:
+@given(
+    rate=maybe(st.sampled_from(RATES)),
+    capacity=maybe(st.integers(1, 10**6)),
+    max_keys=maybe(st.integers(1, 2**31)),
+    clock=st.sampled_from([None, Clock(), 5, "x"]),
+)
+def test_constructors_raise_only_documented_errors(
+    rate: object, capacity: object, max_keys: object, clock: object
+) -> None:
     expected = limits_errors(rate, capacity)
     if clock is not None and not callable(clock):
         expected.add(TypeError)
@@ -127,8 +155,9 @@ def test_constructors_raise_only_documented_errors(rate: object, capacity: objec
     for impl in IMPLS:
         made = outcome(lambda: impl.TokenBucket(rate, capacity, clock=clock))
         check_errors([made], expected)
-        keyed = outcome(lambda: impl.KeyedTokenBucket(rate, capacity, max_keys=max_keys,
-                                                      clock=clock))
+        keyed = outcome(
+            lambda: impl.KeyedTokenBucket(rate, capacity, max_keys=max_keys, clock=clock)
+        )
         check_errors([keyed], keyed_expected)
         if expected:
             continue
@@ -137,17 +166,39 @@ def test_constructors_raise_only_documented_errors(rate: object, capacity: objec
         interval = interval_of(rate)
         assert (b.capacity, b.interval_ns) == (capacity, interval)
         # A new bucket is full: the whole capacity at once, then nothing.
-        assert decision_tuple(b.check_at(0, capacity)) == (True, 0, 0, capacity * interval,
-                                                            capacity)
-        assert decision_tuple(b.peek_at(0, 1)) == (False, 0, interval, capacity * interval,
-                                                   capacity)
+        assert decision_tuple(b.check_at(0, capacity)) == (
+            True,
+            0,
+            0,
+            capacity * interval,
+            capacity,
+        )
+        assert decision_tuple(b.peek_at(0, 1)) == (
+            False,
+            0,
+            interval,
+            capacity * interval,
+            capacity,
+        )
 
 
 # -- every verb, hostile arguments, both implementations in lockstep ------------
 
-VERBS = ["allow_at", "check_at", "peek_at", "tokens_at", "refund_at", "allow", "check", "peek",
-         "tokens", "refund", "reserve", "reconfigure"]
-KEYED_VERBS = VERBS + ["allow_many_at", "allow_many", "len"]
+VERBS = [
+    "allow_at",
+    "check_at",
+    "peek_at",
+    "tokens_at",
+    "refund_at",
+    "allow",
+    "check",
+    "peek",
+    "tokens",
+    "refund",
+    "reserve",
+    "reconfigure",
+]
+KEYED_VERBS = [*VERBS, "allow_many_at", "allow_many", "len"]
 # At most four distinct valid keys: the Cython table never sweeps (it would
 # move its floor sooner than the dict does), so both stay equal even when
 # time runs backwards.
@@ -164,22 +215,35 @@ def operations(draw: st.DrawFn, keyed: bool) -> list[tuple[Any, ...]]:
         cost = draw(st.one_of(st.integers(0, 3), maybe(st.integers(0, 2**62)), st.just(0)))
         extra: Any = None
         if verb == "reconfigure":
-            extra = (draw(st.one_of(st.none(), maybe(st.sampled_from(RATES)))),
-                     draw(st.one_of(st.none(), maybe(st.integers(1, 400)))),
-                     draw(st.one_of(st.none(), maybe(times()))))
+            extra = (
+                draw(st.one_of(st.none(), maybe(st.sampled_from(RATES)))),
+                draw(st.one_of(st.none(), maybe(st.integers(1, 400)))),
+                draw(st.one_of(st.none(), maybe(times()))),
+            )
         elif verb == "reserve":
             extra = (draw(st.integers(0, 1 << 62)), draw(st.booleans()))
         elif verb in ("allow_many_at", "allow_many"):
-            extra = draw(st.one_of(
-                st.lists(st.sampled_from(FEW_KEYS), max_size=6),
-                st.lists(st.one_of(st.sampled_from(FEW_KEYS), unhashable), max_size=4),
-                st.sampled_from(["abc", b"abc", 5, None])))
+            extra = draw(
+                st.one_of(
+                    st.lists(st.sampled_from(FEW_KEYS), max_size=6),
+                    st.lists(st.one_of(st.sampled_from(FEW_KEYS), unhashable), max_size=4),
+                    st.sampled_from(["abc", b"abc", 5, None]),
+                )
+            )
         ops.append((verb, key, now, cost, extra))
     return ops
 
 
-def expected_errors(verb: str, keyed: bool, key: object, now: object, cost: object,
-                    extra: Any, rate: object, capacity: int) -> set[type[Exception]]:
+def expected_errors(
+    verb: str,
+    keyed: bool,
+    key: object,
+    now: object,
+    cost: object,
+    extra: Any,
+    rate: object,
+    capacity: int,
+) -> set[type[Exception]]:
     errors: set[type[Exception]] = set()
 
     def add(error: type[Exception] | None) -> None:
@@ -192,25 +256,25 @@ def expected_errors(verb: str, keyed: bool, key: object, now: object, cost: obje
     if verb == "reconfigure":
         new_rate, cap, when = extra
         if new_rate is not None or cap is not None:
-            errors |= limits_errors(rate if new_rate is None else new_rate,
-                                    capacity if cap is None else cap)
+            errors |= limits_errors(
+                rate if new_rate is None else new_rate, capacity if cap is None else cap
+            )
         add(now_error(when))  # an explicit now=, or the clock
         return errors
     add(now_error(now))
     if verb not in ("tokens", "tokens_at"):
         add(cost_error(cost, capacity))
     if verb in ("allow_many_at", "allow_many"):
-        if not isinstance(extra, list):
-            errors.add(TypeError)
-        elif not all(map(hashable, extra)):
+        if not isinstance(extra, list) or not all(map(hashable, extra)):
             errors.add(TypeError)
     elif keyed and not hashable(key):
         errors.add(TypeError)
     return errors
 
 
-def apply(b: Any, clock: Clock, keyed: bool, verb: str, key: object, now: object, cost: object,
-          extra: Any) -> tuple[str, Any]:
+def apply(
+    b: Any, clock: Clock, keyed: bool, verb: str, key: object, now: object, cost: object, extra: Any
+) -> tuple[str, Any]:
     k = (key,) if keyed else ()
     clock.value = now
     if verb.endswith("_at") and verb != "allow_many_at":
@@ -234,12 +298,18 @@ def apply(b: Any, clock: Clock, keyed: bool, verb: str, key: object, now: object
 
 def lockstep(keyed: bool, rate: object, capacity: int, ops: list[tuple[Any, ...]]) -> None:
     clocks = [Clock() for _ in IMPLS]
-    made = [(impl.KeyedTokenBucket(rate, capacity, max_keys=4, clock=c) if keyed
-             else impl.TokenBucket(rate, capacity, clock=c)) for impl, c in zip(IMPLS, clocks)]
+    made = [
+        (
+            impl.KeyedTokenBucket(rate, capacity, max_keys=4, clock=c)
+            if keyed
+            else impl.TokenBucket(rate, capacity, clock=c)
+        )
+        for impl, c in zip(IMPLS, clocks)
+    ]
     for verb, key, now, cost, extra in ops:
         results = [apply(b, c, keyed, verb, key, now, cost, extra) for b, c in zip(made, clocks)]
         if verb == "reconfigure" and extra[2] is None:
-            extra = (extra[0], extra[1], now)
+            extra = (extra[0], extra[1], now)  # noqa: PLW2901 - the time the call used
         expected = expected_errors(verb, keyed, key, now, cost, extra, rate, capacity)
         check_errors(results, expected)
         first = normal(results[0])
@@ -262,40 +332,89 @@ def lockstep(keyed: bool, rate: object, capacity: int, ops: list[tuple[Any, ...]
 @fuzz(300)
 @given(limits(), operations(keyed=False))
 def test_token_bucket_verbs_agree_under_hostile_arguments(
-        lim: tuple[object, int], ops: list[tuple[Any, ...]]) -> None:
+    lim: tuple[object, int], ops: list[tuple[Any, ...]]
+) -> None:
     lockstep(False, *lim, ops)
 
 
 @fuzz(300)
 @given(limits(), operations(keyed=True))
 def test_keyed_verbs_agree_under_hostile_arguments(
-        lim: tuple[object, int], ops: list[tuple[Any, ...]]) -> None:
+    lim: tuple[object, int], ops: list[tuple[Any, ...]]
+) -> None:
     lockstep(True, *lim, ops)
 
 
-EDGE_NOW = [0, 1, 10**9, NOW_MAX - 1, NOW_MAX, NOW_MAX + 1, -1, 2**63 - 1, 2**63, -(2**63),
-            10**400, 1.0, math.nan, math.inf, -0.0, True, False, None, "0", Fraction(0)]
+EDGE_NOW = [
+    0,
+    1,
+    10**9,
+    NOW_MAX - 1,
+    NOW_MAX,
+    NOW_MAX + 1,
+    -1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    10**400,
+    1.0,
+    math.nan,
+    math.inf,
+    -0.0,
+    True,
+    False,
+    None,
+    "0",
+    Fraction(0),
+]
 EDGE_COST = [0, 1, 2, 3, 4, 5, 2**62, -1, 2**63, 10**400, 1.0, math.nan, -0.0, True, None, "1"]
 EDGE_KEY = ["a", b"a", 1, 1.0, True, -0.0, (1, (2, b"")), "k" * 10_000, 2**70, None, [], {}, ({},)]
-SINGLE = ["allow_at", "check_at", "peek_at", "tokens_at", "refund_at", "reserve",
-          "allow_many_at", "allow", "check", "refund"]
+SINGLE = [
+    "allow_at",
+    "check_at",
+    "peek_at",
+    "tokens_at",
+    "refund_at",
+    "reserve",
+    "allow_many_at",
+    "allow",
+    "check",
+    "refund",
+]
 
 
 @fuzz(400, long_factor=400)
-@given(verb=st.sampled_from(SINGLE), keyed=st.booleans(), rate=st.sampled_from(RATES),
-       capacity=st.sampled_from([1, 3, 4]), now=st.sampled_from(EDGE_NOW),
-       cost=st.sampled_from(EDGE_COST), key=st.sampled_from(EDGE_KEY),
-       before=st.sampled_from(EDGE_NOW[:5]), spent=st.integers(0, 4))
-def test_one_hostile_call_on_a_used_bucket(verb: str, keyed: bool, rate: object, capacity: int,
-                                          now: object, cost: object, key: object, before: int,
-                                          spent: int) -> None:
+@given(
+    verb=st.sampled_from(SINGLE),
+    keyed=st.booleans(),
+    rate=st.sampled_from(RATES),
+    capacity=st.sampled_from([1, 3, 4]),
+    now=st.sampled_from(EDGE_NOW),
+    cost=st.sampled_from(EDGE_COST),
+    key=st.sampled_from(EDGE_KEY),
+    before=st.sampled_from(EDGE_NOW[:5]),
+    spent=st.integers(0, 4),
+)
+def test_one_hostile_call_on_a_used_bucket(
+    verb: str,
+    keyed: bool,
+    rate: object,
+    capacity: int,
+    now: object,
+    cost: object,
+    key: object,
+    before: int,
+    spent: int,
+) -> None:
     """The cheap fuzz (the bulk of the long run): one edge-value call, C == Python == oracle."""
     if verb == "allow_many_at" and not keyed:
         verb = "allow_at"  # a TokenBucket has no batch verb
     extra: Any = (1 << 62, False) if verb == "reserve" else [key, "b"]
     first = min(spent, capacity)
-    ops: list[tuple[Any, ...]] = [("allow_at", "b" if keyed else "a", before, first, None),
-                                  (verb, key, now, cost, extra)]
+    ops: list[tuple[Any, ...]] = [
+        ("allow_at", "b" if keyed else "a", before, first, None),
+        (verb, key, now, cost, extra),
+    ]
     lockstep(keyed, rate, capacity, ops)
 
 
@@ -308,30 +427,43 @@ WHOLE_RATES = [1, 4, 1000, 10**9, Fraction(1, 2), Fraction(1, 10**9), 3125]
 def traces(draw: st.DrawFn) -> tuple[object, int, int, list[tuple[str, int, int, int]]]:
     rate = draw(st.sampled_from(WHOLE_RATES))
     interval = interval_of(rate)
-    capacity = draw(st.one_of(st.integers(1, min(20, TAU_MAX // interval)),
-                              st.just(TAU_MAX // interval)))
+    capacity = draw(
+        st.one_of(st.integers(1, min(20, TAU_MAX // interval)), st.just(TAU_MAX // interval))
+    )
     start = draw(times())
-    steps = draw(st.lists(st.tuples(
-        st.sampled_from(["allow_at", "check_at", "peek_at", "tokens_at", "refund_at"]),
-        st.integers(0, 3),
-        st.one_of(st.integers(0, interval * 3), st.just(0), st.integers(0, NOW_MAX)),
-        st.one_of(st.integers(0, min(capacity, 3)), st.just(capacity),
-                  st.integers(0, capacity + 1))),
-        min_size=1, max_size=40))
+    steps = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["allow_at", "check_at", "peek_at", "tokens_at", "refund_at"]),
+                st.integers(0, 3),
+                st.one_of(st.integers(0, interval * 3), st.just(0), st.integers(0, NOW_MAX)),
+                st.one_of(
+                    st.integers(0, min(capacity, 3)),
+                    st.just(capacity),
+                    st.integers(0, capacity + 1),
+                ),
+            ),
+            min_size=1,
+            max_size=40,
+        )
+    )
     return rate, capacity, start, steps
 
 
 @fuzz(300)
 @given(traces())
 def test_decisions_match_the_exact_model_at_any_time(
-        trace: tuple[object, int, int, list[tuple[str, int, int, int]]]) -> None:
+    trace: tuple[object, int, int, list[tuple[str, int, int, int]]],
+) -> None:
     rate, capacity, now, steps = trace
     interval = interval_of(rate)
     models = [ExactBucket(rate, capacity) for _ in range(4)]  # type: ignore[arg-type]
     for m in models:  # the model starts full at `now`, as the limiters do at any time
         m.last_time = now
-    buckets = [(impl.TokenBucket(rate, capacity), impl.KeyedTokenBucket(rate, capacity, max_keys=4))
-               for impl in IMPLS]
+    buckets = [
+        (impl.TokenBucket(rate, capacity), impl.KeyedTokenBucket(rate, capacity, max_keys=4))
+        for impl in IMPLS
+    ]
     for verb, k, gap, cost in steps:
         now = min(now + gap, NOW_MAX)
         model = models[k]
@@ -348,8 +480,13 @@ def test_decisions_match_the_exact_model_at_any_time(
             after = tokens - cost if allowed else tokens
             debt = (capacity - after) * interval
             assert debt.denominator == 1  # whole-ns rates: the model is exact in ns
-            want = (allowed, math.floor(after), 0 if allowed else int((cost - tokens) * interval),
-                    int(debt), capacity)
+            want = (
+                allowed,
+                math.floor(after),
+                0 if allowed else int((cost - tokens) * interval),
+                int(debt),
+                capacity,
+            )
             if verb == "allow_at":
                 want = allowed
             if verb != "peek_at":
@@ -375,8 +512,13 @@ def test_decisions_match_the_exact_model_at_any_time(
 
 
 @fuzz(300)
-@given(st.lists(st.tuples(st.one_of(keys, unhashable), st.integers(0, 2), st.integers(0, 3)),
-                min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.one_of(keys, unhashable), st.integers(0, 2), st.integers(0, 3)),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_odd_keys_are_buckets_like_any_other(ops: list[tuple[object, int, int]]) -> None:
     """Long, nested, equal-but-different-type keys: C == Python == a dict of exact models."""
     clock = Clock()
@@ -400,16 +542,27 @@ def test_odd_keys_are_buckets_like_any_other(ops: list[tuple[object, int, int]])
             assert [t.tokens_at(key, now) for t in tables] == [want_tokens] * len(tables)
         else:
             want = model.allow_at(now)
-            assert [t.allow_many_at([key], now) for t in tables] == [bytearray([want])] * len(tables)
+            assert [t.allow_many_at([key], now) for t in tables] == [bytearray([want])] * len(
+                tables
+            )
     live = sum(1 for m in models.values() if m.tokens_at(now) < 2)
     assert [len(t) for t in tables] == [live] * len(tables)
 
 
 @fuzz(200)
-@given(st.lists(st.tuples(st.sampled_from(["hash", "eq", "plain", "noteq"]), st.integers(0, 3),
-                          st.sampled_from(["allow_at", "check_at", "peek_at", "tokens_at",
-                                           "refund_at", "allow_many_at"])),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["hash", "eq", "plain", "noteq"]),
+            st.integers(0, 3),
+            st.sampled_from(
+                ["allow_at", "check_at", "peek_at", "tokens_at", "refund_at", "allow_many_at"]
+            ),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_keys_whose_hash_or_eq_raise(ops: list[tuple[str, int, str]]) -> None:
     """A key's own exception comes out unchanged and leaves the table consistent."""
     bad_eq = [BadEq(i) for i in range(4)]
@@ -419,8 +572,10 @@ def test_keys_whose_hash_or_eq_raise(ops: list[tuple[str, int, str]]) -> None:
         plain = ExactBucket(1, 3)
         held: set[int] = set()  # BadEq keys the table holds (a lookup of another one raises)
         for kind, i, verb in ops:
-            key: Any = {"hash": BadHash(), "eq": bad_eq[i], "plain": "p", "noteq": not_equal[i]}[kind]
-            args = ([key], 0) if verb == "allow_many_at" else (key, 0)
+            key: Any = {"hash": BadHash(), "eq": bad_eq[i], "plain": "p", "noteq": not_equal[i]}[
+                kind
+            ]
+            args: tuple[Any, ...] = ([key], 0) if verb == "allow_many_at" else (key, 0)
             if verb not in ("tokens_at", "allow_many_at"):
                 args += (1,)
             result = outcome(lambda: getattr(t, verb)(*args))
@@ -435,8 +590,9 @@ def test_keys_whose_hash_or_eq_raise(ops: list[tuple[str, int, str]]) -> None:
             elif kind == "plain":
                 assert result[0] == "ok", result
                 if verb in ("allow_at", "check_at", "allow_many_at"):
-                    assert bool(result[1][0] if verb == "allow_many_at" else result[1]) \
-                        == plain.allow_at(0)
+                    assert bool(
+                        result[1][0] if verb == "allow_many_at" else result[1]
+                    ) == plain.allow_at(0)
                 elif verb == "refund_at":
                     plain.tokens = min(Fraction(3), plain.tokens + 1)
                 elif verb == "tokens_at":

@@ -9,11 +9,20 @@ table). Redis is left out here: its arguments go through the same
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import os
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanobucket import _bucket_py
+from nanobucket.layered import all_of
+from nanobucket.waiting import LeakyBucket, Waiting
+
 from fuzz_values import (
     NOW_MAX,
     cost_error,
@@ -25,12 +34,6 @@ from fuzz_values import (
     now_error,
     outcome,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from nanobucket import _bucket_py
-from nanobucket.layered import all_of
-from nanobucket.waiting import LeakyBucket, Waiting
 
 try:
     from nanobucket import _bucket_c
@@ -54,14 +57,27 @@ def hashable(key: object) -> bool:
 
 
 @fuzz(200)
-@given(st.lists(st.tuples(
-    st.sampled_from(["allow_at", "check_at", "peek_at", "tokens_at", "refund_at"]),
-    st.one_of(st.sampled_from(["a", "b", 1]), st.sampled_from([[], {}])),
-    maybe(VALID_NOW), maybe(st.integers(0, 6))), min_size=1, max_size=15))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["allow_at", "check_at", "peek_at", "tokens_at", "refund_at"]),
+            st.one_of(st.sampled_from(["a", "b", 1]), st.sampled_from([[], {}])),
+            maybe(VALID_NOW),
+            maybe(st.integers(0, 6)),
+        ),
+        min_size=1,
+        max_size=15,
+    )
+)
 def test_all_of_agrees_across_implementations(ops: list[tuple[str, Any, Any, Any]]) -> None:
-    """all_of(keyed 5/s cap 4, plain 2/s cap 6): C layers == Python layers; rejections charge nothing."""
-    limits = [all_of(impl.KeyedTokenBucket(rate=5, capacity=4), impl.TokenBucket(rate=2, capacity=6))
-              for impl in IMPLS]
+    """all_of(keyed 5/s cap 4, plain 2/s cap 6): C layers == Python layers.
+
+    A rejected request charges no layer.
+    """
+    limits = [
+        all_of(impl.KeyedTokenBucket(rate=5, capacity=4), impl.TokenBucket(rate=2, capacity=6))
+        for impl in IMPLS
+    ]
     for verb, key, now, cost in ops:
         expected = set()
         for error in (now_error(now), None if verb == "tokens_at" else cost_error(cost, 4)):
@@ -69,18 +85,23 @@ def test_all_of_agrees_across_implementations(ops: list[tuple[str, Any, Any, Any
                 expected.add(error)
         if not hashable(key):
             expected.add(TypeError)
-        before = [[lim.tokens_at(key, now) for _ in (0,)] if not expected else None
-                  for lim in limits]
+        before = [
+            [lim.tokens_at(key, now) for _ in (0,)] if not expected else None for lim in limits
+        ]
         args = (key, now) if verb == "tokens_at" else (key, now, cost)
-        results = [outcome(lambda lim=lim: getattr(lim, verb)(*args)) for lim in limits]
+        results = [outcome(functools.partial(getattr(lim, verb), *args)) for lim in limits]
         for kind, value in results:
             if expected:
                 assert kind == "err" and value in expected, (verb, key, now, cost, results)
             else:
                 assert kind == "ok", (verb, key, now, cost, results)
         if len(expected) <= 1:
-            firsts = [normal(r) if not hasattr(r[1], "decisions") else
-                      ("ok", decision_tuple(r[1]), r[1].layer) for r in results]
+            firsts = [
+                normal(r)
+                if not hasattr(r[1], "decisions")
+                else ("ok", decision_tuple(r[1]), r[1].layer)
+                for r in results
+            ]
             assert all(f == firsts[0] for f in firsts), results
         if not expected and verb in ("allow_at", "check_at") and not bool(results[0][1]):
             # All or nothing: a rejected request left every layer as it was.
@@ -88,11 +109,16 @@ def test_all_of_agrees_across_implementations(ops: list[tuple[str, Any, Any, Any
 
 
 @fuzz(200)
-@given(max_waiters=maybe(st.integers(0, 5)), shape=st.one_of(st.booleans(), hostile),
-       sleep=st.sampled_from([None, "x", 5]), timeout=maybe(st.floats(0, 10)),
-       cost=maybe(st.integers(0, 3)))
-def test_waiting_arguments(max_waiters: object, shape: object, sleep: object, timeout: object,
-                           cost: object) -> None:
+@given(
+    max_waiters=maybe(st.integers(0, 5)),
+    shape=st.one_of(st.booleans(), hostile),
+    sleep=st.sampled_from([None, "x", 5]),
+    timeout=maybe(st.floats(0, 10)),
+    cost=maybe(st.integers(0, 3)),
+)
+def test_waiting_arguments(
+    max_waiters: Any, shape: Any, sleep: Any, timeout: Any, cost: Any
+) -> None:
     """Waiting(...) and acquire(): the documented errors; the same waits on both implementations."""
     expected: set[type[Exception]] = set()
     if (e := int_in(max_waiters, 0, float("inf"))) is not None:
@@ -105,20 +131,27 @@ def test_waiting_arguments(max_waiters: object, shape: object, sleep: object, ti
     for impl in IMPLS:
         slept: list[float] = []
         bucket = impl.TokenBucket(rate=10, capacity=2, clock=lambda: 0)
-        made = outcome(lambda: Waiting(bucket, max_waiters=max_waiters, shape=shape,
-                                       sleep=slept.append if sleep is None else sleep))
+        made = outcome(
+            lambda: Waiting(
+                bucket,
+                max_waiters=max_waiters,
+                shape=shape,
+                sleep=slept.append if sleep is None else sleep,
+            )
+        )
         if expected:
             assert made[0] == "err" and made[1] in expected, made
             continue
         assert made[0] == "ok", made
         w = made[1]
         call_errors: set[type[Exception]] = set()
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float))):
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+        ):
             call_errors.add(TypeError)
-        elif isinstance(timeout, float) and (timeout != timeout or timeout < 0):
-            call_errors.add(ValueError)
-        elif isinstance(timeout, int) and timeout < 0:
+        elif (isinstance(timeout, float) and (math.isnan(timeout) or timeout < 0)) or (
+            isinstance(timeout, int) and timeout < 0
+        ):
             call_errors.add(ValueError)
         if (e := cost_error(cost, 2)) is not None:
             call_errors.add(e)
@@ -134,16 +167,22 @@ def test_waiting_arguments(max_waiters: object, shape: object, sleep: object, ti
 
 
 @fuzz(100)
-@given(rate=maybe(st.integers(1, 1000)), capacity=maybe(st.integers(1, 5)),
-       max_waiters=maybe(st.integers(0, 5)))
-def test_leaky_bucket_arguments(rate: object, capacity: object, max_waiters: object) -> None:
+@given(
+    rate=maybe(st.integers(1, 1000)),
+    capacity=maybe(st.integers(1, 5)),
+    max_waiters=maybe(st.integers(0, 5)),
+)
+def test_leaky_bucket_arguments(rate: Any, capacity: Any, max_waiters: Any) -> None:
     from fuzz_values import limits_errors
 
     expected = limits_errors(rate, capacity)
     if (e := int_in(max_waiters, 0, float("inf"))) is not None:
         expected.add(e)
-    made = outcome(lambda: LeakyBucket(rate, capacity, max_waiters=max_waiters, clock=lambda: 0,
-                                       sleep=lambda s: None))
+    made = outcome(
+        lambda: LeakyBucket(
+            rate, capacity, max_waiters=max_waiters, clock=lambda: 0, sleep=lambda s: None
+        )
+    )
     if expected:
         assert made[0] == "err" and made[1] in expected, made
     else:
@@ -160,16 +199,21 @@ def shared_table(tmp_path: Any) -> Any:
         if os.environ.get("CI"):
             pytest.fail("the shared-memory extension is not built (CI must test it)")
         pytest.skip("the shared-memory extension is not built")
-    table = shared.SharedKeyedTokenBucket.create(path=tmp_path / "fuzz.table", rate=5,
-                                                 capacity=4, max_keys=64)
+    table = shared.SharedKeyedTokenBucket.create(
+        path=tmp_path / "fuzz.table", rate=5, capacity=4, max_keys=64
+    )
     yield table
     table.unlink()
     table.close()
 
 
-SHARED_KEYS = st.one_of(st.sampled_from(["a", b"a", 1, -1, 2**64, "é" * 300, b"", ""]),
-                        st.integers(), st.text(max_size=20), st.binary(max_size=20),
-                        st.sampled_from([1.0, True, None, ("a",), [], object()]))
+SHARED_KEYS = st.one_of(
+    st.sampled_from(["a", b"a", 1, -1, 2**64, "é" * 300, b"", ""]),
+    st.integers(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.sampled_from([1.0, True, None, ("a",), [], object()]),
+)
 
 
 RUNS = itertools.count()
@@ -178,7 +222,10 @@ RUNS = itertools.count()
 @fuzz(200)
 @given(data=st.data())
 def test_shared_table_matches_keyed_bucket(shared_table: Any, data: st.DataObject) -> None:
-    """Shared table == pure-Python KeyedTokenBucket, key for key; non str/bytes/int keys: TypeError."""
+    """Shared table == pure-Python KeyedTokenBucket, key for key.
+
+    Keys other than str, bytes and int: TypeError.
+    """
     # One table for all examples (a file per example is slow): each example
     # uses keys no earlier one used, behind a fresh prefix.
     model = _bucket_py.KeyedTokenBucket(rate=5, capacity=4)
@@ -192,8 +239,11 @@ def test_shared_table_matches_keyed_bucket(shared_table: Any, data: st.DataObjec
         now += gap * 100_000_000
         real_key: Any = key
         if isinstance(key, (str, bytes)):
-            real_key = f"{run}:".encode() + (key.encode() if isinstance(key, str) else key) \
-                if isinstance(key, bytes) else f"{run}:{key}"
+            real_key = (
+                f"{run}:".encode() + (key.encode() if isinstance(key, str) else key)
+                if isinstance(key, bytes)
+                else f"{run}:{key}"
+            )
         elif isinstance(key, int) and not isinstance(key, bool):
             real_key = str((run, key))
         args = (real_key, now) if verb == "tokens_at" else (real_key, now, cost)

@@ -186,6 +186,10 @@ def test_allow_many_takes_a_buffer_of_uint64(impl: ModuleType) -> None:
     assert list(t.allow_many_at(keys, 0)) == [1, 0, 1, 1, 0, 1]
     assert [t.tokens_at(k, 0) for k in (1, 2**64 - 1, 5)] == [0.0, 0.0, 1.0]
     assert list(t.allow_many_at(array("q", [5, 5]), 0)) == [1, 0]  # signed: a sequence of ints
+    refs = sys.getrefcount(int)
+    for _ in range(1000):  # the batch compares stored ints without touching refcounts
+        t.allow_many_at(keys, 0)
+    assert sys.getrefcount(int) == refs
 
 
 def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleType) -> None:

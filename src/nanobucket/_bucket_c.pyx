@@ -13,6 +13,7 @@ from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.long cimport (
     PyLong_AsLongLongAndOverflow,
+    PyLong_CheckExact,
     PyLong_AsUnsignedLongLong,
     PyLong_FromUnsignedLongLong,
 )
@@ -795,7 +796,7 @@ cdef class KeyedTokenBucket(_Limits):
                 break
             s = &self.slots[ix]
             if s.hash == h:
-                if type(<object>s.key) is not int:
+                if not PyLong_CheckExact(<object>s.key):
                     break  # an equal key of another type (1.0 == 1): the general path
                 stored = PyLong_AsUnsignedLongLong(<object>s.key)
                 if stored == <unsigned long long>-1 and PyErr_Occurred():
