@@ -20,6 +20,17 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from nanobucket import _bucket_py
+
+try:
+    from nanobucket import _bucket_c as _bucket_c  # noqa: PLC0414 - an explicit re-export (mypy)
+except ImportError:  # pragma: no cover - a pure-Python install
+    _bucket_c = None  # type: ignore[assignment]
+
+# The implementations the fuzz suites run side by side.
+IMPLS: list[Any] = [m for m in (_bucket_c, _bucket_py) if m is not None]
+
+
 NS = 1_000_000_000
 NOW_MAX = (1 << 62) - 1
 TAU_MAX = 1 << 62

@@ -26,6 +26,7 @@ from nanobucket import _bucket_py
 from nanobucket.reference import ExactBucket
 
 from fuzz_values import (
+    IMPLS,
     NOW_MAX,
     NS,
     TAU_MAX,
@@ -33,6 +34,7 @@ from fuzz_values import (
     BadHash,
     KeyError_,
     NotEqual,
+    _bucket_c,
     cost_error,
     decision_tuple,
     fuzz,
@@ -47,12 +49,6 @@ from fuzz_values import (
     unhashable,
 )
 
-try:
-    from nanobucket import _bucket_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _bucket_c = None  # type: ignore[assignment]
-
-IMPLS = [m for m in (_bucket_c, _bucket_py) if m is not None]
 ALLOWED = (TypeError, ValueError)
 
 

@@ -24,7 +24,9 @@ from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 
 from fuzz_values import (
+    IMPLS,
     NOW_MAX,
+    _bucket_c,
     cost_error,
     decision_tuple,
     fuzz,
@@ -35,12 +37,6 @@ from fuzz_values import (
     outcome,
 )
 
-try:
-    from nanobucket import _bucket_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _bucket_c = None  # type: ignore[assignment]
-
-IMPLS = [m for m in (_bucket_c, _bucket_py) if m is not None]
 VALID_NOW = st.one_of(st.integers(0, 10**10), st.integers(NOW_MAX - 10**9, NOW_MAX))
 
 
