@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from array import array
 from collections.abc import Callable
 from types import ModuleType
 
@@ -68,3 +69,39 @@ def test_four_threads_with_costs_and_many_keys(impl: ModuleType, clock) -> None:
     for th in threads:
         th.join()
     assert [sum(s[k] for s in spent) for k in range(40)] == [300] * 40
+
+
+def test_uint64_batches_without_the_gil_race_single_calls_exactly(impl: ModuleType, clock) -> None:  # type: ignore[no-untyped-def]
+    # Batches of uint64 keys charge with the GIL released while two other
+    # threads call allow(key) on the same two keys: the single calls must use
+    # CAS then (the table is pinned), or a store could overwrite a batch's
+    # charge and admit more than capacity.
+    keys = array("Q", [0, 1]) * 2048
+    t = impl.KeyedTokenBucket(rate=1, capacity=200_000, clock=clock)  # frozen clock
+    admitted = [[0, 0] for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+
+    def batches(i: int) -> None:
+        start.wait()
+        for _ in range(50):
+            decided = t.allow_many(keys)
+            admitted[i][0] += sum(decided[0::2])
+            admitted[i][1] += sum(decided[1::2])
+
+    def singles(i: int) -> None:
+        start.wait()
+        for n in range(20_000):
+            admitted[i][n % 2] += t.allow(n % 2)
+
+    threads = [threading.Thread(target=batches if i < 2 else singles, args=(i,)) for i in range(4)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    # 224,800 requests per key, of which exactly capacity are admitted.
+    assert [sum(a[k] for a in admitted) for k in range(2)] == [200_000] * 2

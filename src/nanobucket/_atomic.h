@@ -1,5 +1,6 @@
 /* Tiny static-inline wrappers: an 8-byte atomic load and compare-and-swap,
- * and the monotonic clock in integer nanoseconds. GCC/Clang use the
+ * a plain store for words no other thread writes meanwhile, and the
+ * monotonic clock in integer nanoseconds. GCC/Clang use the
  * __atomic builtins; MSVC the Interlocked functions (no 16-byte CAS and no
  * __int128 anywhere, so the same code is lock-free on every target). */
 #ifndef NANOBUCKET_ATOMIC_H
@@ -24,6 +25,11 @@ static __inline int nb_cas(int64_t *p, int64_t *expected, int64_t desired) {
     if (seen == *expected) return 1;
     *expected = seen;
     return 0;
+}
+
+static __inline void nb_store(int64_t *p, int64_t v) {
+    *(volatile int64_t *)p = v;
+    _ReadWriteBarrier();
 }
 
 static __inline void nb_prefetch(const void *p) {
@@ -52,6 +58,10 @@ static inline int nb_cas(int64_t *p, int64_t *expected, int64_t desired) {
                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+static inline void nb_store(int64_t *p, int64_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
 static inline void nb_prefetch(const void *p) {
     __builtin_prefetch(p);
 }
@@ -61,6 +71,15 @@ static inline int64_t nb_monotonic_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
+#endif
+
+/* 1 where the GIL serialises every caller holding it: there a word that is
+ * only changed with the GIL held needs no CAS (a load and a store, about
+ * 6 ns less on x86-64). 0 on free-threaded builds. */
+#ifdef Py_GIL_DISABLED
+#define NB_GIL_SERIALISES 0
+#else
+#define NB_GIL_SERIALISES 1
 #endif
 
 #endif /* NANOBUCKET_ATOMIC_H */

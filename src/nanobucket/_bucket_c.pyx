@@ -1,11 +1,13 @@
 # cython: language_level=3, freethreading_compatible=True
 """Cython token buckets: the same classes as ``_bucket_py``, one int64 per bucket.
 
-Each bucket is one 8-byte word, its GCRA ``tat`` in ns, changed only by
-compare-and-swap (``_atomic.h``); a rejected request writes nothing. The
-keyed table is open addressing with linear probing over 24-byte slots; its
-structure changes under the GIL, or a per-table critical section on
-free-threaded builds, while each slot's word is still changed by CAS.
+Each bucket is one 8-byte word, its GCRA ``tat`` in ns, changed by
+compare-and-swap (``_atomic.h``) wherever another thread could write it at
+the same time; a rejected request writes nothing. The keyed table is a
+compact hash table; its structure changes under the GIL, or a per-table
+critical section on free-threaded builds. Where the GIL or that section
+already excludes every other writer, a word is changed by a plain store:
+the CAS would only cost time.
 """
 
 cimport cython
@@ -33,6 +35,8 @@ cdef extern from "_atomic.h":
     bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
     int64_t nb_monotonic_ns() noexcept nogil
     void nb_prefetch(const void *p) noexcept nogil
+    void nb_store(int64_t *p, int64_t v) noexcept nogil
+    const bint NB_GIL_SERIALISES
 
 cdef extern from "<sched.h>":
     int sched_yield() nogil
@@ -121,6 +125,40 @@ cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
             tat_out[0] = base + cost_t
             return True
         # another thread moved the word: `old` now holds its value; retry
+
+
+cdef inline bint take_alone(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
+                            int64_t *tat_out, int64_t *base_out) noexcept nogil:
+    """`take` for a word no other thread can change meanwhile: a load and a store.
+
+    The caller must be the word's only writer until this returns: on a GIL
+    build, holding the GIL (when every writer holds it); in the keyed table,
+    holding its critical section with no batch deciding outside it.
+    """
+    cdef int64_t old = nb_load(word)
+    cdef int64_t base = old if old > now else now
+    base_out[0] = base
+    if base - now > slack:
+        tat_out[0] = old
+        return False
+    if cost_t == 0:
+        tat_out[0] = old
+        return True
+    nb_store(word, base + cost_t)
+    tat_out[0] = base + cost_t
+    return True
+
+
+cdef inline bint take_gil(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
+                          int64_t *tat_out, int64_t *base_out) noexcept nogil:
+    """`take` by a caller holding the GIL on a word only changed with it held.
+
+    With a GIL nothing else can write the word meanwhile, so no CAS (the C
+    compiler keeps one branch: the condition is a build constant).
+    """
+    if NB_GIL_SERIALISES:
+        return take_alone(word, now, cost_t, slack, tat_out, base_out)
+    return take(word, now, cost_t, slack, tat_out, base_out)
 
 
 cdef class _Limits:
@@ -224,16 +262,16 @@ cdef class TokenBucket(_Limits):
         cdef int64_t c = self._cost(cost)
         cdef int64_t now = self._now()
         cdef int64_t tat, base
-        return take(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
-                    &tat, &base)
+        return take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+                        &tat, &base)
 
     def allow_at(self, now, cost=1):
         """`allow` at an explicit time *now* (int ns)."""
         cdef int64_t t = as_now(now)
         cdef int64_t c = self._cost(cost)
         cdef int64_t tat, base
-        return take(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
-                    &tat, &base)
+        return take_gil(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
+                        &tat, &base)
 
     def check(self, cost=1):
         """Like `allow`, but return the whole `Decision`."""
@@ -260,7 +298,7 @@ cdef class TokenBucket(_Limits):
         cdef int64_t tat, base
         cdef bint allowed
         if consume:
-            allowed = take(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            allowed = take_gil(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
         else:
             tat = nb_load(&self.tat)
             base = tat if tat > now else now
@@ -333,8 +371,8 @@ cdef class TokenBucket(_Limits):
         if timeout is not None:
             waiting_module().check_timeout(timeout)
         now = self._now()
-        if take(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
-                &tat, &base):
+        if take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+                    &tat, &base):
             return True
         return waiting_module().acquire_slow(self, (), c, timeout)
 
@@ -616,6 +654,15 @@ cdef class KeyedTokenBucket(_Limits):
         PyMem_RawFree(old_index)
         return 0
 
+    cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
+                           int64_t *tat, int64_t *base) noexcept:
+        """`take` on slot *s* by a caller holding the table's critical section."""
+        if self.pins == 0:
+            # The section excludes every other writer, unless a batch is
+            # deciding outside it (pinned): then only CAS is safe.
+            return take_alone(&s.tat, now, cost_t, self.tau - cost_t, tat, base)
+        return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base)
+
     def allow(self, key, cost=1):
         """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
         cdef int64_t c = self._cost(cost)
@@ -647,7 +694,7 @@ cdef class KeyedTokenBucket(_Limits):
                 if cost_t == 0:
                     return True
                 s = self._find(key, h, now, True)
-            return take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            return self._take(s, now, cost_t, &tat, &base)
 
     def allow_many(self, keys, cost=1):
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
@@ -840,7 +887,7 @@ cdef class KeyedTokenBucket(_Limits):
             cost_t = cost * self.interval_ns  # inside: see _allow_hashed
             s = self._find(key, h, now, False)
             if consume and s != NULL:
-                allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+                allowed = self._take(s, now, cost_t, &tat, &base)
             else:
                 tat = nb_load(&s.tat) if s != NULL else self.floor
                 base = tat if tat > now else now
@@ -848,7 +895,7 @@ cdef class KeyedTokenBucket(_Limits):
                 if allowed and cost_t:
                     if consume:  # a missing key, charged: it takes a place
                         s = self._find(key, h, now, True)
-                        allowed = take(&s.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+                        allowed = self._take(s, now, cost_t, &tat, &base)
                     else:
                         tat = base + cost_t
             return self._decision(allowed, tat, now, cost_t, base)
