@@ -112,12 +112,24 @@ def test_memory_per_key(quick_run: tuple[dict[str, Any], str, str]) -> None:
 def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]) -> None:
     report, _, _ = quick_run
     goals = report["goals"]
-    assert len(goals) == 10
+    assert len(goals) == 12
     groups = {
         g["id"]: {r["name"]: r["ns"]["median"] for r in g["results"]} for g in report["groups"]
     }
+    by_text = {g["goal"]: g for g in goals}
     first_touch = next(g for g in goals if g["goal"].startswith("first touch"))
     assert first_touch["value"] == groups["first_touch"]["nanobucket-c"]
+    # The clock-inclusive goals: the floor plus one clock read, measured in this run.
+    single = groups["allow_allowing"]
+    clocked = by_text["single allow(): x (floor + one clock read) <= 1.2"]
+    assert clocked["value"] == single["nanobucket-c"] / single["floor+clock"]
+    clock_ns = max(single["floor+clock"] - single["floor"], 0.0)
+    keyed = groups["keyed_small"]
+    assert by_text["keyed allow(key), small table: x (dict.get + one clock read) <= 1.3"][
+        "value"
+    ] == keyed["nanobucket-c"] / (keyed["dict.get"] + clock_ns)
+    plain = by_text["single allow(): x floor <= 1.2"]
+    assert ("note" in plain) is (single["floor+clock"] / single["floor"] > 1.2)
     for goal in goals:
         if goal["value"] is None:
             assert goal["met"] is None
@@ -202,7 +214,7 @@ def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [g["id"] for g in report["groups"]] == ["check"]
     assert report["memory"] is None
     names = [r["name"] for r in report["groups"][0]["results"]]
-    assert names[:4] == ["floor", "nanobucket-c", "nanobucket-py", "seed"]
+    assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "seed"]
     assert "single check() -> Decision, admitted" in capsys.readouterr().out
 
 

@@ -45,6 +45,10 @@ class _PyFloor:
     def allow(self, cost: int = 1) -> bool:
         return True
 
+    def allow_clock(self, cost: int = 1) -> bool:
+        time.monotonic_ns()
+        return True
+
     def allow_key(self, key: object, cost: int = 1) -> bool:
         return True
 
@@ -428,6 +432,8 @@ def single_cases(
 
     cases = [
         Case("floor", "floor", floor),
+        # The call and one read of the monotonic clock: all a limiter must spend.
+        Case("floor+clock", "baseline", lambda: loop_calls(Floor().allow_clock, calls)),
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
         Case("seed", "seed", seed),

@@ -277,9 +277,37 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         x, y = _median(g, gid, a), _median(g, gid, b)
         return None if x is None or y is None else x / y
 
+    # One read of CLOCK_MONOTONIC, which every allow() must make (DESIGN):
+    # on a VM it costs as much as the call itself, and no limiter can be
+    # under 1.2x a floor that leaves it out. The goals are also stated
+    # against the floor plus that read; both are printed.
+    floor, clocked = (
+        _median(g, "allow_allowing", "floor"),
+        _median(g, "allow_allowing", "floor+clock"),
+    )
+    clock_ns = None if floor is None or clocked is None else max(clocked - floor, 0.0)
+    clock_note = None
+    if floor and clock_ns is not None and clocked is not None and clocked / floor > 1.2:
+        clock_note = f"out of reach: one clock read alone makes the floor {clocked / floor:.2f}x"
+
+    def plus_clock(gid: str, a: str, b: str) -> float | None:
+        x, y = _median(g, gid, a), _median(g, gid, b)
+        return None if x is None or y is None or clock_ns is None else x / (y + clock_ns)
+
     mem = report.get("memory") or {}
     rows = [
-        ("single allow(): x floor", ratio("allow_allowing", "nanobucket-c", "floor"), "<=", 1.2),
+        (
+            "single allow(): x floor",
+            ratio("allow_allowing", "nanobucket-c", "floor"),
+            "<=",
+            1.2,
+        ),
+        (
+            "single allow(): x (floor + one clock read)",
+            ratio("allow_allowing", "nanobucket-c", "floor+clock"),
+            "<=",
+            1.2,
+        ),
         (
             "single allow(): times faster than seed",
             ratio("allow_allowing", "seed", "nanobucket-c"),
@@ -295,6 +323,12 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         (
             "keyed allow(key), small table: x dict.get",
             ratio("keyed_small", "nanobucket-c", "dict.get"),
+            "<=",
+            1.3,
+        ),
+        (
+            "keyed allow(key), small table: x (dict.get + one clock read)",
+            plus_clock("keyed_small", "nanobucket-c", "dict.get"),
             "<=",
             1.3,
         ),
@@ -330,12 +364,15 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
             1.0,
         ),
     ]
+    notes = {"single allow(): x floor": clock_note}
     out = []
     for text, value, op, limit in rows:
         met = None if value is None else (value <= limit if op == "<=" else value >= limit)
-        out.append(
-            {"goal": f"{text} {op} {limit}", "op": op, "limit": limit, "value": value, "met": met}
-        )
+        goal = {"goal": f"{text} {op} {limit}", "op": op, "limit": limit}
+        goal.update(value=value, met=met)
+        if notes.get(text):
+            goal["note"] = notes[text]
+        out.append(goal)
     return out
 
 
@@ -392,6 +429,8 @@ def format_table(report: dict[str, Any]) -> str:
         value = "not measured" if goal["value"] is None else f"{goal['value']:.2f}"
         mark = {True: "ok", False: "MISSED", None: "-"}[goal["met"]]
         lines.append(f"  {mark:<7}{goal['goal']:<62} {value}")
+        if "note" in goal:
+            lines.append(f"         ({goal['note']})")
     lines.append(f"\n{report['elapsed_s']:.1f} s")
     return "\n".join(lines)
 
