@@ -125,7 +125,13 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         return any(addr in net for net in self._trusted)
 
     def resolve(self, peer: str, forwarded_for: str | None) -> str:
-        """The client address given the socket peer and ``X-Forwarded-For``."""
+        """The client address given the socket peer and ``X-Forwarded-For``.
+
+        >>> client_address(trusted_proxies="10.0.0.0/8").resolve("10.0.0.2", "6.6.6.6, 1.2.3.4")
+        '1.2.3.4'
+        >>> client_address().resolve("10.0.0.2", "1.2.3.4")   # no proxy trusted: the peer
+        '10.0.0.2'
+        """
         if not self._trusted or not forwarded_for:
             return peer
         current = _parse_ip(peer)
@@ -141,6 +147,11 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         return str(current)
 
     def asgi(self, scope: Mapping[str, Any]) -> str:
+        """The client address of an ASGI request.
+
+        >>> client_address().asgi({"type": "http", "client": ("1.2.3.4", 5678)})
+        '1.2.3.4'
+        """
         client = scope.get("client")
         peer = client[0] if client else ""
         if not self._trusted:
@@ -148,6 +159,11 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         return self.resolve(peer, _asgi_header(scope, b"x-forwarded-for"))
 
     def wsgi(self, environ: Mapping[str, Any]) -> str:
+        """The client address of a WSGI request.
+
+        >>> client_address().wsgi({"REMOTE_ADDR": "1.2.3.4"})
+        '1.2.3.4'
+        """
         peer = environ.get("REMOTE_ADDR") or ""
         if not self._trusted:
             return peer
@@ -189,10 +205,20 @@ class header(KeyFunc):
         self._fallback = fallback if fallback is not None else client_address()
 
     def asgi(self, scope: Mapping[str, Any]) -> str:
+        """The key of an ASGI request: ``header:<value>``, else ``addr:<fallback key>``.
+
+        >>> header("X-API-Key").asgi({"headers": [(b"x-api-key", b"k1")], "client": ("1.2.3.4", 5)})
+        'header:k1'
+        """
         value = _asgi_header(scope, self._asgi_name)
         return "header:" + value if value else "addr:" + self._fallback.asgi(scope)
 
     def wsgi(self, environ: Mapping[str, Any]) -> str:
+        """The key of a WSGI request: ``header:<value>``, else ``addr:<fallback key>``.
+
+        >>> header("X-API-Key").wsgi({"REMOTE_ADDR": "1.2.3.4"})   # no API key sent
+        'addr:1.2.3.4'
+        """
         value = environ.get(self._wsgi_name)
         return "header:" + value if value else "addr:" + self._fallback.wsgi(environ)
 
@@ -203,14 +229,35 @@ class route(KeyFunc):
     The pattern, not the raw path, so a client cannot mint keys by varying
     the URL; requests that match no route share the key ``"*"``. Combine
     with the client: ``key=(client_address(), route())``.
+
+    >>> import nanobucket as nb
+    >>> from nanobucket.wsgi import RateLimitMiddleware
+    >>> limiter = nb.KeyedTokenBucket(rate=1, capacity=10)
+    >>> app = RateLimitMiddleware(lambda environ, start_response: [b"ok"], limiter,
+    ...                           key=route(), routes=[Route("/api/*")])
+    >>> first, second = {"PATH_INFO": "/api/a"}, {"PATH_INFO": "/api/b"}
+    >>> app(first, print), app(second, print)
+    ([b'ok'], [b'ok'])
+    >>> second["nanobucket.decision"].remaining   # one bucket for the whole route
+    8
     """
 
     __slots__ = ()
 
     def asgi(self, scope: Mapping[str, Any]) -> str:
+        """The route pattern the ASGI middleware matched, or ``"*"``.
+
+        >>> route().asgi({"type": "http", "nanobucket.route": "/login"})
+        '/login'
+        """
         return scope.get("nanobucket.route") or "*"
 
     def wsgi(self, environ: Mapping[str, Any]) -> str:
+        """The route pattern the WSGI middleware matched, or ``"*"``.
+
+        >>> route().wsgi({"nanobucket.route": "/api/*"})
+        '/api/*'
+        """
         return environ.get("nanobucket.route") or "*"
 
 
@@ -636,7 +683,12 @@ class Counters:
         self._lock = threading.Lock()
 
     def snapshot(self) -> dict[str, int]:
-        """The four counts as a dict, read together."""
+        """The four counts as a dict, read together.
+
+        >>> c = Counters(); c.limited += 1
+        >>> c.snapshot()["limited"]
+        1
+        """
         with self._lock:
             return {
                 "admitted": self.admitted,
@@ -646,7 +698,12 @@ class Counters:
             }
 
     def reset(self) -> None:
-        """Set every count back to 0."""
+        """Set every count back to 0.
+
+        >>> c = Counters(); c.admitted += 5; c.reset()
+        >>> c.admitted
+        0
+        """
         with self._lock:
             self.admitted = self.limited = self.shadow_limited = self.exempt = 0
 

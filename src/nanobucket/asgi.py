@@ -60,6 +60,19 @@ class RateLimitMiddleware:
 
     The decision is left in ``scope["nanobucket.decision"]`` for the app.
     Only ``http`` requests are limited; websocket and lifespan pass through.
+
+    >>> import asyncio, nanobucket as nb
+    >>> async def hello(scope, receive, send):
+    ...     await send({"type": "http.response.start", "status": 200, "headers": []})
+    ...     await send({"type": "http.response.body", "body": b"hello"})
+    >>> app = RateLimitMiddleware(hello, nb.KeyedTokenBucket(rate=1, capacity=1))
+    >>> async def send(message):
+    ...     if message["type"] == "http.response.start":
+    ...         print(message["status"], dict(message["headers"]).get(b"retry-after"))
+    >>> scope = {"type": "http", "method": "GET", "path": "/", "client": ("1.2.3.4", 5678)}
+    >>> asyncio.run(app(scope, None, send)); asyncio.run(app(scope, None, send))
+    200 None
+    429 b'1'
     """
 
     def __init__(

@@ -33,6 +33,14 @@ class RateLimited(Exception):
 
     ``retry_after`` (float seconds) and ``retry_after_ns`` (int) say when
     the same call would be admitted; ``decision`` is the limiter's own.
+
+    >>> from nanobucket import TokenBucket
+    >>> ping = limit(TokenBucket(rate=1, capacity=1, clock=lambda: 0))(lambda: "pong")
+    >>> try:
+    ...     ping(), ping()
+    ... except RateLimited as e:
+    ...     print(e.retry_after_ns, e.decision.allowed)
+    1000000000 False
     """
 
     def __init__(self, retry_after_ns: int, decision: Any = None) -> None:
@@ -42,7 +50,11 @@ class RateLimited(Exception):
 
     @property
     def retry_after(self) -> float:
-        """Seconds until the same call would be admitted."""
+        """Seconds until the same call would be admitted.
+
+        >>> RateLimited(250_000_000).retry_after
+        0.25
+        """
         return self.retry_after_ns / NS_PER_S
 
 
@@ -66,8 +78,11 @@ def limit(
     in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
     `RateLimited` only if it still is not admitted.
 
-    >>> @limit(rate=10, capacity=20, key=lambda user, *_: user)  # doctest: +SKIP
-    ... async def handler(user: str, body: bytes) -> None: ...
+    >>> @limit(rate=1, capacity=2, key=lambda user, body: user)   # a bucket per user
+    ... def upload(user: str, body: bytes) -> int:
+    ...     return len(body)
+    >>> [upload("alice", b"abc"), upload("alice", b"de"), upload("bob", b"f")]
+    [3, 2, 1]
     """
     limiter = _make_limiter(limiter, rate, capacity, key)
     keyed = _waiting.is_keyed(limiter)

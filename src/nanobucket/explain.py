@@ -30,7 +30,11 @@ DEFAULT_BURST_FACTOR = Fraction(9, 5)
 
 
 def fmt(value: Fraction | int, approx: bool = True) -> str:
-    """Render *value* exactly: ``2``, ``2.5``, or ``10/3 (~3.333333)``."""
+    """Render *value* exactly: ``2``, ``2.5``, or ``10/3 (~3.333333)``.
+
+    >>> fmt(Fraction(5, 2)), fmt(Fraction(10, 3)), fmt(Fraction(10, 3), approx=False)
+    ('2.5', '10/3 (~3.333333)', '10/3')
+    """
     value = Fraction(value)
     if value.denominator == 1:
         return str(value.numerator)
@@ -66,6 +70,12 @@ class BurstAnswer:
     ``then_rejected_rps`` are turned away. With requests evenly spaced at
     ``1/rps`` from t = 0, the first rejected one is number
     ``first_rejected`` (1-based), at ``first_rejected_s``.
+
+    >>> b = explain(100, 200, burst_rps=180).burst
+    >>> fmt(b.drain_per_s), fmt(b.absorbed_s), b.first_rejected, fmt(b.then_rejected_rps)
+    ('80', '2.5', 449, '80')
+    >>> explain(100, 200, burst_rps=90).burst.absorbed_s is None   # within the rate
+    True
     """
 
     rps: Fraction
@@ -80,7 +90,12 @@ class BurstAnswer:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Exact figures for one configuration (see `explain`)."""
+    """Exact figures for one configuration (see `explain`).
+
+    >>> e = explain(100, 200)
+    >>> e.sustained_rps, e.largest_burst, e.refill_s, e.interval_ns
+    (Fraction(100, 1), 200, Fraction(2, 1), 10000000)
+    """
 
     rate: Fraction
     capacity: int
@@ -97,7 +112,11 @@ class Explanation:
 
     @property
     def interval_exact(self) -> bool:
-        """True if one token is a whole number of ns (no rounding at all)."""
+        """True if one token is a whole number of ns (no rounding at all).
+
+        >>> explain(100, 200).interval_exact, explain(3, 2).interval_exact   # 1/3 s is not
+        (True, False)
+        """
         return Fraction(NS_PER_S) / self.rate == self.interval_ns
 
 
@@ -204,7 +223,11 @@ def _summary(e: Explanation) -> str:
 
 
 def render_text(e: Explanation) -> str:
-    """The human-readable report printed by ``nanobucket explain``."""
+    """The human-readable report printed by ``nanobucket explain``.
+
+    >>> print(render_text(explain(100, 200)).splitlines()[0])
+    token bucket: rate 100 tokens/s, capacity 200 tokens
+    """
     b = e.burst
     unit = "" if e.cost == 1 else f" (cost {e.cost} tokens each)"
     lines = [
@@ -260,7 +283,12 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def to_json(e: Explanation) -> dict[str, object]:
-    """The ``--json`` document: rationals as exact strings, counts as ints."""
+    """The ``--json`` document: rationals as exact strings, counts as ints.
+
+    >>> doc = to_json(explain(3, 2))
+    >>> doc["refill_s"], doc["largest_burst"], Fraction(doc["refill_s"])
+    ('2/3', 2, Fraction(2, 3))
+    """
     b = e.burst
 
     def q(value: Fraction | None) -> str | None:

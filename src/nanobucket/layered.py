@@ -46,6 +46,12 @@ class LayeredDecision:
     order given to ``all_of``) of the binding layer: the rejecting layer with
     the longest wait, or when admitted the one with the fewest tokens left;
     ``limit`` is that layer's capacity. ``decisions`` holds every layer's own.
+
+    >>> from nanobucket import TokenBucket
+    >>> limit = all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=2, capacity=2))
+    >>> d = limit.check_at(None, 0)
+    >>> (d.allowed, d.layer, d.limit, d.remaining, d.reset_after_ns)
+    (True, 1, 2, 1, 1000000000)
     """
 
     __slots__ = (
@@ -76,12 +82,24 @@ class LayeredDecision:
 
     @property
     def retry_after(self) -> float:
-        """Seconds until every layer would admit the same request (0.0 if admitted)."""
+        """Seconds until every layer would admit the same request (0.0 if admitted).
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=4, capacity=1), TokenBucket(rate=1, capacity=1))
+        >>> limit.allow_at(None, 0), limit.check_at(None, 0).retry_after
+        (True, 1.0)
+        """
         return self.retry_after_ns / NS_PER_S
 
     @property
     def reset_after(self) -> float:
-        """Seconds until every layer is full again."""
+        """Seconds until every layer is full again.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=4, capacity=2), TokenBucket(rate=1, capacity=2))
+        >>> limit.check_at(None, 0).reset_after   # the slower layer takes 1 s
+        1.0
+        """
         return self.reset_after_ns / NS_PER_S
 
     def __bool__(self) -> bool:
@@ -119,6 +137,12 @@ class AllOf:
     Verbs take an optional key first -- ``allow(key=None, cost=1)``,
     ``allow_at(key, now, cost=1)``, ``check``, ``peek``, ``refund``,
     ``acquire``, ``acquire_async`` -- and pass it to the keyed layers only.
+
+    >>> from nanobucket import KeyedTokenBucket, TokenBucket
+    >>> per_client, instance = KeyedTokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=3)
+    >>> limit = all_of(per_client, instance)
+    >>> [limit.allow_at(user, 0) for user in ("alice", "alice", "alice", "bob", "bob")]
+    [True, True, False, True, False]
     """
 
     keyed = True  # the verbs take the key first (it may be None)
@@ -154,7 +178,15 @@ class AllOf:
     # -- allow ---------------------------------------------------------------
 
     def allow(self, key: Hashable | None = None, cost: int = 1) -> bool:
-        """Admit (True) only if every layer admits *cost*; a rejection charges no layer."""
+        """Admit (True) only if every layer admits *cost*; a rejection charges no layer.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=1))
+        >>> limit.allow(), limit.allow()   # the second layer is empty
+        (True, False)
+        >>> int(limit.layers[0].tokens())  # and the first was not charged for the refusal
+        1
+        """
         if key is None and self._needs_key:
             self._key(key)
         done = 0
@@ -180,7 +212,13 @@ class AllOf:
                 refund(key, cost)
 
     def allow_at(self, key: Hashable | None, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns); *key* may be None without keyed layers."""
+        """`allow` at an explicit time *now* (int ns); *key* may be None without keyed layers.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=1))
+        >>> [limit.allow_at("alice", now) for now in (0, 0, 1_000_000_000)]
+        [True, False, True]
+        """
         self._key(key)
         done: list[int] = []
         try:
@@ -203,12 +241,28 @@ class AllOf:
     # -- check / peek --------------------------------------------------------
 
     def check(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
-        """Like `allow`, but return a `LayeredDecision` naming the binding layer."""
+        """Like `allow`, but return a `LayeredDecision` naming the binding layer.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
+        >>> d = limit.check(cost=5)
+        >>> (d.allowed, d.layer, d.remaining)   # layer 1 has the fewest tokens left
+        (True, 1, 0)
+        """
         self._key(key)
         return self._check(key, (cost,), "check", "refund", "peek")
 
     def check_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
+        >>> limit.allow_at(None, 0, cost=5)
+        True
+        >>> d = limit.check_at(None, 0)
+        >>> (d.allowed, d.layer, d.retry_after_ns)
+        (False, 1, 1000000000)
+        """
         self._key(key)
         return self._check(key, (now, cost), "check_at", "refund_at", "peek_at")
 
@@ -239,12 +293,24 @@ class AllOf:
         return LayeredDecision(False, decisions)
 
     def peek(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
-        """The `LayeredDecision` `check` would return now, without spending anything."""
+        """The `LayeredDecision` `check` would return now, without spending anything.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=2))
+        >>> limit.peek(cost=2).allowed, limit.peek(cost=2).allowed   # nothing spent
+        (True, True)
+        """
         self._key(key)
         return self._peek(key, "peek", (cost,))
 
     def peek_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
+        >>> limit.allow_at("alice", 0, cost=2), limit.peek_at("alice", 500_000_000).retry_after_ns
+        (True, 500000000)
+        """
         self._key(key)
         return self._peek(key, "peek_at", (now, cost))
 
@@ -253,12 +319,23 @@ class AllOf:
         return LayeredDecision(all(d.allowed for d in decisions), decisions)
 
     def tokens(self, key: Hashable | None = None) -> float:
-        """The fewest tokens any layer holds now."""
+        """The fewest tokens any layer holds now.
+
+        >>> from nanobucket import TokenBucket
+        >>> all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=1, capacity=3)).tokens()
+        3.0
+        """
         self._key(key)
         return float(min(self._call(i, "tokens", key, ()) for i in range(len(self.layers))))
 
     def tokens_at(self, key: Hashable | None, now: int) -> float:
-        """`tokens` at *now* (int ns)."""
+        """`tokens` at *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> limit = all_of(KeyedTokenBucket(rate=2, capacity=4))
+        >>> limit.allow_at("alice", 0, cost=4), limit.tokens_at("alice", 500_000_000)
+        (True, 1.0)
+        """
         self._key(key)
         return float(min(self._call(i, "tokens_at", key, (now,)) for i in range(len(self.layers))))
 
@@ -273,14 +350,31 @@ class AllOf:
                 )
 
     def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
-        """Give *cost* tokens back to every layer (never above any capacity)."""
+        """Give *cost* tokens back to every layer (never above any capacity).
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=3))
+        >>> limit.allow(cost=2)
+        True
+        >>> limit.refund(cost=2)   # the work was not done after all
+        >>> limit.tokens()
+        2.0
+        """
         self._key(key)
         self._require("refund")
         for i in range(len(self.layers)):
             self._call(i, "refund", key, (cost,))
 
     def refund_at(self, key: Hashable | None, now: int, cost: int = 1) -> None:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
+        >>> limit.allow_at("alice", 0, cost=2), limit.refund_at("alice", 0, cost=1)
+        (True, None)
+        >>> limit.tokens_at("alice", 0)
+        1.0
+        """
         self._key(key)
         self._require("refund_at")
         for i in range(len(self.layers)):
@@ -313,7 +407,13 @@ class AllOf:
     def acquire(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
     ) -> bool:
-        """Block until every layer admits *cost* (True), or refuse (False) -- see `waiting`."""
+        """Block until every layer admits *cost* (True), or refuse (False) -- see `waiting`.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=1), TokenBucket(rate=100, capacity=10))
+        >>> limit.acquire(timeout=0.5), limit.acquire(timeout=0.5)   # the 2nd would wait ~1 s
+        (True, False)
+        """
         if timeout is not None:
             _waiting.check_timeout(timeout)
         if self.allow(key, cost):
@@ -323,7 +423,14 @@ class AllOf:
     def acquire_async(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
     ) -> Awaitable[bool]:
-        """`acquire` for asyncio; a cancelled waiter gives its tokens back to every layer."""
+        """`acquire` for asyncio; a cancelled waiter gives its tokens back to every layer.
+
+        >>> import asyncio
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=1))
+        >>> [asyncio.run(limit.acquire_async(timeout=0.5)) for _ in range(2)]
+        [True, False]
+        """
         self._key(key)
         return _waiting.acquire_async(self, (key,), cost, timeout)
 

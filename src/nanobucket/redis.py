@@ -33,7 +33,7 @@ taking the key first, e.g. a :class:`nanobucket.KeyedTokenBucket` with
 on every failed probe, so only the first call pays the socket timeout.
 Every :class:`RedisDecision` says who decided in ``source``.
 
->>> import redis, nanobucket.redis as nbr                      # doctest: +SKIP
+>>> import nanobucket.redis as nbr
 >>> limiter = nbr.RedisTokenBucket.from_url("redis://127.0.0.1:6379", rate=100, capacity=200)
 >>> limiter.allow("client-42")                                 # doctest: +SKIP
 True
@@ -100,7 +100,17 @@ _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf
 
 
 class RedisUnavailable(RedisConnectionError):
-    """Redis could not decide (``on_error="raise"``): down, timed out, or breaker open."""
+    """Redis could not decide (``on_error="raise"``): down, timed out, or breaker open.
+
+    A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
+
+    >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+    >>> try:
+    ...     RedisTokenBucket(redis.Redis(), rate=100, capacity=200, breaker=down).check("alice")
+    ... except redis.ConnectionError as e:
+    ...     print(type(e).__name__, "-", e)
+    RedisUnavailable - Redis unavailable: circuit breaker open
+    """
 
 
 class RedisDecision(Decision):
@@ -111,6 +121,11 @@ class RedisDecision(Decision):
     while Redis was unreachable), ``"policy:open"`` or ``"policy:closed"``.
     Equality compares the five Decision fields only, so a Redis decision
     equals the in-process one for the same trace.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> d = RedisDecision(True, 199, 0, 10_000_000, 200)   # Redis's answer to a first request
+    >>> d.source, d == KeyedTokenBucket(rate=100, capacity=200).check_at("alice", 0)
+    ('redis', True)
     """
 
     __slots__ = ("source",)
@@ -178,14 +193,29 @@ class CircuitBreaker:
 
     @property
     def state(self) -> Literal["closed", "open", "half-open"]:
-        """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (one probes)."""
+        """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (one probes).
+
+        >>> now = [0]
+        >>> b = CircuitBreaker(backoff=1.0, clock=lambda: now[0])
+        >>> b.record_failure(); b.state
+        'open'
+        >>> now[0] = 1_000_000_000; b.state   # the back-off is over: the next call probes
+        'half-open'
+        """
         with self._lock:
             if self._failures < self._threshold:
                 return "closed"
             return "open" if self._clock() < self._open_until else "half-open"
 
     def allow_request(self) -> bool:
-        """True if the caller may try Redis now (closed, or this call is the probe)."""
+        """True if the caller may try Redis now (closed, or this call is the probe).
+
+        >>> b = CircuitBreaker(clock=lambda: 0)
+        >>> b.allow_request()
+        True
+        >>> b.record_failure(); b.allow_request()
+        False
+        """
         with self._lock:
             if self._failures < self._threshold:
                 return True
@@ -197,20 +227,39 @@ class CircuitBreaker:
             return True
 
     def retry_in_ns(self) -> int:
-        """Nanoseconds until the breaker lets a probe through (0 when closed)."""
+        """Nanoseconds until the breaker lets a probe through (0 when closed).
+
+        >>> b = CircuitBreaker(backoff=0.5, clock=lambda: 0)
+        >>> b.retry_in_ns()
+        0
+        >>> b.record_failure(); b.retry_in_ns()
+        500000000
+        """
         with self._lock:
             if self._failures < self._threshold:
                 return 0
             return max(0, self._open_until - self._clock())
 
     def record_success(self) -> None:
-        """Redis answered: close the breaker and reset the back-off."""
+        """Redis answered: close the breaker and reset the back-off.
+
+        >>> b = CircuitBreaker(clock=lambda: 0)
+        >>> b.record_failure(); b.record_success(); b.state
+        'closed'
+        """
         with self._lock:
             self._failures = 0
             self._backoff_ns = self._base_ns
 
     def record_failure(self) -> None:
-        """Redis failed: count it; open (or re-open, for twice as long) at the threshold."""
+        """Redis failed: count it; open (or re-open, for twice as long) at the threshold.
+
+        >>> b = CircuitBreaker(failures=2, backoff=1.0, clock=lambda: 0)
+        >>> b.record_failure(); b.state
+        'closed'
+        >>> b.record_failure(); b.state, b.retry_in_ns()
+        ('open', 1000000000)
+        """
         with self._lock:
             self._failures += 1
             if self._failures < self._threshold:
@@ -291,26 +340,47 @@ class _RedisLimits:
 
     @property
     def rate(self) -> Any:
-        """Tokens per second, as an exact Fraction (Redis applies ``interval_us``)."""
+        """Tokens per second, as an exact Fraction (Redis applies ``interval_us``).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=2.5, capacity=10).rate
+        Fraction(5, 2)
+        """
         return self._rate
 
     @property
     def capacity(self) -> int:
-        """The most tokens a bucket holds."""
+        """The most tokens a bucket holds.
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).capacity
+        200
+        """
         return self._capacity
 
     @property
     def interval_ns(self) -> int:
-        """Nanoseconds per token as Redis applies it: a whole number of microseconds."""
+        """Nanoseconds per token as Redis applies it: a whole number of microseconds.
+
+        >>> RedisTokenBucket(redis.Redis(), rate=3, capacity=3).interval_ns   # 1/3 s, rounded up
+        333334000
+        """
         return self._interval_ns
 
     @property
     def breaker(self) -> CircuitBreaker:
-        """The circuit breaker guarding calls to Redis."""
+        """The circuit breaker guarding calls to Redis.
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).breaker.state
+        'closed'
+        """
         return self._breaker
 
     def key(self, key: Hashable) -> bytes:
-        """The Redis key of *key*'s bucket: ``<prefix>:{<key>}``."""
+        """The Redis key of *key*'s bucket: ``<prefix>:{<key>}``.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200, prefix="api")
+        >>> limiter.key("alice"), limiter.key(42)
+        (b'api:{alice}', b'api:{42}')
+        """
         if isinstance(key, str):
             raw = key.encode("utf-8")
         elif isinstance(key, bytes):
@@ -471,6 +541,13 @@ class RedisTokenBucket(_RedisLimits):
     >>> limiter = RedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
     >>> limiter.check("alice").remaining                                  # doctest: +SKIP
     199
+
+    While Redis is unreachable, the failure policy (or ``fallback``) decides:
+
+    >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+    >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+    >>> limiter.check("alice").source
+    'policy:open'
     """
 
     def __init__(
@@ -502,12 +579,22 @@ class RedisTokenBucket(_RedisLimits):
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         **kwargs: Any,
     ) -> RedisTokenBucket:
-        """Build on a new client for *url* with a short timeout and no retries."""
+        """Build on a new client for *url* with a short timeout and no retries.
+
+        >>> limiter = RedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
+        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
+        0.1
+        """
         return cls(client_from_url(url, socket_timeout=socket_timeout), rate, capacity, **kwargs)
 
     @property
     def client(self) -> redis.Redis:
-        """The redis-py client."""
+        """The redis-py client.
+
+        >>> client = redis.Redis()
+        >>> RedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        """
         return self._client
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
@@ -524,36 +611,99 @@ class RedisTokenBucket(_RedisLimits):
         return self._decision(reply)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted."""
+        """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
+        >>> limiter.allow("alice")
+        False
+        """
         return self._call(key, self._cost(cost), None, True).allowed
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us)."""
+        """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=1, capacity=1)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
+        (True, False)
+        """
         return self._call(key, self._cost(cost), check_now(now), True).allowed
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, but return the whole decision."""
+        """Like `allow`, but return the whole decision.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> d = limiter.check("alice")
+        >>> d.allowed, d.remaining, d.source
+        (True, 199, 'policy:open')
+        """
         return self._call(key, self._cost(cost), None, True)
 
     def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=10, capacity=20)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> d = limiter.check_at("alice", 0)
+        >>> d.allowed, d.remaining, d.limit, d.source   # the fallback's own numbers
+        (True, 19, 20, 'fallback')
+        """
         return self._call(key, self._cost(cost), check_now(now), True)
 
     def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """The decision `check` would return now, without spending anything."""
+        """The decision `check` would return now, without spending anything.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
+        >>> d = limiter.peek("alice")
+        >>> d.allowed, d.retry_after, d.source   # retry when the breaker next tries Redis
+        (False, 0.1, 'policy:closed')
+        """
         return self._call(key, self._cost(cost), None, False)
 
     def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=10, capacity=20)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> [limiter.peek_at("alice", 0, cost=5).remaining for _ in range(2)]   # nothing spent
+        [15, 15]
+        """
         return self._call(key, self._cost(cost), check_now(now), False)
 
     def tokens_at(self, key: Hashable, now: int) -> float:
-        """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable."""
+        """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> limiter.tokens_at("alice", 0)
+        Traceback (most recent call last):
+        ...
+        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
+        """
         d = self._call(key, 0, check_now(now), False)
         return self._tokens(d)
 
     def tokens(self, key: Hashable) -> float:
-        """Tokens in *key*'s bucket now (Redis time)."""
+        """Tokens in *key*'s bucket now (Redis time).
+
+        Only Redis knows: with Redis unreachable it raises `RedisUnavailable`,
+        whatever ``on_error`` and ``fallback`` say.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).tokens("alice")
+        Traceback (most recent call last):
+        ...
+        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
+        """
         return self._tokens(self._call(key, 0, None, False))
 
     def _tokens(self, d: RedisDecision) -> float:
@@ -570,11 +720,24 @@ class RedisTokenBucket(_RedisLimits):
         clock, like ``KeyedTokenBucket.allow_many``. On a ``RedisCluster``
         client (keys of different slots cannot share a script) it is one
         script call per key, pipelined, each reading the clock itself.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> list(limiter.allow_many(["alice", "bob"]))
+        [1, 1]
         """
         return self._many(keys, self._cost(cost), None)
 
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns)."""
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=1, capacity=1)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> list(limiter.allow_many_at(["alice", "alice", "bob"], 0))
+        [1, 0, 1]
+        """
         return self._many(keys, self._cost(cost), check_now(now))
 
     def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
@@ -609,6 +772,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
     >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
     >>> await limiter.allow("alice")                                           # doctest: +SKIP
     True
+
+    Outside a running loop, ``asyncio.run`` it:
+
+    >>> import asyncio
+    >>> limiter = AsyncRedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
+    >>> limiter.interval_ns, asyncio.run(limiter.aclose())
+    (10000000, None)
     """
 
     def __init__(
@@ -640,13 +810,24 @@ class AsyncRedisTokenBucket(_RedisLimits):
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         **kwargs: Any,
     ) -> AsyncRedisTokenBucket:
-        """Build on a new asyncio client for *url* with a short timeout and no retries."""
+        """Build on a new asyncio client for *url* with a short timeout and no retries.
+
+        >>> url = "redis://127.0.0.1:6379/0"
+        >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
+        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
+        0.1
+        """
         client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
         return cls(client, rate, capacity, **kwargs)
 
     @property
     def client(self) -> redis.asyncio.Redis:
-        """The redis-py asyncio client."""
+        """The redis-py asyncio client.
+
+        >>> client = redis.asyncio.Redis()
+        >>> AsyncRedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        """
         return self._client
 
     async def _call(
@@ -665,35 +846,102 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return self._decision(reply)
 
     async def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s shared bucket now; True if admitted."""
+        """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> asyncio.run(limiter.allow("alice"))
+        False
+        """
         return (await self._call(key, self._cost(cost), None, True)).allowed
 
     async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="open", breaker=down)
+        >>> asyncio.run(limiter.allow_at("alice", 0))
+        True
+        """
         return (await self._call(key, self._cost(cost), check_now(now), True)).allowed
 
     async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, but return the whole decision."""
+        """Like `allow`, but return the whole decision.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="open", breaker=down)
+        >>> asyncio.run(limiter.check("alice")).source
+        'policy:open'
+        """
         return await self._call(key, self._cost(cost), None, True)
 
     async def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
+        >>> asyncio.run(limiter.check_at("alice", 0)).remaining   # the fallback's bucket
+        1
+        """
         return await self._call(key, self._cost(cost), check_now(now), True)
 
     async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """The decision `check` would return now, without spending anything."""
+        """The decision `check` would return now, without spending anything.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> asyncio.run(limiter.peek("alice")).retry_after   # when the breaker next tries Redis
+        0.1
+        """
         return await self._call(key, self._cost(cost), None, False)
 
     async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
+        >>> [asyncio.run(limiter.peek_at("alice", 0)).remaining for _ in range(2)]   # nothing spent
+        [1, 1]
+        """
         return await self._call(key, self._cost(cost), check_now(now), False)
 
     async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
-        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0."""
+        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> list(asyncio.run(limiter.allow_many(["alice", "bob"])))
+        [0, 0]
+        """
         return await self._many(keys, self._cost(cost), None)
 
     async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns)."""
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 1), breaker=down)
+        >>> list(asyncio.run(limiter.allow_many_at(["alice", "alice", "bob"], 0)))
+        [1, 0, 1]
+        """
         return await self._many(keys, self._cost(cost), check_now(now))
 
     async def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
@@ -721,7 +969,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return result
 
     async def aclose(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections.
+
+        >>> import asyncio
+        >>> url = "redis://127.0.0.1:6379/0"
+        >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
+        >>> asyncio.run(limiter.aclose())   # at shutdown
+        """
         await self._client.aclose()
 
     def __repr__(self) -> str:
@@ -768,6 +1022,10 @@ class LeasedTokenBucket(_RedisLimits):
     >>> with LeasedTokenBucket(client, rate=1000, capacity=2000) as limiter:  # doctest: +SKIP
     ...     limiter.allow("alice")
     True
+
+    >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
+    >>> limiter.max_lease, limiter.held("alice")   # capacity / 16 by default; none held yet
+    (125, 0)
     """
 
     def __init__(
@@ -818,16 +1076,31 @@ class LeasedTokenBucket(_RedisLimits):
 
     @property
     def max_lease(self) -> int:
-        """The most tokens one lease takes (the over-admission bound is instances x this)."""
+        """The most tokens one lease takes (the over-admission bound is instances x this).
+
+        >>> LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000, max_lease=50).max_lease
+        50
+        """
         return self._max_lease
 
     def held(self, key: Hashable) -> int:
-        """Tokens this instance holds for *key*: leased, not yet spent."""
+        """Tokens this instance holds for *key*: leased, not yet spent.
+
+        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
+        >>> limiter.held("alice")   # no lease taken yet
+        0
+        """
         lease = self._leases.get(self.key(key))
         return lease.balance if lease is not None else 0
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out."""
+        """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> limiter.allow("alice")   # no lease could be taken: the policy admits
+        True
+        """
         rkey, cost = self.key(key), self._cost(cost)
         with self._lock:  # the fast path: no clock, no Decision object
             lease = self._leases.get(rkey)
@@ -837,15 +1110,39 @@ class LeasedTokenBucket(_RedisLimits):
         return self._decide(rkey, key, cost, None).allowed
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation."""
+        """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=1, capacity=1)
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
+        (True, False)
+        """
         return self._decide(self.key(key), key, self._cost(cost), check_now(now)).allowed
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance."""
+        """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
+        >>> d = limiter.check("alice")
+        >>> d.allowed, d.source
+        (False, 'policy:closed')
+        """
         return self._decide(self.key(key), key, self._cost(cost), None)
 
     def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> local = KeyedTokenBucket(rate=1, capacity=2)
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> d = limiter.check_at("alice", 0)
+        >>> d.allowed, d.remaining, d.source
+        (True, 1, 'fallback')
+        """
         return self._decide(self.key(key), key, self._cost(cost), check_now(now))
 
     def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
@@ -931,11 +1228,21 @@ class LeasedTokenBucket(_RedisLimits):
         return len(self._leases)
 
     def close(self) -> None:
-        """Give every unspent leased token back to Redis (one round trip) and forget the leases."""
+        """Give every unspent leased token back to Redis (one round trip) and forget the leases.
+
+        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
+        >>> limiter.close(); limiter.round_trips   # nothing held: nothing to send
+        0
+        """
         self._give_back(None)
 
     def close_at(self, now: int) -> None:
-        """`close` at an explicit time *now* (int ns)."""
+        """`close` at an explicit time *now* (int ns).
+
+        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
+        >>> limiter.close_at(0); len(limiter)   # no lease state is left
+        0
+        """
         self._give_back(check_now(now))
 
     def _give_back(self, now_ns: int | None) -> None:

@@ -30,6 +30,12 @@ class SeedBucket:
         self.last_time = 0.0
 
     def allow(self, now: float) -> bool:
+        """Refill for the time since the last call, then spend one token if there is one.
+
+        >>> b = SeedBucket(rate=1, capacity=1)
+        >>> b.allow(0.0), b.allow(0.5), b.allow(1.5)
+        (True, False, True)
+        """
         self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
         self.last_time = now
         if self.tokens < 1:
@@ -39,7 +45,12 @@ class SeedBucket:
 
 
 class MonotonicSeedBucket:
-    """The seed's algorithm as a class that reads ``time.monotonic()``."""
+    """The seed's algorithm as a class that reads ``time.monotonic()``.
+
+    >>> b = MonotonicSeedBucket(rate=1, capacity=5)
+    >>> sum(b.allow() for _ in range(10))   # a burst: the first 5 pass
+    5
+    """
 
     def __init__(self, rate: float = 100, capacity: float = 200) -> None:
         self.capacity = capacity
@@ -48,6 +59,12 @@ class MonotonicSeedBucket:
         self.last_time = time.monotonic()
 
     def allow(self) -> bool:
+        """`SeedBucket.allow` at ``time.monotonic()``.
+
+        >>> b = MonotonicSeedBucket(rate=1, capacity=1)
+        >>> b.allow(), b.allow()
+        (True, False)
+        """
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
         self.last_time = now
@@ -76,10 +93,22 @@ class ExactBucket:
         self.last_time = 0
 
     def tokens_at(self, now: int) -> Fraction:
+        """Tokens at *now* (int ns), exactly; a *now* older than the last call adds nothing.
+
+        >>> b = ExactBucket(rate=3, capacity=1)
+        >>> b.allow_at(0), b.tokens_at(100_000_000)
+        (True, Fraction(3, 10))
+        """
         elapsed = max(0, now - self.last_time)
         return min(Fraction(self.capacity), self.tokens + elapsed * self.rate / NS_PER_S)
 
     def allow_at(self, now: int, cost: int = 1) -> bool:
+        """Spend *cost* tokens at *now* (int ns) if there are that many; True if admitted.
+
+        >>> b = ExactBucket(rate=1, capacity=2)
+        >>> b.allow_at(0, cost=2), b.allow_at(500_000_000), b.allow_at(1_000_000_000)
+        (True, False, True)
+        """
         self.tokens = self.tokens_at(now)
         self.last_time = max(self.last_time, now)
         if self.tokens < cost:

@@ -68,11 +68,28 @@ else:
 
 
 class BadTableError(ValueError):
-    """The file is not a usable shared table: foreign, truncated, corrupt or another version."""
+    """The file is not a usable shared table: foreign, truncated, corrupt or another version.
+
+    A ``ValueError``, raised by `SharedKeyedTokenBucket.open`.
+
+    >>> import pathlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     notes = pathlib.Path(d, "notes.txt")
+    ...     n = notes.write_text("not a table" * 20)
+    ...     SharedKeyedTokenBucket.open(path=notes)
+    Traceback (most recent call last):
+    ...
+    nanobucket.shared.BadTableError: ...notes.txt: not a nanobucket shared table
+    """
 
 
 def default_directory() -> str:
-    """Where tables named without a path live: ``/dev/shm`` (RAM), else the temp dir."""
+    """Where tables named without a path live: ``/dev/shm`` (RAM), else the temp dir.
+
+    >>> import os
+    >>> os.path.isdir(default_directory())
+    True
+    """
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -137,8 +154,11 @@ class SharedKeyedTokenBucket(_Table):
     closed) refuses the new key until one fills up, with ``retry_after`` set
     to that moment; ``"admit"`` (fail open) admits it without tracking it.
 
-    >>> with SharedKeyedTokenBucket.create("demo", rate=1, capacity=2) as t:  # doctest: +SKIP
-    ...     [t.allow_at("alice", 0) for _ in range(3)]
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "demo")   # or create("demo", ...): /dev/shm/demo
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+    ...         [t.allow_at("alice", 0) for _ in range(3)]
     [True, True, False]
     """
 
@@ -168,6 +188,13 @@ class SharedKeyedTokenBucket(_Table):
 
         *name* is a file under ``/dev/shm``; or give ``path=``. The file
         appears complete or not at all (it is built aside, then linked in).
+
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")   # or create("api", ...): /dev/shm/api
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=100, capacity=200) as t:
+        ...         t.rate, t.capacity, t.max_keys, t.when_full
+        (100, 200, 100000, 'reject')
         """
         _require_extension()
         target = _resolve(name, path)
@@ -250,6 +277,14 @@ class SharedKeyedTokenBucket(_Table):
 
         Raises ``BadTableError`` (a ``ValueError``) for a file that is not
         such a table, is truncated or corrupt, or has another layout version.
+
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as a:
+        ...         with SharedKeyedTokenBucket.open(path=path) as b:   # as another worker would
+        ...             a.allow_at("alice", 0), b.allow_at("alice", 0), b.allow_at("alice", 0)
+        (True, True, False)
         """
         _require_extension()
         target = _resolve(name, path)
@@ -290,7 +325,16 @@ class SharedKeyedTokenBucket(_Table):
         return table
 
     def unlink(self) -> None:
-        """Remove the file; processes attached to it keep using the table until they close."""
+        """Remove the file; processes attached to it keep using the table until they close.
+
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
+        ...         t.unlink()
+        ...         os.path.exists(t.path), t.allow_at("alice", 0)
+        (False, True)
+        """
         os.unlink(self.path)
 
     def __repr__(self) -> str:

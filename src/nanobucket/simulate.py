@@ -72,7 +72,11 @@ CASE_PHASES: tuple[tuple[str, Fraction, Fraction], ...] = (
 
 @dataclass(frozen=True)
 class Phase:
-    """A named stretch of traffic ``[start_ns, end_ns)``."""
+    """A named stretch of traffic ``[start_ns, end_ns)``.
+
+    >>> case_study(duration_s=60).phases[1]
+    Phase(name='burst 2 s', start_ns=20500000000, end_ns=22500000000)
+    """
 
     name: str
     start_ns: int
@@ -81,7 +85,12 @@ class Phase:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Requests sorted by time: parallel lists of ns, key and cost."""
+    """Requests sorted by time: parallel lists of ns, key and cost.
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> len(t), t
+    (3, Traffic('three at once', 3 requests))
+    """
 
     times: list[int]
     keys: list[str]
@@ -105,6 +114,10 @@ def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
     the total up to 180 req/s for 2 s and 3 s; from 60 s to 90 s one client
     (``greedy``) adds 60 req/s. The pattern repeats every 120 s. Only integer
     draws are used (``randrange``), so a seed gives the same trace everywhere.
+
+    >>> t = case_study(duration_s=60, seed=1)
+    >>> len(t), [p.name for p in t.phases]
+    (5259, ['normal', 'burst 2 s', 'normal', 'burst 3 s', 'normal'])
     """
     if isinstance(duration_s, bool) or not isinstance(duration_s, int):
         raise TypeError(f"duration must be a whole number of seconds, not {duration_s!r}")
@@ -158,6 +171,14 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
     fixed windows fall on the trace's own whole seconds. A first row whose
     timestamp is not a number is taken as a header. Rows need not be sorted.
     With *duration_s*, requests from that many seconds on are dropped.
+
+    >>> import pathlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = pathlib.Path(d, "trace.csv")
+    ...     n = path.write_text("timestamp,key,cost\\n1714000000.25,alice\\n1714000000.5,bob,3\\n")
+    ...     t = load_trace(path)
+    >>> t.times, t.keys, t.costs, t.duration_ns
+    ([250000000, 500000000], ['alice', 'bob'], [1, 3], 1000000000)
     """
     rows: list[tuple[int, str, int]] = []
     name = str(path)
@@ -207,6 +228,10 @@ class Config:
     queues serve ``rate`` tokens/s, the bounded one holding at most
     ``queue_bound`` waiting requests; each client key gets
     ``key_rate``/``key_capacity`` (default a quarter of the global limit).
+
+    >>> sim = simulate(case_study(duration_s=10), Config(rate=100, capacity=200, queue_bound=50))
+    >>> sim.bound, sim.key_rate, sim.key_capacity
+    (50, Fraction(25, 1), 50)
     """
 
     rate: RateLike = 100
@@ -216,7 +241,11 @@ class Config:
     key_capacity: int | None = None
 
     def resolved(self) -> tuple[Fraction, int, int, int, Fraction, int]:
-        """Validate; return rate, capacity, interval_ns, bound, key rate, key capacity."""
+        """Validate; return rate, capacity, interval_ns, bound, key rate, key capacity.
+
+        >>> Config(rate=100, capacity=200).resolved()
+        (Fraction(100, 1), 200, 10000000, 200, Fraction(25, 1), 50)
+        """
         rate, cap, interval, _ = bucket_params(self.rate, self.capacity)
         if rate < 1:
             raise ValueError(f"rate must be >= 1 to simulate a 1-second window, got {self.rate}")
@@ -234,6 +263,11 @@ class StrategyResult:
     ``admitted[i]`` is 1 if request i got through; ``wait_ns[i]`` how long it
     waited first (queues only; 0 otherwise). Counts are requests; the
     ``max_in_1s`` figure is in tokens (cost), comparable with the rate.
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> s = simulate(t, Config(rate=1, capacity=2))["token bucket"]
+    >>> list(s.admitted), s.passed, s.offered
+    ([1, 1, 0], 2, 3)
     """
 
     name: str
@@ -260,15 +294,31 @@ class StrategyResult:
 
     @property
     def rejected(self) -> int:
-        """Requests turned away."""
+        """Requests turned away.
+
+        >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+        >>> simulate(t, Config(rate=1, capacity=2))["fixed window"].rejected   # 1 per second
+        2
+        """
         return self.offered - self.passed
 
     def pass_times(self, traffic: Traffic) -> list[int]:
-        """When each admitted request reached the service (arrival + wait)."""
+        """When each admitted request reached the service (arrival + wait).
+
+        >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+        >>> simulate(t, Config(rate=1, capacity=2))["unbounded queue"].pass_times(t)
+        [0, 1000000000, 2000000000]
+        """
         return [t + w for t, w, a in zip(traffic.times, self.wait_ns, self.admitted) if a]
 
     def queue_length_at(self, traffic: Traffic, when_ns: int) -> int:
-        """Requests waiting in the queue at *when_ns* (0 for a non-queue)."""
+        """Requests waiting in the queue at *when_ns* (0 for a non-queue).
+
+        >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+        >>> q = simulate(t, Config(rate=1, capacity=2))["unbounded queue"]
+        >>> q.queue_length_at(t, 0), q.queue_length_at(t, 1_500_000_000)
+        (2, 1)
+        """
         end = bisect.bisect_right(traffic.times, when_ns)
         return sum(
             1
@@ -279,7 +329,13 @@ class StrategyResult:
 
 @dataclass(frozen=True)
 class Simulation:
-    """Every strategy's result over one traffic."""
+    """Every strategy's result over one traffic; ``sim[name]`` picks one.
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> sim = simulate(t, Config(rate=1, capacity=2))
+    >>> sim["token bucket"].label, sim["token bucket"].passed, sim.capacity
+    ('token bucket 1/2', 2, 2)
+    """
 
     traffic: Traffic
     rate: Fraction
@@ -469,6 +525,11 @@ def simulate(
     *progress* is called with counts of requests decided; *impl* is the
     module whose ``TokenBucket`` / ``KeyedTokenBucket`` to use (default: the
     package's own choice, Cython when built).
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> sim = simulate(t, Config(rate=1, capacity=2))
+    >>> [(s.name, s.passed) for s in sim.strategies][:4]
+    [('fixed window', 1), ('unbounded queue', 3), ('bounded queue', 3), ('token bucket', 2)]
     """
     config = config or Config()
     impl = impl or _bucket
@@ -528,7 +589,11 @@ def _num(value: Fraction) -> str:
 
 
 def fmt_wait(ns: int) -> str:
-    """A wait for the table: ``0 s`` or seconds to the millisecond."""
+    """A wait for the table: ``0 s`` or seconds to the millisecond.
+
+    >>> fmt_wait(0), fmt_wait(1_250_000_000)
+    ('0 s', '1.250 s')
+    """
     return "0 s" if ns == 0 else f"{ns / NS:.3f} s"
 
 
@@ -537,7 +602,12 @@ def _pct(part: int, whole: int) -> str:
 
 
 def render_table(sim: Simulation) -> str:
-    """The report printed by ``nanobucket simulate``."""
+    """The report printed by ``nanobucket simulate``.
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> print(render_table(simulate(t, Config(rate=1, capacity=2))).splitlines()[0])
+    three at once: 3 requests from 2 client keys over 1 s
+    """
     tr = sim.traffic
     keys = len(set(tr.keys))
     out = [
@@ -603,7 +673,13 @@ def _grid(rows: Iterable[Sequence[str]]) -> list[str]:
 
 
 def to_json(sim: Simulation) -> dict[str, object]:
-    """The ``--json`` document: exact counts and ns for every strategy."""
+    """The ``--json`` document: exact counts and ns for every strategy.
+
+    >>> t = Traffic([0, 0, 0], ["a", "a", "b"], [1, 1, 1], 1_000_000_000, "three at once")
+    >>> doc = to_json(simulate(t, Config(rate=1, capacity=2)))
+    >>> doc["traffic"]["requests"], [s["admitted"] for s in doc["strategies"]]
+    (3, [1, 3, 3, 2, 2])
+    """
     return {
         "traffic": {
             "description": sim.traffic.description,

@@ -60,7 +60,15 @@ AsyncSleep = Callable[[float], Awaitable[object]]
 
 
 def check_timeout(timeout: object) -> float | None:
-    """Return *timeout* (seconds, >= 0, or None for no limit), or raise."""
+    """Return *timeout* (seconds, >= 0, or None for no limit), or raise.
+
+    >>> check_timeout(1), check_timeout(None)
+    (1.0, None)
+    >>> check_timeout(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be >= 0 seconds, got -1
+    """
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -89,7 +97,12 @@ def _max_wait_ns(timeout: object) -> int:
 
 
 def is_keyed(limiter: object) -> bool:
-    """True if *limiter*'s verbs take a key first (``allow(key, cost=1)``)."""
+    """True if *limiter*'s verbs take a key first (``allow(key, cost=1)``).
+
+    >>> import nanobucket as nb
+    >>> is_keyed(nb.TokenBucket(rate=1, capacity=1)), is_keyed(nb.KeyedTokenBucket(1, 1))
+    (False, True)
+    """
     keyed = getattr(limiter, "keyed", None)
     if isinstance(keyed, bool):
         return keyed
@@ -206,7 +219,13 @@ async def _wait_async(
 
 
 def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
-    """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``)."""
+    """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``).
+
+    >>> from nanobucket import TokenBucket
+    >>> b = TokenBucket(rate=1, capacity=1)
+    >>> b.allow(), acquire_slow(b, (), 1, timeout=0.5)   # would wait ~1 s: refused at once
+    (True, False)
+    """
     max_wait = _max_wait_ns(timeout)
     if not _enter_default(limiter):
         return False
@@ -219,7 +238,13 @@ def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: fl
 async def acquire_async(
     limiter: Any, key: tuple[Hashable, ...], cost: object, timeout: object
 ) -> bool:
-    """The core classes' ``acquire_async``: reserve, then sleep in asyncio."""
+    """The core classes' ``acquire_async``: reserve, then sleep in asyncio.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> t = KeyedTokenBucket(rate=1, capacity=1)
+    >>> [asyncio.run(acquire_async(t, ("alice",), 1, 0.5)) for _ in range(2)]
+    [True, False]
+    """
     max_wait = _max_wait_ns(timeout)
     if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
         return True
@@ -241,9 +266,11 @@ class Waiting:
     *sleep* / *async_sleep* replace ``time.sleep`` / ``asyncio.sleep`` (tests,
     simulations). Every other attribute is the wrapped limiter's.
 
-    >>> w = Waiting(TokenBucket(rate=10, capacity=1), shape=True)  # doctest: +SKIP
-    >>> w.acquire(timeout=1.0)                                       # doctest: +SKIP
-    True
+    >>> from nanobucket import TokenBucket
+    >>> slept = []   # sleep= records each wait instead; the clock stands still at 0
+    >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), sleep=slept.append)
+    >>> w.acquire(), w.acquire(timeout=1.0), slept
+    (True, True, [0.1])
     """
 
     def __init__(
@@ -274,12 +301,25 @@ class Waiting:
 
     @property
     def max_waiters(self) -> int:
-        """The most callers that may wait at once."""
+        """The most callers that may wait at once.
+
+        >>> from nanobucket import TokenBucket
+        >>> Waiting(TokenBucket(rate=1, capacity=1), max_waiters=8).max_waiters
+        8
+        """
         return self._gate.limit
 
     @property
     def waiters(self) -> int:
-        """Callers waiting now."""
+        """Callers waiting now.
+
+        >>> from nanobucket import TokenBucket
+        >>> bucket = TokenBucket(rate=10, capacity=1, clock=lambda: 0)
+        >>> w = Waiting(bucket, sleep=lambda seconds: print("waiting:", w.waiters))
+        >>> w.acquire(), w.acquire(), w.waiters
+        waiting: 1
+        (True, True, 0)
+        """
         return self._gate.count
 
     def _split(self, args: tuple[Any, ...], cost: object) -> tuple[tuple[Hashable, ...], object]:
@@ -300,6 +340,11 @@ class Waiting:
 
         False at once when the wait would exceed *timeout* seconds or
         *max_waiters* callers are already waiting; nothing is then reserved.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> w = Waiting(KeyedTokenBucket(rate=1, capacity=1))
+        >>> w.acquire("alice"), w.acquire("alice", timeout=0), w.acquire("bob")
+        (True, False, True)
         """
         key, c = self._split(args, cost)
         max_wait = _max_wait_ns(timeout)
@@ -314,7 +359,15 @@ class Waiting:
             self._gate.leave()
 
     async def acquire_async(self, *args: Any, cost: int = 1, timeout: float | None = None) -> bool:
-        """`acquire` for asyncio; a cancelled waiter gives its tokens back."""
+        """`acquire` for asyncio; a cancelled waiter gives its tokens back.
+
+        >>> from nanobucket import TokenBucket
+        >>> async def nap(seconds): print("asyncio.sleep", seconds)
+        >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), async_sleep=nap)
+        >>> asyncio.run(w.acquire_async()), asyncio.run(w.acquire_async())
+        asyncio.sleep 0.1
+        (True, True)
+        """
         key, c = self._split(args, cost)
         max_wait = _max_wait_ns(timeout)
         limiter = self.limiter

@@ -45,6 +45,18 @@ class RateLimitMiddleware:
     callables (``key``, ``cost``) taking the WSGI ``environ``. The limiter
     must be synchronous. The decision is left in
     ``environ["nanobucket.decision"]``; counting is thread-safe.
+
+    >>> import nanobucket as nb
+    >>> def hello(environ, start_response):
+    ...     start_response("200 OK", [("Content-Type", "text/plain")])
+    ...     return [b"hello"]
+    >>> app = RateLimitMiddleware(hello, nb.KeyedTokenBucket(rate=1, capacity=1))
+    >>> def start_response(status, headers):
+    ...     print(status, dict(headers).get("retry-after"))
+    >>> environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "REMOTE_ADDR": "1.2.3.4"}
+    >>> body = app(environ, start_response); body = app(environ, start_response)
+    200 OK None
+    429 Too Many Requests 1
     """
 
     def __init__(
