@@ -192,6 +192,31 @@ def test_allow_many_takes_a_buffer_of_uint64(impl: ModuleType) -> None:
     assert sys.getrefcount(int) == refs
 
 
+def test_a_uint64_batch_finds_only_equal_keys_whatever_their_hash(impl: ModuleType) -> None:
+    # The Cython table matches a uint64 without reading the stored key (by
+    # hash and a tag, see `int_tag`): keys of other types or out-of-range
+    # ints that share a hash with the batch's ints must stay apart, and
+    # equal keys of other types must still be found.
+    from array import array
+
+    class Hashed:  # equal only to itself, with a chosen hash
+        def __init__(self, h: int) -> None:
+            self.h = h
+
+        def __hash__(self) -> int:
+            return self.h
+
+    m = 2**61 - 1  # CPython: hash(n) == n % m for n >= 0
+    t = impl.KeyedTokenBucket(rate=1, capacity=1)
+    taken = [Hashed(7), Hashed(8), 2**64 + 7, m + 7, -(m - 7), True]
+    for key in taken:
+        assert t.allow_at(key, 0)
+    assert [hash(k) for k in taken] == [7, 8, (2**64 + 7) % m, 7, -(m - 7), 1]
+    # 7 and 8 share hashes with taken keys yet are new; 1 == True is not.
+    assert list(t.allow_many_at(array("Q", [7, 8, (2**64 + 7) % m, 1, 7]), 0)) == [1, 1, 1, 0, 0]
+    assert [t.tokens_at(k, 0) for k in (2**64 + 7, m + 7, Hashed(7))] == [0.0, 0.0, 1.0]
+
+
 def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleType) -> None:
     # The batch charges with the GIL released while other threads insert
     # keys, force sweeps of the table and spend on the same keys: at a frozen

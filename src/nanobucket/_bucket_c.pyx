@@ -16,14 +16,13 @@ from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.long cimport (
     PyLong_AsLongLongAndOverflow,
     PyLong_CheckExact,
-    PyLong_AsUnsignedLongLong,
     PyLong_FromUnsignedLongLong,
 )
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.sequence cimport PySequence_Fast
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
 from fractions import Fraction
@@ -46,6 +45,9 @@ cdef extern from "Python.h":
     PyObject** PySequence_Fast_ITEMS(object o)
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
+    const Py_ssize_t PY_SSIZE_T_MAX
+    # Declared here without Cython's exception check: the caller checks.
+    unsigned long long as_uint64 "PyLong_AsUnsignedLongLong"(object o) noexcept
 
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
@@ -382,9 +384,48 @@ cdef class TokenBucket(_Limits):
 
 
 ctypedef struct Slot:
-    int64_t tat         # the bucket's word; changed only by CAS
+    int64_t tat         # the bucket's word (see `take`)
     Py_hash_t hash
     PyObject *key       # a strong reference (NULL only in the stand-ins below)
+    uint64_t ival       # see `int_tag`: lets a uint64 batch match int keys without reading them
+
+
+cdef inline uint64_t int_tag(object key, Py_hash_t h):
+    """`Slot.ival`: the key's value if it is an int in [0, 2**64), else hash + 1.
+
+    A uint64 batch matches a slot when ``hash == v % (2**61 - 1)`` (CPython's
+    int hash) and ``ival == v``. For an int in range that is equality; for
+    any other key it never holds, since ``hash + 1`` and ``hash`` differ
+    modulo 2**61 - 1, so the batch compares without reading the key object
+    (a cache miss per key in a large table).
+    """
+    cdef unsigned long long value
+    if PyLong_CheckExact(key):
+        value = as_uint64(key)
+        if not (value == <unsigned long long>-1 and PyErr_Occurred()):
+            return value
+        PyErr_Clear()  # negative or past 2**64: tagged as any other key
+    return <uint64_t>h + 1
+
+
+cdef Slot *slots_alloc(Py_ssize_t n) noexcept:
+    """*n* zeroed slots on a 64-byte boundary (no slot straddles two cache
+    lines), or NULL; the block's own address is kept just before them."""
+    cdef char *raw
+    cdef char *aligned
+    if n > (PY_SSIZE_T_MAX - 72) // <Py_ssize_t>sizeof(Slot):
+        return NULL
+    raw = <char *>PyMem_RawCalloc(n * sizeof(Slot) + 72, 1)
+    if raw == NULL:
+        return NULL
+    aligned = <char *>((<uintptr_t>raw + sizeof(void *) + 63) & ~(<uintptr_t>63))
+    (<void **>aligned)[-1] = raw
+    return <Slot *>aligned
+
+
+cdef void slots_free(Slot *slots) noexcept:
+    if slots != NULL:
+        PyMem_RawFree((<void **>slots)[-1])
 
 
 cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
@@ -447,7 +488,7 @@ cdef class KeyedTokenBucket(_Limits):
     # A compact hash table, as CPython's dict: `slots` holds the entries in
     # the order they came, `index` maps a hash position to an entry (-1:
     # empty). Keys met in the order they came hit neighbouring memory, and
-    # the table costs 24 bytes an entry plus 4 per position.
+    # the table costs 32 bytes an entry plus 4 per position.
     cdef Slot *slots            # `room` entries, the first `used` hold keys
     cdef int32_t *index         # `mask + 1` positions, linear probing
     cdef Py_ssize_t mask        # positions - 1 (a power of two)
@@ -484,7 +525,7 @@ cdef class KeyedTokenBucket(_Limits):
         if self.slots != NULL:
             for i in range(self.used):
                 Py_DECREF(<object>self.slots[i].key)
-        PyMem_RawFree(self.slots)
+        slots_free(self.slots)
         PyMem_RawFree(self.index)
 
     cdef inline Py_ssize_t _room_of(self, Py_ssize_t n) noexcept:
@@ -492,10 +533,10 @@ cdef class KeyedTokenBucket(_Limits):
 
     cdef int _alloc(self, Py_ssize_t n, Slot **slots, int32_t **index) except -1:
         """Entries and an empty index for *n* positions (all or nothing)."""
-        slots[0] = <Slot *>PyMem_RawCalloc(self._room_of(n), sizeof(Slot))
+        slots[0] = slots_alloc(self._room_of(n))
         index[0] = <int32_t *>PyMem_RawMalloc(n * sizeof(int32_t))
         if slots[0] == NULL or index[0] == NULL:
-            PyMem_RawFree(slots[0])
+            slots_free(slots[0])
             PyMem_RawFree(index[0])
             raise MemoryError()
         memset(index[0], 0xFF, n * sizeof(int32_t))  # -1: empty
@@ -533,6 +574,7 @@ cdef class KeyedTokenBucket(_Limits):
                     Py_INCREF(key)
                     s.key = <PyObject *>key
                     s.hash = h
+                    s.ival = int_tag(key, h)
                     s.tat = self.floor
                     self.index[i] = <int32_t>self.used
                     self.used += 1
@@ -650,7 +692,7 @@ cdef class KeyedTokenBucket(_Limits):
         for i in range(n):
             if old[i].key != NULL:
                 Py_DECREF(<object>old[i].key)
-        PyMem_RawFree(old)
+        slots_free(old)
         PyMem_RawFree(old_index)
         return 0
 
@@ -836,20 +878,17 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Py_ssize_t i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
         cdef int32_t ix
         cdef Slot *s = NULL
-        cdef unsigned long long stored
         while True:
             ix = self.index[i]
             if ix < 0:
                 break
             s = &self.slots[ix]
             if s.hash == h:
+                if s.ival == value:
+                    return s  # this very int (see `int_tag`); the object is not read
                 if not PyLong_CheckExact(<object>s.key):
-                    break  # an equal key of another type (1.0 == 1): the general path
-                stored = PyLong_AsUnsignedLongLong(<object>s.key)
-                if stored == <unsigned long long>-1 and PyErr_Occurred():
-                    PyErr_Clear()  # out of uint64 range: not this key
-                elif stored == value:
-                    return s
+                    break  # maybe an equal key of another type (1.0 == 1): the general path
+                # another int with the same hash: not this key
             i = (i + 1) & self.mask
         if ix < 0 and (self.floor if self.floor > now else now) - now > slack:
             return &REJECTING
