@@ -55,6 +55,7 @@ for _ in range(passes):
 # name -> (template, expression for f, what it is)
 CASES: dict[str, tuple[str, str, str]] = {
     "floor_allow": (SINGLE, "Floor().allow", "floor: no-op Floor.allow()"),
+    "floor_clock": (SINGLE, "Floor().allow_clock", "Floor.allow_clock(): the call + a clock read"),
     "c_allow": (SINGLE, "_bucket_c.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (c)"),
     "py_allow": (SINGLE, "_bucket_py.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (py)"),
     "seed_allow": (SINGLE, "MonotonicSeedBucket(10**9, 10**6).allow", "seed allow()"),
@@ -72,6 +73,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     ),
 }
 FLOOR_OF = {
+    "floor_clock": "floor_allow",
     "c_allow": "floor_allow",
     "py_allow": "floor_allow",
     "seed_allow": "floor_allow",

@@ -142,8 +142,9 @@ def bound(t: SharedKeyedTokenBucket, t0: int, t1: int) -> int:
 def test_four_processes_share_one_limit_on_the_real_clock(tmp_path: Path) -> None:
     # Demand (millions/s) far above the rate: the table decides alone. A
     # process descheduled for a moment loses nothing, since tokens wait in
-    # the bucket (up to 0.2 s of them), so the lower bound is not a timing bet.
-    with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000, capacity=1000) as t:
+    # the bucket (up to 1 s of them: on 2 busy cores all four processes can
+    # stall together for over 0.2 s), so the lower bound is not a timing bet.
+    with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000, capacity=5000) as t:
         start = time.monotonic_ns() + 300_000_000
         end = start + 2 * S
         results = run_children(4, lambda i: hammer(t, start, end, None, i))
@@ -163,7 +164,8 @@ def test_a_worker_killed_mid_run_leaves_the_table_working(tmp_path: Path) -> Non
     counters = mmap.mmap(-1, 8 * 4)
     counter = memoryview(counters).cast("q")
     try:
-        with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000, capacity=1000) as t:
+        # Capacity: 1 s of tokens, as above.
+        with SharedKeyedTokenBucket.create(path=tmp_path / "t", rate=5000, capacity=5000) as t:
             start = time.monotonic_ns() + 300_000_000
             end = start + 1_500_000_000
             victim_r, victim_w = os.pipe()
