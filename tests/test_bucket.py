@@ -81,6 +81,43 @@ def test_decision_of_a_rejected_request(impl: ModuleType) -> None:
     assert bool(d) is False
 
 
+def test_a_decision_built_from_its_five_fields(impl: ModuleType) -> None:
+    d = impl.Decision(False, 0, 5, 2, 200)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
+        False,
+        0,
+        5,
+        2,
+        200,
+    )
+    assert (d.retry_after, d.reset_after, bool(d)) == (5e-9, 2e-9, False)
+    assert repr(d) == (
+        "Decision(allowed=False, remaining=0, retry_after_ns=5, reset_after_ns=2, limit=200)"
+    )
+    same = impl.Decision(allowed=False, remaining=0, retry_after_ns=5, reset_after_ns=2, limit=200)
+    assert d == same and hash(d) == hash(same)
+    assert d != impl.Decision(False, 0, 5, 2, 199)
+    # Equal to the limiter's own decision with the same fields.
+    made = impl.TokenBucket(rate=100, capacity=200).check_at(0)
+    assert impl.Decision(True, 199, 0, 10_000_000, 200) == made
+    # The fields are a truth value and int64s in both twins: no silent truncation.
+    assert impl.Decision([], True, 2, 3, 4) == impl.Decision(False, 1, 2, 3, 4)
+    assert impl.Decision(1, 0, 0, 0, 0).allowed is True
+    with pytest.raises(TypeError):
+        impl.Decision(True, 0.5, 0, 0, 1)
+    with pytest.raises(OverflowError):
+        impl.Decision(True, 0, 2**63, 0, 1)
+    assert impl.Decision(True, 0, 2**63 - 1, -(2**63), 1).reset_after_ns == -(2**63)
+    for args, kwargs in [
+        ((), {}),
+        ((False, 0, 5, 2), {}),
+        ((False, 0, 5, 2, 200, 1), {}),
+        ((False, 0, 5, 2, 200), {"source": "redis"}),
+    ]:
+        with pytest.raises(TypeError, match="argument"):
+            impl.Decision(*args, **kwargs)
+
+
 def test_retry_after_is_exact_to_the_nanosecond(impl: ModuleType) -> None:
     b = impl.TokenBucket(rate=3, capacity=4)  # 333_333_334 ns per token
     assert b.allow_at(S, cost=4)

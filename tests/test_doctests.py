@@ -1,8 +1,8 @@
 """The examples in the docstrings run as written (DESIGN: a two-line example per public name).
 
 Every public name (a module's ``__all__``) and every public method of a
-public class has an example that runs, and the README's API reference names
-every public name.
+public class has an example that runs (in the core, both implementations,
+every attribute too), and the README's API reference names every public name.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import importlib
 import inspect
 import re
 from pathlib import Path
-from types import ModuleType
+from types import MemberDescriptorType, ModuleType
 
 import pytest
 
 MODULES = [
     "nanobucket",
-    "nanobucket._bucket_py",
     "nanobucket.reference",
     "nanobucket.decorator",
     "nanobucket.layered",
@@ -32,8 +31,8 @@ MODULES = [
 ]
 
 # The public modules whose names (and the methods of their classes) must
-# carry an example; names defined by the extensions are checked where they
-# are defined (`_bucket_c`, `_shared_c`), so only their class docstrings here.
+# carry an example; the core's classes are checked in the modules that define
+# them (CORE), for both implementations, so only their class docstrings here.
 PUBLIC = [
     "nanobucket",
     "nanobucket.layered",
@@ -48,6 +47,13 @@ PUBLIC = [
     "nanobucket.simulate",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
+# The modules whose examples `_examples_of` collects (doctest.testmod misses some).
+COLLECTED = [
+    pytest.param("nanobucket._bucket_py", id="_bucket_py"),
+    pytest.param("nanobucket._bucket_c", marks=pytest.mark.c_extension, id="_bucket_c"),
+    pytest.param("nanobucket._shared_c", marks=pytest.mark.c_extension, id="_shared_c"),
+    pytest.param("nanobucket._floor", marks=pytest.mark.c_extension, id="_floor"),
+]
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -63,12 +69,72 @@ def test_docstring_examples(name: str) -> None:
     assert result.failed == 0
 
 
-@pytest.mark.c_extension
-@pytest.mark.parametrize("name", ["nanobucket._bucket_c", "nanobucket._floor"])
-def test_docstring_examples_of_the_extensions(name: str) -> None:
+def _examples_of(module: ModuleType) -> list[doctest.DocTest]:
+    """The docstring examples of *module*, read from its classes' ``__dict__``.
+
+    Not doctest.testmod: it skips the docstring of a slot (the pure-Python
+    Decision's fields) and, on the extensions, of every attribute and
+    property of a cdef class (getset descriptors, not `property`); and
+    Cython's ``__test__`` dict (autotestdict) repeats the methods' examples
+    it finds. So: the module's docstring, then each function and class it
+    defines, then every member of each class, each example once.
+    """
+    parser = doctest.DocTestParser()
+    tests: list[doctest.DocTest] = []
+
+    def add(name: str, doc: object) -> None:
+        if isinstance(doc, str) and parser.get_examples(doc):
+            path = getattr(module, "__file__", None)
+            tests.append(parser.get_doctest(doc, dict(vars(module)), name, path, None))
+
+    add(module.__name__, module.__doc__)
+    for name, obj in vars(module).items():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        add(f"{module.__name__}.{name}", obj.__doc__)
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if _is_member(member):
+                    add(f"{module.__name__}.{name}.{attr}", _own_doc(member))
+    return tests
+
+
+def _run(tests: list[doctest.DocTest]) -> doctest.TestResults:
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in tests:
+        runner.run(test)
+    return runner.summarize(verbose=False)
+
+
+def _own_doc(member: object) -> str | None:
+    """*member*'s docstring, not one inherited (as inspect.getdoc would find)."""
+    member = _unwrap(member)
+    if isinstance(member, MemberDescriptorType):
+        return inspect.getdoc(member)  # a slot's: the value in a __slots__ dict
+    doc = getattr(member, "__doc__", None)
+    return doc if isinstance(doc, str) else None
+
+
+def _unwrap(member: object) -> object:
+    if isinstance(member, (staticmethod, classmethod)):
+        return member.__func__  # the function carries the docstring
+    return member
+
+
+def _is_member(member: object) -> bool:
+    """A method, property or attribute (a slot, a cdef attribute) of a class."""
+    member = _unwrap(member)
+    return inspect.isroutine(member) or inspect.isdatadescriptor(member)
+
+
+@pytest.mark.parametrize("name", COLLECTED)
+def test_docstring_examples_of_the_core_and_the_extensions(name: str) -> None:
     module = pytest.importorskip(name)
-    result = _doctest(module)
-    assert (result.attempted > 0, result.failed) == (True, 0)
+    tests = _examples_of(module)
+    result = _run(tests)
+    assert (result.attempted, result.failed) == (sum(len(t.examples) for t in tests), 0)
+    if name in CORE:  # every member's example was attempted, not just found
+        assert {n for n, _ in _core_members(module)} <= {t.name for t in tests}
 
 
 @pytest.mark.c_extension
@@ -93,7 +159,7 @@ def _public_names(module: ModuleType) -> list[str]:
 
 
 def _runs_an_example(obj: object) -> bool:
-    doc = inspect.getdoc(obj) or ""
+    doc = _own_doc(obj) or ""
     examples = doctest.DocTestParser().get_examples(doc)
     return any(not e.options.get(doctest.SKIP, False) for e in examples)
 
@@ -102,7 +168,8 @@ def _members(cls: type) -> list[tuple[str, object]]:
     """Public methods and properties of *cls*, and of its private bases in the package.
 
     (The Redis limiters share a private base; a public base is checked under
-    its own name, and the extensions' classes where they are defined.)
+    its own name, and the core's classes where they are defined: see
+    `_core_members`.)
     """
     found: list[tuple[str, object]] = []
     for base in cls.__mro__:
@@ -137,6 +204,48 @@ def _documented_objects() -> list[tuple[str, object]]:
 def test_every_public_name_has_an_example() -> None:
     missing = sorted({name for name, obj in _documented_objects() if not _runs_an_example(obj)})
     assert missing == []
+
+
+def _core_members(module: ModuleType) -> list[tuple[str, object]]:
+    """The public classes *module* defines and their public methods, properties and attributes.
+
+    Named where defined: a member of a private base (``_Limits``) once, under
+    the base. Attributes too (the Decision fields, ``capacity``): in the
+    extension they are indistinguishable from properties, so both
+    implementations document them alike.
+    """
+    found: list[tuple[str, object]] = []
+    for name, cls in vars(module).items():
+        if not inspect.isclass(cls) or cls.__module__ != module.__name__ or name.startswith("_"):
+            continue
+        found.append((f"{module.__name__}.{name}", cls))
+        for base in cls.__mro__:
+            if base is not cls and (base.__module__ != module.__name__ or base.__name__[0] != "_"):
+                continue
+            for attr, member in vars(base).items():
+                if not attr.startswith("_") and _is_member(member):
+                    found.append((f"{module.__name__}.{base.__name__}.{attr}", _unwrap(member)))
+    return found
+
+
+@pytest.mark.parametrize("name", [p for p in COLLECTED if p.values[0] in CORE])
+def test_every_member_of_the_core_has_an_example(name: str) -> None:
+    """The core's classes, both implementations: every public method, property and attribute."""
+    module = pytest.importorskip(name)
+    missing = sorted({n for n, obj in _core_members(module) if not _runs_an_example(obj)})
+    assert missing == []
+
+
+@pytest.mark.c_extension
+def test_the_twins_have_the_same_members() -> None:
+    """So the check above holds the Cython core to what it holds the pure-Python one."""
+    module = pytest.importorskip("nanobucket._bucket_c")
+
+    def names(module: ModuleType) -> set[str]:
+        return {n.removeprefix(module.__name__) for n, _ in _core_members(module)}
+
+    assert names(module) == names(importlib.import_module("nanobucket._bucket_py"))
+    assert ".Decision.allowed" in names(module)
 
 
 def _api_reference() -> str:

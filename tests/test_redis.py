@@ -111,6 +111,15 @@ def test_decision_fields_and_source(client: Any) -> None:
     assert isinstance(d, (nb.Decision, nbr.RedisDecision))
 
 
+def test_redis_decision_repr_names_its_class() -> None:
+    # No server needed: built from its fields, as the limiters build it.
+    d = nbr.RedisDecision(False, 0, 5, 2, 200, source="lease")
+    assert repr(d) == (
+        "RedisDecision(allowed=False, remaining=0, retry_after_ns=5, reset_after_ns=2, "
+        "limit=200, source='lease')"
+    )
+
+
 def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:
     limiter = nbr.RedisTokenBucket(client, rate=3, capacity=1, prefix=_fresh("units"))
     assert limiter.interval_ns == 333_334_000  # ceil(1e6 / 3) us

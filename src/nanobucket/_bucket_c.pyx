@@ -19,6 +19,7 @@ from cpython.long cimport (
     PyLong_FromUnsignedLongLong,
 )
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
+from cpython.number cimport PyNumber_Index
 from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.sequence cimport PySequence_Fast
@@ -66,23 +67,75 @@ cdef class Decision:
     >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
     >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
     (True, 199, 0, 10000000, 200)
+
+    Built from the five fields in that order (an adapter, a test), it equals
+    any decision with the same fields:
+
+    >>> d == Decision(True, 199, 0, 10_000_000, 200)
+    True
     """
 
     cdef readonly bint allowed
+    """True if the request was admitted (for ``peek``: would be).
+
+    >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
+    True
+    """
     cdef readonly int64_t remaining
+    """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
+
+    >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
+    3
+    """
     cdef readonly int64_t retry_after_ns
+    """Nanoseconds until the same request would be admitted (0 if it was).
+
+    >>> b = TokenBucket(rate=2, capacity=1)
+    >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
+    (0, 500000000)
+    """
     cdef readonly int64_t reset_after_ns
+    """Nanoseconds until the bucket is full again.
+
+    >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
+    1500000000
+    """
     cdef readonly int64_t limit
+    """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+
+    >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
+    5
+    """
 
     @property
     def retry_after(self):
-        """Seconds until the same request would be admitted (0.0 if it was)."""
+        """Seconds until the same request would be admitted (0.0 if it was).
+
+        >>> b = TokenBucket(rate=4, capacity=1)
+        >>> b.check_at(0).retry_after, b.check_at(0).retry_after
+        (0.0, 0.25)
+        """
         return self.retry_after_ns / 1e9
 
     @property
     def reset_after(self):
-        """Seconds until the bucket is full again."""
+        """Seconds until the bucket is full again.
+
+        >>> TokenBucket(rate=4, capacity=2).check_at(0).reset_after
+        0.25
+        """
         return self.reset_after_ns / 1e9
+
+    def __init__(self, allowed, remaining, retry_after_ns, reset_after_ns, limit):
+        # For callers (the twin's signature). The limiters never call it: they
+        # make a Decision with __new__ and set its fields, which costs less.
+        # The fields are C ints, which Cython would fill from a float by
+        # truncating it: ints only (TypeError otherwise), as __index__ says.
+        self.allowed = allowed
+        self.remaining = PyNumber_Index(remaining)
+        self.retry_after_ns = PyNumber_Index(retry_after_ns)
+        self.reset_after_ns = PyNumber_Index(reset_after_ns)
+        self.limit = PyNumber_Index(limit)
 
     def __bool__(self):
         return self.allowed
@@ -100,7 +153,7 @@ cdef class Decision:
         return hash(self._fields())
 
     def __repr__(self):
-        return (f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
+        return (f"{type(self).__name__}(allowed={self.allowed}, remaining={self.remaining}, "
                 f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
                 f"limit={self.limit})")
 
@@ -171,7 +224,17 @@ cdef class _Limits:
     # object. The property reads it under the same critical section.
     cdef object _rate
     cdef readonly int64_t capacity
+    """The most tokens the bucket holds: the largest burst.
+
+    >>> TokenBucket(rate=100, capacity=200).capacity
+    200
+    """
     cdef readonly int64_t interval_ns
+    """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``).
+
+    >>> TokenBucket(rate=3, capacity=1).interval_ns
+    333333334
+    """
     cdef int64_t tau
     cdef object clock
 
@@ -187,7 +250,11 @@ cdef class _Limits:
 
     @property
     def rate(self):
-        """Tokens per second: the int or Fraction given, else the float's exact value."""
+        """Tokens per second: the int or Fraction given, else the float's exact value.
+
+        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=2.5, capacity=1).rate
+        (100, Fraction(5, 2))
+        """
         with cython.critical_section(self):
             return self._rate
 
@@ -260,7 +327,12 @@ cdef class TokenBucket(_Limits):
         _Limits.__init__(self, rate, capacity, clock)
 
     def allow(self, cost=1):
-        """Spend *cost* tokens now if the bucket holds them; True if admitted."""
+        """Spend *cost* tokens now if the bucket holds them; True if admitted.
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.allow(), b.allow(), b.allow()
+        (True, True, False)
+        """
         cdef int64_t c = self._cost(cost)
         cdef int64_t now = self._now()
         cdef int64_t tat, base
@@ -268,7 +340,12 @@ cdef class TokenBucket(_Limits):
                         &tat, &base)
 
     def allow_at(self, now, cost=1):
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
+        (True, False, True)
+        """
         cdef int64_t t = as_now(now)
         cdef int64_t c = self._cost(cost)
         cdef int64_t tat, base
@@ -276,22 +353,44 @@ cdef class TokenBucket(_Limits):
                         &tat, &base)
 
     def check(self, cost=1):
-        """Like `allow`, but return the whole `Decision`."""
+        """Like `allow`, but return the whole `Decision`.
+
+        >>> TokenBucket(rate=1, capacity=2, clock=lambda: 0).check(cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        """
         cdef int64_t c = self._cost(cost)
         return self._check(self._now(), c, True)
 
     def check_at(self, now, cost=1):
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.check_at(0, cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        >>> d = b.check_at(500_000_000)   # half a token back: half a second more to wait
+        >>> d.allowed, d.remaining, d.retry_after, d.reset_after
+        (False, 0, 0.5, 1.5)
+        """
         cdef int64_t t = as_now(now)
         return self._check(t, self._cost(cost), True)
 
     def peek(self, cost=1):
-        """The `Decision` `check` would return now, without spending anything."""
+        """The `Decision` `check` would return now, without spending anything.
+
+        >>> b = TokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> b.peek().allowed, b.peek().allowed, b.tokens()
+        (True, True, 1.0)
+        """
         cdef int64_t c = self._cost(cost)
         return self._check(self._now(), c, False)
 
     def peek_at(self, now, cost=1):
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=3)
+        >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
+        (1, 3.0)
+        """
         cdef int64_t t = as_now(now)
         return self._check(t, self._cost(cost), False)
 
@@ -310,23 +409,47 @@ cdef class TokenBucket(_Limits):
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self):
-        """Tokens in the bucket now."""
+        """Tokens in the bucket now.
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.tokens(), b.allow(), b.tokens()
+        (2.0, True, 1.0)
+        """
         return self._tokens(nb_load(&self.tat), self._now())
 
     def tokens_at(self, now):
-        """Tokens in the bucket at *now* (int ns)."""
+        """Tokens in the bucket at *now* (int ns).
+
+        >>> b = TokenBucket(rate=4, capacity=2)
+        >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
+        (True, 0.0, 0.5)
+        """
         return self._tokens(nb_load(&self.tat), as_now(now))
 
     def __repr__(self):
         return f"TokenBucket(rate={self.rate!r}, capacity={self.capacity})"
 
     def refund(self, cost=1):
-        """Give back *cost* tokens for work that did not happen (never above capacity)."""
+        """Give back *cost* tokens for work that did not happen (never above capacity).
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.allow(cost=2)   # then the work fails before it starts
+        True
+        >>> b.refund(cost=2); b.tokens()
+        2.0
+        """
         cdef int64_t c = self._cost(cost)
         give_back(&self.tat, self._now(), c * self.interval_ns)
 
     def refund_at(self, now, cost=1):
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.allow_at(0, cost=2)
+        True
+        >>> b.refund_at(0); b.tokens_at(0)
+        1.0
+        """
         cdef int64_t t = as_now(now)
         give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
 
@@ -347,6 +470,13 @@ cdef class TokenBucket(_Limits):
         lock-free verbs read the rate and capacity without a lock: a request
         decided at the very moment of a reconfigure may be decided with the
         old parameters, or (once) with the old rate and the new capacity.
+
+        >>> b = TokenBucket(rate=1, capacity=4)
+        >>> b.allow_at(0, cost=3)
+        True
+        >>> b.reconfigure(rate=10, capacity=2, now=0)   # the 1 token left stays
+        >>> b.rate, b.capacity, b.tokens_at(0), b.tokens_at(100_000_000)
+        (10, 2, 1.0, 2.0)
         """
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
@@ -367,6 +497,10 @@ cdef class TokenBucket(_Limits):
 
         Waiters are served first in, first out; False at once when the wait
         would exceed *timeout* or too many waiters are queued (see ``waiting``).
+
+        >>> b = TokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> b.acquire(), b.acquire(timeout=0), b.acquire(timeout=1.0)   # the last sleeps 1 ms
+        (True, False, True)
         """
         cdef int64_t c = self._cost(cost)
         cdef int64_t now, tat, base
@@ -379,7 +513,13 @@ cdef class TokenBucket(_Limits):
         return waiting_module().acquire_slow(self, (), c, timeout)
 
     def acquire_async(self, cost=1, timeout=None):
-        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing."""
+        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing.
+
+        >>> import asyncio
+        >>> b = TokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> asyncio.run(b.acquire_async()), asyncio.run(b.acquire_async(timeout=0))
+        (True, False)
+        """
         return waiting_module().acquire_async(self, (), cost, timeout)
 
 
@@ -496,6 +636,11 @@ cdef class KeyedTokenBucket(_Limits):
     cdef Py_ssize_t room        # `used` may grow to this before a sweep
     cdef Py_ssize_t max_slots
     cdef readonly Py_ssize_t max_keys
+    """The most buckets the table holds.
+
+    >>> KeyedTokenBucket(rate=1, capacity=2, max_keys=1000).max_keys
+    1000
+    """
     # The latest tat of a full bucket dropped so far: a missing key starts
     # from it, so an explicit time older than a dropped state cannot find a
     # fresh bucket (time going backwards never creates tokens).
@@ -706,12 +851,22 @@ cdef class KeyedTokenBucket(_Limits):
         return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base)
 
     def allow(self, key, cost=1):
-        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> t.allow("alice"), t.allow("alice"), t.allow("bob")
+        (True, False, True)
+        """
         cdef int64_t c = self._cost(cost)
         return self._allow(key, self._now(), c)
 
     def allow_at(self, key, now, cost=1):
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
+        (True, False, True)
+        """
         cdef int64_t t = as_now(now)
         return self._allow(key, t, self._cost(cost))
 
@@ -747,16 +902,23 @@ cdef class KeyedTokenBucket(_Limits):
         means those ints, and the Cython table decides it without building
         an int object per key and with the GIL released while it charges.
 
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> list(t.allow_many(["alice", "alice", "alice", "bob"]))
+        [1, 1, 0, 1]
         >>> from array import array
-        >>> t = KeyedTokenBucket(rate=1, capacity=2)
-        >>> list(t.allow_many_at(array("Q", [7, 7, 7, 8]), 0))
+        >>> list(t.allow_many(array("Q", [7, 7, 7, 8])))   # uint64: the buckets of ints 7, 8
         [1, 1, 0, 1]
         """
         cdef int64_t c = self._cost(cost)
         return self._allow_many(keys, self._now(), c)
 
     def allow_many_at(self, keys, now, cost=1):
-        """`allow_many` at an explicit time *now* (int ns)."""
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
+        [1, 1, 0]
+        """
         cdef int64_t t = as_now(now)
         return self._allow_many(keys, t, self._cost(cost))
 
@@ -897,22 +1059,44 @@ cdef class KeyedTokenBucket(_Limits):
         return self._find(PyLong_FromUnsignedLongLong(value), h, now, True)
 
     def check(self, key, cost=1):
-        """Like `allow`, but return the whole `Decision`."""
+        """Like `allow`, but return the whole `Decision`.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0).check("alice", cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        """
         cdef int64_t c = self._cost(cost)
         return self._check(key, self._now(), c, True)
 
     def check_at(self, key, now, cost=1):
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.check_at("alice", 0, cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        >>> d = t.check_at("alice", 500_000_000)   # half a token back: half a second to wait
+        >>> d.allowed, d.remaining, d.retry_after, d.reset_after
+        (False, 0, 0.5, 1.5)
+        """
         cdef int64_t t = as_now(now)
         return self._check(key, t, self._cost(cost), True)
 
     def peek(self, key, cost=1):
-        """The `Decision` `check` would return now, without spending anything."""
+        """The `Decision` `check` would return now, without spending anything.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> t.peek("alice").allowed, t.peek("alice").allowed, len(t)
+        (True, True, 0)
+        """
         cdef int64_t c = self._cost(cost)
         return self._check(key, self._now(), c, False)
 
     def peek_at(self, key, now, cost=1):
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=3)
+        >>> t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
+        (1, 3.0)
+        """
         cdef int64_t t = as_now(now)
         return self._check(key, t, self._cost(cost), False)
 
@@ -940,11 +1124,23 @@ cdef class KeyedTokenBucket(_Limits):
             return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self, key):
-        """Tokens in *key*'s bucket now."""
+        """Tokens in *key*'s bucket now.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice"), t.tokens("alice"), t.tokens("bob")
+        (True, 1.0, 2.0)
+        """
         return self._tokens_at(key, self._now())
 
     def tokens_at(self, key, now):
-        """Tokens in *key*'s bucket at *now* (int ns)."""
+        """Tokens in *key*'s bucket at *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=4, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2)
+        True
+        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 125_000_000), t.tokens_at("bob", 0)
+        (0.0, 0.5, 2.0)
+        """
         return self._tokens_at(key, as_now(now))
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
@@ -957,7 +1153,12 @@ cdef class KeyedTokenBucket(_Limits):
             return self._tokens(tat, now)
 
     def __len__(self):
-        """Keys whose buckets are not full (still owing tokens) now."""
+        """Keys whose buckets are not full (still owing tokens) now.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice"), t.allow("bob", cost=0), len(t)   # a cost-0 probe takes no place
+        (True, True, 1)
+        """
         cdef int64_t now = self._now()
         cdef Py_ssize_t i, count = 0
         with cython.critical_section(self):
@@ -975,12 +1176,28 @@ cdef class KeyedTokenBucket(_Limits):
                 f"max_keys={self.max_keys})")
 
     def refund(self, key, cost=1):
-        """Give back *cost* tokens to *key*'s bucket (never above capacity; a missing key gets nothing)."""
+        """Give back *cost* tokens to *key*'s bucket.
+
+        Never above capacity; a key not in the table gets nothing.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice", cost=2)   # then the work fails before it starts
+        True
+        >>> t.refund("alice", cost=2); t.tokens("alice")
+        2.0
+        """
         cdef int64_t c = self._cost(cost)
         self._refund(key, self._now(), c)
 
     def refund_at(self, key, now, cost=1):
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2)
+        True
+        >>> t.refund_at("alice", 0); t.tokens_at("alice", 0)
+        1.0
+        """
         cdef int64_t t = as_now(now)
         self._refund(key, t, self._cost(cost))
 
@@ -1016,6 +1233,13 @@ cdef class KeyedTokenBucket(_Limits):
         and refill the rest). Takes time in proportion to the table's size.
         It holds the table's critical section, as every keyed verb does, so
         it is atomic with respect to them on every build.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=4)
+        >>> t.allow_at("alice", 0, cost=3)
+        True
+        >>> t.reconfigure(rate=10, capacity=2, now=0)   # alice's 1 token stays; bob is full
+        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 100_000_000), t.tokens_at("bob", 0)
+        (1.0, 2.0, 2.0)
         """
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
@@ -1035,7 +1259,12 @@ cdef class KeyedTokenBucket(_Limits):
             self.tau = tau
 
     def acquire(self, key, cost=1, timeout=None):
-        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass."""
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass.
+
+        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
+        (True, False, True)
+        """
         cdef int64_t c = self._cost(cost)
         if timeout is not None:
             waiting_module().check_timeout(timeout)
@@ -1044,7 +1273,13 @@ cdef class KeyedTokenBucket(_Limits):
         return waiting_module().acquire_slow(self, (key,), c, timeout)
 
     def acquire_async(self, key, cost=1, timeout=None):
-        """`acquire` for asyncio: ``await t.acquire_async(key)``."""
+        """`acquire` for asyncio: ``await t.acquire_async(key)``.
+
+        >>> import asyncio
+        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
+        (True, False)
+        """
         return waiting_module().acquire_async(self, (key,), cost, timeout)
 
 

@@ -11,6 +11,7 @@ a rejected request writes nothing. See ``_params`` for the units and bounds.
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -40,15 +41,57 @@ def _slots_for(keys: int) -> int:
     return n
 
 
+def _int64(value: object) -> int:
+    """*value* as a Decision field: an int in the int64 range, as a C field holds."""
+    n = operator.index(value)  # type: ignore[arg-type]
+    if not -(2**63) <= n < 2**63:
+        raise OverflowError("Python int too large to convert to C long")
+    return n
+
+
 class Decision:
     """The outcome of ``check`` or ``peek``, with exact integer times.
 
     >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
     >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
     (True, 199, 0, 10000000, 200)
+
+    Built from the five fields in that order (an adapter, a test), it equals
+    any decision with the same fields:
+
+    >>> d == Decision(True, 199, 0, 10_000_000, 200)
+    True
     """
 
-    __slots__ = ("allowed", "limit", "remaining", "reset_after_ns", "retry_after_ns")
+    # A dict: each field's docstring (the Cython twin's fields carry the same).
+    __slots__ = {
+        "allowed": """True if the request was admitted (for ``peek``: would be).
+
+        >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
+        True
+        """,
+        "limit": """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+
+        >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
+        5
+        """,
+        "remaining": """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
+
+        >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
+        3
+        """,
+        "reset_after_ns": """Nanoseconds until the bucket is full again.
+
+        >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
+        1500000000
+        """,
+        "retry_after_ns": """Nanoseconds until the same request would be admitted (0 if it was).
+
+        >>> b = TokenBucket(rate=2, capacity=1)
+        >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
+        (0, 500000000)
+        """,
+    }
 
     allowed: bool
     remaining: int
@@ -59,20 +102,31 @@ class Decision:
     def __init__(
         self, allowed: bool, remaining: int, retry_after_ns: int, reset_after_ns: int, limit: int
     ) -> None:
-        self.allowed = allowed
-        self.remaining = remaining
-        self.retry_after_ns = retry_after_ns
-        self.reset_after_ns = reset_after_ns
-        self.limit = limit
+        # As the Cython twin's C fields: a truth value, and int64s (an int or
+        # an __index__; 0.5 is a TypeError, not a truncation).
+        self.allowed = bool(allowed)
+        self.remaining = _int64(remaining)
+        self.retry_after_ns = _int64(retry_after_ns)
+        self.reset_after_ns = _int64(reset_after_ns)
+        self.limit = _int64(limit)
 
     @property
     def retry_after(self) -> float:
-        """Seconds until the same request would be admitted (0.0 if it was)."""
+        """Seconds until the same request would be admitted (0.0 if it was).
+
+        >>> b = TokenBucket(rate=4, capacity=1)
+        >>> b.check_at(0).retry_after, b.check_at(0).retry_after
+        (0.0, 0.25)
+        """
         return self.retry_after_ns / NS_PER_S
 
     @property
     def reset_after(self) -> float:
-        """Seconds until the bucket is full again."""
+        """Seconds until the bucket is full again.
+
+        >>> TokenBucket(rate=4, capacity=2).check_at(0).reset_after
+        0.25
+        """
         return self.reset_after_ns / NS_PER_S
 
     def __bool__(self) -> bool:
@@ -87,8 +141,9 @@ class Decision:
         return hash(_fields(self))
 
     def __repr__(self) -> str:
+        # The class's own name: RedisDecision extends this repr.
         return (
-            f"Decision(allowed={self.allowed}, remaining={self.remaining}, "
+            f"{type(self).__name__}(allowed={self.allowed}, remaining={self.remaining}, "
             f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
             f"limit={self.limit})"
         )
@@ -124,17 +179,29 @@ class _Limits:
 
     @property
     def rate(self) -> int | Fraction:
-        """Tokens per second, as given (floats become the exact decimal Fraction)."""
+        """Tokens per second, as given (floats become the exact decimal Fraction).
+
+        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=2.5, capacity=1).rate
+        (100, Fraction(5, 2))
+        """
         return self._rate
 
     @property
     def capacity(self) -> int:
-        """The most tokens the bucket holds: the largest burst."""
+        """The most tokens the bucket holds: the largest burst.
+
+        >>> TokenBucket(rate=100, capacity=200).capacity
+        200
+        """
         return self._capacity
 
     @property
     def interval_ns(self) -> int:
-        """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``)."""
+        """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``).
+
+        >>> TokenBucket(rate=3, capacity=1).interval_ns
+        333333334
+        """
         return self._interval
 
     def _cost(self, cost: object) -> int:
@@ -204,7 +271,12 @@ class TokenBucket(_Limits):
         self._lock = threading.Lock()
 
     def allow(self, cost: int = 1) -> bool:
-        """Spend *cost* tokens now if the bucket holds them; True if admitted."""
+        """Spend *cost* tokens now if the bucket holds them; True if admitted.
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.allow(), b.allow(), b.allow()
+        (True, True, False)
+        """
         # `_allow` inlined: this is the pure-Python hot path.
         if cost.__class__ is not int or not 0 <= cost <= self._capacity:
             cost = check_cost(cost, self._capacity)
@@ -224,7 +296,12 @@ class TokenBucket(_Limits):
             lock.release()
 
     def allow_at(self, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
+        (True, False, True)
+        """
         return self._allow(check_now(now), self._cost(cost))
 
     def _allow(self, now: int, cost: int) -> bool:
@@ -239,19 +316,41 @@ class TokenBucket(_Limits):
             return True
 
     def check(self, cost: int = 1) -> Decision:
-        """Like `allow`, but return the whole `Decision`."""
+        """Like `allow`, but return the whole `Decision`.
+
+        >>> TokenBucket(rate=1, capacity=2, clock=lambda: 0).check(cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        """
         return self._check(self._now(), self._cost(cost), True)
 
     def check_at(self, now: int, cost: int = 1) -> Decision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.check_at(0, cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        >>> d = b.check_at(500_000_000)   # half a token back: half a second more to wait
+        >>> d.allowed, d.remaining, d.retry_after, d.reset_after
+        (False, 0, 0.5, 1.5)
+        """
         return self._check(check_now(now), self._cost(cost), True)
 
     def peek(self, cost: int = 1) -> Decision:
-        """The `Decision` `check` would return now, without spending anything."""
+        """The `Decision` `check` would return now, without spending anything.
+
+        >>> b = TokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> b.peek().allowed, b.peek().allowed, b.tokens()
+        (True, True, 1.0)
+        """
         return self._check(self._now(), self._cost(cost), False)
 
     def peek_at(self, now: int, cost: int = 1) -> Decision:
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=3)
+        >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
+        (1, 3.0)
+        """
         return self._check(check_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
@@ -267,22 +366,46 @@ class TokenBucket(_Limits):
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self) -> float:
-        """Tokens in the bucket now."""
+        """Tokens in the bucket now.
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.tokens(), b.allow(), b.tokens()
+        (2.0, True, 1.0)
+        """
         return self._tokens(self._tat, self._now())
 
     def tokens_at(self, now: int) -> float:
-        """Tokens in the bucket at *now* (int ns)."""
+        """Tokens in the bucket at *now* (int ns).
+
+        >>> b = TokenBucket(rate=4, capacity=2)
+        >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
+        (True, 0.0, 0.5)
+        """
         return self._tokens(self._tat, check_now(now))
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
 
     def refund(self, cost: int = 1) -> None:
-        """Give back *cost* tokens for work that did not happen (never above capacity)."""
+        """Give back *cost* tokens for work that did not happen (never above capacity).
+
+        >>> b = TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> b.allow(cost=2)   # then the work fails before it starts
+        True
+        >>> b.refund(cost=2); b.tokens()
+        2.0
+        """
         self._refund(self._now(), self._cost(cost))
 
     def refund_at(self, now: int, cost: int = 1) -> None:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.allow_at(0, cost=2)
+        True
+        >>> b.refund_at(0); b.tokens_at(0)
+        1.0
+        """
         self._refund(check_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
@@ -324,6 +447,13 @@ class TokenBucket(_Limits):
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity; a full bucket whose capacity
         grows keeps its tokens and refills the rest at the new rate.
+
+        >>> b = TokenBucket(rate=1, capacity=4)
+        >>> b.allow_at(0, cost=3)
+        True
+        >>> b.reconfigure(rate=10, capacity=2, now=0)   # the 1 token left stays
+        >>> b.rate, b.capacity, b.tokens_at(0), b.tokens_at(100_000_000)
+        (10, 2, 1.0, 2.0)
         """
         new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
         now = self._now() if now is None else check_now(now)
@@ -336,6 +466,10 @@ class TokenBucket(_Limits):
 
         Waiters are served first in, first out; False at once when the wait
         would exceed *timeout* or too many waiters are queued (see `waiting`).
+
+        >>> b = TokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> b.acquire(), b.acquire(timeout=0), b.acquire(timeout=1.0)   # the last sleeps 1 ms
+        (True, False, True)
         """
         cost = self._cost(cost)
         if timeout is not None:
@@ -345,7 +479,13 @@ class TokenBucket(_Limits):
         return _waiting.acquire_slow(self, (), cost, timeout)
 
     def acquire_async(self, cost: int = 1, timeout: float | None = None) -> Awaitable[bool]:
-        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing."""
+        """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing.
+
+        >>> import asyncio
+        >>> b = TokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> asyncio.run(b.acquire_async()), asyncio.run(b.acquire_async(timeout=0))
+        (True, False)
+        """
         return _waiting.acquire_async(self, (), cost, timeout)
 
 
@@ -396,17 +536,31 @@ class KeyedTokenBucket(_Limits):
 
     @property
     def max_keys(self) -> int:
-        """The most buckets the table holds."""
+        """The most buckets the table holds.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2, max_keys=1000).max_keys
+        1000
+        """
         return self._max_keys
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> t.allow("alice"), t.allow("alice"), t.allow("bob")
+        (True, False, True)
+        """
         if cost.__class__ is not int or not 0 <= cost <= self._capacity:
             cost = check_cost(cost, self._capacity)
         return self._allow(key, self._now(), cost)
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
+        (True, False, True)
+        """
         return self._allow(key, check_now(now), self._cost(cost))
 
     def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
@@ -418,15 +572,22 @@ class KeyedTokenBucket(_Limits):
         means those ints, and the Cython table decides it without building
         an int object per key and with the GIL released while it charges.
 
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> list(t.allow_many(["alice", "alice", "alice", "bob"]))
+        [1, 1, 0, 1]
         >>> from array import array
-        >>> t = KeyedTokenBucket(rate=1, capacity=2)
-        >>> list(t.allow_many_at(array("Q", [7, 7, 7, 8]), 0))
+        >>> list(t.allow_many(array("Q", [7, 7, 7, 8])))   # uint64: the buckets of ints 7, 8
         [1, 1, 0, 1]
         """
         return self._allow_many(keys, self._now(), self._cost(cost))
 
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns)."""
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
+        [1, 1, 0]
+        """
         return self._allow_many(keys, check_now(now), self._cost(cost))
 
     def _allow_many(self, keys: Iterable[Hashable], now: int, cost: int) -> bytearray:
@@ -461,19 +622,41 @@ class KeyedTokenBucket(_Limits):
             lock.release()
 
     def check(self, key: Hashable, cost: int = 1) -> Decision:
-        """Like `allow`, but return the whole `Decision`."""
+        """Like `allow`, but return the whole `Decision`.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0).check("alice", cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        """
         return self._check(key, self._now(), self._cost(cost), True)
 
     def check_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.check_at("alice", 0, cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        >>> d = t.check_at("alice", 500_000_000)   # half a token back: half a second to wait
+        >>> d.allowed, d.remaining, d.retry_after, d.reset_after
+        (False, 0, 0.5, 1.5)
+        """
         return self._check(key, check_now(now), self._cost(cost), True)
 
     def peek(self, key: Hashable, cost: int = 1) -> Decision:
-        """The `Decision` `check` would return now, without spending anything."""
+        """The `Decision` `check` would return now, without spending anything.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+        >>> t.peek("alice").allowed, t.peek("alice").allowed, len(t)
+        (True, True, 0)
+        """
         return self._check(key, self._now(), self._cost(cost), False)
 
     def peek_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=3)
+        >>> t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
+        (1, 3.0)
+        """
         return self._check(key, check_now(now), self._cost(cost), False)
 
     def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
@@ -495,18 +678,35 @@ class KeyedTokenBucket(_Limits):
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self, key: Hashable) -> float:
-        """Tokens in *key*'s bucket now."""
+        """Tokens in *key*'s bucket now.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice"), t.tokens("alice"), t.tokens("bob")
+        (True, 1.0, 2.0)
+        """
         return self.tokens_at(key, self._now())
 
     def tokens_at(self, key: Hashable, now: int) -> float:
-        """Tokens in *key*'s bucket at *now* (int ns)."""
+        """Tokens in *key*'s bucket at *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=4, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2)
+        True
+        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 125_000_000), t.tokens_at("bob", 0)
+        (0.0, 0.5, 2.0)
+        """
         now = check_now(now)
         with self._lock:
             tat = self._tats.get(key, self._floor)
         return self._tokens(tat, now)
 
     def __len__(self) -> int:
-        """Keys whose buckets are not full (still owing tokens) now."""
+        """Keys whose buckets are not full (still owing tokens) now.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice"), t.allow("bob", cost=0), len(t)   # a cost-0 probe takes no place
+        (True, True, 1)
+        """
         now = self._now()
         with self._lock:
             return sum(1 for tat in self._tats.values() if tat > now)
@@ -540,11 +740,24 @@ class KeyedTokenBucket(_Limits):
         """Give back *cost* tokens to *key*'s bucket.
 
         Never above capacity; a key not in the table gets nothing.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
+        >>> t.allow("alice", cost=2)   # then the work fails before it starts
+        True
+        >>> t.refund("alice", cost=2); t.tokens("alice")
+        2.0
         """
         self._refund(key, self._now(), self._cost(cost))
 
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> None:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2)
+        True
+        >>> t.refund_at("alice", 0); t.tokens_at("alice", 0)
+        1.0
+        """
         self._refund(key, check_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
@@ -588,6 +801,13 @@ class KeyedTokenBucket(_Limits):
         are, capped at the new capacity -- keys not in the table too (they
         were full: with a larger capacity they keep the old capacity's tokens
         and refill the rest). Takes time in proportion to the keys tracked.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=4)
+        >>> t.allow_at("alice", 0, cost=3)
+        True
+        >>> t.reconfigure(rate=10, capacity=2, now=0)   # alice's 1 token stays; bob is full
+        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 100_000_000), t.tokens_at("bob", 0)
+        (1.0, 2.0, 2.0)
         """
         new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
         now = self._now() if now is None else check_now(now)
@@ -600,7 +820,12 @@ class KeyedTokenBucket(_Limits):
             self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
-        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass."""
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass.
+
+        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
+        (True, False, True)
+        """
         cost = self._cost(cost)
         if timeout is not None:
             _waiting.check_timeout(timeout)
@@ -611,5 +836,11 @@ class KeyedTokenBucket(_Limits):
     def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
     ) -> Awaitable[bool]:
-        """`acquire` for asyncio: ``await t.acquire_async(key)``."""
+        """`acquire` for asyncio: ``await t.acquire_async(key)``.
+
+        >>> import asyncio
+        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
+        >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
+        (True, False)
+        """
         return _waiting.acquire_async(self, (key,), cost, timeout)

@@ -118,6 +118,10 @@ cdef class SharedTable:
 
     Not constructed directly: ``SharedKeyedTokenBucket.create`` / ``open``
     validate the file and call ``_attach``.
+
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> issubclass(SharedKeyedTokenBucket, SharedTable)   # its verbs are defined here
+    True
     """
 
     cdef char *base             # the mapping (file, or anonymous after close())
@@ -130,11 +134,71 @@ cdef class SharedTable:
     cdef bint is_closed
     cdef int64_t tau
     cdef readonly object rate
+    """Tokens per second: the int or Fraction given, else the float's exact value.
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=2.5, capacity=2) as t:
+    ...         t.rate
+    Fraction(5, 2)
+    """
     cdef readonly int64_t capacity
+    """The most tokens a bucket holds: the largest burst.
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=100, capacity=200) as t:
+    ...         t.capacity
+    200
+    """
     cdef readonly int64_t interval_ns
+    """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``).
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=3, capacity=1) as t:
+    ...         t.interval_ns
+    333333334
+    """
     cdef readonly int64_t max_keys
+    """The most keys the table is sized for (see ``slot_count``).
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1000) as t:
+    ...         t.max_keys
+    1000
+    """
     cdef readonly int64_t slot_count
+    """Slots in the file: a power of two, at least twice ``max_keys``.
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1000) as t:
+    ...         t.slot_count
+    2048
+    """
     cdef readonly object path
+    """The table's file, as given to ``create`` or ``open``.
+
+    >>> import os, tempfile
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = os.path.join(d, "api")
+    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+    ...         t.path == path
+    True
+    """
     cdef object clock
 
     def __cinit__(self):
@@ -182,7 +246,17 @@ cdef class SharedTable:
         self.is_closed = False
 
     def close(self):
-        """Detach from the table (the file stays: see ``unlink``). Idempotent."""
+        """Detach from the table (the file stays: see ``unlink``). Idempotent.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     t = SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2)
+        ...     t.close(); t.close()
+        ...     t.closed, os.path.exists(path)
+        (True, True)
+        """
         cdef void *p
         if self.is_closed:
             return
@@ -200,12 +274,32 @@ cdef class SharedTable:
 
     @property
     def closed(self):
-        """True after ``close()``."""
+        """True after ``close()``.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t.closed
+        ...     t.closed
+        False
+        True
+        """
         return self.is_closed
 
     @property
     def when_full(self):
-        """``"reject"`` or ``"admit"``: what a new key gets when its probe window is all live."""
+        """``"reject"`` or ``"admit"``: what a new key gets when its probe window is all live.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t.when_full   # the default: fail closed
+        'reject'
+        """
         return "admit" if self.admit_when_full else "reject"
 
     cdef inline int _open_check(self) except -1:
@@ -340,13 +434,32 @@ cdef class SharedTable:
     # -- verbs ---------------------------------------------------------------
 
     def allow(self, key, cost=1):
-        """Spend *cost* tokens from *key*'s bucket now; True if admitted."""
+        """Spend *cost* tokens from *key*'s bucket now; True if admitted.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         t.allow("alice"), t.allow("alice"), t.allow("alice")
+        (True, True, False)
+        """
         self._open_check()
         cdef int64_t c = self._cost(cost)
         return self._allow(self._fingerprint(key), self._now(), c)
 
     def allow_at(self, key, now, cost=1):
-        """`allow` at an explicit time *now* (int ns)."""
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t.allow_at("alice", 0, cost=2), t.allow_at("alice", 1_000_000_000)
+        (True, True)
+        """
         self._open_check()
         cdef int64_t t = as_now(now)
         cdef int64_t c = self._cost(cost)
@@ -367,13 +480,31 @@ cdef class SharedTable:
 
         The same as ``allow_at(key, now, cost)`` for each key in turn, with one
         clock reading for the whole batch.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         list(t.allow_many(["alice", "alice", "alice", "bob"]))
+        [1, 1, 0, 1]
         """
         self._open_check()
         cdef int64_t c = self._cost(cost)
         return self._allow_many(keys, self._now(), c)
 
     def allow_many_at(self, keys, now, cost=1):
-        """`allow_many` at an explicit time *now* (int ns)."""
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
+        ...         list(t.allow_many_at(["alice", "bob", "alice"], 0))
+        [1, 1, 0]
+        """
         self._open_check()
         cdef int64_t t = as_now(now)
         return self._allow_many(keys, t, self._cost(cost))
@@ -392,26 +523,67 @@ cdef class SharedTable:
         return out
 
     def check(self, key, cost=1):
-        """Like `allow`, but return the whole `Decision`."""
+        """Like `allow`, but return the whole `Decision`.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         t.check("alice", cost=2)
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        """
         self._open_check()
         cdef int64_t c = self._cost(cost)
         return self._check(self._fingerprint(key), self._now(), c, True)
 
     def check_at(self, key, now, cost=1):
-        """`check` at an explicit time *now* (int ns)."""
+        """`check` at an explicit time *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t.check_at("alice", 0, cost=2)
+        ...         late = t.check_at("alice", 500_000_000)   # half a second more to wait
+        ...         late.allowed, late.remaining, late.retry_after, late.reset_after
+        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
+        (False, 0, 0.5, 1.5)
+        """
         self._open_check()
         cdef int64_t t = as_now(now)
         cdef int64_t c = self._cost(cost)
         return self._check(self._fingerprint(key), t, c, True)
 
     def peek(self, key, cost=1):
-        """The `Decision` `check` would return now, without spending anything."""
+        """The `Decision` `check` would return now, without spending anything.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1, clock=clock) as t:
+        ...         t.peek("alice").allowed, t.peek("alice").allowed, t.tokens("alice")
+        (True, True, 1.0)
+        """
         self._open_check()
         cdef int64_t c = self._cost(cost)
         return self._check(self._fingerprint(key), self._now(), c, False)
 
     def peek_at(self, key, now, cost=1):
-        """`peek` at an explicit time *now* (int ns)."""
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=3) as t:
+        ...         t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
+        (1, 3.0)
+        """
         self._open_check()
         cdef int64_t t = as_now(now)
         cdef int64_t c = self._cost(cost)
@@ -447,12 +619,31 @@ cdef class SharedTable:
         )
 
     def tokens(self, key):
-        """Tokens in *key*'s bucket now (``capacity`` for a key not in the table)."""
+        """Tokens in *key*'s bucket now (``capacity`` for a key not in the table).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         t.allow("alice"), t.tokens("alice"), t.tokens("bob")
+        (True, 1.0, 2.0)
+        """
         self._open_check()
         return self._tokens_at(self._fingerprint(key), self._now())
 
     def tokens_at(self, key, now):
-        """Tokens in *key*'s bucket at *now* (int ns)."""
+        """Tokens in *key*'s bucket at *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=4, capacity=2) as t:
+        ...         t.allow_at("alice", 0, cost=2), t.tokens_at("alice", 125_000_000)
+        (True, 0.5)
+        """
         self._open_check()
         cdef int64_t t = as_now(now)
         return self._tokens_at(self._fingerprint(key), t)
@@ -469,7 +660,17 @@ cdef class SharedTable:
         return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
 
     def __len__(self):
-        """Keys whose buckets are not full (still owing tokens) now."""
+        """Keys whose buckets are not full (still owing tokens) now.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         t.allow("alice"), t.allow("bob", cost=0), len(t)
+        (True, True, 1)
+        """
         self._open_check()
         cdef int64_t now = self._now()
         cdef int64_t i, count = 0
