@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -200,3 +202,52 @@ def test_nested_all_of(impl: ModuleType) -> None:
     outer = all_of(inner, impl.KeyedTokenBucket(rate=1, capacity=5))
     assert [outer.allow_at("k", 0) for _ in range(3)] == [True, True, False]
     assert outer.tokens_at("k", 0) == 0.0
+
+
+@pytest.mark.c_extension
+def test_the_cython_fast_path_decides_as_the_general_path() -> None:
+    # all_of over Cython buckets on one clock decides in one Cython call
+    # (AllowAll); on different clocks it runs the general Python path. Both
+    # must give the same answers, errors and layer states, step by step.
+    import random
+
+    c = pytest.importorskip("nanobucket._bucket_c")
+
+    def build(clock: ManualClock, same_clock: bool) -> tuple[Any, list[Any]]:
+        other = clock if same_clock else functools.partial(clock)  # equal, not the same object
+        layers = [
+            c.KeyedTokenBucket(rate=3, capacity=4, max_keys=8, clock=clock),
+            c.TokenBucket(rate=5, capacity=6, clock=other),
+            c.KeyedTokenBucket(rate=1, capacity=3, max_keys=8, clock=other),
+        ]
+        return all_of(*layers), layers
+
+    clock = ManualClock(10 * S)
+    fast, fast_layers = build(clock, True)
+    slow, slow_layers = build(clock, False)
+    assert type(fast.allow).__name__ == "builtin_function_or_method"
+    assert type(slow.allow).__name__ == "function"
+    rng = random.Random(7)
+    keys: list[object] = [f"k{i}" for i in range(12)] + [None, ["unhashable"]]
+    costs: list[object] = [0, 1, 1, 1, 2, 3, 4, 5, 7, -1, 1.0, True]
+
+    def outcome(limit: Any, key: object, cost: object) -> object:
+        try:
+            return limit.allow(key, cost)
+        except (TypeError, ValueError) as exc:
+            return type(exc)
+
+    for _ in range(5_000):
+        clock.advance(rng.choice([0, 0, 0, 1, 50_000_000, 400_000_000]))
+        key, cost = rng.choice(keys), rng.choice(costs)
+        assert outcome(fast, key, cost) == outcome(slow, key, cost), (key, cost)
+        probe = f"k{rng.randrange(12)}"
+        assert [
+            fast_layers[0].tokens(probe),
+            fast_layers[1].tokens(),
+            fast_layers[2].tokens(probe),
+        ] == [
+            slow_layers[0].tokens(probe),
+            slow_layers[1].tokens(),
+            slow_layers[2].tokens(probe),
+        ]

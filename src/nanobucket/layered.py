@@ -32,6 +32,11 @@ from typing import Any
 from . import waiting as _waiting
 from ._params import NS_PER_S
 
+try:  # the one-call fast path for layers that are all Cython buckets on one clock
+    from ._bucket_c import AllowAll as _AllowAll
+except ImportError:  # pragma: no cover - a pure-Python install
+    _AllowAll = None  # type: ignore[assignment,misc]
+
 __all__ = ("AllOf", "LayeredDecision", "all_of")
 
 _PLAIN, _KEYED, _NESTED = 0, 1, 2  # how a layer takes the key
@@ -168,8 +173,13 @@ class AllOf:
             (layers[i].allow, styles[i], layers[i].refund if undoable[i] else None) for i in order
         )
         self._styles = styles
-        # The hot path, unrolled for these layers: no loop, no per-layer branch.
-        self.allow = _compile_allow(self._steps, self._needs_key)  # type: ignore[method-assign]
+        # The hot path: in one Cython call when every layer is a Cython bucket
+        # on the same clock (one clock reading for all); else Python code
+        # unrolled for these layers (no loop, no per-layer branch).
+        fast = None if _AllowAll is None else _AllowAll.of([layers[i] for i in order], _missing_key)
+        self.allow = (  # type: ignore[method-assign]
+            fast.allow if fast is not None else _compile_allow(self._steps, self._needs_key)
+        )
 
     def _key(self, key: Hashable | None) -> None:
         if key is None and self._needs_key:
