@@ -159,11 +159,14 @@ cdef class Decision:
 
 
 cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                      int64_t *tat_out, int64_t *base_out) noexcept nogil:
+                      int64_t *tat_out, int64_t *base_out, bint alone) noexcept nogil:
     """GCRA on one word: admit iff max(tat, now) - now <= tau - cost*T, by CAS.
 
     On return *tat_out is the word's value after the decision and *base_out
     max(tat, now) as seen by it. cost 0 is a probe and writes nothing.
+    *alone*: the caller is the word's only writer until this returns (it
+    holds the GIL and every writer does, or the keyed table's critical
+    section with no batch deciding outside it), so a plain store will do.
     """
     cdef int64_t old = nb_load(word)
     cdef int64_t base
@@ -176,32 +179,12 @@ cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
         if cost_t == 0:
             tat_out[0] = old
             return True
-        if nb_cas(word, &old, base + cost_t):
-            tat_out[0] = base + cost_t
-            return True
-        # another thread moved the word: `old` now holds its value; retry
-
-
-cdef inline bint take_alone(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                            int64_t *tat_out, int64_t *base_out) noexcept nogil:
-    """`take` for a word no other thread can change meanwhile: a load and a store.
-
-    The caller must be the word's only writer until this returns: on a GIL
-    build, holding the GIL (when every writer holds it); in the keyed table,
-    holding its critical section with no batch deciding outside it.
-    """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base = old if old > now else now
-    base_out[0] = base
-    if base - now > slack:
-        tat_out[0] = old
-        return False
-    if cost_t == 0:
-        tat_out[0] = old
+        if alone:
+            nb_store(word, base + cost_t)
+        elif not nb_cas(word, &old, base + cost_t):
+            continue  # another thread moved the word: `old` now holds its value; retry
+        tat_out[0] = base + cost_t
         return True
-    nb_store(word, base + cost_t)
-    tat_out[0] = base + cost_t
-    return True
 
 
 cdef inline bint take_gil(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
@@ -211,9 +194,7 @@ cdef inline bint take_gil(int64_t *word, int64_t now, int64_t cost_t, int64_t sl
     With a GIL nothing else can write the word meanwhile, so no CAS (the C
     compiler keeps one branch: the condition is a build constant).
     """
-    if NB_GIL_SERIALISES:
-        return take_alone(word, now, cost_t, slack, tat_out, base_out)
-    return take(word, now, cost_t, slack, tat_out, base_out)
+    return take(word, now, cost_t, slack, tat_out, base_out, NB_GIL_SERIALISES)
 
 
 cdef class _Limits:
@@ -844,11 +825,9 @@ cdef class KeyedTokenBucket(_Limits):
     cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
                            int64_t *tat, int64_t *base) noexcept:
         """`take` on slot *s* by a caller holding the table's critical section."""
-        if self.pins == 0:
-            # The section excludes every other writer, unless a batch is
-            # deciding outside it (pinned): then only CAS is safe.
-            return take_alone(&s.tat, now, cost_t, self.tau - cost_t, tat, base)
-        return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base)
+        # The section excludes every other writer, unless a batch is deciding
+        # outside it (pinned): then only CAS is safe.
+        return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base, self.pins == 0)
 
     def allow(self, key, cost=1):
         """Spend *cost* tokens from *key*'s bucket now; True if admitted.
@@ -1012,7 +991,7 @@ cdef class KeyedTokenBucket(_Limits):
                     self.pins += 1
                 with nogil:
                     for i in range(start, end):
-                        res[i] = take(&found[i - start].tat, now, cost_t, slack, &tat, &base)
+                        res[i] = take(&found[i - start].tat, now, cost_t, slack, &tat, &base, False)
                 with cython.critical_section(self):
                     self.pins -= 1
                 start = end
