@@ -107,6 +107,25 @@ def test_the_bound_on_waiters_refuses_at_once(impl: ModuleType, clock: ManualClo
     assert results == [True, True] and w.waiters == 0
 
 
+def test_a_full_queue_still_rejects_bad_arguments(impl: ModuleType, clock: ManualClock) -> None:
+    # Found by the long fuzz run: with shape=True nothing checked the cost
+    # before the full queue refused, so cost=nan read as a refusal (False).
+    bucket = impl.TokenBucket(rate=10, capacity=2, clock=clock)
+    keyed = impl.KeyedTokenBucket(rate=10, capacity=2, clock=clock)
+    for shape in (True, False):
+        full = Waiting(bucket, max_waiters=0, shape=shape)
+        with pytest.raises(TypeError):
+            full.acquire(cost=float("nan"), timeout=0.0)
+        with pytest.raises(ValueError):
+            full.acquire(cost=3)
+        with pytest.raises(TypeError):
+            asyncio.run(full.acquire_async(cost=1.5))
+        with pytest.raises(TypeError):
+            Waiting(keyed, max_waiters=0, shape=shape).acquire(["unhashable"])
+    assert Waiting(bucket, max_waiters=0, shape=True).acquire(timeout=0.0) is False
+    assert bucket.tokens() == 2.0  # nothing was reserved by any of them
+
+
 def test_an_interrupted_thread_waiter_gives_its_tokens_back(
     impl: ModuleType, clock: ManualClock
 ) -> None:

@@ -335,6 +335,14 @@ class Waiting:
             raise TypeError("acquire() takes at most one positional argument (cost)")
         return (), (args[0] if args else cost)
 
+    def _refused(self, key: tuple[Hashable, ...], cost: object) -> bool:
+        """False for a caller the full queue turns away, once its arguments are
+        known to be good: with *shape* nothing has checked them yet, and a
+        bad cost must raise, not read as a refusal. ``peek`` checks them and
+        changes nothing."""
+        self.limiter.peek(*key, cost)
+        return False
+
     def acquire(self, *args: Any, cost: int = 1, timeout: float | None = None) -> bool:
         """Block until admitted (True) or refused (False): ``acquire([key,] cost=1, timeout=None)``.
 
@@ -352,7 +360,7 @@ class Waiting:
         if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
             return True  # tokens at hand: no need to count as a waiter
         if not self._gate.enter():
-            return False
+            return self._refused(key, c)
         try:
             return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)
         finally:
@@ -374,7 +382,7 @@ class Waiting:
         if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
             return True
         if not self._gate.enter():
-            return False
+            return self._refused(key, c)
         try:
             return await _wait_async(
                 limiter,
