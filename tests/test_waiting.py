@@ -115,11 +115,11 @@ def test_a_full_queue_still_rejects_bad_arguments(impl: ModuleType, clock: Manua
     for shape in (True, False):
         full = Waiting(bucket, max_waiters=0, shape=shape)
         with pytest.raises(TypeError):
-            full.acquire(cost=float("nan"), timeout=0.0)
+            full.acquire(cost=float("nan"), timeout=0.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             full.acquire(cost=3)
         with pytest.raises(TypeError):
-            asyncio.run(full.acquire_async(cost=1.5))
+            asyncio.run(full.acquire_async(cost=1.5))  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             Waiting(keyed, max_waiters=0, shape=shape).acquire(["unhashable"])
     assert Waiting(bucket, max_waiters=0, shape=True).acquire(timeout=0.0) is False
