@@ -149,11 +149,12 @@ def test_four_processes_share_one_limit_on_the_real_clock(tmp_path: Path) -> Non
         end = start + 2 * S
         results = run_children(4, lambda i: hammer(t, start, end, None, i))
         counts = [r[0] for r in results]
-        t0 = min(r[1] for r in results)
-        t1 = max(r[2] for r in results)
-        most = bound(t, t0, t1)
+        most = bound(t, min(r[1] for r in results), max(r[2] for r in results))
+        # Every process asks between the last first call and the first last
+        # call; one late to see `end` asks once more, not at the rate.
+        least = bound(t, max(r[1] for r in results), min(r[2] for r in results))
         assert sum(counts) <= most
-        assert sum(counts) >= 0.98 * most
+        assert sum(counts) >= 0.98 * least
         assert all(c > 0 for c in counts), counts
 
 
@@ -199,8 +200,9 @@ def test_a_worker_killed_mid_run_leaves_the_table_working(tmp_path: Path) -> Non
                 assert r[0] > at_kill[i]  # went on after the kill
             total = victim_count + sum(r[0] for r in survivors)
             most = bound(t, start, max(r[2] for r in survivors))
+            least = bound(t, max(r[1] for r in survivors), min(r[2] for r in survivors))
             assert total <= most
-            assert total + 1 >= 0.98 * most
+            assert total + 1 >= 0.98 * least
             assert t.tokens("hot") < t.capacity  # still consistent and in use
             assert t.allow_at("fresh", 0)
     finally:
