@@ -38,6 +38,21 @@ cdef extern from "_atomic.h":
     void nb_store(int64_t *p, int64_t v) noexcept nogil
     const bint NB_GIL_SERIALISES
 
+cdef extern from *:
+    """
+    /* hash(o), reading a str's cached hash in place as dict does, without
+     * the call through tp_hash: the keyed verbs' commonest key. */
+    static inline Py_hash_t nb_hash(PyObject *o) {
+        if (PyUnicode_CheckExact(o)) {
+            Py_hash_t h = ((PyASCIIObject *)o)->hash;
+            if (h != -1) return h;
+        }
+        return PyObject_Hash(o);
+    }
+    """
+    Py_hash_t nb_hash(object o) except? -1
+
+
 cdef extern from "<sched.h>":
     int sched_yield() nogil
 
@@ -506,27 +521,40 @@ cdef class TokenBucket(_Limits):
 
 ctypedef struct Slot:
     int64_t tat         # the bucket's word (see `take`)
-    Py_hash_t hash
-    PyObject *key       # a strong reference (NULL only in the stand-ins below)
-    uint64_t ival       # see `int_tag`: lets a uint64 batch match int keys without reading them
+    uint64_t hv         # the key's hash; for an int key in [0, 2**64), its value (see `slot_set`)
+    uintptr_t key       # a strong reference, | INT_KEY for such an int (0 in the stand-ins below)
 
 
-cdef inline uint64_t int_tag(object key, Py_hash_t h):
-    """`Slot.ival`: the key's value if it is an int in [0, 2**64), else hash + 1.
+cdef uintptr_t INT_KEY = 1  # `Slot.key`'s low bit (objects are aligned): `hv` holds the int
 
-    A uint64 batch matches a slot when ``hash == v % (2**61 - 1)`` (CPython's
-    int hash) and ``ival == v``. For an int in range that is equality; for
-    any other key it never holds, since ``hash + 1`` and ``hash`` differ
-    modulo 2**61 - 1, so the batch compares without reading the key object
-    (a cache miss per key in a large table).
-    """
+
+cdef inline PyObject *key_of(const Slot *s) noexcept nogil:
+    return <PyObject *>(s.key & ~INT_KEY)
+
+
+cdef inline Py_hash_t hash_of(const Slot *s) noexcept nogil:
+    """The key's hash; an int's is its value modulo 2**61 - 1 (CPython's)."""
+    if s.key & INT_KEY:
+        return <Py_hash_t>(s.hv % HASH_MODULUS)
+    return <Py_hash_t>s.hv
+
+
+cdef inline void slot_set(Slot *s, object key, Py_hash_t h) noexcept:
+    """Store *key* (a new strong reference) and its hash, or, for an int in
+    [0, 2**64), its value with `INT_KEY` set: a uint64 batch then matches
+    int keys by value without reading the key objects, each a cache miss in
+    a large table, and the slot stays 24 bytes."""
     cdef unsigned long long value
+    Py_INCREF(key)
+    s.key = <uintptr_t><PyObject *>key
+    s.hv = <uint64_t>h
     if PyLong_CheckExact(key):
         value = as_uint64(key)
-        if not (value == <unsigned long long>-1 and PyErr_Occurred()):
-            return value
-        PyErr_Clear()  # negative or past 2**64: tagged as any other key
-    return <uint64_t>h + 1
+        if value == <unsigned long long>-1 and PyErr_Occurred():
+            PyErr_Clear()  # negative or past 2**64: kept by its hash
+        else:
+            s.hv = value
+            s.key |= INT_KEY
 
 
 cdef Slot *slots_alloc(Py_ssize_t n) noexcept:
@@ -609,7 +637,7 @@ cdef class KeyedTokenBucket(_Limits):
     # A compact hash table, as CPython's dict: `slots` holds the entries in
     # the order they came, `index` maps a hash position to an entry (-1:
     # empty). Keys met in the order they came hit neighbouring memory, and
-    # the table costs 32 bytes an entry plus 4 per position.
+    # the table costs 24 bytes an entry plus 4 per position.
     cdef Slot *slots            # `room` entries, the first `used` hold keys
     cdef int32_t *index         # `mask + 1` positions, linear probing
     cdef Py_ssize_t mask        # positions - 1 (a power of two)
@@ -650,7 +678,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Py_ssize_t i
         if self.slots != NULL:
             for i in range(self.used):
-                Py_DECREF(<object>self.slots[i].key)
+                Py_DECREF(<object>key_of(&self.slots[i]))
         slots_free(self.slots)
         PyMem_RawFree(self.index)
 
@@ -697,19 +725,16 @@ cdef class KeyedTokenBucket(_Limits):
                         self._make_room(now)
                         break
                     s = &self.slots[self.used]
-                    Py_INCREF(key)
-                    s.key = <PyObject *>key
-                    s.hash = h
-                    s.ival = int_tag(key, h)
+                    slot_set(s, key, h)
                     s.tat = self.floor
                     self.index[i] = <int32_t>self.used
                     self.used += 1
                     return s
                 s = &self.slots[ix]
-                if s.key == <PyObject *>key:
+                if key_of(s) == <PyObject *>key:
                     return s
-                if s.hash == h:
-                    other = <object>s.key  # a strong reference for the comparison
+                if hash_of(s) == h:
+                    other = <object>key_of(s)  # a strong reference for the comparison
                     eq = PyObject_RichCompareBool(other, key, Py_EQ)
                     if self.version != version:
                         # A key whose __eq__ rebuilds the table every time
@@ -776,7 +801,7 @@ cdef class KeyedTokenBucket(_Limits):
                 j = 0
                 for i in range(n):
                     if old[i].tat == cut:
-                        tats[j] = old[i].hash
+                        tats[j] = hash_of(&old[i])
                         j += 1
                 hcut = kth_smallest(tats, equal, ties - 1)
                 for i in range(equal):
@@ -801,23 +826,24 @@ cdef class KeyedTokenBucket(_Limits):
                     floor = old[i].tat
                 continue
             if forgive > 0 and (old[i].tat < cut or (
-                    old[i].tat == cut and (old[i].hash < hcut or (old[i].hash == hcut and ties > 0)))):
-                if old[i].tat == cut and old[i].hash == hcut:
+                    old[i].tat == cut and (hash_of(&old[i]) < hcut or (
+                        hash_of(&old[i]) == hcut and ties > 0)))):
+                if old[i].tat == cut and hash_of(&old[i]) == hcut:
                     ties -= 1
                 continue
-            j = <Py_ssize_t>(<uint64_t>old[i].hash & <uint64_t>(new_n - 1))
+            j = <Py_ssize_t>(<uint64_t>hash_of(&old[i]) & <uint64_t>(new_n - 1))
             while new_index[j] >= 0:
                 j = (j + 1) & (new_n - 1)
             new[size] = old[i]
             new_index[j] = <int32_t>size
-            old[i].key = NULL  # moved, not dropped
+            old[i].key = 0  # moved, not dropped
             size += 1
         self.floor = floor
         self.used = size
         self._install(new, new_index, new_n)
         for i in range(n):
-            if old[i].key != NULL:
-                Py_DECREF(<object>old[i].key)
+            if old[i].key:
+                Py_DECREF(<object>key_of(&old[i]))
         slots_free(old)
         PyMem_RawFree(old_index)
         return 0
@@ -850,7 +876,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._allow(key, t, self._cost(cost))
 
     cdef bint _allow(self, object key, int64_t now, int64_t cost) except -1:
-        return self._allow_hashed(key, PyObject_Hash(key), now, cost)
+        return self._allow_hashed(key, nb_hash(key), now, cost)
 
     cdef bint _allow_hashed(self, object key, Py_hash_t h, int64_t now, int64_t cost) except -1:
         cdef int64_t cost_t
@@ -931,7 +957,7 @@ cdef class KeyedTokenBucket(_Limits):
             for i in range(n):
                 if i + AHEAD < n:  # the key objects are scattered in memory
                     nb_prefetch(items[i + AHEAD])
-                hashes[i] = PyObject_Hash(<object>items[i])
+                hashes[i] = nb_hash(<object>items[i])
             for i in range(n):
                 if i + AHEAD < n:  # as in `_allow_many_uint64`
                     self._prefetch(hashes[i + AHEAD], hashes[i + AHEAD // 2])
@@ -1024,12 +1050,12 @@ cdef class KeyedTokenBucket(_Limits):
             if ix < 0:
                 break
             s = &self.slots[ix]
-            if s.hash == h:
-                if s.ival == value:
-                    return s  # this very int (see `int_tag`); the object is not read
-                if not PyLong_CheckExact(<object>s.key):
-                    break  # maybe an equal key of another type (1.0 == 1): the general path
-                # another int with the same hash: not this key
+            if s.key & INT_KEY:
+                if s.hv == value:
+                    return s  # this very int (see `slot_set`); the object is not read
+            elif <Py_hash_t>s.hv == h and not PyLong_CheckExact(<object>key_of(s)):
+                break  # maybe an equal key of another type (1.0 == 1): the general path
+            # else another key: an int out of uint64 range cannot equal *value*
             i = (i + 1) & self.mask
         if ix < 0 and (self.floor if self.floor > now else now) - now > slack:
             return &REJECTING
@@ -1402,7 +1428,7 @@ cdef class AllowAll:
             else:
                 try:
                     if not hashed:
-                        h = PyObject_Hash(key)
+                        h = nb_hash(key)
                         hashed = True
                     ok = (<KeyedTokenBucket>layer)._allow_hashed(key, h, now, c)
                 except BaseException:

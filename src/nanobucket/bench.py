@@ -49,7 +49,7 @@ class Budget:
     cap: float = 5.0
 
 
-FULL_BUDGET = Budget(0.25, 5, 21)
+FULL_BUDGET = Budget(0.25, 5, 101)
 QUICK_BUDGET = Budget(0.03, 3, 9, cap=2.0)
 
 
