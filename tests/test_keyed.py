@@ -194,7 +194,7 @@ def test_allow_many_takes_a_buffer_of_uint64(impl: ModuleType) -> None:
 
 def test_a_uint64_batch_finds_only_equal_keys_whatever_their_hash(impl: ModuleType) -> None:
     # The Cython table matches a uint64 without reading the stored key (by
-    # hash and a tag, see `int_tag`): keys of other types or out-of-range
+    # value, see `slot_set`): keys of other types or out-of-range
     # ints that share a hash with the batch's ints must stay apart, and
     # equal keys of other types must still be found.
     from array import array
@@ -215,6 +215,14 @@ def test_a_uint64_batch_finds_only_equal_keys_whatever_their_hash(impl: ModuleTy
     # 7 and 8 share hashes with taken keys yet are new; 1 == True is not.
     assert list(t.allow_many_at(array("Q", [7, 8, (2**64 + 7) % m, 1, 7]), 0)) == [1, 1, 1, 0, 0]
     assert [t.tokens_at(k, 0) for k in (2**64 + 7, m + 7, Hashed(7))] == [0.0, 0.0, 1.0]
+    # Int keys kept by value are rehashed by their hash when the table grows.
+    t = impl.KeyedTokenBucket(rate=1, capacity=3)
+    ints = [2**64 - 1, m + 5, 5, 2**63, 0]
+    assert list(t.allow_many_at(array("Q", ints), 0, cost=2)) == [1] * 5
+    for i in range(200):  # grows the table several times
+        assert t.allow_at(f"k{i}", 0)
+    assert [t.tokens_at(k, 0) for k in ints] == [1.0] * 5
+    assert list(t.allow_many_at(array("Q", ints * 2), 0)) == [1] * 5 + [0] * 5
 
 
 def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleType) -> None:
