@@ -130,6 +130,8 @@ def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]
     ] == keyed["nanobucket-c"] / (keyed["dict.get"] + clock_ns)
     plain = by_text["single allow(): x floor <= 1.2"]
     assert ("note" in plain) is (single["floor+clock"] / single["floor"] > 1.2)
+    plain = by_text["keyed allow(key), small table: x dict.get <= 1.3"]
+    assert ("note" in plain) is ((keyed["dict.get"] + clock_ns) / keyed["dict.get"] > 1.3)
     for goal in goals:
         if goal["value"] is None:
             assert goal["met"] is None

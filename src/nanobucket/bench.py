@@ -365,6 +365,11 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         ),
     ]
     notes = {"single allow(): x floor": clock_note}
+    dict_get = _median(g, "keyed_small", "dict.get")
+    if dict_get and clock_ns is not None and (dict_get + clock_ns) / dict_get > 1.3:
+        notes["keyed allow(key), small table: x dict.get"] = (
+            f"out of reach: one clock read alone is {clock_ns / dict_get:.2f}x dict.get"
+        )
     out = []
     for text, value, op, limit in rows:
         met = None if value is None else (value <= limit if op == "<=" else value >= limit)
