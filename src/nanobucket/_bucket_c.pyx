@@ -61,7 +61,6 @@ cdef extern from "Python.h":
     PyObject** PySequence_Fast_ITEMS(object o)
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
-    const Py_ssize_t PY_SSIZE_T_MAX
     # Declared here without Cython's exception check: the caller checks.
     unsigned long long as_uint64 "PyLong_AsUnsignedLongLong"(object o) noexcept
 
@@ -557,26 +556,6 @@ cdef inline void slot_set(Slot *s, object key, Py_hash_t h) noexcept:
             s.key |= INT_KEY
 
 
-cdef Slot *slots_alloc(Py_ssize_t n) noexcept:
-    """*n* zeroed slots on a 64-byte boundary (no slot straddles two cache
-    lines), or NULL; the block's own address is kept just before them."""
-    cdef char *raw
-    cdef char *aligned
-    if n > (PY_SSIZE_T_MAX - 72) // <Py_ssize_t>sizeof(Slot):
-        return NULL
-    raw = <char *>PyMem_RawCalloc(n * sizeof(Slot) + 72, 1)
-    if raw == NULL:
-        return NULL
-    aligned = <char *>((<uintptr_t>raw + sizeof(void *) + 63) & ~(<uintptr_t>63))
-    (<void **>aligned)[-1] = raw
-    return <Slot *>aligned
-
-
-cdef void slots_free(Slot *slots) noexcept:
-    if slots != NULL:
-        PyMem_RawFree((<void **>slots)[-1])
-
-
 cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
 REJECTING.tat = 0x7FFFFFFFFFFFFFFF
 cdef Slot NEEDS_ROOM  # a stand-in: this key's insertion may sweep the table
@@ -679,7 +658,7 @@ cdef class KeyedTokenBucket(_Limits):
         if self.slots != NULL:
             for i in range(self.used):
                 Py_DECREF(<object>key_of(&self.slots[i]))
-        slots_free(self.slots)
+        PyMem_RawFree(self.slots)
         PyMem_RawFree(self.index)
 
     cdef inline Py_ssize_t _room_of(self, Py_ssize_t n) noexcept:
@@ -687,10 +666,10 @@ cdef class KeyedTokenBucket(_Limits):
 
     cdef int _alloc(self, Py_ssize_t n, Slot **slots, int32_t **index) except -1:
         """Entries and an empty index for *n* positions (all or nothing)."""
-        slots[0] = slots_alloc(self._room_of(n))
+        slots[0] = <Slot *>PyMem_RawCalloc(self._room_of(n), sizeof(Slot))
         index[0] = <int32_t *>PyMem_RawMalloc(n * sizeof(int32_t))
         if slots[0] == NULL or index[0] == NULL:
-            slots_free(slots[0])
+            PyMem_RawFree(slots[0])
             PyMem_RawFree(index[0])
             raise MemoryError()
         memset(index[0], 0xFF, n * sizeof(int32_t))  # -1: empty
@@ -844,7 +823,7 @@ cdef class KeyedTokenBucket(_Limits):
         for i in range(n):
             if old[i].key:
                 Py_DECREF(<object>key_of(&old[i]))
-        slots_free(old)
+        PyMem_RawFree(old)
         PyMem_RawFree(old_index)
         return 0
 
