@@ -20,7 +20,7 @@ from cpython.long cimport (
 )
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.number cimport PyNumber_Index
-from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
+from cpython.object cimport Py_EQ, PyObject, PyObject_RichCompareBool
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.sequence cimport PySequence_Fast
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
@@ -1085,7 +1085,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._check(key, t, self._cost(cost), False)
 
     cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
-        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Py_hash_t h = nb_hash(key)
         cdef int64_t cost_t
         cdef int64_t tat, base
         cdef bint allowed
@@ -1128,7 +1128,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._tokens_at(key, as_now(now))
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
-        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Py_hash_t h = nb_hash(key)
         cdef Slot *s
         cdef int64_t tat
         with cython.critical_section(self):
@@ -1186,7 +1186,7 @@ cdef class KeyedTokenBucket(_Limits):
         self._refund(key, t, self._cost(cost))
 
     cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
-        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Py_hash_t h = nb_hash(key)
         cdef Slot *s
         with cython.critical_section(self):
             s = self._find(key, h, now, False)
@@ -1199,7 +1199,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t c = self._cost(cost)
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t mw = max_wait
-        cdef Py_hash_t h = PyObject_Hash(key)
+        cdef Py_hash_t h = nb_hash(key)
         cdef int64_t cost_t, wait
         cdef Slot *s
         with cython.critical_section(self):
