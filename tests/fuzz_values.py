@@ -142,6 +142,19 @@ junk = st.one_of(
 hostile = st.one_of(numbers, junk)
 
 
+def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly *valid*, sometimes anything hostile."""
+    return st.one_of(valid, valid, valid, hostile)
+
+
+def hashable(key: object) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
 def int_in(value: object, lo: int, hi: float) -> type[Exception] | None:
     """The error an int argument in ``[lo, hi]`` must raise, or None if *value* is valid."""
     if isinstance(value, bool) or not isinstance(value, int):

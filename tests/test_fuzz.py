@@ -38,11 +38,12 @@ from fuzz_values import (
     cost_error,
     decision_tuple,
     fuzz,
-    hostile,
+    hashable,
     int_in,
     interval_of,
     keys,
     limits_errors,
+    maybe,
     normal,
     now_error,
     outcome,
@@ -101,19 +102,6 @@ def times() -> st.SearchStrategy[int]:
         st.integers(0, NOW_MAX),
         st.sampled_from([0, 1, NOW_MAX - 1, NOW_MAX]),
     )
-
-
-def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Mostly *valid*, sometimes anything hostile."""
-    return st.one_of(valid, valid, valid, hostile)
-
-
-def hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 def check_errors(results: list[tuple[str, Any]], expected: set[type[Exception]]) -> None:

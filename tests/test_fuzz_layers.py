@@ -30,26 +30,16 @@ from fuzz_values import (
     cost_error,
     decision_tuple,
     fuzz,
+    hashable,
     hostile,
     int_in,
+    maybe,
     normal,
     now_error,
     outcome,
 )
 
 VALID_NOW = st.one_of(st.integers(0, 10**10), st.integers(NOW_MAX - 10**9, NOW_MAX))
-
-
-def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    return st.one_of(valid, valid, valid, hostile)
-
-
-def hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 @fuzz(200)
