@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -65,3 +68,33 @@ class ManualClock:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+def run_threads(count: int, target: Callable[[int], None]) -> None:
+    """Run ``target(i)`` in *count* threads started together; re-raise the first error.
+
+    The switch interval is 1 us meanwhile, so on a GIL build threads are
+    interleaved inside the verbs as often as the interpreter can.
+    """
+    errors: list[BaseException] = []
+    start = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            target(i)
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    if errors:
+        raise errors[0]

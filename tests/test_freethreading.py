@@ -18,13 +18,11 @@ import os
 import subprocess
 import sys
 import sysconfig
-import threading
-from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-from conftest import ManualClock
+from conftest import ManualClock, run_threads
 
 THREADS = 8
 OPS = 2_000  # per thread, per limiter
@@ -34,31 +32,6 @@ TABLE_CAPACITY = 1_500
 HOT = ["hot0", "hot1", "hot2", "hot3"]
 MAX_KEYS = 64
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
-
-
-def _run_threads(target: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-    start = threading.Barrier(THREADS)
-
-    def run(i: int) -> None:
-        try:
-            start.wait()
-            target(i)
-        except BaseException as exc:  # re-raised in the main thread
-            errors.append(exc)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # GIL builds: switch threads as often as possible
-    try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    if errors:
-        raise errors[0]
 
 
 class Ledger:
@@ -115,7 +88,7 @@ def test_every_verb_of_one_bucket_conserves_tokens(impl: ModuleType, clock: Manu
             else:
                 me.grant(b.check_at(FROZEN, cost).allowed, cost)
 
-    _run_threads(work)
+    run_threads(THREADS, work)
     net = sum(me.spent for me in ledgers) - sum(me.refunded for me in ledgers)
     assert 0 < net <= BUCKET_CAPACITY  # never more than capacity at one instant
     assert b.tokens() == BUCKET_CAPACITY - net  # exactly what the threads kept
@@ -175,7 +148,7 @@ def test_every_verb_of_one_table_conserves_tokens_while_keys_churn(
             else:
                 me.grant(t.check_at(key, FROZEN, cost).allowed, cost)
 
-    _run_threads(work)
+    run_threads(THREADS, work)
     for key in HOT:
         spent = sum(mine[key].spent for mine in ledgers)
         refunded = sum(mine[key].refunded for mine in ledgers)

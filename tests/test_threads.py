@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
-import functools
-import sys
-import threading
 from array import array
 from collections.abc import Callable
 from types import ModuleType
 
+from conftest import run_threads
+
 THREADS = 4
-
-
-def _run_together(targets: list[Callable[[], None]]) -> None:
-    """Run each target in its own thread, switching threads as often as possible."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=target) for target in targets]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
 
 
 def _hammer(call: Callable[[], bool], per_thread: int) -> list[int]:
     counts = [0] * THREADS
-    start = threading.Barrier(THREADS)
 
     def run(i: int) -> None:
-        start.wait()
-        n = 0
-        for _ in range(per_thread):
-            n += call()
-        counts[i] = n
+        counts[i] = sum(call() for _ in range(per_thread))
 
-    _run_together([functools.partial(run, i) for i in range(THREADS)])
+    run_threads(THREADS, run)
     return counts
 
 
@@ -60,20 +40,14 @@ def test_four_threads_with_costs_and_many_keys(impl: ModuleType, clock) -> None:
     # each key's total is still exactly its capacity.
     t = impl.KeyedTokenBucket(rate=1, capacity=300, max_keys=64, clock=clock)
     spent = [[0] * 40 for _ in range(THREADS)]
-    start = threading.Barrier(THREADS)
 
     def run(i: int) -> None:
-        start.wait()
         for n in range(6_000):
             key = n % 40
             if t.allow(key, cost=3):
                 spent[i][key] += 3
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_threads(THREADS, run)
     assert [sum(s[k] for s in spent) for k in range(40)] == [300] * 40
 
 
@@ -85,20 +59,17 @@ def test_uint64_batches_without_the_gil_race_single_calls_exactly(impl: ModuleTy
     keys = array("Q", [0, 1]) * 2048
     t = impl.KeyedTokenBucket(rate=1, capacity=400_000, clock=clock)  # frozen clock
     admitted = [[0, 0] for _ in range(THREADS)]
-    start = threading.Barrier(THREADS)
 
     def batches(i: int) -> None:
-        start.wait()
         for _ in range(100):
             decided = t.allow_many(keys)
             admitted[i][0] += sum(decided[0::2])
             admitted[i][1] += sum(decided[1::2])
 
     def singles(i: int) -> None:
-        start.wait()
         for n in range(20_000):
             admitted[i][n % 2] += t.allow(n % 2)
 
-    _run_together([functools.partial(batches if i < 2 else singles, i) for i in range(THREADS)])
+    run_threads(THREADS, lambda i: batches(i) if i < 2 else singles(i))
     # 429,600 requests per key, of which exactly capacity are admitted.
     assert [sum(a[k] for a in admitted) for k in range(2)] == [400_000] * 2
