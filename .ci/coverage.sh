@@ -13,16 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/nanobucket-coverage.XXXXXX")
-if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$work"' EXIT; fi
-
-# The files git tracks, as they are in the working tree (no .so, no .c).
-mkdir "$work/repo"
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git ls-files -z | xargs -0 cp --parents -t "$work/repo"
-else
-  cp -R . "$work/repo"
-fi
+. .ci/scratch.sh
+new_scratch coverage
+copy_tracked "$work/repo"
 cd "$work/repo"
 
 echo "--- building the extensions with Cython line tracing (in $work/repo)"

@@ -11,17 +11,11 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 python=${PYTHON:-python3}
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/nanobucket-wheel.XXXXXX")
-if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$work"' EXIT; fi
-
-# The files git tracks, as they are in the working tree: no build products
-# (.c, .so) or stray files of a used checkout leak into the sdist.
-mkdir "$work/src"
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git ls-files -z | xargs -0 cp --parents -t "$work/src"
-else
-  cp -R . "$work/src"
-fi
+# Only the files git tracks: no build products (.c, .so) or stray files of
+# a used checkout leak into the sdist.
+. .ci/scratch.sh
+new_scratch wheel
+copy_tracked "$work/src"
 
 echo "--- building the sdist and a wheel from it (python -m build)"
 "$python" -m venv "$work/build-env"
