@@ -98,3 +98,19 @@ def run_threads(count: int, target: Callable[[int], None]) -> None:
         sys.setswitchinterval(old)
     if errors:
         raise errors[0]
+
+
+def in_line(remaining: list[int], capacity: int) -> bool:
+    """Whether *remaining* (one value per admitted request) shows each request
+    taking its own token of a *capacity* bucket that refills too slowly to matter.
+
+    In one process the values are exactly capacity-1 .. 0. Across processes a
+    request can read the clock just before another process's admission
+    lands, and then counts that one's token as still owed at its own, earlier
+    instant: its remaining is one lower than its place in line, never more.
+    So the k-th largest value is capacity-1-k or one less (0 at the end).
+    """
+    ordered = sorted(remaining, reverse=True)
+    return len(ordered) == capacity and all(
+        max(capacity - 2 - k, 0) <= r <= capacity - 1 - k for k, r in enumerate(ordered)
+    )
