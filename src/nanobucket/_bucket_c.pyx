@@ -69,7 +69,7 @@ cdef int64_t NOW_MAX = (1 << 62) - 1
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
-cdef Py_ssize_t AHEAD = 16  # prefetch distance, in keys, of a uint64 batch
+cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
 cdef uint64_t HASH_MODULUS = (1 << 61) - 1  # CPython: hash(n) == n % (2**61 - 1), n >= 0
 
 
