@@ -1,4 +1,4 @@
-"""An explicit time older than one a bucket has seen: stricter than the rational model, as documented."""
+"""An explicit time older than a bucket has seen: stricter than the rational model."""
 
 from __future__ import annotations
 
