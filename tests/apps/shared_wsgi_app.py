@@ -1,8 +1,10 @@
-"""A tiny WSGI app for the gunicorn test: every worker asks one shared table.
+"""A tiny WSGI app for the gunicorn tests: every worker asks one shared table.
 
-The table is made by the master in ``on_starting`` (see
-``shared_gunicorn_conf.py``) and opened in each worker by ``post_fork``;
-``table()`` also opens it lazily, so the app works with ``preload_app`` too.
+The table is either anonymous, made by the master in ``on_starting`` (see
+``shared_anon_gunicorn_conf.py``) and inherited by every worker, or named,
+made by the master and opened in each worker by ``post_fork`` (see
+``shared_gunicorn_conf.py``). ``table()`` also opens a named one lazily, so
+the app works with ``preload_app`` too.
 """
 
 from __future__ import annotations
@@ -12,22 +14,21 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
-from nanobucket.shared import SharedKeyedTokenBucket
+import shared_limits
 
-_table: SharedKeyedTokenBucket | None = None
+from nanobucket.shared import SharedKeyedTokenBucket
 
 
 def attach() -> None:
-    """Open the shared table in this process (called by post_fork)."""
-    global _table
-    _table = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+    """Open the named shared table in this process (called by post_fork)."""
+    shared_limits.table = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
 
 
 def table() -> SharedKeyedTokenBucket:
-    if _table is None:
+    if shared_limits.table is None:
         attach()
-    assert _table is not None
-    return _table
+    assert shared_limits.table is not None
+    return shared_limits.table
 
 
 def app(
@@ -35,7 +36,8 @@ def app(
 ) -> Iterable[bytes]:
     """``GET /<key>``: 200 if *key*'s bucket admits the request, else 429 with Retry-After."""
     key = str(environ.get("PATH_INFO", "/")).strip("/")
-    headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid()))]
+    kind = "anonymous" if table().path is None else "named"
+    headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid())), ("X-Table", kind)]
     if key == "_health":
         start_response("200 OK", headers)
         return [b"up\n"]

@@ -1,0 +1,21 @@
+"""gunicorn config for the anonymous shared table: the master creates it, workers inherit it."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from nanobucket.shared import SharedKeyedTokenBucket
+
+workers = 4
+worker_class = "sync"
+
+
+def on_starting(server: Any) -> None:
+    # In the master, before any worker forks; nothing is ever put in /dev/shm.
+    # One token an hour, 50 in the bucket, as in shared_gunicorn_conf.
+    import shared_limits
+
+    shared_limits.table = SharedKeyedTokenBucket.create_anonymous(
+        rate=Fraction(1, 3600), capacity=50, max_keys=1000
+    )
