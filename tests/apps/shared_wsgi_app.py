@@ -1,10 +1,9 @@
 """A tiny WSGI app for the gunicorn tests: every worker asks one shared table.
 
-The table is either anonymous, made by the master in ``on_starting`` (see
-``shared_anon_gunicorn_conf.py``) and inherited by every worker, or named,
-made by the master and opened in each worker by ``post_fork`` (see
-``shared_gunicorn_conf.py``). ``table()`` also opens a named one lazily, so
-the app works with ``preload_app`` too.
+``post_fork`` hands each worker the table: the anonymous one the master
+made in ``on_starting`` and the worker inherited (``shared_anon_gunicorn_conf``)
+or a named one, opened by path (``shared_gunicorn_conf``). ``table()`` also
+opens a named one lazily, so the app works with ``preload_app`` too.
 """
 
 from __future__ import annotations
@@ -14,21 +13,16 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
-import shared_limits
-
 from nanobucket.shared import SharedKeyedTokenBucket
 
-
-def attach() -> None:
-    """Open the named shared table in this process (called by post_fork)."""
-    shared_limits.table = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+limits: SharedKeyedTokenBucket | None = None  # set by post_fork in each worker
 
 
 def table() -> SharedKeyedTokenBucket:
-    if shared_limits.table is None:
-        attach()
-    assert shared_limits.table is not None
-    return shared_limits.table
+    global limits
+    if limits is None:
+        limits = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+    return limits
 
 
 def app(
