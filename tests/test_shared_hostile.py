@@ -324,3 +324,9 @@ def test_without_memfd_the_anonymous_table_is_an_unlinked_file(
         assert os.readlink(mapping).endswith(" (deleted)")
         counts = run_children(2, lambda i: sum(t.allow_at("k", 0) for _ in range(3)))
         assert sum(counts) == 3
+
+
+def test_without_the_extension_create_anonymous_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared, "_Base", None)  # as on a pure-Python install
+    with pytest.raises(RuntimeError, match="Cython extension"):
+        SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=1)

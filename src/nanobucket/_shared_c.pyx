@@ -189,7 +189,7 @@ cdef class SharedTable:
     2048
     """
     cdef readonly object path
-    """The table's file, as given to ``create`` or ``open``.
+    """The table's file, as given to ``create`` or ``open``; None for an anonymous table.
 
     >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket

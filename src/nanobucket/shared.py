@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import secrets
@@ -154,7 +153,8 @@ class SharedKeyedTokenBucket(_Table):
     """A ``KeyedTokenBucket`` in shared memory: one limit for all processes mapping it.
 
     Make one with ``create`` (before the workers fork, or in one of them) and
-    attach with ``open`` (or just inherit it across ``fork``). Keys are
+    attach with ``open`` (or just inherit it across ``fork``), or make one
+    with no name with ``create_anonymous`` before the workers fork. Keys are
     ``str`` (hashed as UTF-8), ``bytes``, or ``int`` (hashed as 8-byte
     little-endian two's complement when in int64 range, else as its minimal
     two's complement bytes); ``"1"``, ``b"1"`` and ``1`` are different keys.
@@ -458,6 +458,8 @@ def _reserve(fd: int, size: int) -> None:
 def _anonymous_file(size: int) -> int:
     """A new file of *size* bytes, open read-write, that no other process can find or resize."""
     if hasattr(os, "memfd_create"):  # Linux
+        import fcntl  # POSIX only: here, so that the package still imports on Windows
+
         fd = os.memfd_create("nanobucket", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             _reserve(fd, size)
