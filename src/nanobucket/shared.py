@@ -460,7 +460,7 @@ def _anonymous_file(size: int) -> int:
     if hasattr(os, "memfd_create"):  # Linux
         import fcntl  # POSIX only: here, so that the package still imports on Windows
 
-        fd = os.memfd_create("nanobucket", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = _memfd()
         try:
             _reserve(fd, size)
             # Nobody, the same user included, can now shrink it (SIGBUS in
@@ -482,6 +482,18 @@ def _anonymous_file(size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _memfd() -> int:
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    try:
+        # Not executable: Linux 6.3+ logs a warning without this flag, and
+        # refuses the call when vm.memfd_noexec is 2.
+        return os.memfd_create("nanobucket", flags | getattr(os, "MFD_NOEXEC_SEAL", 8))
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return os.memfd_create("nanobucket", flags)  # a kernel before 6.3
 
 
 def _open_file(target: str) -> int:
