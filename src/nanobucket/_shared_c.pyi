@@ -23,7 +23,7 @@ class SharedTable:
     @property
     def slot_count(self) -> int: ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> str | None: ...
     @property
     def closed(self) -> bool: ...
     @property
@@ -33,7 +33,7 @@ class SharedTable:
         fd: int,
         size: int,
         header_size: int,
-        path: str,
+        path: str | None,
         rate: int | Fraction,
         capacity: int,
         interval_ns: int,

@@ -189,7 +189,7 @@ cdef class SharedTable:
     2048
     """
     cdef readonly object path
-    """The table's file, as given to ``create`` or ``open``.
+    """The table's file, as given to ``create`` or ``open``; None for an anonymous table.
 
     >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
@@ -219,7 +219,10 @@ cdef class SharedTable:
             raise RuntimeError("the table is already attached")
         if slot_count < 1 or (slot_count & (slot_count - 1)) or probe < 1 or probe > slot_count:
             raise ValueError("bad slot count or probe length")
-        if size != header_size + slot_count * 16 or header_size % 8:
+        # Divided, not multiplied: a slot count from a file cannot overflow
+        # its way past this into a mapping smaller than the slots it indexes.
+        if (header_size < 0 or header_size % 8 or size < header_size
+                or (size - header_size) % 16 or (size - header_size) // 16 != slot_count):
             raise ValueError("the size does not match the slot count")
         if clock is not None and not callable(clock):
             raise TypeError(

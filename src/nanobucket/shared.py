@@ -21,11 +21,20 @@ a 128-byte header, then ``slot_count`` slots of two int64 words
 byte-order mark, layout version, header size, the rate as an exact fraction
 (numerator, denominator), capacity, interval_ns, slot count, max_keys, probe
 length, the full-window policy, the 128-bit hash seed, and a BLAKE2b check
-of the fields before it.
+of the fields before it (against accidents, not forgery: see ``open``).
+
+``/dev/shm`` is writable by every user, so ``open`` attaches only to a
+regular file (never a symbolic link) owned by the effective user and
+writable by nobody else, whose size is the header's. What then remains is
+the same user: another of its processes can truncate or rewrite a named
+table. ``SharedKeyedTokenBucket.create_anonymous`` leaves nothing to find
+or truncate: a table with no name, inherited across ``fork``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -68,9 +77,12 @@ else:
 
 
 class BadTableError(ValueError):
-    """The file is not a usable shared table: foreign, truncated, corrupt or another version.
+    """The file is not a usable shared table: foreign, damaged, another version, or unsafe.
 
-    A ``ValueError``, raised by `SharedKeyedTokenBucket.open`.
+    A ``ValueError``, raised by `SharedKeyedTokenBucket.open`. Unsafe means
+    a file another user could have planted or can rewrite: a symbolic link,
+    a file owned by another user, or one writable by group or others. The
+    message names the reason.
 
     >>> import pathlib, tempfile
     >>> with tempfile.TemporaryDirectory() as d:
@@ -141,7 +153,8 @@ class SharedKeyedTokenBucket(_Table):
     """A ``KeyedTokenBucket`` in shared memory: one limit for all processes mapping it.
 
     Make one with ``create`` (before the workers fork, or in one of them) and
-    attach with ``open`` (or just inherit it across ``fork``). Keys are
+    attach with ``open`` (or just inherit it across ``fork``), or make one
+    with no name with ``create_anonymous`` before the workers fork. Keys are
     ``str`` (hashed as UTF-8), ``bytes``, or ``int`` (hashed as 8-byte
     little-endian two's complement when in int64 range, else as its minimal
     two's complement bytes); ``"1"``, ``b"1"`` and ``1`` are different keys.
@@ -187,7 +200,18 @@ class SharedKeyedTokenBucket(_Table):
         """Create a new table file (``FileExistsError`` if it exists) and attach to it.
 
         *name* is a file under ``/dev/shm``; or give ``path=``. The file
-        appears complete or not at all (it is built aside, then linked in).
+        appears complete or not at all: it is built under a random name
+        (created exclusively, never through a symbolic link, mode 0600),
+        then linked in, which fails on anything already at the name, a
+        symbolic link included. *mode* may add read access for group or
+        others, never write access (``open`` refuses such a file).
+
+        A named table is as safe as its file: ``open`` refuses files another
+        user could have planted or can write, but another process of the
+        same user can still truncate the file (every process attached then
+        dies of SIGBUS on its next touch) or rewrite it, and anyone who can
+        write the directory can take the name first (``create`` then fails).
+        `create_anonymous` has no name and cannot be truncated.
 
         >>> import os, tempfile
         >>> with tempfile.TemporaryDirectory() as d:
@@ -198,12 +222,63 @@ class SharedKeyedTokenBucket(_Table):
         """
         _require_extension()
         target = _resolve(name, path)
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise ValueError(f"mode must be a permission int such as 0o600, got {mode!r}")
+        if mode & 0o022:
+            raise ValueError(
+                f"mode {oct(mode)} lets group or others write the table, which open() "
+                "refuses; give at most 0o644"
+            )
+        return cls._create(target, rate, capacity, max_keys, mode, when_full, clock)
+
+    @classmethod
+    def create_anonymous(
+        cls,
+        *,
+        rate: RateLike,
+        capacity: int,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        when_full: str = "reject",
+        clock: Clock | None = None,
+    ) -> SharedKeyedTokenBucket:
+        """Create a table with no name, shared with the processes this one forks afterwards.
+
+        Make it in the parent of a pre-fork pool (gunicorn's ``on_starting``)
+        and the workers inherit the mapping. No other process can find it,
+        take its name or truncate it: on Linux it lives in a ``memfd``
+        sealed against shrinking and growing, elsewhere in a file unlinked
+        as soon as it is made. Its ``path`` is ``None``; it cannot be
+        ``open``ed, pickled or passed to a process that was not forked from
+        this one (``multiprocessing``'s "spawn" and "forkserver" contexts).
+
+        >>> import os
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     pid = os.fork()
+        ...     if pid == 0:                     # a worker: the same buckets
+        ...         os._exit(t.allow_at("alice", 0, cost=2))
+        ...     _, status = os.waitpid(pid, 0)
+        ...     os.waitstatus_to_exitcode(status), t.allow_at("alice", 0), t.path
+        (1, False, None)
+        """
+        _require_extension()
+        return cls._create(None, rate, capacity, max_keys, 0o600, when_full, clock)
+
+    @classmethod
+    def _create(
+        cls,
+        target: str | None,
+        rate: RateLike,
+        capacity: int,
+        max_keys: int,
+        mode: int,
+        when_full: str,
+        clock: Clock | None,
+    ) -> SharedKeyedTokenBucket:
+        """Build a table in a new file linked in at *target*, or in an anonymous one (None)."""
         exact, cap, interval, _tau = bucket_params(rate, capacity)
         keys = check_max_keys(max_keys)
         if when_full not in WHEN_FULL:
             raise ValueError(f"when_full must be 'reject' or 'admit', got {when_full!r}")
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise ValueError(f"mode must be a permission int such as 0o600, got {mode!r}")
         if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
             raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
         if clock is not None and not callable(clock):
@@ -232,15 +307,16 @@ class SharedKeyedTokenBucket(_Table):
             )
         )
         size = HEADER_SIZE + slots * SLOT_SIZE
-        fd, tmp = tempfile.mkstemp(prefix=".nanobucket-", dir=os.path.dirname(target) or ".")
+        tmp = ""  # a named table's file, under its temporary name
+        if target is None:
+            fd = _anonymous_file(size)
+        else:
+            # mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600, a random name.
+            fd, tmp = tempfile.mkstemp(prefix=".nanobucket-", dir=os.path.dirname(target) or ".")
         try:
-            os.fchmod(fd, mode)
-            if hasattr(os, "posix_fallocate"):
-                # Reserve the pages now: a sparse file on a full tmpfs would
-                # kill a worker with SIGBUS on first touch instead.
-                os.posix_fallocate(fd, 0, size)
-            else:  # pragma: no cover - macOS
-                os.ftruncate(fd, size)
+            if target is not None:
+                os.fchmod(fd, mode)
+                _reserve(fd, size)
             os.pwrite(fd, header, 0)
             table = cls.__new__(cls)
             table._attach(
@@ -259,10 +335,14 @@ class SharedKeyedTokenBucket(_Table):
                 seed1,
                 clock,
             )
-            os.link(tmp, target)  # atomic and exclusive: FileExistsError if taken
+            if target is not None:
+                # Atomic and exclusive: FileExistsError if anything is at the
+                # name, a symbolic link included (link never follows one).
+                os.link(tmp, target)
         finally:
             os.close(fd)
-            os.unlink(tmp)
+            if tmp:
+                os.unlink(tmp)
         return table
 
     @classmethod
@@ -276,7 +356,13 @@ class SharedKeyedTokenBucket(_Table):
         """Attach to an existing table; rate, capacity and the rest come from its header.
 
         Raises ``BadTableError`` (a ``ValueError``) for a file that is not
-        such a table, is truncated or corrupt, or has another layout version.
+        such a table, is truncated or corrupt, or has another layout version;
+        and, since ``/dev/shm`` is writable by every user, for a symbolic
+        link, a file not owned by this process's effective user, or one
+        writable by group or others: another user could have planted it
+        (say, a table with no limit) or could truncate it under the workers.
+        The header's checksum only catches accidents (a foreign or damaged
+        file); it is no seal against forgery, which ownership and mode are.
 
         >>> import os, tempfile
         >>> with tempfile.TemporaryDirectory() as d:
@@ -288,11 +374,10 @@ class SharedKeyedTokenBucket(_Table):
         """
         _require_extension()
         target = _resolve(name, path)
-        fd = os.open(target, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = _open_file(target)
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise BadTableError(f"{target}: not a regular file")
+            _check_file(target, info)
             raw = os.pread(fd, HEADER_SIZE, 0)
             fields = _parse_header(target, raw, info.st_size)
             (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy, seed0, seed1) = (
@@ -327,6 +412,8 @@ class SharedKeyedTokenBucket(_Table):
     def unlink(self) -> None:
         """Remove the file; processes attached to it keep using the table until they close.
 
+        An anonymous table has no file: nothing to remove.
+
         >>> import os, tempfile
         >>> with tempfile.TemporaryDirectory() as d:
         ...     path = os.path.join(d, "api")
@@ -335,22 +422,116 @@ class SharedKeyedTokenBucket(_Table):
         ...         os.path.exists(t.path), t.allow_at("alice", 0)
         (False, True)
         """
-        os.unlink(self.path)
+        if self.path is not None:
+            os.unlink(self.path)
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
+        where = "anonymous" if self.path is None else f"path={self.path!r}"
         return (
             f"<SharedKeyedTokenBucket{state} rate={self.rate!r} capacity={self.capacity} "
-            f"max_keys={self.max_keys} path={self.path!r}>"
+            f"max_keys={self.max_keys} {where}>"
         )
 
     def __reduce__(self) -> Any:
-        raise TypeError("a SharedKeyedTokenBucket cannot be pickled: open() it by name instead")
+        raise TypeError(
+            "a SharedKeyedTokenBucket cannot be pickled: open() a named one by name, "
+            "or fork the processes that share an anonymous one"
+        )
 
 
 def _public_rate(rate: object, exact: Fraction) -> int | Fraction:
     # As KeyedTokenBucket reports it: ints and Fractions as given, the rest exact.
     return rate if isinstance(rate, (int, Fraction)) else exact
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the new file *fd* *size* bytes long, its pages allocated where the OS can."""
+    if hasattr(os, "posix_fallocate"):
+        # Reserve the pages now: a sparse file on a full tmpfs would
+        # kill a worker with SIGBUS on first touch instead.
+        os.posix_fallocate(fd, 0, size)
+    else:  # pragma: no cover - macOS
+        os.ftruncate(fd, size)
+
+
+def _anonymous_file(size: int) -> int:
+    """A new file of *size* bytes, open read-write, that no other process can find or resize."""
+    if hasattr(os, "memfd_create"):  # Linux
+        import fcntl  # POSIX only: here, so that the package still imports on Windows
+
+        fd = _memfd()
+        try:
+            _reserve(fd, size)
+            # Nobody, the same user included, can now shrink it (SIGBUS in
+            # every worker), grow it, or change the seals.
+            seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    # Elsewhere a file whose name goes at once (mkstemp: mode 0600, so until
+    # then no other user can open it). Once the fd is closed after mapping,
+    # no process can reach the file to truncate it.
+    fd, tmp = tempfile.mkstemp(prefix=".nanobucket-", dir=default_directory())
+    os.unlink(tmp)
+    try:
+        _reserve(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _memfd() -> int:
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    try:
+        # Not executable: Linux 6.3+ logs a warning without this flag, and
+        # refuses the call when vm.memfd_noexec is 2.
+        return os.memfd_create("nanobucket", flags | getattr(os, "MFD_NOEXEC_SEAL", 8))
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return os.memfd_create("nanobucket", flags)  # a kernel before 6.3
+
+
+def _open_file(target: str) -> int:
+    """Open *target* read-write, never through a symbolic link."""
+    flags = os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(target, flags)
+    except OSError as e:
+        # O_NOFOLLOW on a link: ELOOP (Linux, macOS) or EMLINK (FreeBSD).
+        if e.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(target):
+            raise BadTableError(
+                f"{target}: is a symbolic link; a shared table must be the file itself"
+            ) from None
+        if isinstance(e, PermissionError):
+            with contextlib.suppress(OSError):
+                _check_owner(target, os.lstat(target))  # say why if it is another's file
+        raise
+
+
+def _check_owner(target: str, info: os.stat_result) -> None:
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        raise BadTableError(
+            f"{target}: owned by uid {info.st_uid}, not {uid} (this process's effective "
+            "user); another user may have planted it"
+        )
+
+
+def _check_file(target: str, info: os.stat_result) -> None:
+    """Refuse what is not a regular file of ours that only we can write."""
+    if not stat.S_ISREG(info.st_mode):
+        raise BadTableError(f"{target}: not a regular file")
+    _check_owner(target, info)
+    if info.st_mode & 0o022:
+        raise BadTableError(
+            f"{target}: writable by group or others (mode {oct(stat.S_IMODE(info.st_mode))}); "
+            "a shared table must be writable by its owner only"
+        )
 
 
 def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
@@ -385,21 +566,28 @@ def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
             f"{target}: shared table layout version {version}; this nanobucket reads "
             f"version {LAYOUT_VERSION}"
         )
+    # Unkeyed, so anyone can forge it: it tells a damaged or foreign file from
+    # a table, while ownership and mode (_check_file) keep forgers out.
     (check,) = _CHECK.unpack_from(raw, _CHECKED)
     if check != hashlib.blake2b(raw[:_CHECKED], digest_size=8).digest():
         raise BadTableError(f"{target}: corrupt shared table header")
     if header_size != HEADER_SIZE or slots < 2 or slots & (slots - 1) or slots > 1 << 42:
         raise BadTableError(f"{target}: corrupt shared table header")
     expected = HEADER_SIZE + slots * SLOT_SIZE
+    says = f"header says {slots} slots but the file holds {size} bytes, not {expected}"
     if size < expected:
-        raise BadTableError(f"{target}: truncated shared table ({size} of {expected} bytes)")
+        raise BadTableError(f"{target}: truncated shared table: {says}")
     if size > expected:
-        raise BadTableError(f"{target}: shared table has {size - expected} unexpected bytes")
+        raise BadTableError(
+            f"{target}: shared table has {size - expected} unexpected bytes: {says}"
+        )
     try:
         if den <= 0 or num <= 0 or policy not in (0, 1) or not 1 <= probe <= slots:
             raise ValueError("bad field")
         _exact, _cap, want_interval, _tau = bucket_params(Fraction(num, den), cap)
         check_max_keys(keys)
+        if slots != _slot_count(keys):  # as create sizes it: bounds the slots by max_keys
+            raise ValueError("bad field")
     except (TypeError, ValueError):
         raise BadTableError(f"{target}: corrupt shared table header") from None
     if want_interval != interval:

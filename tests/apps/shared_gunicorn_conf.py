@@ -23,7 +23,7 @@ def on_starting(server: Any) -> None:
 def post_fork(server: Any, worker: Any) -> None:
     import shared_wsgi_app
 
-    shared_wsgi_app.attach()
+    shared_wsgi_app.limits = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
 
 
 def on_exit(server: Any) -> None:

@@ -1,8 +1,9 @@
-"""A tiny WSGI app for the gunicorn test: every worker asks one shared table.
+"""A tiny WSGI app for the gunicorn tests: every worker asks one shared table.
 
-The table is made by the master in ``on_starting`` (see
-``shared_gunicorn_conf.py``) and opened in each worker by ``post_fork``;
-``table()`` also opens it lazily, so the app works with ``preload_app`` too.
+``post_fork`` hands each worker the table: the anonymous one the master
+made in ``on_starting`` and the worker inherited (``shared_anon_gunicorn_conf``)
+or a named one, opened by path (``shared_gunicorn_conf``). ``table()`` also
+opens a named one lazily, so the app works with ``preload_app`` too.
 """
 
 from __future__ import annotations
@@ -14,20 +15,14 @@ from collections.abc import Callable, Iterable
 
 from nanobucket.shared import SharedKeyedTokenBucket
 
-_table: SharedKeyedTokenBucket | None = None
-
-
-def attach() -> None:
-    """Open the shared table in this process (called by post_fork)."""
-    global _table
-    _table = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+limits: SharedKeyedTokenBucket | None = None  # set by post_fork in each worker
 
 
 def table() -> SharedKeyedTokenBucket:
-    if _table is None:
-        attach()
-    assert _table is not None
-    return _table
+    global limits
+    if limits is None:
+        limits = SharedKeyedTokenBucket.open(path=os.environ["NB_SHARED_TABLE"])
+    return limits
 
 
 def app(
@@ -35,7 +30,8 @@ def app(
 ) -> Iterable[bytes]:
     """``GET /<key>``: 200 if *key*'s bucket admits the request, else 429 with Retry-After."""
     key = str(environ.get("PATH_INFO", "/")).strip("/")
-    headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid()))]
+    kind = "anonymous" if table().path is None else "named"
+    headers = [("Content-Type", "text/plain"), ("X-Worker", str(os.getpid())), ("X-Table", kind)]
     if key == "_health":
         start_response("200 OK", headers)
         return [b"up\n"]
