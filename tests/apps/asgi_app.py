@@ -31,11 +31,10 @@ async def stats(request: Request) -> JSONResponse:
 
 rate = float(os.environ["NB_RATE"])
 limiter = nb.KeyedTokenBucket(rate=rate, capacity=int(os.environ["NB_CAPACITY"]))
-keys = {
-    "header": header("X-API-Key"),
-    "unix": client_address(trusted_proxies=["unix:"]),
-}
-key = keys.get(os.environ.get("NB_KEY", ""), client_address())
+key = {
+    "header": lambda: header("X-API-Key"),
+    "unix": lambda: client_address(trusted_proxies=["unix:"]),
+}.get(os.environ.get("NB_KEY", ""), client_address)()
 cafe = os.environ.get("NB_CAFE_CAPACITY")
 routes = [Route("/café", nb.KeyedTokenBucket(rate=rate, capacity=int(cafe)))] if cafe else []
 
