@@ -435,6 +435,7 @@ def test_wsgi_path_decoding(impl: ModuleType, path_info: str, pattern: str) -> N
 
 def test_policy_names() -> None:
     limiter = _Always()
+    mw: Any
     for mw in (asgi.RateLimitMiddleware, wsgi.RateLimitMiddleware):
         # A name given for a route must fit a header field as it stands.
         with pytest.raises(ValueError, match="printable ASCII"):

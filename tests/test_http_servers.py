@@ -204,7 +204,7 @@ def test_uvicorn_exact_count_and_spoofed_header(uvicorn_server: Server) -> None:
     t0 = time.monotonic()
     # Every request claims another X-Forwarded-For: none may get a fresh bucket.
     results = load(port, 4, 40, lambda t, i: {"X-Forwarded-For": f"198.51.100.{t * 40 + i}"})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = connect(port)
     status, hdrs, body = get(conn)
     elapsed = time.monotonic() - t0
     assert statuses(results) == (50, 110)
@@ -239,7 +239,7 @@ def test_uvicorn_rate_over_time(tmp_path: Path) -> None:
     rate, capacity = 20.0, 10
     server = uvicorn(tmp_path, rate, capacity)
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn = connect(server.port)
         codes = []
         t0 = time.monotonic()
         while time.monotonic() - t0 < 1.5:

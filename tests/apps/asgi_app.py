@@ -31,10 +31,13 @@ async def stats(request: Request) -> JSONResponse:
 
 rate = float(os.environ["NB_RATE"])
 limiter = nb.KeyedTokenBucket(rate=rate, capacity=int(os.environ["NB_CAPACITY"]))
-key = {
-    "header": lambda: header("X-API-Key"),
-    "unix": lambda: client_address(trusted_proxies=["unix:"]),
-}.get(os.environ.get("NB_KEY", ""), client_address)()
+name = os.environ.get("NB_KEY")
+if name == "header":
+    key: object = header("X-API-Key")
+elif name == "unix":
+    key = client_address(trusted_proxies=["unix:"])
+else:
+    key = client_address()
 cafe = os.environ.get("NB_CAFE_CAPACITY")
 routes = [Route("/café", nb.KeyedTokenBucket(rate=rate, capacity=int(cafe)))] if cafe else []
 
