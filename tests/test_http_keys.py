@@ -278,6 +278,22 @@ def test_no_peer_address_warns_once_for_a_header_fallback_and_trusted_networks()
     assert keys == ["", "", "", "addr:"]
 
 
+def test_trusted_mapped_network_is_its_ipv4_network() -> None:
+    kf = client_address(trusted_proxies=["::ffff:10.0.0.0/104"])
+    assert repr(kf) == "client_address(trusted_proxies=['10.0.0.0/8'])"
+    assert kf.wsgi(wsgi_environ("10.1.2.3", "1.2.3.4")) == "1.2.3.4"
+    assert kf.wsgi(wsgi_environ("::ffff:10.1.2.3", "1.2.3.4")) == "1.2.3.4"
+    assert kf.wsgi(wsgi_environ("11.1.2.3", "1.2.3.4")) == "11.1.2.3"
+
+
+def test_bound_unix_client_path_warns_too() -> None:
+    # gunicorn gives a unix client's own path when it bound one.
+    kf = client_address()
+    with pytest.warns(RuntimeWarning, match="no peer address") as rec:
+        keys = [kf.wsgi(wsgi_environ("/tmp/proxy.sock")) for _ in range(2)]
+    assert (len(rec), keys) == (1, ["/tmp/proxy.sock"] * 2)
+
+
 def test_trusted_proxies_bad() -> None:
     with pytest.raises(ValueError, match=r"or 'unix:'"):
         client_address(trusted_proxies=["unix"])

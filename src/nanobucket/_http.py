@@ -213,7 +213,7 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         '1.2.3.4'
         """
         if ":" not in peer:
-            if not peer:
+            if not peer or peer[0] == "/":  # a unix socket (gunicorn: its path, if bound)
                 self._no_address()
             return peer  # IPv4 as the server wrote it: the hot case
         addr = _parse_ip(peer)
