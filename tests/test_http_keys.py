@@ -10,6 +10,8 @@ where the framework's own decoding matters, through its test client.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ipaddress
 import warnings
 from collections.abc import Hashable
 from types import ModuleType
@@ -18,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 from flask import Flask
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -26,6 +30,8 @@ from starlette.routing import Route as StarletteRoute
 
 from nanobucket import asgi, wsgi
 from nanobucket._http import Route, bounded, client_address, header, route
+
+from fuzz_values import fuzz
 
 S = 1_000_000_000
 
@@ -554,3 +560,57 @@ def test_cors_preflight_answered_outside_the_limiter(impl: ModuleType, clock: An
     assert r[5].headers["ratelimit"] == '"default";r=1;t=1'
     assert r[7].headers["access-control-allow-origin"] == "https://a.example"
     assert inner.counters.snapshot()["admitted"] == 2
+
+
+# ---------------------------------------------------------------- properties
+
+# What a client may write in X-Forwarded-For: addresses of every form, with
+# ports, brackets, zones, garbage and separators.
+_entry = st.one_of(
+    st.ip_addresses().map(str),
+    st.ip_addresses(v=6).map(lambda a: f"[{a}]:{443}"),
+    st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}"),
+    st.ip_addresses(v=6).map(lambda a: f"{a}%" + "z" * 3),
+    st.text(alphabet=" ,:[]%.0123456789abcdefx", max_size=30),
+)
+_forged = st.lists(_entry, max_size=20).map(", ".join)
+
+
+@fuzz(300)
+@given(forged=_forged, peer=st.ip_addresses().map(str))
+def test_untrusted_peer_key_is_its_own_whatever_it_writes(forged: str, peer: str) -> None:
+    kf = client_address(trusted_proxies=TRUSTED)
+    if kf._is_trusted(ipaddress.ip_address(peer)):
+        return
+    assert kf.wsgi(wsgi_environ(peer, forged)) == client_address().wsgi(wsgi_environ(peer))
+
+
+@fuzz(300)
+@given(forged=_forged, attacker=st.ip_addresses().map(str))
+def test_behind_an_appending_proxy_the_key_is_the_attackers(forged: str, attacker: str) -> None:
+    kf = client_address(trusted_proxies=TRUSTED)
+    if kf._is_trusted(ipaddress.ip_address(attacker)):
+        return
+    key = kf.asgi(asgi_scope("10.0.0.1", f"{forged}, {attacker}"))
+    assert key == client_address().wsgi(wsgi_environ(attacker))
+
+
+@fuzz(300)
+@given(xff=_forged, peer=st.one_of(st.just(""), st.ip_addresses().map(str)))
+def test_address_keys_are_short(xff: str, peer: str) -> None:
+    kf = client_address(trusted_proxies=[*TRUSTED, "unix:"])
+    assert len(kf.wsgi(wsgi_environ(peer, xff))) <= 39  # a full IPv6 address at most
+
+
+@fuzz(300)
+@given(value=st.text(min_size=1, max_size=300))
+def test_header_keys_are_short(value: str) -> None:
+    key = header("X-API-Key").wsgi({"HTTP_X_API_KEY": value})
+    if len(value) <= 64:
+        assert key == "header:" + value
+    else:
+        assert (
+            key
+            == "header#"
+            + hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        )
