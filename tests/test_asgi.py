@@ -260,9 +260,8 @@ def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any, clients: list
         ("10.0.0.1", "10.0.0.7, 10.0.0.5", "10.0.0.7"),  # all trusted: the leftmost
         ("10.0.0.1", "garbage, 10.0.0.5", "10.0.0.5"),  # stops at the last trusted hop
         ("10.0.0.1", "1.2.3.4:5678", "1.2.3.4"),
-        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::1"),
+        ("10.0.0.1", "[2001:db8::1]:443", "2001:db8::/64"),
         ("1.2.3.4", "5.6.7.8", "1.2.3.4"),  # not from a trusted proxy: header ignored
-        ("", "5.6.7.8", ""),
     ],
 )
 def test_forwarded_for_walk(peer: str, xff: str | None, key: str) -> None:

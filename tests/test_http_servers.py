@@ -43,10 +43,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Server:
-    """A server process on a loopback port, stopped (and reaped) on close."""
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix socket, as a proxy in front of the server talks."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, log: Path) -> None:
+    def __init__(self, path: str, timeout: float = 10) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
+def connect(address: int | str) -> http.client.HTTPConnection:
+    """A connection to a loopback port, or to a unix socket at a path."""
+    if isinstance(address, str):
+        return UnixHTTPConnection(address)
+    return http.client.HTTPConnection("127.0.0.1", address, timeout=10)
+
+
+def _probe(address: int | str) -> None:
+    if isinstance(address, str):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            s.connect(address)
+    else:
+        socket.create_connection(("127.0.0.1", address), 0.2).close()
+
+
+class Server:
+    """A server process on a loopback port (or a unix socket), stopped (and reaped) on close."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int | str, log: Path) -> None:
         self.port = port
         self.log = log
         self._log_file = open(log, "wb")  # noqa: SIM115 - closed in close()
@@ -63,7 +93,7 @@ class Server:
                 self.close()
                 pytest.fail(f"server exited with {self.proc.returncode}:\n{log.read_text()}")
             try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                _probe(port)
                 return
             except OSError:
                 if time.monotonic() > deadline:
@@ -94,7 +124,7 @@ def get(
 
 
 def load(
-    port: int, threads: int, per_thread: int, headers: Any = None
+    port: int | str, threads: int, per_thread: int, headers: Any = None
 ) -> list[tuple[int, dict[str, str]]]:
     """*threads* x *per_thread* GETs of ``/``; *headers* is a dict or f(thread, i) -> dict."""
     results: list[tuple[int, dict[str, str]]] = []
@@ -102,7 +132,7 @@ def load(
     errors: list[BaseException] = []
 
     def run(t: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = connect(port)
         mine = []
         try:
             for i in range(per_thread):
@@ -135,17 +165,22 @@ def statuses(results: list[tuple[int, dict[str, str]]]) -> tuple[int, int]:
 # ---------------------------------------------------------------------- uvicorn
 
 
-def uvicorn(tmp_path: Path, rate: float, capacity: int, key: str = "address") -> Server:
-    port = free_port()
+def uvicorn(
+    tmp_path: Path,
+    rate: float,
+    capacity: int,
+    key: str = "address",
+    uds: bool = False,
+    env: dict[str, str] | None = None,
+) -> Server:
+    port: int | str = str(tmp_path / "uvicorn.sock") if uds else free_port()
+    where = ["--uds", str(port)] if uds else ["--host", "127.0.0.1", "--port", str(port)]
     argv = [
         sys.executable,
         "-m",
         "uvicorn",
         "asgi_app:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *where,
         "--log-level",
         "warning",
         "--no-access-log",
@@ -153,7 +188,7 @@ def uvicorn(tmp_path: Path, rate: float, capacity: int, key: str = "address") ->
         # (forwarded_allow_ips); off, so the peer address reaches the middleware.
         "--no-proxy-headers",
     ]
-    env = {"NB_RATE": repr(rate), "NB_CAPACITY": str(capacity), "NB_KEY": key}
+    env = {"NB_RATE": repr(rate), "NB_CAPACITY": str(capacity), "NB_KEY": key, **(env or {})}
     return Server(argv, env, port, tmp_path / "uvicorn.log")
 
 
@@ -169,7 +204,7 @@ def test_uvicorn_exact_count_and_spoofed_header(uvicorn_server: Server) -> None:
     t0 = time.monotonic()
     # Every request claims another X-Forwarded-For: none may get a fresh bucket.
     results = load(port, 4, 40, lambda t, i: {"X-Forwarded-For": f"198.51.100.{t * 40 + i}"})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = connect(port)
     status, hdrs, body = get(conn)
     elapsed = time.monotonic() - t0
     assert statuses(results) == (50, 110)
@@ -204,7 +239,7 @@ def test_uvicorn_rate_over_time(tmp_path: Path) -> None:
     rate, capacity = 20.0, 10
     server = uvicorn(tmp_path, rate, capacity)
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn = connect(server.port)
         codes = []
         t0 = time.monotonic()
         while time.monotonic() - t0 < 1.5:
@@ -267,3 +302,98 @@ def test_gunicorn_exact_count(gunicorn_server: tuple[Server, int]) -> None:
     # With the shared table, several workers admitted and still only 60 in all.
     assert (2 if workers > 1 else 1) <= len(pids) <= workers
     assert len({h["x-worker"] for _, h in results}) <= workers
+
+
+# ------------------------------------------------ non-ASCII routes, unix sockets
+
+CAFE = "/caf%C3%A9"  # /café as a client sends it
+
+
+def cafe_then_root(address: int | str) -> tuple[list[int], int]:
+    """Five GETs of /café (its limiter holds 2) and one of / (the default's)."""
+    conn = connect(address)
+    try:
+        codes = [get(conn, CAFE)[0] for _ in range(5)]
+        status, hdrs, _ = get(conn, "/")
+    finally:
+        conn.close()
+    assert hdrs["ratelimit"].startswith('"default";r=49;')
+    return codes, status
+
+
+def test_uvicorn_non_ascii_route_has_its_stricter_limit(tmp_path: Path) -> None:
+    server = uvicorn(tmp_path, ONE_PER_HOUR, 50, env={"NB_CAFE_CAPACITY": "2"})
+    try:
+        assert cafe_then_root(server.port) == ([200, 200, 429, 429, 429], 200)
+    finally:
+        server.close()
+
+
+def unix_clients(address: str) -> list[int]:
+    """Three clients behind the proxy on the unix socket, 3 GETs each, in turn."""
+    conn = connect(address)
+    try:
+        return [
+            get(conn, "/", {"X-Forwarded-For": f"6.6.6.{i}, 198.51.100.{c}"})[0]
+            for c in range(3)
+            for i in range(3)
+        ]
+    finally:
+        conn.close()
+
+
+def test_uvicorn_unix_socket_trusted_proxy(tmp_path: Path) -> None:
+    server = uvicorn(tmp_path, ONE_PER_HOUR, 2, key="unix", uds=True)
+    try:
+        codes = unix_clients(str(server.port))
+    finally:
+        server.close()
+    assert codes == [200, 200, 429] * 3  # a bucket per client behind the proxy
+    assert "no peer address" not in server.log.read_text()
+
+
+def test_uvicorn_unix_socket_untrusted_warns_once(tmp_path: Path) -> None:
+    server = uvicorn(tmp_path, ONE_PER_HOUR, 2, uds=True)
+    try:
+        codes = unix_clients(str(server.port))
+    finally:
+        server.close()
+    assert codes == [200, 200] + [429] * 7  # everyone behind the socket: one bucket
+    assert server.log.read_text().count("RuntimeWarning: a request arrived with no peer") == 1
+
+
+def gunicorn(tmp_path: Path, env: dict[str, str], unix: bool = False) -> Server:
+    """One gunicorn worker with an in-process limiter, on a port or a unix socket."""
+    address: int | str = str(tmp_path / "gunicorn.sock") if unix else free_port()
+    bind = f"unix:{address}" if unix else f"127.0.0.1:{address}"
+    argv = [sys.executable, "-m", "gunicorn", "-w", "1", "-b", bind, "--log-level", "warning"]
+    env = {"NB_RATE": repr(ONE_PER_HOUR), **env}
+    return Server([*argv, "wsgi_app:app"], env, address, tmp_path / "gunicorn.log")
+
+
+def test_gunicorn_non_ascii_route_has_its_stricter_limit(tmp_path: Path) -> None:
+    server = gunicorn(tmp_path, {"NB_CAPACITY": "50", "NB_CAFE_CAPACITY": "2"})
+    try:
+        assert cafe_then_root(server.port) == ([200, 200, 429, 429, 429], 200)
+    finally:
+        server.close()
+
+
+def test_gunicorn_unix_socket_trusted_proxy(tmp_path: Path) -> None:
+    server = gunicorn(tmp_path, {"NB_CAPACITY": "2", "NB_KEY": "unix"}, unix=True)
+    try:
+        codes = unix_clients(str(server.port))
+    finally:
+        server.close()
+    assert codes == [200, 200, 429] * 3
+    assert "no peer address" not in server.log.read_text()
+
+
+def test_gunicorn_unix_socket_untrusted_warns_once(tmp_path: Path) -> None:
+    server = gunicorn(tmp_path, {"NB_CAPACITY": "2"}, unix=True)
+    try:
+        codes = unix_clients(str(server.port))
+    finally:
+        server.close()
+    assert codes == [200, 200] + [429] * 7
+    assert server.log.read_text().count("RuntimeWarning: a request arrived with no peer") == 1

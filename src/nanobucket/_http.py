@@ -23,12 +23,15 @@ that waits what it is told is never early):
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import ipaddress
 import json
 import math
 import posixpath
 import threading
+import urllib.parse
+import warnings
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -49,6 +52,10 @@ Headers = list[tuple[bytes, bytes]]
 Check = Callable[[Hashable, int], Any]  # -> Decision, or an awaitable of one
 
 HEADER_MODES = ("ietf", "legacy", "off")
+# A policy name is quoted in header fields: printable ASCII but '"' and '\\'.
+_NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+# What a path keeps as is in a policy name; the rest is percent-encoded.
+_PATH_SAFE = "".join(sorted(_NAME_CHARS - {" ", "%"}))
 _NS = NS_PER_S
 # Headers cannot carry a newline, so it cannot be forged into a composite key.
 _KEY_SEP = "\n"
@@ -72,36 +79,93 @@ class KeyFunc:
         raise NotImplementedError
 
 
-def _networks(trusted: Iterable[str] | str | None) -> tuple[IPNetwork, ...]:
+# Longer request text is keyed by its digest, so a client cannot make one
+# key cost more memory than a short one. 64 keeps usual API keys readable.
+MAX_KEY_TEXT = 64
+
+
+def bounded(tag: str, text: str) -> str:
+    """``tag:text``, or ``tag#<digest>`` when *text* is longer than 64 characters.
+
+    The digest is a 128-bit BLAKE2b with no secret: collisions are out of
+    reach (about 2**64 work) and every process and machine derives the same
+    key for the same client, as a shared table or Redis needs. The two
+    forms never meet (``:`` against ``#`` after the tag).
+
+    >>> bounded("header", "k1")
+    'header:k1'
+    >>> bounded("header", "x" * 8192)
+    'header#8c8140441c8eee6544e1e91ff00ed109'
+    """
+    if len(text) <= MAX_KEY_TEXT:
+        return tag + ":" + text
+    data = text.encode("utf-8", "surrogatepass")
+    return tag + "#" + hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+UNIX = "unix:"
+_WARN_LOCK = threading.Lock()
+
+
+def _networks(trusted: Iterable[str] | str | None) -> tuple[tuple[IPNetwork, ...], bool]:
+    """The trusted networks, and whether the peer of a unix socket is trusted."""
     if trusted is None:
-        return ()
+        return (), False
     if isinstance(trusted, str):
         trusted = [trusted]
     nets = []
+    unix = False
     for item in trusted:
         if not isinstance(item, str):
             raise TypeError(f"trusted proxies must be str addresses or networks, not {item!r}")
+        if item.strip() == UNIX:
+            unix = True
+            continue
         try:
-            nets.append(ipaddress.ip_network(item.strip(), strict=False))
+            net = ipaddress.ip_network(item.strip(), strict=False)
         except ValueError:
-            raise ValueError(f"not an IP address or network: {item!r}") from None
-    return tuple(nets)
+            raise ValueError(f"not an IP address or network (or 'unix:'): {item!r}") from None
+        if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96:
+            mapped = net.network_address.ipv4_mapped
+            if mapped is not None:  # "::ffff:10.0.0.0/104" is 10.0.0.0/8
+                net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}")
+        nets.append(net)
+    return tuple(nets), unix
 
 
 def _parse_ip(text: str) -> IPAddress | None:
+    """An address from an ``X-Forwarded-For`` entry or a peer; IPv4-mapped as IPv4."""
     text = text.strip()
     if text.startswith("[") and "]" in text:  # "[::1]:8080" -> "::1"
         text = text[1 : text.index("]")]
     elif text.count(":") == 1:  # "1.2.3.4:5678" -> "1.2.3.4"
         text = text.split(":", 1)[0]
+    if len(text) > 64:  # longer than any address with a zone: not one
+        return None
     try:
-        return ipaddress.ip_address(text)
+        addr = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _check_prefix(ipv6_prefix: object) -> int:
+    if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int):
+        raise TypeError(f"ipv6_prefix must be an int, not {ipv6_prefix!r}")
+    if not 1 <= ipv6_prefix <= 128:
+        raise ValueError(f"ipv6_prefix must be 1..128, got {ipv6_prefix}")
+    return ipv6_prefix
 
 
 class client_address(KeyFunc):  # lower case: reads as a function at the call site
     """Key by client IP address (the default key).
+
+    An IPv4-mapped address (``::ffff:1.2.3.4``) is its IPv4 address; an IPv6
+    client is keyed by its network of *ipv6_prefix* bits (default 64, as
+    one host is usually given a whole /64 and could otherwise take a fresh
+    bucket per address).
 
     ``X-Forwarded-For`` is ignored unless ``trusted_proxies`` is given. With
     it, the header is read from the right while the hop that wrote the entry
@@ -110,19 +174,65 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
     of the one a trusted proxy appended, and are never reached. An entry that
     is not an address stops the walk at the last trusted hop (several
     clients then share that bucket: stricter, never looser).
+    ``"unix:"`` in ``trusted_proxies`` trusts the peer of a unix socket
+    (uvicorn ``--uds``, gunicorn ``unix:``), which has no address.
 
     >>> client_address(trusted_proxies=["10.0.0.0/8"]).wsgi(
     ...     {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "6.6.6.6, 1.2.3.4"})
     '1.2.3.4'
+    >>> client_address().wsgi({"REMOTE_ADDR": "2001:db8:1:2:3:4:5:6"})
+    '2001:db8:1:2::/64'
     """
 
-    __slots__ = ("_trusted",)
+    __slots__ = ("_prefix", "_reads_header", "_trusted", "_unix", "_warned")
 
-    def __init__(self, trusted_proxies: Iterable[str] | str | None = None) -> None:
-        self._trusted = _networks(trusted_proxies)
+    def __init__(
+        self, trusted_proxies: Iterable[str] | str | None = None, *, ipv6_prefix: int = 64
+    ) -> None:
+        self._trusted, self._unix = _networks(trusted_proxies)
+        self._prefix = _check_prefix(ipv6_prefix)
+        self._reads_header = bool(self._trusted) or self._unix  # some proxy is trusted
+        self._warned = False
 
     def _is_trusted(self, addr: IPAddress) -> bool:
         return any(addr in net for net in self._trusted)
+
+    def _key(self, addr: IPAddress) -> str:
+        if isinstance(addr, ipaddress.IPv4Address):
+            return str(addr)
+        bits = int(addr)  # int(): no "%zone", which a header could vary freely
+        if self._prefix == 128:
+            return str(ipaddress.IPv6Address(bits))
+        drop = 128 - self._prefix
+        return f"{ipaddress.IPv6Address(bits >> drop << drop)}/{self._prefix}"
+
+    def peer_key(self, peer: str) -> str:
+        """The key of a socket peer seen directly (no proxy header read).
+
+        >>> client_address().peer_key("::ffff:1.2.3.4")
+        '1.2.3.4'
+        """
+        if ":" not in peer:
+            if not peer or peer[0] == "/":  # a unix socket (gunicorn: its path, if bound)
+                self._no_address()
+            return peer  # IPv4 as the server wrote it: the hot case
+        addr = _parse_ip(peer)
+        return peer if addr is None else self._key(addr)
+
+    def _no_address(self) -> None:
+        if self._warned or self._unix:
+            return
+        with _WARN_LOCK:  # once, even when threads meet here together
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            "a request arrived with no peer address (a unix socket?): every such "
+            "client shares one bucket; behind a proxy on a unix socket, pass "
+            "client_address(trusted_proxies=['unix:']) so its X-Forwarded-For is read",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def resolve(self, peer: str, forwarded_for: str | None) -> str:
         """The client address given the socket peer and ``X-Forwarded-For``.
@@ -131,20 +241,32 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         '1.2.3.4'
         >>> client_address().resolve("10.0.0.2", "1.2.3.4")   # no proxy trusted: the peer
         '10.0.0.2'
+        >>> client_address(trusted_proxies="unix:").resolve("", "1.2.3.4")
+        '1.2.3.4'
         """
-        if not self._trusted or not forwarded_for:
-            return peer
-        current = _parse_ip(peer)
-        if current is None or not self._is_trusted(current):
-            return peer
-        for entry in reversed(forwarded_for.split(",")):
-            hop = _parse_ip(entry)
+        if not peer or peer[0] == "/":  # a unix socket: no address
+            if not self._unix:
+                self._no_address()
+                return peer
+            current: IPAddress | None = None
+        else:
+            current = _parse_ip(peer)
+            if current is None or not self._is_trusted(current) or not forwarded_for:
+                return self.peer_key(peer)
+        if not forwarded_for:
+            return ""  # a trusted unix peer that named no client
+        # Walk from the right without splitting: a long header costs one pass.
+        end = len(forwarded_for)
+        while end >= 0:
+            start = forwarded_for.rfind(",", 0, end)
+            hop = _parse_ip(forwarded_for[start + 1 : end])
             if hop is None:
                 break
             current = hop
             if not self._is_trusted(hop):
                 break
-        return str(current)
+            end = start
+        return "" if current is None else self._key(current)
 
     def asgi(self, scope: Mapping[str, Any]) -> str:
         """The client address of an ASGI request.
@@ -154,8 +276,8 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         """
         client = scope.get("client")
         peer = client[0] if client else ""
-        if not self._trusted:
-            return peer  # the hot default: no header is even looked at
+        if not self._reads_header:
+            return self.peer_key(peer)  # the hot default: no header is even looked at
         return self.resolve(peer, _asgi_header(scope, b"x-forwarded-for"))
 
     def wsgi(self, environ: Mapping[str, Any]) -> str:
@@ -165,13 +287,14 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         '1.2.3.4'
         """
         peer = environ.get("REMOTE_ADDR") or ""
-        if not self._trusted:
-            return peer
+        if not self._reads_header:
+            return self.peer_key(peer)
         return self.resolve(peer, environ.get("HTTP_X_FORWARDED_FOR"))
 
     def __repr__(self) -> str:
-        nets = [str(n) for n in self._trusted]
-        return f"client_address(trusted_proxies={nets!r})"
+        nets = [str(n) for n in self._trusted] + ([UNIX] if self._unix else [])
+        extra = f", ipv6_prefix={self._prefix}" if self._prefix != 64 else ""
+        return f"client_address(trusted_proxies={nets!r}{extra})"
 
 
 def _asgi_header(scope: Mapping[str, Any], name: bytes) -> str | None:
@@ -186,8 +309,10 @@ class header(KeyFunc):
 
     Each distinct value gets its own bucket, so use it for values the app
     checks (a valid API key), not for anything a client may invent freely.
-    Without the header the key comes from *fallback* (the client address by
-    default), prefixed so the two key spaces never meet.
+    A value longer than 64 characters is keyed by its digest (see
+    `bounded`), so a key never holds more than 71 characters whatever the
+    client sends. Without the header the key comes from *fallback* (the
+    client address by default), prefixed so the two key spaces never meet.
 
     >>> header("X-API-Key").wsgi({"HTTP_X_API_KEY": "k1", "REMOTE_ADDR": "1.2.3.4"})
     'header:k1'
@@ -211,7 +336,7 @@ class header(KeyFunc):
         'header:k1'
         """
         value = _asgi_header(scope, self._asgi_name)
-        return "header:" + value if value else "addr:" + self._fallback.asgi(scope)
+        return bounded("header", value) if value else "addr:" + self._fallback.asgi(scope)
 
     def wsgi(self, environ: Mapping[str, Any]) -> str:
         """The key of a WSGI request: ``header:<value>``, else ``addr:<fallback key>``.
@@ -220,7 +345,7 @@ class header(KeyFunc):
         'addr:1.2.3.4'
         """
         value = environ.get(self._wsgi_name)
-        return "header:" + value if value else "addr:" + self._fallback.wsgi(environ)
+        return bounded("header", value) if value else "addr:" + self._fallback.wsgi(environ)
 
 
 class route(KeyFunc):
@@ -388,8 +513,11 @@ class Policy:
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
-        if not isinstance(name, str) or not name or any(c in name for c in '"\\\r\n'):
-            raise ValueError(f"policy name must be a plain non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name or any(c not in _NAME_CHARS for c in name):
+            raise ValueError(
+                f"policy name must be a non-empty string of printable ASCII "
+                f"without '\"' or '\\', got {name!r}"
+            )
         self.check = checker(limiter, keyed)
         self.is_async = is_async(limiter)
         self.name = name
@@ -480,9 +608,15 @@ class Route:
 
     *path* is exact (``"/login"``) or a prefix ending in ``"/*"``
     (``"/api/*"`` matches ``/api`` and everything below it). The most
-    specific rule wins: an exact match, else the longest prefix. *methods*
-    limits the rule to some methods (e.g. ``{"POST"}``). Anything left as
-    None comes from the middleware's own arguments.
+    specific rule wins: an exact match, else the longest prefix. *path* is
+    the decoded path, as the app routes it (``"/café"``, not
+    ``"/caf%C3%A9"``). *methods* limits the rule to some methods (e.g.
+    ``{"POST"}``); other methods take the next rule that matches (a shorter
+    prefix, else the middleware's default), so a rule for ``{"GET",
+    "POST"}`` does not apply to ``OPTIONS``. ``GET`` brings ``HEAD`` along
+    (the frameworks answer HEAD with the GET handler) unless a rule for the
+    same path names ``HEAD``. Anything left as None comes from the
+    middleware's own arguments.
 
     >>> Route("/healthz", exempt=True)
     Route('/healthz', exempt=True)
@@ -509,7 +643,9 @@ class Route:
             raise TypeError("exempt must be a bool")
         if exempt and (limiter is not None or cost is not None):
             raise ValueError("an exempt route takes no limiter or cost")
-        if isinstance(methods, str):
+        if isinstance(methods, str) or (
+            methods is not None and not all(isinstance(m, str) and m for m in methods)
+        ):
             raise TypeError("methods must be a collection of method names, e.g. {'POST'}")
         self.path = path
         self.limiter = limiter
@@ -518,10 +654,37 @@ class Route:
         self.exempt = exempt
         self.name = name
         self.methods = frozenset(m.upper() for m in methods) if methods is not None else None
+        if self.methods is not None and not self.methods:
+            raise ValueError("methods=() matches no request; leave it out to match every method")
 
     def __repr__(self) -> str:
         extra = ", exempt=True" if self.exempt else ""
         return f"Route({self.path!r}{extra})"
+
+
+def path_name(path: str) -> str:
+    """A route's default policy name: its path, as sent on the wire (percent-encoded).
+
+    >>> path_name("/café")
+    '/caf%C3%A9'
+    """
+    return urllib.parse.quote(path, safe=_PATH_SAFE)
+
+
+def wsgi_path(path: str) -> str:
+    """A WSGI path as text: PEP 3333 gives its bytes decoded as latin-1; they are UTF-8.
+
+    >>> wsgi_path("/caf\xc3\xa9")
+    '/café'
+    """
+    if path.isascii():
+        return path
+    try:
+        raw = path.encode("latin-1")
+    except UnicodeEncodeError:  # a server that decoded it already
+        return path
+    # Bytes that are not UTF-8 stay as lone surrogates: they match no route.
+    return raw.decode("utf-8", "surrogateescape")
 
 
 class Rule:
@@ -545,7 +708,7 @@ class Rule:
         self.cost_fn = cost_fn
         self.exempt = exempt
         # The default key (the peer, no proxies trusted) is inlined by the ASGI hot path.
-        self.peer_key = type(key) is client_address and not key._trusted
+        self.peer_key = type(key) is client_address and not key._reads_header
 
 
 def make_rule(
@@ -586,11 +749,17 @@ class Router:
         self.default = default
         self.exact: dict[str, list[tuple[frozenset[str] | None, Rule]]] = {}
         prefixes: list[tuple[str, frozenset[str] | None, Rule]] = []
+        # The frameworks answer HEAD with the GET handler, so a rule for GET
+        # takes HEAD too (or HEAD would dodge it), unless a rule names HEAD.
+        head_named = {r.path for r, _ in routes if r.methods and "HEAD" in r.methods}
         for r, rule in routes:
+            methods = r.methods
+            if methods and "GET" in methods and r.path not in head_named:
+                methods = methods | {"HEAD"}
             if r.path.endswith("/*"):
-                prefixes.append((r.path[:-2], r.methods, rule))
+                prefixes.append((r.path[:-2], methods, rule))
             else:
-                self.exact.setdefault(r.path, []).append((r.methods, rule))
+                self.exact.setdefault(r.path, []).append((methods, rule))
         # Longest prefix first; within one length, a method-specific rule first.
         prefixes.sort(key=lambda p: (-len(p[0]), p[1] is None))
         for rules in self.exact.values():
@@ -640,7 +809,7 @@ def build_router(
             r.limiter if r.limiter is not None else limiter,
             r.key if r.key is not None else key,
             r.cost if r.cost is not None else cost,
-            r.name or name if r.limiter is None else (r.name or r.path),
+            r.name or name if r.limiter is None else (r.name or path_name(r.path)),
             keyed,
             r.exempt,
             policies,

@@ -120,9 +120,11 @@ class RateLimitMiddleware:
         policy = rule.policy
         assert policy is not None  # only exempt rules have none
         cost = rule.cost if rule.cost_fn is None else rule.cost_fn(scope)
-        if rule.peer_key:  # the default key, inlined: the peer address
+        if rule.peer_key:  # the default key, inlined for IPv4: the peer address
             client = scope.get("client")
             key = client[0] if client else ""
+            if not key or ":" in key:  # IPv6, or no address (a unix socket)
+                key = rule.key.peer_key(key)  # type: ignore[union-attr]
         else:
             key = rule.key.asgi(scope)  # type: ignore[union-attr]
         decision = policy.check(key, cost)

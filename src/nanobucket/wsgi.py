@@ -25,6 +25,7 @@ from ._http import (
     limit_headers,
     rejection,
     route,
+    wsgi_path,
 )
 
 __all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
@@ -100,7 +101,7 @@ class RateLimitMiddleware:
         if self._simple:
             rule: Rule = self._router.default
         else:
-            path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+            path = wsgi_path(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
             rule = self._router.match(path or "/", environ.get("REQUEST_METHOD", "GET"))
             environ["nanobucket.route"] = rule.pattern
             if rule.exempt:

@@ -1,7 +1,9 @@
 """A Starlette app behind the ASGI middleware, for the real-uvicorn tests.
 
 Configured by the environment: ``NB_RATE`` (float), ``NB_CAPACITY`` (int),
-``NB_KEY`` (``address`` or ``header``: the ``X-API-Key`` header).
+``NB_KEY`` (``address``, ``header``: the ``X-API-Key`` header, or ``unix``:
+the address in ``X-Forwarded-For`` from the proxy on a unix socket);
+``NB_CAFE_CAPACITY``: ``/café`` gets its own, stricter limiter.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route as StarletteRoute
 
 import nanobucket as nb
-from nanobucket.asgi import Counters, RateLimitMiddleware, client_address, header
+from nanobucket.asgi import Counters, RateLimitMiddleware, Route, client_address, header
 
 counters = Counters()
 
@@ -27,15 +29,29 @@ async def stats(request: Request) -> JSONResponse:
     return JSONResponse(counters.snapshot())
 
 
-limiter = nb.KeyedTokenBucket(
-    rate=float(os.environ["NB_RATE"]), capacity=int(os.environ["NB_CAPACITY"])
-)
-key = header("X-API-Key") if os.environ.get("NB_KEY") == "header" else client_address()
+rate = float(os.environ["NB_RATE"])
+limiter = nb.KeyedTokenBucket(rate=rate, capacity=int(os.environ["NB_CAPACITY"]))
+name = os.environ.get("NB_KEY")
+if name == "header":
+    key: object = header("X-API-Key")
+elif name == "unix":
+    key = client_address(trusted_proxies=["unix:"])
+else:
+    key = client_address()
+cafe = os.environ.get("NB_CAFE_CAPACITY")
+routes = [Route("/café", nb.KeyedTokenBucket(rate=rate, capacity=int(cafe)))] if cafe else []
 
 app = RateLimitMiddleware(
-    Starlette(routes=[StarletteRoute("/", hello), StarletteRoute("/stats", stats)]),
+    Starlette(
+        routes=[
+            StarletteRoute("/", hello),
+            StarletteRoute("/café", hello),
+            StarletteRoute("/stats", stats),
+        ]
+    ),
     limiter,
     key=key,
+    routes=routes,
     exempt=["/stats"],
     counters=counters,
 )

@@ -3,7 +3,9 @@
 ``NB_RATE`` and ``NB_CAPACITY`` configure an in-process `KeyedTokenBucket`;
 when ``NB_SHARED_PATH`` is set, every worker instead opens the shared-memory
 table that `gunicorn_conf.on_starting` created there, so all workers share
-one limit.
+one limit. ``NB_KEY=unix`` keys by the ``X-Forwarded-For`` of the proxy on
+a unix socket; ``NB_CAFE_CAPACITY`` gives ``/café`` its own, stricter
+in-process limiter.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from flask import Flask
 
 import nanobucket as nb
-from nanobucket.wsgi import RateLimitMiddleware
+from nanobucket.wsgi import RateLimitMiddleware, Route, client_address
 
 shared_path = os.environ.get("NB_SHARED_PATH")
 if shared_path:
@@ -29,11 +31,19 @@ app = Flask(__name__)
 
 
 @app.route("/")
+@app.route("/café")
 def hello() -> str:
     return "hello"
 
 
-app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)  # type: ignore[method-assign]
+unix = os.environ.get("NB_KEY") == "unix"
+key = client_address(trusted_proxies=["unix:"]) if unix else client_address()
+cafe = os.environ.get("NB_CAFE_CAPACITY")
+rate = float(os.environ["NB_RATE"])
+routes = [Route("/café", nb.KeyedTokenBucket(rate=rate, capacity=int(cafe)))] if cafe else []
+app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
+    app.wsgi_app, limiter, key=key, routes=routes
+)
 limited_app = app.wsgi_app
 
 
