@@ -566,6 +566,7 @@ def test_the_shared_table_uses_numbers_as_they_were_checked() -> None:
             path=path, rate=Liar(1, says=10**9), capacity=Liar(2, says=10**6)
         ) as t:
             assert (t.rate, t.capacity, t.interval_ns) == (1, 2, 10**9)
+            assert (type(t.rate), type(t.capacity)) == (int, int)
             one = Liar(1, says=0)
             assert [t.allow_at("k", Liar(0, says=10**30), one) for _ in range(3)] == [
                 True,
@@ -575,6 +576,14 @@ def test_the_shared_table_uses_numbers_as_they_were_checked() -> None:
             assert t.tokens_at("k", Liar(5 * 10**8, says=0)) == 0.5
             with pytest.raises(TypeError, match="cost must be an int, not ClaimsInt"):
                 t.allow_at("k", 0, ClaimsInt())  # type: ignore[arg-type]
+            # A key past int64 is fingerprinted by its value, whatever __int__ says.
+            big = [Liar(2**70, says=i) for i in range(3)]
+            assert [t.allow_at(k, 0) for k in big] + [t.allow_at(2**70, 0)] == [
+                True,
+                True,
+                False,
+                False,
+            ]
 
 
 # -- the garbage collector ------------------------------------------------------
