@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import importlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -351,6 +353,18 @@ def test_a_second_init_raises_and_changes_nothing(impl: ModuleType) -> None:
     assert (b.rate, b.capacity, t.rate, t.capacity, t.max_keys) == (1, 2, 1, 2, 10)
     assert (b.tokens(), t.tokens("k"), len(t)) == (1.0, 1.0, 1)
     assert [b.allow(), b.allow(), t.allow("k"), t.allow("k")] == [True, False, True, False]
+
+
+@needs_c
+def test_a_bucket_pickles_and_copies_through_its_init() -> None:
+    b = _bucket_c.TokenBucket(rate=Fraction(1, 2), capacity=4)
+    assert b.allow_at(0, cost=3)
+    for twin in (pickle.loads(pickle.dumps(b)), copy.copy(b), copy.deepcopy(b)):
+        assert (twin.rate, twin.capacity, twin.tokens_at(0)) == (Fraction(1, 2), 4, 1.0)
+        assert [twin.allow_at(0), twin.allow_at(0)] == [True, False]
+    assert b.tokens_at(0) == 1.0
+    with pytest.raises(RuntimeError, match="not usable"):
+        pickle.dumps(_bucket_c.TokenBucket.__new__(_bucket_c.TokenBucket))
 
 
 def test_verbs_racing_reconfigure_see_one_configuration(impl: ModuleType) -> None:

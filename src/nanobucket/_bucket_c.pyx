@@ -21,7 +21,7 @@ from cpython.long cimport (
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport Py_EQ, PyObject, PyObject_RichCompareBool
-from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast
 from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
@@ -466,6 +466,12 @@ cdef class TokenBucket(_Limits):
             return "<TokenBucket, not initialised>"
         return f"TokenBucket(rate={self.rate!r}, capacity={self.capacity})"
 
+    def __reduce__(self):
+        # Pickled (and copied) as a constructor call plus its word: Cython's
+        # automatic pickling would set the fields around __init__.
+        self._ready()
+        return _restore_token_bucket, (self.rate, self.capacity, self.clock, nb_load(&self.tat))
+
     def refund(self, cost=1):
         """Give back *cost* tokens for work that did not happen (never above capacity).
 
@@ -559,6 +565,13 @@ cdef class TokenBucket(_Limits):
         (True, False)
         """
         return waiting_module().acquire_async(self, (), cost, timeout)
+
+
+def _restore_token_bucket(rate, capacity, clock, int64_t tat):
+    """A `TokenBucket` as pickled: its parameters and its word."""
+    cdef TokenBucket b = TokenBucket(rate, capacity, clock=clock)
+    b.tat = tat
+    return b
 
 
 ctypedef struct Slot:
@@ -1345,14 +1358,19 @@ cdef nb_inquiry keyed_clear_cython = NULL
 
 
 cdef int keyed_traverse(KeyedTokenBucket self, nb_visitproc visit, void *arg) noexcept:
-    cdef int err = keyed_traverse_cython(<PyObject *>self, visit, arg)
+    cdef int err = 0
     cdef Py_ssize_t i
+    cdef PyObject *key
+    if keyed_traverse_cython != NULL:
+        err = keyed_traverse_cython(<PyObject *>self, visit, arg)
     if err or self.slots == NULL:
         return err
     for i in range(self.used):
-        err = visit(key_of(&self.slots[i]), arg)
-        if err:
-            return err
+        key = key_of(&self.slots[i])
+        if key != NULL:
+            err = visit(key, arg)
+            if err:
+                return err
     return 0
 
 
@@ -1369,7 +1387,7 @@ cdef int keyed_clear(KeyedTokenBucket self) noexcept:
     self.used = 0  # released below: neither a verb nor __dealloc__ reads them again
     if self.slots != NULL:
         for i in range(n):
-            Py_DECREF(<object>key_of(&self.slots[i]))
+            Py_XDECREF(key_of(&self.slots[i]))
     return keyed_clear_cython(<PyObject *>self) if keyed_clear_cython != NULL else 0
 
 
