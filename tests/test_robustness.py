@@ -614,12 +614,42 @@ class Marker:
     pass
 
 
-def test_a_key_that_holds_its_table_is_collected(impl: ModuleType) -> None:
+INSERTS: dict[str, Callable[[Any, Any], object]] = {
+    "allow": lambda t, key: t.allow_at(key, 0),
+    "allow_many": lambda t, key: t.allow_many_at(["other", key, 7], 0),
+    "check": lambda t, key: t.check_at(key, 0),
+    "acquire": lambda t, key: t.acquire(key),
+    "reserve": lambda t, key: t._reserve(key, 0, 1, 0, False),
+}
+
+
+@pytest.mark.parametrize("insert", sorted(INSERTS))
+def test_a_key_that_holds_its_table_is_collected(impl: ModuleType, insert: str) -> None:
+    # Each way a key gets into the table, after str and int keys (which
+    # cannot be in a cycle) came first.
     gc.collect()
-    t = impl.KeyedTokenBucket(rate=1, capacity=5)
+    t = impl.KeyedTokenBucket(rate=1, capacity=5, clock=lambda: 0)
+    t.allow_many_at(["a", "b", 1, 2], 0)
     key = Owner(t)
     alive = weakref.ref(key)
-    assert t.allow_at(key, 0) and t.allow_many_at([key, "other", 7], 0) == bytearray([1, 1, 1])
+    INSERTS[insert](t, key)
+    assert t.tokens_at(key, 0) == 4.0
+    del t, key
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_cycle_is_seen_after_the_collector_untracked_every_key(impl: ModuleType) -> None:
+    # Tuples of ints are untracked by the collector, after which there is
+    # nothing to visit; a key that can be in a cycle, arriving later, is.
+    t = impl.KeyedTokenBucket(rate=1, capacity=5)
+    for i in range(100):
+        t.allow_at((i, "x"), 0)
+    gc.collect()
+    gc.collect()
+    key = Owner(t)
+    alive = weakref.ref(key)
+    t.allow_at(key, 0)
     del t, key
     gc.collect()
     assert alive() is None

@@ -50,6 +50,8 @@ cdef extern from *:
     }
     """
     Py_hash_t nb_hash(object o) except? -1
+    bint is_gc "PyObject_IS_GC"(PyObject *o) noexcept
+    bint is_tracked "PyObject_GC_IsTracked"(PyObject *o) noexcept
 
 
 cdef extern from "<sched.h>":
@@ -693,6 +695,10 @@ cdef class KeyedTokenBucket(_Limits):
     # Batches deciding without the GIL hold slot pointers: while pinned, the
     # slot array must not be replaced (see `_make_room`).
     cdef int pins
+    # Whether a key that can be in a reference cycle (a GC object: not a str
+    # or an int) was ever inserted: until then the collector's traverse has
+    # nothing to visit and skips reading a million keys (`keyed_traverse`).
+    cdef bint gc_keys
     keyed = True  # the verbs take the key first
 
     def __cinit__(self):
@@ -887,6 +893,11 @@ cdef class KeyedTokenBucket(_Limits):
         PyMem_RawFree(old_index)
         return 0
 
+    cdef inline void _note_key(self, object key) noexcept:
+        """Before *key* may be inserted: see `gc_keys`."""
+        if not self.gc_keys and is_gc(<PyObject *>key):
+            self.gc_keys = True
+
     cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
                            int64_t *tat, int64_t *base) noexcept:
         """`take` on slot *s* by a caller holding the table's critical section."""
@@ -934,6 +945,7 @@ cdef class KeyedTokenBucket(_Limits):
                     return False
                 if cost_t == 0:
                     return True
+                self._note_key(key)
                 s = self._find(key, h, now, True)
             return self._take(s, now, cost_t, &tat, &base)
 
@@ -1161,6 +1173,7 @@ cdef class KeyedTokenBucket(_Limits):
                 allowed = base - now <= self.tau - cost_t
                 if allowed and cost_t:
                     if consume:  # a missing key, charged: it takes a place
+                        self._note_key(key)
                         s = self._find(key, h, now, True)
                         allowed = self._take(s, now, cost_t, &tat, &base)
                     else:
@@ -1268,6 +1281,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Slot *s
         with cython.critical_section(self):
             cost_t = c * self.interval_ns
+            self._note_key(key)
             s = self._find(key, h, t, True)
             wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
         return wait
@@ -1353,6 +1367,7 @@ cdef extern from *:
         nb_traverseproc tp_traverse
         nb_inquiry tp_clear
 
+
 cdef nb_traverseproc keyed_traverse_cython = NULL
 cdef nb_inquiry keyed_clear_cython = NULL
 
@@ -1361,16 +1376,26 @@ cdef int keyed_traverse(KeyedTokenBucket self, nb_visitproc visit, void *arg) no
     cdef int err = 0
     cdef Py_ssize_t i
     cdef PyObject *key
+    cdef bint tracked = False
     if keyed_traverse_cython != NULL:
         err = keyed_traverse_cython(<PyObject *>self, visit, arg)
-    if err or self.slots == NULL:
+    if err or self.slots == NULL or not self.gc_keys:
         return err
     for i in range(self.used):
+        if i + AHEAD < self.used:  # the keys are scattered: a full collection waits on each
+            nb_prefetch(key_of(&self.slots[i + AHEAD]))
         key = key_of(&self.slots[i])
-        if key != NULL:
+        # Only a tracked GC object can be in a cycle (visiting any other is
+        # a no-op for the collector).
+        if key != NULL and is_gc(key) and is_tracked(key):
+            tracked = True
             err = visit(key, arg)
             if err:
                 return err
+    if not tracked:
+        # Every key is untracked now: tuples of atomic values, which the
+        # collector untracked for good. Skip the loop until a GC key comes.
+        self.gc_keys = False
     return 0
 
 
@@ -1384,6 +1409,7 @@ cdef int keyed_clear(KeyedTokenBucket self) noexcept:
     cdef Py_ssize_t i, n = self.used
     self.one = NULL
     self.capacity = 0
+    self.gc_keys = False
     self.used = 0  # released below: neither a verb nor __dealloc__ reads them again
     if self.slots != NULL:
         for i in range(n):
