@@ -324,6 +324,27 @@ def test_a_table_the_collector_cleared_raises() -> None:
     assert probe("cleared", "KeyedTokenBucket", CLEARED) == CLEARED
 
 
+def test_the_twin_not_initialised_raises() -> None:
+    # Its fields are unset slots: AttributeError (the Cython classes: RuntimeError).
+    b = _bucket_py.TokenBucket.__new__(_bucket_py.TokenBucket)
+    t = _bucket_py.KeyedTokenBucket.__new__(_bucket_py.KeyedTokenBucket)
+    calls: list[Callable[[], object]] = [
+        b.allow,
+        b.check,
+        b.tokens,
+        lambda: b.allow_at(0),
+        lambda: b.refund_at(0),
+        lambda: t.allow("k"),
+        lambda: t.allow_at("k", 0, 0),
+        lambda: t.allow_many(["k"]),
+        lambda: t.tokens_at("k", 0),
+        lambda: len(t),
+    ]
+    for call in calls:
+        with pytest.raises(AttributeError):
+            call()
+
+
 def test_an_init_that_raised_can_be_retried(impl: ModuleType) -> None:
     # (Its verbs in between raise: see the probes above, in a subprocess.)
     t = impl.KeyedTokenBucket.__new__(impl.KeyedTokenBucket)
