@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable
 from fractions import Fraction
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -43,7 +43,14 @@ try:
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 
-needs_c = pytest.mark.skipif(_bucket_c is None, reason="the Cython extension is not built")
+T = TypeVar("T")
+
+
+def needs_c(test: T) -> T:
+    """A test of the extension: deselected by --no-c-extensions, skipped when not built."""
+    skip = pytest.mark.skipif(_bucket_c is None, reason="the Cython extension is not built")
+    return pytest.mark.c_extension(skip(test))  # type: ignore[no-any-return]
+
 
 # -- objects whose __init__ never ran, raised, or was undone by the collector --
 
