@@ -43,13 +43,14 @@ try:
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 
-T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
 
 
-def needs_c(test: T) -> T:
+def needs_c(test: F) -> F:
     """A test of the extension: deselected by --no-c-extensions, skipped when not built."""
     skip = pytest.mark.skipif(_bucket_c is None, reason="the Cython extension is not built")
-    return pytest.mark.c_extension(skip(test))  # type: ignore[no-any-return]
+    marked: F = pytest.mark.c_extension(skip(test))
+    return marked
 
 
 # -- objects whose __init__ never ran, raised, or was undone by the collector --
