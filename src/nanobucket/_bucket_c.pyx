@@ -21,14 +21,13 @@ from cpython.long cimport (
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport Py_EQ, PyObject, PyObject_RichCompareBool
-from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast
+from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
-from fractions import Fraction
-
-from ._params import bucket_params, check_cost, check_max_keys, check_now
+from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
 
 cdef extern from "_atomic.h":
     int64_t nb_load(int64_t *p) noexcept nogil
@@ -51,6 +50,8 @@ cdef extern from *:
     }
     """
     Py_hash_t nb_hash(object o) except? -1
+    bint is_gc "PyObject_IS_GC"(PyObject *o) noexcept
+    bint is_tracked "PyObject_GC_IsTracked"(PyObject *o) noexcept
 
 
 cdef extern from "<sched.h>":
@@ -232,16 +233,46 @@ cdef class _Limits:
     """
     cdef int64_t tau
     cdef object clock
+    # ONE once __init__ has completed; NULL before, and after the garbage
+    # collector cleared the object (see `keyed_clear`). Every verb parses
+    # its cost first (`_cost`), whose `cost is ONE` test then compares with
+    # this field: an object that is not ready fails it at no extra cost,
+    # and the slow path raises. A C pointer, so no tp_clear resets it.
+    cdef PyObject *one
 
     def __init__(self, rate, capacity, clock):
-        if self.interval_ns:
+        self._set_limits(self._new_limits(rate, capacity, clock), clock)
+
+    # Each __init__ checks every argument first (`_new_limits`, then its
+    # own), then sets the fields at once (`_set_limits`, `one` last): an
+    # __init__ that raised leaves an object whose verbs raise, and a second
+    # __init__ raises rather than replacing the state under other callers.
+
+    cdef tuple _new_limits(self, object rate, object capacity, object clock):
+        if self.interval_ns:  # set by the first __init__, never cleared
             raise RuntimeError(f"{type(self).__name__} is already initialised")
-        exact, self.capacity, self.interval_ns, self.tau = bucket_params(rate, capacity)
-        self._rate = rate if isinstance(rate, (int, Fraction)) else exact
+        exact, cap, interval, tau = bucket_params(rate, capacity)
         if clock is not None and not callable(clock):
             raise TypeError(
                 f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        return public_rate(rate, exact), cap, interval, tau
+
+    cdef int _set_limits(self, tuple limits, object clock) except -1:
+        self._rate, self.capacity, self.interval_ns, self.tau = limits
         self.clock = clock
+        self.one = <PyObject *>ONE
+        return 0
+
+    cdef inline int _ready(self) except -1:
+        """Raise unless the object is ready (for verbs that parse no cost)."""
+        if self.one == NULL:
+            self._not_ready()
+        return 0
+
+    cdef int _not_ready(self) except -1:
+        raise RuntimeError(
+            f"this {type(self).__name__} is not usable: its __init__ did not complete "
+            "(or the garbage collector has cleared it)")
 
     @property
     def rate(self):
@@ -250,18 +281,27 @@ cdef class _Limits:
         >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=2.5, capacity=1).rate
         (100, Fraction(5, 2))
         """
+        self._ready()
         with cython.critical_section(self):
             return self._rate
 
     cdef inline int64_t _cost(self, object cost) except -1:
         cdef int overflow = 0
         cdef long long value
-        if cost is ONE:
+        if <PyObject *>cost == self.one:  # `cost is ONE`, if ready (see `one`)
             return 1
         if type(cost) is int:
             value = PyLong_AsLongLongAndOverflow(cost, &overflow)
-            if not overflow and 0 <= value <= self.capacity:
+            # 1 <= value <= capacity, in one unsigned comparison: 0, every
+            # value out of range and any value on an object not ready
+            # (capacity 0) take the slow path.
+            if not overflow and <uint64_t>value - 1 < <uint64_t>self.capacity:
                 return value
+        return self._cost_slow(cost)
+
+    cdef int64_t _cost_slow(self, object cost) except -1:
+        if self.one == NULL:
+            self._not_ready()
         return check_cost(cost, self.capacity)
 
     cdef inline int64_t _now(self) except -1:
@@ -293,7 +333,7 @@ cdef class _Limits:
         rate = self._rate if rate is None else rate
         capacity = self.capacity if capacity is None else capacity
         exact, cap, interval, tau = bucket_params(rate, capacity)
-        return (rate if isinstance(rate, (int, Fraction)) else exact), cap, interval, tau
+        return public_rate(rate, exact), cap, interval, tau
 
 
 cdef inline int64_t as_now(object now) except -1:
@@ -319,7 +359,7 @@ cdef class TokenBucket(_Limits):
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
     def __init__(self, rate, capacity, *, clock=None):
-        _Limits.__init__(self, rate, capacity, clock)
+        self._set_limits(self._new_limits(rate, capacity, clock), clock)
 
     def allow(self, cost=1):
         """Spend *cost* tokens now if the bucket holds them; True if admitted.
@@ -410,6 +450,7 @@ cdef class TokenBucket(_Limits):
         >>> b.tokens(), b.allow(), b.tokens()
         (2.0, True, 1.0)
         """
+        self._ready()
         return self._tokens(nb_load(&self.tat), self._now())
 
     def tokens_at(self, now):
@@ -419,10 +460,19 @@ cdef class TokenBucket(_Limits):
         >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
         (True, 0.0, 0.5)
         """
+        self._ready()
         return self._tokens(nb_load(&self.tat), as_now(now))
 
     def __repr__(self):
+        if self.one == NULL:
+            return "<TokenBucket, not initialised>"
         return f"TokenBucket(rate={self.rate!r}, capacity={self.capacity})"
+
+    def __reduce__(self):
+        # Pickled (and copied) as a constructor call plus its word: Cython's
+        # automatic pickling would set the fields around __init__.
+        self._ready()
+        return _restore_token_bucket, (self.rate, self.capacity, self.clock, nb_load(&self.tat))
 
     def refund(self, cost=1):
         """Give back *cost* tokens for work that did not happen (never above capacity).
@@ -473,6 +523,7 @@ cdef class TokenBucket(_Limits):
         >>> b.rate, b.capacity, b.tokens_at(0), b.tokens_at(100_000_000)
         (10, 2, 1.0, 2.0)
         """
+        self._ready()
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
         with cython.critical_section(self):
@@ -516,6 +567,13 @@ cdef class TokenBucket(_Limits):
         (True, False)
         """
         return waiting_module().acquire_async(self, (), cost, timeout)
+
+
+def _restore_token_bucket(rate, capacity, clock, int64_t tat):
+    """A `TokenBucket` as pickled: its parameters and its word."""
+    cdef TokenBucket b = TokenBucket(rate, capacity, clock=clock)
+    b.tat = tat
+    return b
 
 
 ctypedef struct Slot:
@@ -637,6 +695,10 @@ cdef class KeyedTokenBucket(_Limits):
     # Batches deciding without the GIL hold slot pointers: while pinned, the
     # slot array must not be replaced (see `_make_room`).
     cdef int pins
+    # Whether a key that can be in a reference cycle (a GC object: not a str
+    # or an int) was ever inserted: until then the collector's traverse has
+    # nothing to visit and skips reading a million keys (`keyed_traverse`).
+    cdef bint gc_keys
     keyed = True  # the verbs take the key first
 
     def __cinit__(self):
@@ -644,14 +706,18 @@ cdef class KeyedTokenBucket(_Limits):
         self.index = NULL
 
     def __init__(self, rate, capacity, *, max_keys=DEF_MAX_KEYS, clock=None):
-        _Limits.__init__(self, rate, capacity, clock)
-        self.max_keys = check_max_keys(max_keys)
-        self.max_slots = slots_for(self.max_keys)
+        limits = self._new_limits(rate, capacity, clock)
+        keys = check_max_keys(max_keys)
         cdef Slot *slots
         cdef int32_t *index
+        # Every argument is checked: from here nothing fails but the
+        # allocation, and `_set_limits` makes the table usable last.
+        self.max_keys = keys
+        self.max_slots = slots_for(self.max_keys)
         if self.slots == NULL:
             self._alloc(8, &slots, &index)
             self._install(slots, index, 8)
+        self._set_limits(limits, clock)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -827,6 +893,11 @@ cdef class KeyedTokenBucket(_Limits):
         PyMem_RawFree(old_index)
         return 0
 
+    cdef inline void _note_key(self, object key) noexcept:
+        """Before *key* may be inserted: see `gc_keys`."""
+        if not self.gc_keys and is_gc(<PyObject *>key):
+            self.gc_keys = True
+
     cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
                            int64_t *tat, int64_t *base) noexcept:
         """`take` on slot *s* by a caller holding the table's critical section."""
@@ -874,6 +945,7 @@ cdef class KeyedTokenBucket(_Limits):
                     return False
                 if cost_t == 0:
                     return True
+                self._note_key(key)
                 s = self._find(key, h, now, True)
             return self._take(s, now, cost_t, &tat, &base)
 
@@ -1101,6 +1173,7 @@ cdef class KeyedTokenBucket(_Limits):
                 allowed = base - now <= self.tau - cost_t
                 if allowed and cost_t:
                     if consume:  # a missing key, charged: it takes a place
+                        self._note_key(key)
                         s = self._find(key, h, now, True)
                         allowed = self._take(s, now, cost_t, &tat, &base)
                     else:
@@ -1128,6 +1201,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._tokens_at(key, as_now(now))
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
+        self._ready()
         cdef Py_hash_t h = nb_hash(key)
         cdef Slot *s
         cdef int64_t tat
@@ -1143,6 +1217,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.allow("alice"), t.allow("bob", cost=0), len(t)   # a cost-0 probe takes no place
         (True, True, 1)
         """
+        self._ready()
         cdef int64_t now = self._now()
         cdef Py_ssize_t i, count = 0
         with cython.critical_section(self):
@@ -1156,6 +1231,8 @@ cdef class KeyedTokenBucket(_Limits):
                 + (self.mask + 1) * sizeof(int32_t))
 
     def __repr__(self):
+        if self.one == NULL:
+            return "<KeyedTokenBucket, not initialised>"
         return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
                 f"max_keys={self.max_keys})")
 
@@ -1204,6 +1281,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Slot *s
         with cython.critical_section(self):
             cost_t = c * self.interval_ns
+            self._note_key(key)
             s = self._find(key, h, t, True)
             wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
         return wait
@@ -1225,6 +1303,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.tokens_at("alice", 0), t.tokens_at("alice", 100_000_000), t.tokens_at("bob", 0)
         (1.0, 2.0, 2.0)
         """
+        self._ready()
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t old, new
         cdef Py_ssize_t i
@@ -1265,6 +1344,83 @@ cdef class KeyedTokenBucket(_Limits):
         (True, False)
         """
         return waiting_module().acquire_async(self, (key,), cost, timeout)
+
+
+# -- the keyed table and the garbage collector -----------------------------------
+#
+# The table holds strong references to its keys in C memory, which the
+# traverse Cython generates does not see: a key that refers back to the table
+# (an object holding it, a tuple containing it) would keep both alive for
+# ever. Cython lets no class define tp_traverse, so at import the type's
+# slots are wrapped: Cython's own (the Python fields), then every key.
+
+cdef extern from *:
+    """
+    typedef int (*nb_visitproc)(PyObject *, void *);
+    typedef int (*nb_traverseproc)(PyObject *, nb_visitproc, void *);
+    typedef int (*nb_inquiry)(PyObject *);
+    """
+    ctypedef int (*nb_visitproc)(PyObject *, void *) noexcept
+    ctypedef int (*nb_traverseproc)(PyObject *, nb_visitproc, void *) noexcept
+    ctypedef int (*nb_inquiry)(PyObject *) noexcept
+    ctypedef struct nb_type "PyTypeObject":
+        nb_traverseproc tp_traverse
+        nb_inquiry tp_clear
+
+
+cdef nb_traverseproc keyed_traverse_cython = NULL
+cdef nb_inquiry keyed_clear_cython = NULL
+
+
+cdef int keyed_traverse(KeyedTokenBucket self, nb_visitproc visit, void *arg) noexcept:
+    cdef int err = 0
+    cdef Py_ssize_t i
+    cdef PyObject *key
+    cdef bint tracked = False
+    if keyed_traverse_cython != NULL:
+        err = keyed_traverse_cython(<PyObject *>self, visit, arg)
+    if err or self.slots == NULL or not self.gc_keys:
+        return err
+    for i in range(self.used):
+        if i + AHEAD < self.used:  # the keys are scattered: a full collection waits on each
+            nb_prefetch(key_of(&self.slots[i + AHEAD]))
+        key = key_of(&self.slots[i])
+        # Only a tracked GC object can be in a cycle (visiting any other is
+        # a no-op for the collector).
+        if key != NULL and is_gc(key) and is_tracked(key):
+            tracked = True
+            err = visit(key, arg)
+            if err:
+                return err
+    if not tracked:
+        # Every key is untracked now: tuples of atomic values, which the
+        # collector untracked for good. Skip the loop until a GC key comes.
+        self.gc_keys = False
+    return 0
+
+
+cdef int keyed_clear(KeyedTokenBucket self) noexcept:
+    """Release every key (breaking any cycle through one); the table is unusable after.
+
+    The verbs then raise (`one` NULL, capacity 0: see `_Limits.one`), so
+    code that runs while the keys are released (a finaliser) and reaches the
+    table meets a clear error, never a key already released.
+    """
+    cdef Py_ssize_t i, n = self.used
+    self.one = NULL
+    self.capacity = 0
+    self.gc_keys = False
+    self.used = 0  # released below: neither a verb nor __dealloc__ reads them again
+    if self.slots != NULL:
+        for i in range(n):
+            Py_XDECREF(key_of(&self.slots[i]))
+    return keyed_clear_cython(<PyObject *>self) if keyed_clear_cython != NULL else 0
+
+
+keyed_traverse_cython = (<nb_type *><PyObject *>KeyedTokenBucket).tp_traverse
+keyed_clear_cython = (<nb_type *><PyObject *>KeyedTokenBucket).tp_clear
+(<nb_type *><PyObject *>KeyedTokenBucket).tp_traverse = <nb_traverseproc>keyed_traverse
+(<nb_type *><PyObject *>KeyedTokenBucket).tp_clear = <nb_inquiry>keyed_clear
 
 
 # -- refund, reserve (waiting) and reconfigure: off the hot path ---------------
@@ -1367,6 +1523,8 @@ cdef class AllowAll:
         for layer in layers:
             if type(layer) is not TokenBucket and type(layer) is not KeyedTokenBucket:
                 return None
+            if (<_Limits>layer).one == NULL:
+                return None  # not usable: AllOf's general path lets its verbs say so
             if (<_Limits>layer).clock is not (<_Limits>layers[0]).clock:
                 return None  # each layer reads its own clock: AllOf's general path
         self = AllowAll.__new__(AllowAll)
@@ -1384,11 +1542,14 @@ cdef class AllowAll:
         >>> allow("alice"), allow("alice"), allow("bob")
         (True, False, True)
         """
-        cdef Py_ssize_t n = len(self.layers), i
+        cdef Py_ssize_t n, i
         cdef int64_t c = 0, now = 0, tat, base
         cdef Py_hash_t h = 0
         cdef bint hashed = False, ok
         cdef _Limits layer
+        if self.layers is None:  # made with __new__, not `of` (or cleared by the collector)
+            raise RuntimeError("this AllowAll is not usable: make one with AllowAll.of")
+        n = PyTuple_GET_SIZE(self.layers)
         if key is None and self.needs_key:
             self.missing_key()
         # Errors come in the order the layers' own verbs would raise them,
@@ -1398,9 +1559,9 @@ cdef class AllowAll:
             if i == 0:
                 c = layer._cost(cost)
                 now = layer._now()
-            elif c > layer.capacity:
+            elif c > layer.capacity or layer.one == NULL:
                 self._undo(i, key, now, c)
-                layer._cost(cost)  # raises the ValueError this layer's allow would
+                layer._cost(cost)  # raises the error this layer's allow would
             if type(layer) is TokenBucket:
                 ok = take_gil(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
                               layer.tau - c * layer.interval_ns, &tat, &base)

@@ -25,6 +25,7 @@ from ._params import (
     check_cost,
     check_max_keys,
     check_now,
+    public_rate,
 )
 
 __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
@@ -173,9 +174,17 @@ class _Limits:
 
     __slots__ = ("_capacity", "_interval", "_rate", "_tau")
 
-    def __init__(self, rate: RateLike, capacity: int) -> None:
-        exact, self._capacity, self._interval, self._tau = bucket_params(rate, capacity)
-        self._rate = rate if isinstance(rate, (int, Fraction)) else exact
+    # Each subclass's __init__ checks every argument first (`_new_limits`,
+    # then its own), then sets the fields, `_lock` last: an __init__ that
+    # raised sets nothing (the verbs raise), and a second __init__ raises.
+
+    def _new_limits(self, rate: RateLike, capacity: int) -> tuple[int | Fraction, int, int, int]:
+        if hasattr(self, "_lock"):
+            raise RuntimeError(f"{type(self).__name__} is already initialised")
+        return _reconfigure_params(None, rate, capacity)
+
+    def _set_limits(self, limits: tuple[int | Fraction, int, int, int]) -> None:
+        self._rate, self._capacity, self._interval, self._tau = limits
 
     @property
     def rate(self) -> int | Fraction:
@@ -205,7 +214,8 @@ class _Limits:
         return self._interval
 
     def _cost(self, cost: object) -> int:
-        if cost.__class__ is int and 0 <= cost <= self._capacity:
+        # type(), not cost.__class__: an object can claim to be an int.
+        if type(cost) is int and 0 <= cost <= self._capacity:
             return cost
         return check_cost(cost, self._capacity)
 
@@ -244,13 +254,14 @@ def _carry_over(
 
 
 def _reconfigure_params(
-    limits: _Limits, rate: RateLike | None, capacity: int | None
+    limits: _Limits | None, rate: RateLike | None, capacity: int | None
 ) -> tuple[int | Fraction, int, int, int]:
-    """Validated ``(public rate, capacity, interval_ns, tau_ns)`` for `reconfigure`."""
-    rate = limits._rate if rate is None else rate
-    capacity = limits._capacity if capacity is None else capacity
+    """Validated ``(public rate, capacity, interval_ns, tau_ns)``; None: *limits*' own."""
+    if limits is not None:
+        rate = limits._rate if rate is None else rate
+        capacity = limits._capacity if capacity is None else capacity
     exact, cap, interval, tau = bucket_params(rate, capacity)
-    return (rate if isinstance(rate, (int, Fraction)) else exact), cap, interval, tau
+    return public_rate(rate, exact), cap, interval, tau
 
 
 class TokenBucket(_Limits):
@@ -265,8 +276,10 @@ class TokenBucket(_Limits):
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
     def __init__(self, rate: RateLike, capacity: int, *, clock: Clock | None = None) -> None:
-        super().__init__(rate, capacity)
-        self._now = _clock_reader(clock)
+        limits = self._new_limits(rate, capacity)
+        now = _clock_reader(clock)
+        self._set_limits(limits)
+        self._now = now
         self._tat = 0
         self._lock = threading.Lock()
 
@@ -278,7 +291,7 @@ class TokenBucket(_Limits):
         (True, True, False)
         """
         # `_allow` inlined: this is the pure-Python hot path.
-        if cost.__class__ is not int or not 0 <= cost <= self._capacity:
+        if type(cost) is not int or not 0 <= cost <= self._capacity:
             cost = check_cost(cost, self._capacity)
         now = self._now()
         lock = self._lock
@@ -517,9 +530,12 @@ class KeyedTokenBucket(_Limits):
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(rate, capacity)
-        self._max_keys = check_max_keys(max_keys)
-        self._now = _clock_reader(clock)
+        limits = self._new_limits(rate, capacity)
+        max_keys = check_max_keys(max_keys)
+        now = _clock_reader(clock)
+        self._set_limits(limits)
+        self._max_keys = max_keys
+        self._now = now
         self._tats: dict[Hashable, int] = {}
         # The sweep schedule of the Cython table (open addressing at 2/3 load
         # of a power-of-two slot count), kept here so that both hold the same
@@ -550,7 +566,7 @@ class KeyedTokenBucket(_Limits):
         >>> t.allow("alice"), t.allow("alice"), t.allow("bob")
         (True, False, True)
         """
-        if cost.__class__ is not int or not 0 <= cost <= self._capacity:
+        if type(cost) is not int or not 0 <= cost <= self._capacity:
             cost = check_cost(cost, self._capacity)
         return self._allow(key, self._now(), cost)
 

@@ -13,11 +13,18 @@ A limiter is reduced to two integers, both in nanoseconds:
 State is one ``tat`` (theoretical arrival time) per bucket, an int64 in ns.
 Times are ints in ``[0, NOW_MAX]`` and ``tau_ns <= TAU_MAX``, so every sum
 the algorithm forms stays below ``2**63`` (146 years of uptime).
+
+Every number is read once, as the exact value it holds, and that value is
+both checked and used: an int subclass is its int value (its ``__int__``,
+``__index__`` or comparisons are never asked, so they cannot pass the check
+with one value and be used with another), and the type test is on
+``type()``, which an object cannot fake by claiming a ``__class__``.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Rational
@@ -31,21 +38,46 @@ MAX_KEYS = (1 << 31) - 1  # the Cython table indexes its entries with int32
 RateLike = int | float | Fraction | Decimal
 
 
+def exact_int(value: object, name: str, kind_name: str = "an int") -> int:
+    """Return *value*, an int (or int subclass, not bool), as the exact int it holds, or raise."""
+    kind = type(value)
+    if kind is int:
+        return value  # type: ignore[return-value]
+    if kind is bool or not issubclass(kind, int):
+        raise TypeError(f"{name} must be {kind_name}, not {kind.__name__}")
+    # int's own __index__, explicitly: the value as an exact int, whatever
+    # the subclass's __index__ or __int__ would say.
+    return int.__index__(value)  # type: ignore[arg-type]
+
+
 def rate_fraction(rate: object) -> Fraction:
     """Return *rate* (tokens per second) as an exact positive Fraction."""
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, Rational, Decimal)):
-        raise TypeError(f"rate must be an int, float or Fraction, not {type(rate).__name__}")
-    if isinstance(rate, float):
-        if not math.isfinite(rate):
-            raise ValueError(f"rate must be finite, got {rate!r}")
+    kind = type(rate)
+    value: Fraction
+    if kind is bool or not issubclass(kind, (int, float, Rational, Decimal)):
+        raise TypeError(f"rate must be an int, float or Fraction, not {kind.__name__}")
+    if issubclass(kind, int):
+        value = Fraction(exact_int(rate, "rate"))
+    elif issubclass(kind, float):
+        number = float.__float__(rate)  # type: ignore[arg-type]  # its value, not a subclass's say
+        if not math.isfinite(number):
+            raise ValueError(f"rate must be finite, got {number!r}")
         # The decimal the user wrote (0.1), not the binary float's expansion.
-        value = Fraction(repr(rate))
-    elif isinstance(rate, Decimal):
-        if not rate.is_finite():
-            raise ValueError(f"rate must be finite, got {rate!r}")
-        value = Fraction(rate)
+        value = Fraction(float.__repr__(number))
+    elif issubclass(kind, Decimal):
+        decimal = Decimal(rate)  # type: ignore[arg-type]  # of a subclass: its value, copied
+        if not decimal.is_finite():
+            raise ValueError(f"rate must be finite, got {decimal!r}")
+        value = Fraction(decimal)
     else:
-        value = Fraction(rate)
+        # Any Rational (Fraction, a subclass, a registered type): each part
+        # read once, then normalised (Fraction(x) alone would keep x's parts
+        # as they are, even a zero or negative denominator).
+        numerator = operator.index(rate.numerator)  # type: ignore[attr-defined]
+        denominator = operator.index(rate.denominator)  # type: ignore[attr-defined]
+        if denominator <= 0:
+            raise ValueError(f"rate must have a denominator > 0, got {denominator}")
+        value = Fraction(numerator, denominator)
     if value <= 0:
         raise ValueError(f"rate must be > 0, got {rate!r}")
     if value > RATE_MAX:
@@ -53,13 +85,21 @@ def rate_fraction(rate: object) -> Fraction:
     return value
 
 
+def public_rate(rate: object, exact: Fraction) -> int | Fraction:
+    """The ``rate`` a limiter reports for *rate*: an int as an int, anything else *exact*.
+
+    Never the object given: a reconfigure re-reads the stored rate, and it
+    must be the value that was checked.
+    """
+    return exact.numerator if issubclass(type(rate), int) else exact
+
+
 def check_capacity(capacity: object) -> int:
     """Return *capacity* as an int >= 1, or raise."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
-    if capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity!r}")
-    return int(capacity)
+    value = exact_int(capacity, "capacity")
+    if value < 1:
+        raise ValueError(f"capacity must be >= 1, got {value!r}")
+    return value
 
 
 def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, int]:
@@ -79,28 +119,27 @@ def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, i
 
 def check_cost(cost: object, capacity: int) -> int:
     """Return *cost* as an int in ``[0, capacity]``, or raise."""
-    if isinstance(cost, bool) or not isinstance(cost, int):
-        raise TypeError(f"cost must be an int, not {type(cost).__name__}")
-    if cost < 0:
-        raise ValueError(f"cost must be >= 0, got {cost!r}")
-    if cost > capacity:
-        raise ValueError(f"cost {cost!r} exceeds capacity {capacity}: it could never be admitted")
-    return int(cost)
+    value = exact_int(cost, "cost")
+    if value < 0:
+        raise ValueError(f"cost must be >= 0, got {value!r}")
+    if value > capacity:
+        raise ValueError(f"cost {value!r} exceeds capacity {capacity}: it could never be admitted")
+    return value
 
 
 def check_now(now: object) -> int:
     """Return *now* (int ns) if in ``[0, NOW_MAX]``, or raise."""
-    if isinstance(now, bool) or not isinstance(now, int):
-        raise TypeError(f"now must be an int of nanoseconds, not {type(now).__name__}")
-    if now < 0 or now > NOW_MAX:
-        raise ValueError(f"now must be in [0, 2**62) ns, got {now!r}")
-    return int(now)
+    if type(now) is int and 0 <= now <= NOW_MAX:
+        return now
+    value = exact_int(now, "now", "an int of nanoseconds")
+    if value < 0 or value > NOW_MAX:
+        raise ValueError(f"now must be in [0, 2**62) ns, got {value!r}")
+    return value
 
 
 def check_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
-    if isinstance(max_keys, bool) or not isinstance(max_keys, int):
-        raise TypeError(f"max_keys must be an int, not {type(max_keys).__name__}")
-    if max_keys < 1 or max_keys > MAX_KEYS:
-        raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {max_keys!r}")
-    return int(max_keys)
+    value = exact_int(max_keys, "max_keys")
+    if value < 1 or value > MAX_KEYS:
+        raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {value!r}")
+    return value

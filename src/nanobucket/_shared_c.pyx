@@ -307,8 +307,14 @@ cdef class SharedTable:
 
     cdef inline int _open_check(self) except -1:
         if self.is_closed:
-            raise ValueError("I/O operation on a closed SharedKeyedTokenBucket")
+            self._closed_error()
         return 0
+
+    cdef int _closed_error(self) except -1:
+        if self.base == NULL:  # made with __new__, never attached (or the mapping is gone)
+            raise ValueError(f"this {type(self).__name__} is not attached to a table: "
+                             "use SharedKeyedTokenBucket.create or .open")
+        raise ValueError("I/O operation on a closed SharedKeyedTokenBucket")
 
     cdef inline int64_t _cost(self, object cost) except -1:
         cdef int overflow = 0
@@ -345,7 +351,9 @@ cdef class SharedTable:
         elif isinstance(key, int) and not isinstance(key, bool):
             v = PyLong_AsLongLongAndOverflow(key, &overflow)
             if overflow:
-                data = int(key).to_bytes((int(key).bit_length() + 8) // 8, "little", signed=True)
+                # int's own __index__: the value, not what a subclass's __int__ says.
+                big = int.__index__(key)
+                data = big.to_bytes((big.bit_length() + 8) // 8, "little", signed=True)
                 h = nb_siphash13(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), self.k0,
                                  self.k1, TAG_BIGINT)
             else:

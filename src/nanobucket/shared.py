@@ -441,8 +441,9 @@ class SharedKeyedTokenBucket(_Table):
 
 
 def _public_rate(rate: object, exact: Fraction) -> int | Fraction:
-    # As KeyedTokenBucket reports it: ints and Fractions as given, the rest exact.
-    return rate if isinstance(rate, (int, Fraction)) else exact
+    # As KeyedTokenBucket reports it (_params.public_rate): an int as an int,
+    # the rest exact; never the object given, which could say another value.
+    return exact.numerator if issubclass(type(rate), int) else exact
 
 
 def _reserve(fd: int, size: int) -> None:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from ._params import NS_PER_S
+from ._params import NS_PER_S, exact_int
 
 __all__ = (
     "DEFAULT_MAX_WAITERS",
@@ -71,22 +71,28 @@ def check_timeout(timeout: object) -> float | None:
     """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, not {type(timeout).__name__}"
-        )
-    if math.isnan(timeout) or timeout < 0:
+    kind = type(timeout)  # not isinstance: an object can claim a __class__
+    if kind is bool or not issubclass(kind, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not {kind.__name__}")
+    # The value itself, read once: a subclass's __float__ or __index__ is not asked.
+    if issubclass(kind, float):
+        seconds = float.__float__(timeout)  # type: ignore[arg-type]
+    else:
+        try:
+            seconds = float(exact_int(timeout, "timeout"))
+        except OverflowError:
+            seconds = math.inf  # more seconds than a float holds: no limit
+    if math.isnan(seconds) or seconds < 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-    return float(timeout)
+    return seconds
 
 
 def check_max_waiters(max_waiters: object) -> int:
     """Return *max_waiters* as an int >= 0, or raise."""
-    if isinstance(max_waiters, bool) or not isinstance(max_waiters, int):
-        raise TypeError(f"max_waiters must be an int, not {type(max_waiters).__name__}")
-    if max_waiters < 0:
-        raise ValueError(f"max_waiters must be >= 0, got {max_waiters!r}")
-    return int(max_waiters)
+    value = exact_int(max_waiters, "max_waiters")
+    if value < 0:
+        raise ValueError(f"max_waiters must be >= 0, got {value!r}")
+    return value
 
 
 def _max_wait_ns(timeout: object) -> int:
