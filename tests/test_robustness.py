@@ -315,7 +315,12 @@ def test_every_extension_type_and_public_name_is_probed() -> None:
                 types[key] = value
     assert set(types) == set(EXPECTED)
     for key, cls in types.items():
-        named = {n for n in dir(cls) if not n.startswith("_")} - {"of", "create", "open"}
+        named = {n for n in dir(cls) if not n.startswith("_")} - {
+            "of",
+            "create",
+            "create_anonymous",
+            "open",
+        }
         probed = " ".join(EXPECTED[key])
         assert {n for n in named if f".{n}" not in probed} == set(), key
 
