@@ -268,7 +268,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         **dict.fromkeys(SHARED_VERBS, CLOSED),
         **SHARED_VALUES,
         "o.keyed": "value:True",
-        "o.unlink()": "raise:TypeError",
+        "o.unlink()": "raise:ValueError",
     },
     "Floor": {
         "o.allow()": "value:True",

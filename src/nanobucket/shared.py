@@ -424,6 +424,11 @@ class SharedKeyedTokenBucket(_Table):
         """
         if self.path is not None:
             os.unlink(self.path)
+        elif not self.slot_count:  # made with __new__: no table, anonymous or named
+            raise ValueError(
+                "this SharedKeyedTokenBucket is not attached to a table: "
+                "use SharedKeyedTokenBucket.create or .open"
+            )
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
