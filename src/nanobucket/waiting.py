@@ -36,11 +36,12 @@ import asyncio
 import inspect
 import math
 import threading
-import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
+from . import _wait
 from ._params import NS_PER_S
+from ._wait import SleepOrWake
 
 __all__ = (
     "DEFAULT_MAX_WAITERS",
@@ -182,42 +183,6 @@ def waiters(limiter: object) -> int:
         return gate.count if gate is not None else 0
 
 
-# cost is the caller's, unchecked: the limiter's _reserve validates it.
-def _wait_sync(
-    limiter: Any, key: tuple[Hashable, ...], cost: object, max_wait: int, shape: bool, sleep: Sleep
-) -> bool:
-    wait = limiter._reserve(*key, None, cost, max_wait, shape)
-    if wait < 0:
-        return False
-    if wait:
-        try:
-            sleep(wait / NS_PER_S)
-        except BaseException:  # interrupted: hand the place in line back
-            limiter.refund(*key, cost)
-            raise
-    return True
-
-
-async def _wait_async(
-    limiter: Any,
-    key: tuple[Hashable, ...],
-    cost: object,
-    max_wait: int,
-    shape: bool,
-    sleep: AsyncSleep,
-) -> bool:
-    wait = limiter._reserve(*key, None, cost, max_wait, shape)
-    if wait < 0:
-        return False
-    if wait:
-        try:
-            await sleep(wait / NS_PER_S)
-        except BaseException:  # cancelled: hand the place in line back
-            limiter.refund(*key, cost)
-            raise
-    return True
-
-
 def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
     """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``).
 
@@ -230,7 +195,7 @@ def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: fl
     if not _enter_default(limiter):
         return False
     try:
-        return _wait_sync(limiter, key, cost, max_wait, False, time.sleep)
+        return _wait.wait_sync(limiter, key, cost, max_wait, False)
     finally:
         _leave_default(limiter)
 
@@ -251,7 +216,7 @@ async def acquire_async(
     if not _enter_default(limiter):
         return False
     try:
-        return await _wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
+        return await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
     finally:
         _leave_default(limiter)
 
@@ -263,8 +228,14 @@ class Waiting:
     take the key first) or an ``all_of``. At most *max_waiters* callers wait
     at once; past it ``acquire`` returns False at once. With ``shape=True``
     callers are released at an even rate with no burst (a leaky bucket).
-    *sleep* / *async_sleep* replace ``time.sleep`` / ``asyncio.sleep`` (tests,
-    simulations). Every other attribute is the wrapped limiter's.
+    *async_sleep* replaces ``asyncio.sleep`` (tests, simulations); a task
+    moved up in line while it sleeps has that sleep cancelled and sleeps
+    again for what is left. A thread sleeps with ``threading.Event.wait``:
+    *sleep_or_wake* ``(event, seconds) -> bool`` replaces it (sleep up to
+    *seconds*, less if *event* is set, True if it was); *sleep* ``(seconds)``
+    replaces it by a sleep that is never cut short, so a thread waiter moved
+    up in line then sleeps out its first wait. Every other attribute is the
+    wrapped limiter's.
 
     >>> from nanobucket import TokenBucket
     >>> slept = []   # sleep= records each wait instead; the clock stands still at 0
@@ -281,6 +252,7 @@ class Waiting:
         shape: bool = False,
         sleep: Sleep | None = None,
         async_sleep: AsyncSleep | None = None,
+        sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
         if not hasattr(limiter, "_reserve") or not hasattr(limiter, "refund"):
             raise TypeError(
@@ -289,14 +261,22 @@ class Waiting:
             )
         if not isinstance(shape, bool):
             raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
-        for name, fn in (("sleep", sleep), ("async_sleep", async_sleep)):
+        for name, fn in (
+            ("sleep", sleep),
+            ("async_sleep", async_sleep),
+            ("sleep_or_wake", sleep_or_wake),
+        ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
+        if sleep is not None and sleep_or_wake is not None:
+            raise TypeError("give sleep or sleep_or_wake, not both")
         self.limiter = limiter
         self.keyed = is_keyed(limiter)
         self.shape = shape
         self._gate = _Gate(check_max_waiters(max_waiters))
-        self._sleep: Sleep = sleep if sleep is not None else time.sleep
+        self._sleep_or_wake: SleepOrWake = (
+            _wait.plain_sleep(sleep) if sleep is not None else sleep_or_wake or _wait.event_wait
+        )
         self._async_sleep: AsyncSleep = async_sleep if async_sleep is not None else asyncio.sleep
 
     @property
@@ -362,7 +342,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)
+            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake)
         finally:
             self._gate.leave()
 
@@ -384,14 +364,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return await _wait_async(
-                limiter,
-                key,
-                c,
-                max_wait,
-                self.shape,
-                self._async_sleep,
-            )
+            return await _wait.wait_async(limiter, key, c, max_wait, self.shape, self._async_sleep)
         finally:
             self._gate.leave()
 
@@ -425,6 +398,7 @@ class LeakyBucket(Waiting):
         clock: Callable[[], int] | None = None,
         sleep: Sleep | None = None,
         async_sleep: AsyncSleep | None = None,
+        sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
         from ._bucket import TokenBucket
 
@@ -434,4 +408,5 @@ class LeakyBucket(Waiting):
             shape=True,
             sleep=sleep,
             async_sleep=async_sleep,
+            sleep_or_wake=sleep_or_wake,
         )

@@ -1,0 +1,335 @@
+"""Waiting stays first in, first out when a waiter gives up (cancelled, timed out, interrupted).
+
+The running example: rate 1/s, capacity 3, one token spent at 0 (two left).
+A waits for 3 tokens (due at 1 s), B for 3 (due at 4 s). A gives up at 0:
+its 3 tokens go back, and B is due at 1 s -- A's own time -- exactly. A
+caller D arriving after that for one token is owed behind B: due at 2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Awaitable
+from types import ModuleType
+from typing import TypeVar
+
+import pytest
+
+from nanobucket import _wait, waiting
+from nanobucket.waiting import LeakyBucket, Waiting
+
+from conftest import ManualClock
+
+S = 1_000_000_000
+T = TypeVar("T")
+
+
+WHO: contextvars.ContextVar[str] = contextvars.ContextVar("WHO", default="?")
+
+
+def task(name: str, waits: Awaitable[T]) -> asyncio.Task[T]:
+    """A task called *name*: its naps (run in tasks of their own) carry the name."""
+
+    async def run() -> T:
+        WHO.set(name)
+        return await waits
+
+    return asyncio.create_task(run())
+
+
+class Naps:
+    """An injected asyncio sleep on a fake clock: records each nap (by the
+    name of the waiting `task`, in ns) and lasts until the test ends it or
+    the waiter stops sleeping."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.ends: dict[str, asyncio.Future[None]] = {}
+
+    async def __call__(self, seconds: float) -> None:
+        end = asyncio.get_running_loop().create_future()
+        self.calls.append((WHO.get(), round(seconds * S)))
+        self.ends[WHO.get()] = end
+        await end
+
+    def of(self, name: str) -> list[int]:
+        return [ns for who, ns in self.calls if who == name]
+
+    def end(self, name: str) -> None:
+        self.ends.pop(name).set_result(None)
+
+
+class Dozes:
+    """An injected ``sleep_or_wake`` on a fake clock, for threads: records each
+    doze (by thread name, in ns); returns True when the waiter is woken, False
+    when the test ends the doze, or raises KeyboardInterrupt when told to."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.events: dict[str, threading.Event] = {}
+        self.orders: dict[str, str] = {}
+        self.cond = threading.Condition()
+
+    def __call__(self, event: threading.Event, seconds: float) -> bool:
+        name = threading.current_thread().name
+        with self.cond:
+            self.calls.append((name, round(seconds * S)))
+            self.events[name] = event
+            self.cond.notify_all()
+        if not event.wait(10):
+            raise AssertionError(f"{name} was never woken")
+        with self.cond:
+            order = self.orders.pop(name, None)
+        if order == "interrupt":
+            raise KeyboardInterrupt
+        return order != "end"
+
+    def seen(self, count: int) -> list[tuple[str, int]]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.calls) >= count, 10), self.calls
+            return list(self.calls)
+
+    def tell(self, name: str, order: str) -> None:
+        with self.cond:
+            self.orders[name] = order
+            self.events[name].set()
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[object, tuple[str, ...]]:
+    if keyed:
+        return impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock), ("k",)
+    return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
+def test_a_cancelled_task_moves_the_waiters_behind_it_up(
+    impl: ModuleType, clock: ManualClock, keyed: bool
+) -> None:
+    bucket, key = make(impl, clock, keyed)
+    naps = Naps()
+    w = Waiting(bucket, async_sleep=naps)
+
+    async def main() -> None:
+        assert w.allow(*key)
+        a = task("A", w.acquire_async(*key, cost=3))
+        await settle()
+        b = task("B", w.acquire_async(*key, cost=3, timeout=4.0))
+        await settle()
+        assert naps.of("A") == [S] and naps.of("B") == [4 * S]
+        a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await a
+        await settle()
+        # B was woken and sleeps again until A's time, within its deadline.
+        assert naps.of("B") == [4 * S, S]
+        # D, later, is owed behind B: a plain allow is refused, a waiter queues.
+        assert not w.allow(*key)
+        assert w.peek(*key).retry_after_ns == 2 * S
+        d = task("D", w.acquire_async(*key))
+        await settle()
+        assert naps.of("D") == [2 * S]
+        clock.advance(S)
+        naps.end("B")
+        await settle()
+        assert b.done() and b.result() is True and not d.done()
+        clock.advance(S)
+        naps.end("D")
+        assert await d is True
+        assert w.peek(*key).retry_after_ns == S  # the next token: at 3 s
+        assert w.waiters == 0 and _wait._lines == {}
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
+def test_an_interrupted_thread_moves_the_waiters_behind_it_up(
+    impl: ModuleType, clock: ManualClock, keyed: bool
+) -> None:
+    bucket, key = make(impl, clock, keyed)
+    dozes = Dozes()
+    w = Waiting(bucket, sleep_or_wake=dozes)
+    results: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = w.acquire(*key, cost=3)
+        except KeyboardInterrupt:
+            results[name] = "interrupted"
+
+    assert w.allow(*key)
+    threads = {name: threading.Thread(target=run, args=(name,), name=name) for name in "AB"}
+    try:
+        threads["A"].start()
+        dozes.seen(1)
+        threads["B"].start()
+        assert dozes.seen(2) == [("A", S), ("B", 4 * S)]
+        dozes.tell("A", "interrupt")
+        threads["A"].join(10)
+        assert results["A"] == "interrupted"
+        assert dozes.seen(3)[2] == ("B", S)  # woken: due at 1 s now
+        assert not w.allow(*key)  # D: the freed tokens are B's
+        clock.advance(S)
+        dozes.tell("B", "end")
+        threads["B"].join(10)
+        assert results["B"] is True
+        # D for one token: exactly at 2 s, after B
+        clock.advance(S - 1)
+        assert not w.allow(*key)
+        clock.advance(1)
+        assert w.allow(*key)
+    finally:
+        for name, th in threads.items():
+            if th.is_alive():
+                dozes.tell(name, "end")
+                th.join(10)
+    assert _wait._lines == {}
+
+
+def test_a_timed_out_task_moves_the_waiters_behind_it_up(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    bucket, _ = make(impl, clock, False)
+    naps = Naps()
+    w = Waiting(bucket, async_sleep=naps)
+
+    async def main() -> None:
+        assert w.allow()
+        a = task("A", asyncio.wait_for(w.acquire_async(cost=3), 0.01))
+        await settle()
+        b = task("B", w.acquire_async(cost=3))
+        await settle()
+        with pytest.raises(asyncio.TimeoutError):
+            await a
+        await settle()
+        assert naps.of("B") == [4 * S, S]
+        clock.advance(S)
+        naps.end("B")
+        assert await b is True
+
+    asyncio.run(main())
+
+
+def test_only_the_same_keys_waiters_move(impl: ModuleType, clock: ManualClock) -> None:
+    table = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
+    naps = Naps()
+    w = Waiting(table, async_sleep=naps)
+
+    async def main() -> None:
+        assert w.allow("k") and w.allow("j")
+        tasks: dict[str, asyncio.Task[bool]] = {}
+        for name, key in (("A", "k"), ("B", "k"), ("J", "j"), ("J2", "j")):
+            tasks[name] = task(name, w.acquire_async(key, cost=3))
+            await settle()
+        tasks["A"].cancel()
+        await settle()
+        assert naps.of("B") == [4 * S, S]
+        assert naps.of("J") == [S] and naps.of("J2") == [4 * S]  # untouched
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        assert _wait._lines == {} and w.waiters == 0
+
+    asyncio.run(main())
+
+
+def test_a_shaper_moves_its_slots_up(clock: ManualClock) -> None:
+    naps = Naps()
+    shaper = LeakyBucket(rate=1, capacity=3, clock=clock, async_sleep=naps)
+
+    async def main() -> None:
+        assert await shaper.acquire_async()  # slot 0: at once
+        tasks: dict[str, asyncio.Task[bool]] = {}
+        for name in "ABC":
+            tasks[name] = task(name, shaper.acquire_async())
+            await settle()
+        assert [naps.of(n) for n in "ABC"] == [[S], [2 * S], [3 * S]]
+        tasks["A"].cancel()
+        await settle()
+        assert naps.of("B") == [2 * S, S] and naps.of("C") == [3 * S, 2 * S]
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock) -> None:
+    naps = Naps()
+    w = Waiting(impl.TokenBucket(rate=1, capacity=3, clock=clock), shape=True, async_sleep=naps)
+
+    async def main() -> None:
+        assert await w.acquire_async(cost=2)  # slot [0, 2 s)
+        a = task("A", w.acquire_async(cost=2))
+        await settle()
+        b = task("B", w.acquire_async(cost=1))
+        await settle()
+        assert naps.of("A") == [2 * S] and naps.of("B") == [4 * S]
+        a.cancel()
+        await settle()
+        assert naps.of("B") == [4 * S, 2 * S]  # A's slot start
+        b.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    bucket, _ = make(impl, clock, False)
+    naps = Naps()
+    w = Waiting(bucket, async_sleep=naps)
+
+    async def main() -> None:
+        assert w.allow(cost=3)  # empty: full again at 3 s
+        a = task("A", w.acquire_async(cost=3))  # place [3 s, 6 s)
+        await settle()
+        clock.advance(4 * S)  # A is due (at 3 s) but has not run yet
+        b = task("B", w.acquire_async(cost=3))  # place [6 s, 9 s)
+        await settle()
+        assert naps.of("A") == [3 * S] and naps.of("B") == [2 * S]
+        a.cancel()
+        await settle()
+        # Had A never reserved, B (arriving at 4 s) would own [4 s, 7 s): the
+        # token of [3 s, 4 s) refilled while A owned it and is not given back.
+        assert b.done() and b.result() is True and naps.of("B") == [2 * S]
+        assert w.peek().retry_after_ns == S and not w.allow()
+        assert _wait._lines == {}
+
+    asyncio.run(main())
+
+
+def test_core_acquire_async_moves_up_too(impl: ModuleType, clock: ManualClock) -> None:
+    # The core verbs sleep in asyncio for real; the bucket's clock is the
+    # test's. A is cancelled at 1 s, its own time: B, behind it, is due then.
+    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+
+    async def main() -> None:
+        assert bucket.allow()
+        a = asyncio.create_task(bucket.acquire_async(cost=3))
+        await settle()
+        b = asyncio.create_task(bucket.acquire_async(cost=3))
+        await settle()
+        assert waiting.waiters(bucket) == 2
+        clock.advance(S)
+        a.cancel()
+        assert await asyncio.wait_for(b, 2) is True  # without the move: 4 s of real sleep
+        assert not bucket.allow() and bucket.peek().retry_after_ns == S
+        assert waiting.waiters(bucket) == 0
+
+    asyncio.run(main())
+
+
+def test_sleep_or_wake_arguments(impl: ModuleType) -> None:
+    b = impl.TokenBucket(rate=1, capacity=1)
+    with pytest.raises(TypeError, match="sleep_or_wake must be callable"):
+        Waiting(b, sleep_or_wake=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not both"):
+        Waiting(b, sleep=lambda s: None, sleep_or_wake=lambda e, s: False)
