@@ -18,6 +18,7 @@ from typing import TypeVar
 import pytest
 
 from nanobucket import _wait, waiting
+from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 
 from conftest import ManualClock
@@ -333,3 +334,63 @@ def test_sleep_or_wake_arguments(impl: ModuleType) -> None:
         Waiting(b, sleep_or_wake=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not both"):
         Waiting(b, sleep=lambda s: None, sleep_or_wake=lambda e, s: False)
+
+
+def test_all_of_waiters_move_up_in_the_layer_they_share(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    # Two clients wait on the instance-wide layer; the first gives up.
+    instance = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    per_client = impl.KeyedTokenBucket(rate=100, capacity=3, clock=clock)
+    naps = Naps()
+    w = Waiting(all_of(per_client, instance), async_sleep=naps)
+
+    async def main() -> None:
+        assert instance.allow()
+        a = task("A", w.acquire_async("alice", cost=3))
+        await settle()
+        b = task("B", w.acquire_async("bob", cost=3))
+        await settle()
+        assert naps.of("A") == [S] and naps.of("B") == [4 * S]
+        a.cancel()
+        await settle()
+        assert naps.of("B") == [4 * S, S]
+        assert per_client.tokens("alice") == 3.0 and per_client.tokens("bob") == 0.0
+        assert instance.peek().retry_after_ns == 2 * S  # a later caller: behind bob
+        clock.advance(S)
+        naps.end("B")
+        assert await b is True
+        assert _wait._lines == {}
+
+    asyncio.run(main())
+
+
+def test_all_of_waiter_is_due_when_its_slowest_layer_is(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    # B waits on two layers; A's give-up frees only the faster one for it.
+    slow = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
+    fast = impl.TokenBucket(rate=2, capacity=3, clock=clock)
+    naps = Naps()
+    w = Waiting(all_of(slow, fast), async_sleep=naps)
+    core = Waiting(fast, async_sleep=naps)
+
+    async def main() -> None:
+        assert slow.allow("b", cost=3)  # b's own bucket: 3 s to refill
+        a = task("A", core.acquire_async(cost=3))  # fast layer at once: no wait
+        await settle()
+        assert a.done() and naps.of("A") == []
+        a = task("A", core.acquire_async(cost=3))  # fast: due at 1.5 s
+        await settle()
+        b = task("B", w.acquire_async("b", cost=3))  # slow 3 s, fast 3 s
+        await settle()
+        assert naps.of("A") == [3 * S // 2] and naps.of("B") == [3 * S]
+        a.cancel()
+        await settle()
+        assert naps.of("B") == [3 * S, 3 * S]  # woken, still due at 3 s: its slow layer
+        assert fast.peek().retry_after_ns == 3 * S // 2 + S // 2
+        b.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+        assert slow.tokens("b") == 0.0 and fast.tokens() == 0.0 and _wait._lines == {}
+
+    asyncio.run(main())

@@ -4,7 +4,8 @@ A reservation lives in the bucket's word, which stays the authority: plain
 ``allow`` callers never wait and never look at a line, yet see every
 reserved token as owed. The line -- one per bucket, or per key of a keyed
 bucket, in this process -- records who sleeps on which part of the word, in
-order, and when each is due. When a waiter gives up (a cancelled task, a
+order, and when each is due (an ``all_of`` waiter has a place in the line
+of each layer, and is due when its last place is). When a waiter gives up (a cancelled task, a
 timeout around it, an interrupted thread), its tokens go back to the word
 and every waiter behind it is moved earlier by exactly as much and woken to
 sleep again for what is left. Word and line stay in step, so a caller that
@@ -32,31 +33,54 @@ AsyncSleep = Callable[[float], Awaitable[object]]
 Key = tuple[Hashable, ...]
 
 
+class Place:
+    """A waiter's part of one bucket's word, in that bucket's line."""
+
+    __slots__ = ("bucket", "key", "line", "slack", "target", "waiter")
+
+    def __init__(self, waiter: Waiter, bucket: Any, key: Key, slack: int, target: int) -> None:
+        self.waiter = waiter
+        self.bucket = bucket
+        self.key = key
+        self.line = (id(bucket), key)
+        self.slack = slack  # its part of the word ends at target + slack
+        self.target = target  # when it is due, in ns of the bucket's own clock
+
+
 class Waiter:
-    """One sleeping caller: its cost, its slack (see ``_reserve``) and when it is due."""
+    """One sleeping caller: its cost and its places (one per bucket it waits on)."""
 
-    __slots__ = ("cost", "line", "slack", "target", "wake")
+    __slots__ = ("cost", "places", "wake")
 
-    def __init__(self, cost: Any, slack: int, target: int, wake: Callable[[], object]) -> None:
+    def __init__(self, cost: Any, wake: Callable[[], object]) -> None:
         self.cost = cost
-        self.slack = slack  # due at target: its place in the word ends at target + slack
-        self.target = target  # ns on the bucket's own clock
         self.wake = wake
-        self.line: tuple[int, Key] | None = None  # None: its limiter cannot be re-timed
+        self.places: list[Place] = []  # none: its limiter cannot be re-timed
 
 
-# Lines by (id(limiter), key). A waiter holds a reference to its limiter, so
+# Lines by (id(bucket), key). A place holds a reference to its bucket, so
 # the id cannot be reused while the line exists. One lock for every line:
 # waiting is off the hot path, and it makes "reserve, then take the place in
 # line" atomic with respect to every give-up.
-_lines: dict[tuple[int, Key], list[Waiter]] = {}
+_lines: dict[tuple[int, Key], list[Place]] = {}
 _lock = threading.Lock()
 
 
-def _retimable(limiter: Any) -> bool:
-    # A single bucket whose word is in ns of its own clock; an all_of spans
-    # several words with different intervals, and keeps plain refunds.
-    return hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns")
+def _buckets(limiter: Any, key: Key) -> list[tuple[Any, Key]] | None:
+    """The single buckets *limiter* reserves on for *key*, each with its key, or
+    None when one of them cannot be re-timed."""
+    if hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns"):
+        return [(limiter, key)]  # a word in ns of its own clock
+    places = getattr(limiter, "_places", None)  # an all_of: one word per layer
+    if places is None:
+        return None
+    found: list[tuple[Any, Key]] = []
+    for layer, layer_key in places(*key):
+        inner = _buckets(layer, layer_key)
+        if inner is None:
+            return None
+        found += inner
+    return found
 
 
 def join(
@@ -67,74 +91,87 @@ def join(
     The waiter is None when nothing is to be waited for: refused (-1,
     nothing reserved) or served at once (0).
     """
-    if not _retimable(limiter):
+    buckets = _buckets(limiter, key)
+    if buckets is None:
         wait = limiter._reserve(*key, None, cost, max_wait, shape)
-        if wait <= 0:
-            return wait, None
-        return wait, Waiter(cost, 0, 0, wake)  # its limiter validated the cost
+        return wait, (Waiter(cost, wake) if wait > 0 else None)  # the limiter checked cost
     with _lock:
-        now = limiter._clock_ns()
-        wait = limiter._reserve(*key, now, cost, max_wait, shape)
-        if wait <= 0:
-            return wait, None
-        c = check_cost(cost, limiter.capacity)
-        interval = limiter.interval_ns
-        slack = c * interval if shape else limiter.capacity * interval
-        w = Waiter(c, slack, now + wait, wake)
-        w.line = (id(limiter), key)
-        _lines.setdefault(w.line, []).append(w)
-        return wait, w
+        done: list[tuple[Any, Key, int, int]] = []
+        try:
+            for bucket, k in buckets:
+                now = bucket._clock_ns()
+                wait = bucket._reserve(*k, now, cost, max_wait, shape)
+                if wait < 0:
+                    return -1, None
+                done.append((bucket, k, now, wait))
+        finally:
+            if len(done) < len(buckets):  # refused or failed: undo the others
+                for bucket, k, now, _ in done:
+                    bucket.refund_at(*k, now, cost)
+        longest = max(wait for _, _, _, wait in done)
+        if not longest:
+            return 0, None
+        c = check_cost(cost, buckets[0][0].capacity)
+        w = Waiter(c, wake)
+        for bucket, k, now, wait in done:
+            interval = bucket.interval_ns
+            slack = c * interval if shape else bucket.capacity * interval
+            place = Place(w, bucket, k, slack, now + wait)
+            w.places.append(place)
+            _lines.setdefault(place.line, []).append(place)
+        return longest, w
 
 
-def remaining(limiter: Any, w: Waiter, clear: Callable[[], object]) -> int:
+def remaining(w: Waiter, clear: Callable[[], object]) -> int:
     """Ns left to wait for *w*, woken early; clears its event in step with the line."""
-    now: int = limiter._clock_ns()
+    nows: list[int] = [place.bucket._clock_ns() for place in w.places]
     with _lock:
         clear()  # a later move sets it again
-        return w.target - now
+        return max(place.target - now for place, now in zip(w.places, nows))
 
 
 def leave(w: Waiter) -> None:
     """*w* is served: its tokens are its own now."""
-    if w.line is None:
-        return
     with _lock:
-        _drop(w)
+        for place in w.places:
+            _drop(place)
 
 
-def _drop(w: Waiter) -> int:
-    """Take *w* out of its line (dropped when empty); its index there."""
-    assert w.line is not None
-    line = _lines[w.line]
-    i = next(i for i, v in enumerate(line) if v is w)
+def _drop(place: Place) -> int:
+    """Take *place* out of its line (dropped when empty); its index there."""
+    line = _lines[place.line]
+    i = next(i for i, p in enumerate(line) if p is place)
     del line[i]
     if not line:
-        del _lines[w.line]
+        del _lines[place.line]
     return i
 
 
 def give_up(limiter: Any, key: Key, w: Waiter) -> None:
-    """*w* stops waiting: its tokens go back, and the waiters behind it move up.
+    """*w* stops waiting: its tokens go back, and the places behind its own move up.
 
-    Only the part of its reservation still ahead of the clock goes back (in
-    whole tokens), so a waiter cancelled after its time gives back no token
-    that has meanwhile refilled: the word never holds more than capacity.
+    Only the part of a place still ahead of the bucket's clock goes back (in
+    whole tokens): a waiter cancelled after its time may have had callers
+    admitted on top of it, and the token that refilled meanwhile is not
+    given back twice. A waiter still asleep gives back all it reserved.
     """
-    if w.line is None:
+    if not w.places:
         limiter.refund(*key, w.cost)
         return
     with _lock:
-        i = _drop(w)
-        now = limiter._clock_ns()
-        interval = limiter.interval_ns
-        ahead = w.target + w.slack - now  # ns of its place in the word not yet refilled
-        tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
-        if not tokens:
-            return
-        limiter.refund_at(*key, now, tokens)
-        for v in _lines.get(w.line, ())[i:]:
-            v.target -= tokens * interval
-            v.wake()
+        for place in w.places:
+            i = _drop(place)
+            bucket = place.bucket
+            now = bucket._clock_ns()
+            interval = bucket.interval_ns
+            ahead = place.target + place.slack - now  # of its part, not yet refilled
+            tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
+            if not tokens:
+                continue
+            bucket.refund_at(*place.key, now, tokens)
+            for behind in _lines.get(place.line, ())[i:]:
+                behind.target -= tokens * interval
+                behind.waiter.wake()
 
 
 def event_wait(event: threading.Event, seconds: float) -> bool:
@@ -166,7 +203,7 @@ def wait_sync(
         return wait >= 0
     try:
         while wait > 0 and sleep_or_wake(event, wait / NS_PER_S):
-            wait = remaining(limiter, w, event.clear)
+            wait = remaining(w, event.clear)
     except BaseException:  # interrupted: hand the place in line back
         give_up(limiter, key, w)
         raise
@@ -208,7 +245,7 @@ async def wait_async(
         return wait >= 0
     try:
         while wait > 0 and await _sleep_or_wake(sleep, wait / NS_PER_S, event):
-            wait = remaining(limiter, w, event.clear)
+            wait = remaining(w, event.clear)
     except BaseException:  # cancelled: hand the place in line back
         give_up(limiter, key, w)
         raise

@@ -19,10 +19,8 @@ A waiter that gives up while it sleeps (a cancelled task, a timeout around
 it, a ``KeyboardInterrupt``) gives its tokens back, and the waiters behind it
 in the same bucket's line are moved up by as much and woken to sleep for
 what is left (see ``_wait``): a caller that arrives later, waiting or not,
-is still served after them. This holds for waiters on one
-``TokenBucket`` or ``KeyedTokenBucket`` (per key) in one process; the
-waiters of an ``all_of`` keep their times (they are served no earlier than
-before, and what is given back goes to whoever asks first).
+is still served after them: per ``TokenBucket``, per key of a
+``KeyedTokenBucket`` and per layer of an ``all_of``, in one process.
 
 ``Waiting(limiter, shape=True)`` -- or ``LeakyBucket(rate)`` -- releases
 callers at an even rate, one slot of ``cost / rate`` seconds each, with no
