@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import random
 import threading
 from collections.abc import Awaitable
 from types import ModuleType
@@ -392,5 +393,52 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
         b.cancel()
         await asyncio.gather(a, b, return_exceptions=True)
         assert slow.tokens("b") == 0.0 and fast.tokens() == 0.0 and _wait._lines == {}
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+@pytest.mark.parametrize("seed", range(6))
+def test_after_any_give_ups_the_line_is_as_if_they_never_came(
+    impl: ModuleType, clock: ManualClock, shape: bool, seed: int
+) -> None:
+    # Callers of random costs on two keys, all at 0; some of those still
+    # waiting give up.
+    # Every one left must be due exactly when it would be had the others
+    # never come: what a fresh table gives the same callers, in order.
+    rng = random.Random(seed)
+    table = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
+    fresh = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
+    naps = Naps()
+    w = Waiting(table, shape=shape, async_sleep=naps)
+    callers = [(f"w{i}", rng.choice("xy"), rng.randint(0, 4)) for i in range(12)]
+    leaving = set(rng.sample(range(12), 6))
+
+    async def main() -> None:
+        for key in "xy":
+            assert table.allow(key, cost=3) and fresh.allow(key, cost=3)
+        tasks = []
+        for name, key, cost in callers:
+            tasks.append(task(name, w.acquire_async(key, cost=cost)))
+            await settle()
+        for i in sorted(leaving, key=lambda _: rng.random()):
+            tasks[i].cancel()  # a no-op for one served meanwhile (moved up to now)
+            if rng.random() < 0.5:
+                await settle()
+        await settle()
+        gone = {i for i in leaving if tasks[i].cancelled()}
+        assert gone
+        for i, (name, key, cost) in enumerate(callers):
+            if i in gone:
+                continue
+            due = fresh._reserve(key, None, cost, 1 << 62, shape)
+            if due == 0:
+                assert tasks[i].done() and tasks[i].result() is True, name
+            else:
+                assert not tasks[i].done() and naps.of(name)[-1] == due, name
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert _wait._lines == {}
 
     asyncio.run(main())
