@@ -442,3 +442,89 @@ def test_after_any_give_ups_the_line_is_as_if_they_never_came(
         assert _wait._lines == {}
 
     asyncio.run(main())
+
+
+class TimedNaps(Naps):
+    """`Naps` that also knows when each nap ends on the fake clock."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.due: dict[str, int] = {}
+
+    async def __call__(self, seconds: float) -> None:
+        self.due[WHO.get()] = self.clock.now + round(seconds * S)
+        await super().__call__(seconds)
+
+
+@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
+    impl: ModuleType, clock: ManualClock, shape: bool, seed: int
+) -> None:
+    # Waiters arrive, plain allow() callers try (not with shaping), waiters
+    # give up and time passes, at random. Per key: waiters are served in
+    # arrival order, a plain caller is admitted only once every earlier
+    # waiter was served, and no window admits more than capacity + rate * window.
+    rng = random.Random(seed)
+    rate, capacity = 3, 4
+    table = impl.KeyedTokenBucket(rate=rate, capacity=capacity, clock=clock)
+    naps = TimedNaps(clock)
+    w = Waiting(table, shape=shape, async_sleep=naps)
+    admitted: dict[str, list[tuple[int, int]]] = {"x": [], "y": []}  # (time, cost)
+    waiters: list[tuple[str, str, int, asyncio.Task[bool]]] = []  # name, key, cost, task
+    served: dict[str, int] = {}
+
+    def collect() -> None:
+        for name, key, cost, t in waiters:
+            if name not in served and t.done() and not t.cancelled():
+                assert t.result() is True
+                served[name] = clock.now
+                admitted[key].append((clock.now, cost))
+
+    async def main() -> None:
+        for step in range(80):
+            action = rng.random()
+            key = rng.choice("xy")
+            sleeping = [(n, t) for n, _, _, t in waiters if not t.done()]
+            if action < 0.35:
+                name = f"w{step}"
+                cost = rng.randint(0, capacity)
+                waiters.append((name, key, cost, task(name, w.acquire_async(key, cost=cost))))
+                await settle()
+            elif action < 0.55:
+                # (not with shaping: a shaper's own allow admits a burst past its line)
+                cost = rng.randint(1, 2)
+                if not shape and table.allow(key, cost=cost):
+                    ahead = [n for n, k, _, t in waiters if k == key and not t.done()]
+                    assert not ahead, (key, clock.now, ahead)
+                    admitted[key].append((clock.now, cost))
+            elif action < 0.7 and sleeping:
+                rng.choice(sleeping)[1].cancel()
+                await settle()
+            else:
+                # Never past a waiter's time: each is served when it is due.
+                dues = [naps.due[n] for n, _ in sleeping if n in naps.due]
+                step_to = clock.now + rng.randint(1, S // 2)
+                if dues and (rng.random() < 0.7 or min(dues) < step_to):
+                    step_to = min(dues)
+                clock.now = max(step_to, clock.now)
+                for n, _ in sleeping:
+                    if naps.due.get(n, clock.now + 1) <= clock.now and n in naps.ends:
+                        naps.end(n)
+                await settle()
+            collect()
+        for _, _, _, t in waiters:
+            t.cancel()
+        await asyncio.gather(*(t for _, _, _, t in waiters), return_exceptions=True)
+
+    asyncio.run(main())
+    assert _wait._lines == {}
+    for key in "xy":
+        order = [served[n] for n, k, _, _ in waiters if k == key and n in served]
+        assert order == sorted(order), key  # first in, first out
+        events = admitted[key]
+        for i, (t0, _) in enumerate(events):
+            for t1, _ in events[i:]:
+                tokens = sum(c for t, c in events if t0 <= t <= t1)
+                assert tokens * S <= capacity * S + rate * (t1 - t0), (key, t0, t1)
