@@ -19,6 +19,7 @@ from typing import TypeVar
 import pytest
 
 from nanobucket import _wait, waiting
+from nanobucket._wait import Bell
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 
@@ -70,11 +71,11 @@ class Dozes:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
-        self.events: dict[str, threading.Event] = {}
+        self.events: dict[str, Bell] = {}
         self.orders: dict[str, str] = {}
         self.cond = threading.Condition()
 
-    def __call__(self, event: threading.Event, seconds: float) -> bool:
+    def __call__(self, event: Bell, seconds: float) -> bool:
         name = threading.current_thread().name
         with self.cond:
             self.calls.append((name, round(seconds * S)))

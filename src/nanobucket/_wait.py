@@ -12,8 +12,8 @@ sleep again for what is left. Word and line stay in step, so a caller that
 arrives later, waiting or not, finds the freed tokens already owed to the
 ones in line. A line exists only while it has waiters.
 
-Waiters never poll: a thread sleeps on its own ``threading.Event`` with a
-timeout, a task on its sleep raced against its own ``asyncio.Event``.
+Waiters never poll: a thread sleeps on its own `Bell` with a timeout, a
+task on a future that its timer or its `Alarm` settles.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 from ._params import NS_PER_S, check_cost
 
-# sleep_or_wake(event, seconds): sleep up to *seconds*, or less if *event* is
-# set; True if it was set (the waiter was moved earlier).
-SleepOrWake = Callable[[threading.Event, float], bool]
+# sleep_or_wake(bell, seconds): sleep up to *seconds*, or less if *bell* is
+# set (a `Bell`: threading.Event's is_set / wait); True if it was set.
+SleepOrWake = Callable[["Bell", float], bool]
 AsyncSleep = Callable[[float], Awaitable[object]]
 Key = tuple[Hashable, ...]
 
@@ -123,7 +123,7 @@ def join(
 
 
 def remaining(w: Waiter, clear: Callable[[], object]) -> int:
-    """Ns left to wait for *w*, woken early; clears its event in step with the line."""
+    """Ns left to wait for *w*, woken early; clears its bell in step with the line."""
     nows: list[int] = [place.bucket._clock_ns() for place in w.places]
     with _lock:
         clear()  # a later move sets it again
@@ -140,7 +140,7 @@ def leave(w: Waiter) -> None:
 def _drop(place: Place) -> int:
     """Take *place* out of its line (dropped when empty); its index there."""
     line = _lines[place.line]
-    i = next(i for i, p in enumerate(line) if p is place)
+    i = line.index(place)  # by identity: a Place has no __eq__
     del line[i]
     if not line:
         del _lines[place.line]
@@ -174,14 +174,50 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
                 behind.waiter.wake()
 
 
-def event_wait(event: threading.Event, seconds: float) -> bool:
-    return event.wait(seconds)
+class Bell:
+    """What a thread waiter sleeps on: ``threading.Event``'s ``set`` / ``is_set``
+    / ``wait`` / ``clear``, built on two locks (an Event builds a Condition,
+    several times dearer). ``wait`` and ``clear`` are its own thread's."""
+
+    __slots__ = ("_guard", "_rung", "_sleep")
+
+    def __init__(self) -> None:
+        self._sleep = threading.Lock()
+        self._sleep.acquire()  # held while not rung: wait blocks on it
+        self._guard = threading.Lock()
+        self._rung = False
+
+    def set(self) -> None:
+        with self._guard:
+            if not self._rung:
+                self._rung = True
+                self._sleep.release()
+
+    def is_set(self) -> bool:
+        return self._rung
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._sleep.acquire(timeout=-1 if timeout is None else timeout):
+            self._sleep.release()  # it stays rung until cleared
+            return True
+        return False
+
+    def clear(self) -> None:
+        with self._guard:
+            if self._rung:
+                self._rung = False
+                self._sleep.acquire(blocking=False)
+
+
+def bell_wait(bell: Bell, seconds: float) -> bool:
+    """The default sleep_or_wake."""
+    return bell.wait(seconds)
 
 
 def plain_sleep(sleep: Callable[[float], object]) -> SleepOrWake:
     """A ``sleep(seconds)`` as a sleep_or_wake that is never woken early."""
 
-    def sleep_or_wake(event: threading.Event, seconds: float) -> bool:
+    def sleep_or_wake(bell: Bell, seconds: float) -> bool:
         sleep(seconds)
         return False
 
@@ -194,16 +230,16 @@ def wait_sync(
     cost: object,
     max_wait: int,
     shape: bool,
-    sleep_or_wake: SleepOrWake = event_wait,
+    sleep_or_wake: SleepOrWake = bell_wait,
 ) -> bool:
     """Reserve, then block until due; True if admitted, False if refused at once."""
-    event = threading.Event()
-    wait, w = join(limiter, key, cost, max_wait, shape, event.set)
+    bell = Bell()
+    wait, w = join(limiter, key, cost, max_wait, shape, bell.set)
     if w is None:
         return wait >= 0
     try:
-        while wait > 0 and sleep_or_wake(event, wait / NS_PER_S):
-            wait = remaining(w, event.clear)
+        while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
+            wait = remaining(w, bell.clear)
     except BaseException:  # interrupted: hand the place in line back
         give_up(limiter, key, w)
         raise
@@ -211,41 +247,70 @@ def wait_sync(
     return True
 
 
-async def _sleep_or_wake(sleep: AsyncSleep, seconds: float, event: asyncio.Event) -> bool:
-    """``await sleep(seconds)``, cut short if *event* is set (then True)."""
-    if event.is_set():
-        return True
-    nap = asyncio.ensure_future(sleep(seconds))
-    woken = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait((nap, woken), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        woken.cancel()
-        if not nap.done():
-            nap.cancel()
-    if nap.done() and not nap.cancelled():
+def _time_up(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
+class Alarm:
+    """What a task waiter sleeps on: rung from any thread, through its loop."""
+
+    __slots__ = ("fut", "loop", "rung")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.rung = False
+        self.fut: asyncio.Future[bool] | None = None
+
+    def ring(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is left to wake
+            self.loop.call_soon_threadsafe(self._ring)
+
+    def _ring(self) -> None:
+        self.rung = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(True)
+
+    def clear(self) -> None:
+        self.rung = False
+
+    async def sleep(self, sleep: AsyncSleep, seconds: float) -> bool:
+        """``await sleep(seconds)``, cut short when rung (then True)."""
+        if self.rung:
+            return True
+        fut = self.fut = self.loop.create_future()
+        if sleep is asyncio.sleep:  # on the loop's own timer: no task to start
+            timer = self.loop.call_later(seconds, _time_up, fut)
+            try:
+                woken: bool = await fut
+                return woken
+            finally:
+                timer.cancel()
+                self.fut = None
+        nap = asyncio.ensure_future(sleep(seconds))
+        nap.add_done_callback(lambda _: _time_up(fut))
+        try:
+            if await fut:
+                return True
+        finally:
+            self.fut = None
+            if not nap.done():
+                nap.cancel()
         nap.result()  # the sleep's own error, if any
         return False
-    return True
 
 
 async def wait_async(
     limiter: Any, key: Key, cost: object, max_wait: int, shape: bool, sleep: AsyncSleep
 ) -> bool:
     """`wait_sync` for asyncio; a waiter of another thread may move this one up."""
-    loop = asyncio.get_running_loop()
-    event = asyncio.Event()
-
-    def wake() -> None:
-        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is left to wake
-            loop.call_soon_threadsafe(event.set)
-
-    wait, w = join(limiter, key, cost, max_wait, shape, wake)
+    alarm = Alarm(asyncio.get_running_loop())
+    wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
     if w is None:
         return wait >= 0
     try:
-        while wait > 0 and await _sleep_or_wake(sleep, wait / NS_PER_S, event):
-            wait = remaining(w, event.clear)
+        while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
+            wait = remaining(w, alarm.clear)
     except BaseException:  # cancelled: hand the place in line back
         give_up(limiter, key, w)
         raise

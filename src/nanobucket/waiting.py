@@ -233,9 +233,10 @@ class Waiting:
     callers are released at an even rate with no burst (a leaky bucket).
     *async_sleep* replaces ``asyncio.sleep`` (tests, simulations); a task
     moved up in line while it sleeps has that sleep cancelled and sleeps
-    again for what is left. A thread sleeps with ``threading.Event.wait``:
-    *sleep_or_wake* ``(event, seconds) -> bool`` replaces it (sleep up to
-    *seconds*, less if *event* is set, True if it was); *sleep* ``(seconds)``
+    again for what is left. A thread sleeps on an Event-like bell:
+    *sleep_or_wake* ``(bell, seconds) -> bool`` replaces that (sleep up to
+    *seconds*, less once ``bell.is_set()``, True if it is; ``bell.wait(t)``
+    is ``threading.Event.wait``); *sleep* ``(seconds)``
     replaces it by a sleep that is never cut short, so a thread waiter moved
     up in line then sleeps out its first wait. Every other attribute is the
     wrapped limiter's.
@@ -278,7 +279,7 @@ class Waiting:
         self.shape = shape
         self._gate = _Gate(check_max_waiters(max_waiters))
         self._sleep_or_wake: SleepOrWake = (
-            _wait.plain_sleep(sleep) if sleep is not None else sleep_or_wake or _wait.event_wait
+            _wait.plain_sleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
         )
         self._async_sleep: AsyncSleep = async_sleep if async_sleep is not None else asyncio.sleep
 
