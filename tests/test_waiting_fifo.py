@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import random
 import threading
+import time
 from collections.abc import Awaitable
 from types import ModuleType
 from typing import TypeVar
@@ -529,3 +530,79 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
             for t1, _ in events[i:]:
                 tokens = sum(c for t, c in events if t0 <= t <= t1)
                 assert tokens * S <= capacity * S + rate * (t1 - t0), (key, t0, t1)
+
+
+def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    # B blocks in the core acquire (a real sleep of 3 s); A, ahead of it,
+    # is interrupted at A's own time: B is due at once and wakes.
+    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    dozes = Dozes()
+    w = Waiting(bucket, sleep_or_wake=dozes)
+    got: list[object] = []
+
+    def a() -> None:
+        try:
+            got.append(w.acquire(cost=3))
+        except KeyboardInterrupt:
+            got.append("interrupted")
+
+    assert bucket.allow()
+    ta = threading.Thread(target=a, name="A")
+    tb = threading.Thread(target=lambda: got.append(bucket.acquire(cost=3)), name="B")
+    ta.start()
+    dozes.seen(1)
+    tb.start()
+    deadline = time.monotonic() + 10
+    while bucket.peek().retry_after_ns != 5 * S:  # until B has reserved, behind A
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    clock.advance(S)
+    dozes.tell("A", "interrupt")
+    ta.join(10)
+    tb.join(2)  # without the move: 3 s more of real sleep
+    alive = tb.is_alive()
+    tb.join(10)
+    assert not alive and got == ["interrupted", True]
+    assert not bucket.allow() and bucket.peek().retry_after_ns == S
+
+
+def test_a_give_up_in_one_thread_wakes_a_task_in_another(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    dozes, naps = Dozes(), Naps()
+    w = Waiting(bucket, sleep_or_wake=dozes, async_sleep=naps)
+    got: list[object] = []
+    moved = threading.Event()
+
+    def a() -> None:
+        try:
+            got.append(w.acquire(cost=3))
+        except KeyboardInterrupt:
+            got.append("interrupted")
+
+    async def b() -> None:
+        t = task("B", w.acquire_async(cost=3))
+        while len(naps.of("B")) < 2:  # its first nap, then the one after the move
+            await asyncio.sleep(0.001)
+        moved.set()
+        naps.end("B")
+        got.append(await t)
+
+    assert bucket.allow()
+    ta = threading.Thread(target=a, name="A")
+    ta.start()
+    dozes.seen(1)
+    tb = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(b(), 10)))
+    tb.start()
+    deadline = time.monotonic() + 10
+    while not naps.of("B"):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    dozes.tell("A", "interrupt")
+    ta.join(10)
+    assert moved.wait(10)
+    tb.join(10)
+    assert naps.of("B") == [4 * S, S] and got == ["interrupted", True]
