@@ -538,8 +538,14 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
     # B blocks in the core acquire (a real sleep of 3 s); A, ahead of it,
     # is interrupted at A's own time: B is due at once and wakes.
     bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
-    dozes = Dozes()
-    w = Waiting(bucket, sleep_or_wake=dozes)
+    asleep, interrupt = threading.Event(), threading.Event()
+
+    def sleep(seconds: float) -> None:
+        asleep.set()
+        if interrupt.wait(10):
+            raise KeyboardInterrupt
+
+    w = Waiting(bucket, sleep=sleep)
     got: list[object] = []
 
     def a() -> None:
@@ -552,14 +558,14 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
     ta = threading.Thread(target=a, name="A")
     tb = threading.Thread(target=lambda: got.append(bucket.acquire(cost=3)), name="B")
     ta.start()
-    dozes.seen(1)
+    assert asleep.wait(10)
     tb.start()
     deadline = time.monotonic() + 10
     while bucket.peek().retry_after_ns != 5 * S:  # until B has reserved, behind A
         assert time.monotonic() < deadline
         time.sleep(0.001)
     clock.advance(S)
-    dozes.tell("A", "interrupt")
+    interrupt.set()
     ta.join(10)
     tb.join(2)  # without the move: 3 s more of real sleep
     alive = tb.is_alive()
