@@ -5,12 +5,20 @@ A reservation lives in the bucket's word, which stays the authority: plain
 reserved token as owed. The line -- one per bucket, or per key of a keyed
 bucket, in this process -- records who sleeps on which part of the word, in
 order, and when each is due (an ``all_of`` waiter has a place in the line
-of each layer, and is due when its last place is). When a waiter gives up (a cancelled task, a
-timeout around it, an interrupted thread), its tokens go back to the word
-and every waiter behind it is moved earlier by exactly as much and woken to
-sleep again for what is left. Word and line stay in step, so a caller that
-arrives later, waiting or not, finds the freed tokens already owed to the
-ones in line. A line exists only while it has waiters.
+of each layer, and is due when its last place is). When a waiter gives up
+(a cancelled task, a timeout around it, an interrupted thread), its tokens
+go back to the word and every waiter behind it is moved earlier by exactly
+as much and woken to sleep again for what is left. A line exists only
+while it has waiters.
+
+Why that is exact: a waiter still asleep has all of its place ahead of the
+clock, so whatever was stacked on the word after it (waiters, or plain
+callers admitted on top) was stacked on the word itself, never on "now".
+Taking it out lowers the word and every later place by its cost: what they
+would be had it never come. A waiter past its time may have seen part of
+its place refill meanwhile; only the part still ahead goes back. So a
+later caller, waiting or not, finds the freed tokens owed to the ones in
+line, and the word never holds more than the bucket's capacity.
 
 Waiters never poll: a thread sleeps on its own `Bell` with a timeout, a
 task on a future that its timer or its `Alarm` settles.
