@@ -9,6 +9,7 @@ caller D arriving after that for one token is owed behind B: due at 2 s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import random
 import threading
@@ -612,3 +613,50 @@ def test_a_give_up_in_one_thread_wakes_a_task_in_another(
     assert moved.wait(10)
     tb.join(10)
     assert naps.of("B") == [4 * S, S] and got == ["interrupted", True]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
+def test_threads_and_tasks_giving_up_at_random_leave_no_line_behind(
+    impl: ModuleType, keyed: bool
+) -> None:
+    # Real time, 4 threads and 2 event loops on one bucket, a fifth of the
+    # waiters giving up part-way: nothing hangs, and no line or waiter is left.
+    bucket = (impl.KeyedTokenBucket if keyed else impl.TokenBucket)(rate=5000, capacity=5)
+    key = ("k",) if keyed else ()
+    served: list[int] = []
+
+    def sleep_or_wake(bell: Bell, seconds: float) -> bool:
+        if random.random() < 0.2:
+            bell.wait(seconds * random.random())
+            raise KeyboardInterrupt
+        return bell.wait(seconds)
+
+    w = Waiting(bucket, sleep_or_wake=sleep_or_wake, max_waiters=64)
+
+    def thread(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            cost = rng.randint(1, 5)
+            with contextlib.suppress(KeyboardInterrupt):
+                if w.acquire(*key, cost=cost):
+                    served.append(cost)
+
+    async def tasks(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            t = asyncio.ensure_future(w.acquire_async(*key, cost=rng.randint(1, 5)))
+            if rng.random() < 0.2:
+                await asyncio.sleep(rng.random() / 1000)
+                t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                if await t:
+                    served.append(1)
+
+    threads = [threading.Thread(target=thread, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=lambda i=i: asyncio.run(tasks(100 + i))) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not any(th.is_alive() for th in threads)
+    assert len(served) > 300 and w.waiters == 0 and _wait._lines == {}
