@@ -39,12 +39,12 @@ import asyncio
 import inspect
 import math
 import threading
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from . import _wait
 from ._params import NS_PER_S
-from ._wait import SleepOrWake
+from ._wait import AsyncSleep, SleepOrWake
 
 __all__ = (
     "DEFAULT_MAX_WAITERS",
@@ -60,7 +60,6 @@ DEFAULT_MAX_WAITERS = 1024
 NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
 
 Sleep = Callable[[float], object]
-AsyncSleep = Callable[[float], Awaitable[object]]
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -231,15 +230,15 @@ class Waiting:
     take the key first) or an ``all_of``. At most *max_waiters* callers wait
     at once; past it ``acquire`` returns False at once. With ``shape=True``
     callers are released at an even rate with no burst (a leaky bucket).
-    *async_sleep* replaces ``asyncio.sleep`` (tests, simulations); a task
-    moved up in line while it sleeps has that sleep cancelled and sleeps
-    again for what is left. A thread sleeps on an Event-like bell:
+    Injected sleeps serve tests and simulations. *async_sleep* replaces
+    ``asyncio.sleep``; a task moved up in line has its sleep cancelled and
+    sleeps again for what is left. A thread sleeps on a bell with
+    ``threading.Event``'s ``wait(timeout)`` and ``is_set()``:
     *sleep_or_wake* ``(bell, seconds) -> bool`` replaces that (sleep up to
-    *seconds*, less once ``bell.is_set()``, True if it is; ``bell.wait(t)``
-    is ``threading.Event.wait``); *sleep* ``(seconds)``
-    replaces it by a sleep that is never cut short, so a thread waiter moved
-    up in line then sleeps out its first wait. Every other attribute is the
-    wrapped limiter's.
+    *seconds*, less once the bell is set; True if it was). *sleep*
+    ``(seconds)`` replaces it by a sleep that nothing cuts short: a thread
+    moved up in line then sleeps out the wait it was given. Every other
+    attribute is the wrapped limiter's.
 
     >>> from nanobucket import TokenBucket
     >>> slept = []   # sleep= records each wait instead; the clock stands still at 0
