@@ -506,6 +506,10 @@ cdef class TokenBucket(_Limits):
         cdef int64_t cost_t = c * self.interval_ns
         return reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
 
+    def _clock_ns(self):
+        """The bucket's clock now (int ns): the time ``_reserve`` waits are counted on."""
+        return self._now()
+
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.
 
@@ -1285,6 +1289,10 @@ cdef class KeyedTokenBucket(_Limits):
             s = self._find(key, h, t, True)
             wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
         return wait
+
+    def _clock_ns(self):
+        """`TokenBucket._clock_ns`."""
+        return self._now()
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity of every bucket, keeping their state.

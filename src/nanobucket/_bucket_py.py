@@ -452,6 +452,10 @@ class TokenBucket(_Limits):
                 self._tat = base + cost_t
             return wait
 
+    def _clock_ns(self) -> int:
+        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
+        return self._now()
+
     def reconfigure(
         self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
     ) -> None:
@@ -807,6 +811,10 @@ class KeyedTokenBucket(_Limits):
             if cost_t:
                 tats[key] = base + cost_t
             return wait
+
+    def _clock_ns(self) -> int:
+        """`TokenBucket._clock_ns`."""
+        return self._now()
 
     def reconfigure(
         self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None

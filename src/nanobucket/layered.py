@@ -414,6 +414,14 @@ class AllOf:
                     else:
                         self._call(j, "refund_at", key, (now, cost))
 
+    def _places(self, key: Hashable | None) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
+        """Each layer with the arguments that name *key*'s bucket in it (waiting's lines)."""
+        self._key(key)
+        return tuple(
+            (layer, () if style == _PLAIN else (key,))
+            for layer, style in zip(self.layers, self._styles)
+        )
+
     def acquire(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
     ) -> bool:

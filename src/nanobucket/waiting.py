@@ -15,9 +15,12 @@ Bounds, so that waiting never becomes an unbounded queue in memory:
 * ``max_waiters`` (default 1024 per limiter): past it, ``acquire`` returns
   False at once.
 
-A waiter interrupted while it sleeps (a cancelled task, a
-``KeyboardInterrupt``) gives its tokens back with ``refund``: nothing stays
-reserved.
+A waiter that gives up while it sleeps (a cancelled task, a timeout around
+it, a ``KeyboardInterrupt``) gives its tokens back, and the waiters behind it
+in the same bucket's line are moved up by as much and woken to sleep for
+what is left (see ``_wait``): a caller that arrives later, waiting or not,
+is still served after them: per ``TokenBucket``, per key of a
+``KeyedTokenBucket`` and per layer of an ``all_of``, in one process.
 
 ``Waiting(limiter, shape=True)`` -- or ``LeakyBucket(rate)`` -- releases
 callers at an even rate, one slot of ``cost / rate`` seconds each, with no
@@ -36,11 +39,12 @@ import asyncio
 import inspect
 import math
 import threading
-import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
+from . import _wait
 from ._params import NS_PER_S, exact_int
+from ._wait import AsyncSleep, SleepOrWake
 
 __all__ = (
     "DEFAULT_MAX_WAITERS",
@@ -56,7 +60,6 @@ DEFAULT_MAX_WAITERS = 1024
 NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
 
 Sleep = Callable[[float], object]
-AsyncSleep = Callable[[float], Awaitable[object]]
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -188,42 +191,6 @@ def waiters(limiter: object) -> int:
         return gate.count if gate is not None else 0
 
 
-# cost is the caller's, unchecked: the limiter's _reserve validates it.
-def _wait_sync(
-    limiter: Any, key: tuple[Hashable, ...], cost: object, max_wait: int, shape: bool, sleep: Sleep
-) -> bool:
-    wait = limiter._reserve(*key, None, cost, max_wait, shape)
-    if wait < 0:
-        return False
-    if wait:
-        try:
-            sleep(wait / NS_PER_S)
-        except BaseException:  # interrupted: hand the place in line back
-            limiter.refund(*key, cost)
-            raise
-    return True
-
-
-async def _wait_async(
-    limiter: Any,
-    key: tuple[Hashable, ...],
-    cost: object,
-    max_wait: int,
-    shape: bool,
-    sleep: AsyncSleep,
-) -> bool:
-    wait = limiter._reserve(*key, None, cost, max_wait, shape)
-    if wait < 0:
-        return False
-    if wait:
-        try:
-            await sleep(wait / NS_PER_S)
-        except BaseException:  # cancelled: hand the place in line back
-            limiter.refund(*key, cost)
-            raise
-    return True
-
-
 def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
     """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``).
 
@@ -236,7 +203,7 @@ def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: fl
     if not _enter_default(limiter):
         return False
     try:
-        return _wait_sync(limiter, key, cost, max_wait, False, time.sleep)
+        return _wait.wait_sync(limiter, key, cost, max_wait, False)
     finally:
         _leave_default(limiter)
 
@@ -257,7 +224,7 @@ async def acquire_async(
     if not _enter_default(limiter):
         return False
     try:
-        return await _wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
+        return await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
     finally:
         _leave_default(limiter)
 
@@ -269,8 +236,15 @@ class Waiting:
     take the key first) or an ``all_of``. At most *max_waiters* callers wait
     at once; past it ``acquire`` returns False at once. With ``shape=True``
     callers are released at an even rate with no burst (a leaky bucket).
-    *sleep* / *async_sleep* replace ``time.sleep`` / ``asyncio.sleep`` (tests,
-    simulations). Every other attribute is the wrapped limiter's.
+    Injected sleeps serve tests and simulations. *async_sleep* replaces
+    ``asyncio.sleep``; a task moved up in line has its sleep cancelled and
+    sleeps again for what is left. A thread sleeps on a bell with
+    ``threading.Event``'s ``wait(timeout)`` and ``is_set()``:
+    *sleep_or_wake* ``(bell, seconds) -> bool`` replaces that (sleep up to
+    *seconds*, less once the bell is set; True if it was). *sleep*
+    ``(seconds)`` replaces it by a sleep that nothing cuts short: a thread
+    moved up in line then sleeps out the wait it was given. Every other
+    attribute is the wrapped limiter's.
 
     >>> from nanobucket import TokenBucket
     >>> slept = []   # sleep= records each wait instead; the clock stands still at 0
@@ -287,6 +261,7 @@ class Waiting:
         shape: bool = False,
         sleep: Sleep | None = None,
         async_sleep: AsyncSleep | None = None,
+        sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
         if not hasattr(limiter, "_reserve") or not hasattr(limiter, "refund"):
             raise TypeError(
@@ -295,14 +270,22 @@ class Waiting:
             )
         if not isinstance(shape, bool):
             raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
-        for name, fn in (("sleep", sleep), ("async_sleep", async_sleep)):
+        for name, fn in (
+            ("sleep", sleep),
+            ("async_sleep", async_sleep),
+            ("sleep_or_wake", sleep_or_wake),
+        ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
+        if sleep is not None and sleep_or_wake is not None:
+            raise TypeError("give sleep or sleep_or_wake, not both")
         self.limiter = limiter
         self.keyed = is_keyed(limiter)
         self.shape = shape
         self._gate = _Gate(check_max_waiters(max_waiters))
-        self._sleep: Sleep = sleep if sleep is not None else time.sleep
+        self._sleep_or_wake: SleepOrWake = (
+            _wait.plain_sleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
+        )
         self._async_sleep: AsyncSleep = async_sleep if async_sleep is not None else asyncio.sleep
 
     @property
@@ -368,7 +351,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return _wait_sync(limiter, key, c, max_wait, self.shape, self._sleep)
+            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake)
         finally:
             self._gate.leave()
 
@@ -390,14 +373,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return await _wait_async(
-                limiter,
-                key,
-                c,
-                max_wait,
-                self.shape,
-                self._async_sleep,
-            )
+            return await _wait.wait_async(limiter, key, c, max_wait, self.shape, self._async_sleep)
         finally:
             self._gate.leave()
 
@@ -431,6 +407,7 @@ class LeakyBucket(Waiting):
         clock: Callable[[], int] | None = None,
         sleep: Sleep | None = None,
         async_sleep: AsyncSleep | None = None,
+        sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
         from ._bucket import TokenBucket
 
@@ -440,4 +417,5 @@ class LeakyBucket(Waiting):
             shape=True,
             sleep=sleep,
             async_sleep=async_sleep,
+            sleep_or_wake=sleep_or_wake,
         )

@@ -1,0 +1,326 @@
+"""The line of one bucket's waiters: first in, first out, even when one gives up.
+
+A reservation lives in the bucket's word, which stays the authority: plain
+``allow`` callers never wait and never look at a line, yet see every
+reserved token as owed. The line -- one per bucket, or per key of a keyed
+bucket, in this process -- records who sleeps on which part of the word, in
+order, and when each is due (an ``all_of`` waiter has a place in the line
+of each layer, and is due when its last place is). When a waiter gives up
+(a cancelled task, a timeout around it, an interrupted thread), its tokens
+go back to the word and every waiter behind it is moved earlier by exactly
+as much and woken to sleep again for what is left. A line exists only
+while it has waiters.
+
+Why that is exact: a waiter still asleep has all of its place ahead of the
+clock, so whatever was stacked on the word after it (waiters, or plain
+callers admitted on top) was stacked on the word itself, never on "now".
+Taking it out lowers the word and every later place by its cost: what they
+would be had it never come. A waiter past its time may have seen part of
+its place refill meanwhile; only the part still ahead goes back. So a
+later caller, waiting or not, finds the freed tokens owed to the ones in
+line, and the word never holds more than the bucket's capacity.
+
+Waiters never poll: a thread sleeps on its own `Bell` with a timeout, a
+task on a future that its timer or its `Alarm` settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from ._params import NS_PER_S, check_cost
+
+# sleep_or_wake(bell, seconds): sleep up to *seconds*, or less if *bell* is
+# set (a `Bell`: threading.Event's is_set / wait); True if it was set.
+SleepOrWake = Callable[["Bell", float], bool]
+AsyncSleep = Callable[[float], Awaitable[object]]
+Key = tuple[Hashable, ...]
+
+
+class Place:
+    """A waiter's part of one bucket's word, in that bucket's line."""
+
+    __slots__ = ("bucket", "key", "line", "slack", "target", "waiter")
+
+    def __init__(self, waiter: Waiter, bucket: Any, key: Key, slack: int, target: int) -> None:
+        self.waiter = waiter
+        self.bucket = bucket
+        self.key = key
+        self.line = (id(bucket), key)
+        self.slack = slack  # its part of the word ends at target + slack
+        self.target = target  # when it is due, in ns of the bucket's own clock
+
+
+class Waiter:
+    """One sleeping caller: its cost and its places (one per bucket it waits on)."""
+
+    __slots__ = ("cost", "places", "wake")
+
+    def __init__(self, cost: Any, wake: Callable[[], object]) -> None:
+        self.cost = cost
+        self.wake = wake
+        self.places: list[Place] = []  # none: its limiter cannot be re-timed
+
+
+# Lines by (id(bucket), key). A place holds a reference to its bucket, so
+# the id cannot be reused while the line exists. One lock for every line:
+# waiting is off the hot path, and it makes "reserve, then take the place in
+# line" atomic with respect to every give-up.
+_lines: dict[tuple[int, Key], list[Place]] = {}
+_lock = threading.Lock()
+
+
+def _buckets(limiter: Any, key: Key) -> list[tuple[Any, Key]] | None:
+    """The single buckets *limiter* reserves on for *key*, each with its key, or
+    None when one of them cannot be re-timed."""
+    if hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns"):
+        return [(limiter, key)]  # a word in ns of its own clock
+    places = getattr(limiter, "_places", None)  # an all_of: one word per layer
+    if places is None:
+        return None
+    found: list[tuple[Any, Key]] = []
+    for layer, layer_key in places(*key):
+        inner = _buckets(layer, layer_key)
+        if inner is None:
+            return None
+        found += inner
+    return found
+
+
+def join(
+    limiter: Any, key: Key, cost: object, max_wait: int, shape: bool, wake: Callable[[], object]
+) -> tuple[int, Waiter | None]:
+    """Reserve *cost* and take the place in line: ``(ns to wait, the waiter)``.
+
+    The waiter is None when nothing is to be waited for: refused (-1,
+    nothing reserved) or served at once (0).
+    """
+    buckets = _buckets(limiter, key)
+    if buckets is None:
+        wait = limiter._reserve(*key, None, cost, max_wait, shape)
+        return wait, (Waiter(cost, wake) if wait > 0 else None)  # the limiter checked cost
+    with _lock:
+        done: list[tuple[Any, Key, int, int]] = []
+        try:
+            for bucket, k in buckets:
+                now = bucket._clock_ns()
+                wait = bucket._reserve(*k, now, cost, max_wait, shape)
+                if wait < 0:
+                    return -1, None
+                done.append((bucket, k, now, wait))
+        finally:
+            if len(done) < len(buckets):  # refused or failed: undo the others
+                for bucket, k, now, _ in done:
+                    bucket.refund_at(*k, now, cost)
+        longest = max(wait for _, _, _, wait in done)
+        if not longest:
+            return 0, None
+        c = check_cost(cost, buckets[0][0].capacity)
+        w = Waiter(c, wake)
+        for bucket, k, now, wait in done:
+            interval = bucket.interval_ns
+            slack = c * interval if shape else bucket.capacity * interval
+            place = Place(w, bucket, k, slack, now + wait)
+            w.places.append(place)
+            _lines.setdefault(place.line, []).append(place)
+        return longest, w
+
+
+def remaining(w: Waiter, clear: Callable[[], object]) -> int:
+    """Ns left to wait for *w*, woken early; clears its bell in step with the line."""
+    nows: list[int] = [place.bucket._clock_ns() for place in w.places]
+    with _lock:
+        clear()  # a later move sets it again
+        return max(place.target - now for place, now in zip(w.places, nows))
+
+
+def leave(w: Waiter) -> None:
+    """*w* is served: its tokens are its own now."""
+    with _lock:
+        for place in w.places:
+            _drop(place)
+
+
+def _drop(place: Place) -> int:
+    """Take *place* out of its line (dropped when empty); its index there."""
+    line = _lines[place.line]
+    i = line.index(place)  # by identity: a Place has no __eq__
+    del line[i]
+    if not line:
+        del _lines[place.line]
+    return i
+
+
+def give_up(limiter: Any, key: Key, w: Waiter) -> None:
+    """*w* stops waiting: its tokens go back, and the places behind its own move up.
+
+    Only the part of a place still ahead of the bucket's clock goes back (in
+    whole tokens): a waiter cancelled after its time may have had callers
+    admitted on top of it, and the token that refilled meanwhile is not
+    given back twice. A waiter still asleep gives back all it reserved.
+    """
+    if not w.places:
+        limiter.refund(*key, w.cost)
+        return
+    with _lock:
+        for place in w.places:
+            i = _drop(place)
+            bucket = place.bucket
+            now = bucket._clock_ns()
+            interval = bucket.interval_ns
+            ahead = place.target + place.slack - now  # of its part, not yet refilled
+            tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
+            if not tokens:
+                continue
+            bucket.refund_at(*place.key, now, tokens)
+            for behind in _lines.get(place.line, ())[i:]:
+                behind.target -= tokens * interval
+                behind.waiter.wake()
+
+
+class Bell:
+    """What a thread waiter sleeps on: ``threading.Event``'s ``set`` / ``is_set``
+    / ``wait`` / ``clear``, built on two locks (an Event builds a Condition,
+    several times dearer). ``wait`` and ``clear`` are its own thread's."""
+
+    __slots__ = ("_guard", "_rung", "_sleep")
+
+    def __init__(self) -> None:
+        self._sleep = threading.Lock()
+        self._sleep.acquire()  # held while not rung: wait blocks on it
+        self._guard = threading.Lock()
+        self._rung = False
+
+    def set(self) -> None:
+        with self._guard:
+            if not self._rung:
+                self._rung = True
+                self._sleep.release()
+
+    def is_set(self) -> bool:
+        return self._rung
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._sleep.acquire(timeout=-1 if timeout is None else timeout):
+            self._sleep.release()  # it stays rung until cleared
+            return True
+        return False
+
+    def clear(self) -> None:
+        with self._guard:
+            if self._rung:
+                self._rung = False
+                self._sleep.acquire(blocking=False)
+
+
+def bell_wait(bell: Bell, seconds: float) -> bool:
+    """The default sleep_or_wake."""
+    return bell.wait(seconds)
+
+
+def plain_sleep(sleep: Callable[[float], object]) -> SleepOrWake:
+    """A ``sleep(seconds)`` as a sleep_or_wake that is never woken early."""
+
+    def sleep_or_wake(bell: Bell, seconds: float) -> bool:
+        sleep(seconds)
+        return False
+
+    return sleep_or_wake
+
+
+def wait_sync(
+    limiter: Any,
+    key: Key,
+    cost: object,
+    max_wait: int,
+    shape: bool,
+    sleep_or_wake: SleepOrWake = bell_wait,
+) -> bool:
+    """Reserve, then block until due; True if admitted, False if refused at once."""
+    bell = Bell()
+    wait, w = join(limiter, key, cost, max_wait, shape, bell.set)
+    if w is None:
+        return wait >= 0
+    try:
+        while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
+            wait = remaining(w, bell.clear)
+    except BaseException:  # interrupted: hand the place in line back
+        give_up(limiter, key, w)
+        raise
+    leave(w)
+    return True
+
+
+def _time_up(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
+class Alarm:
+    """What a task waiter sleeps on: rung from any thread, through its loop."""
+
+    __slots__ = ("fut", "loop", "rung")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.rung = False
+        self.fut: asyncio.Future[bool] | None = None
+
+    def ring(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is left to wake
+            self.loop.call_soon_threadsafe(self._ring)
+
+    def _ring(self) -> None:
+        self.rung = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(True)
+
+    def clear(self) -> None:
+        self.rung = False
+
+    async def sleep(self, sleep: AsyncSleep, seconds: float) -> bool:
+        """``await sleep(seconds)``, cut short when rung (then True)."""
+        if self.rung:
+            return True
+        fut = self.fut = self.loop.create_future()
+        if sleep is asyncio.sleep:  # on the loop's own timer: no task to start
+            timer = self.loop.call_later(seconds, _time_up, fut)
+            try:
+                woken: bool = await fut
+                return woken
+            finally:
+                timer.cancel()
+                self.fut = None
+        nap = asyncio.ensure_future(sleep(seconds))
+        nap.add_done_callback(lambda _: _time_up(fut))
+        try:
+            if await fut:
+                return True
+        finally:
+            self.fut = None
+            if not nap.done():
+                nap.cancel()
+        nap.result()  # the sleep's own error, if any
+        return False
+
+
+async def wait_async(
+    limiter: Any, key: Key, cost: object, max_wait: int, shape: bool, sleep: AsyncSleep
+) -> bool:
+    """`wait_sync` for asyncio; a waiter of another thread may move this one up."""
+    alarm = Alarm(asyncio.get_running_loop())
+    wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
+    if w is None:
+        return wait >= 0
+    try:
+        while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
+            wait = remaining(w, alarm.clear)
+    except BaseException:  # cancelled: hand the place in line back
+        give_up(limiter, key, w)
+        raise
+    leave(w)
+    return True
