@@ -9,6 +9,7 @@ Each key must still admit at most ``capacity + rate*T`` over the round.
 from __future__ import annotations
 
 import collections
+import struct
 import mmap
 import os
 from pathlib import Path
@@ -87,3 +88,73 @@ def test_racing_processes_never_give_one_key_two_buckets(
     finally:
         step.release()
         steps.close()
+
+
+# -- one process, every state another process can leave behind ----------------------
+
+
+def test_a_key_reclaimed_later_does_not_start_full_earlier(tmp_path: Path) -> None:
+    # Seven buckets drained at 0 (full again at 2 s) and one half full (at
+    # 1 s) fill 8 slots. At 2 s a new key reclaims one of them; asked at 1 s
+    # (time going backwards, or a process whose clock reading is older),
+    # the reclaimed key must not find a fresh bucket in the one slot full
+    # at 1 s: it had 1 token then, wherever it lives now.
+    for table in range(5):  # each table a new seed, so another key is reclaimed
+        with SharedKeyedTokenBucket.create(
+            path=tmp_path / f"t{table}", rate=1, capacity=2, max_keys=4
+        ) as t:
+            assert t.slot_count == 8
+            assert all(t.allow_at(k, 0, cost=2) for k in range(7))
+            assert t.allow_at("half", 0)
+            assert t.allow_at("new", 2 * S)
+            assert [t.allow_at(k, S, cost=2) for k in range(7)] == [False] * 7
+
+
+def _slot_of(t: SharedKeyedTokenBucket, path: Path, key: str) -> tuple[int, int]:
+    """*key*'s fingerprint and home slot index, from the seed in the file's header."""
+    seed0, seed1 = struct.unpack_from("=QQ", path.read_bytes(), 96)
+    fp = _shared_c.siphash(key.encode(), seed0, seed1, tweak=0x73) & (2**63 - 1)
+    return fp, fp & (t.slot_count - 1)
+
+
+def _write_slot(path: Path, index: int, fp: int, tat: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(128 + 16 * index)
+        f.write(struct.pack("=qq", fp, tat))
+
+
+PEND = -(2**63)
+
+
+@pytest.mark.parametrize("claims", [1, 2])
+def test_a_claim_left_by_a_dead_process_becomes_the_keys_one_bucket(
+    tmp_path: Path, claims: int
+) -> None:
+    # A process killed between claiming a slot for "k" and committing it
+    # leaves the claim (a fingerprint with the top bit, a tag); two processes
+    # killed so leave two. The next request of "k" commits one, aborts the
+    # other, and "k" has one bucket.
+    path = tmp_path / "t"
+    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1) as t:
+        fp, home = _slot_of(t, path, "k")
+        for i in range(claims):
+            _write_slot(path, (home + i) % 2, fp | PEND, PEND | (12345 + i))
+        assert [t.allow_at("k", 0) for _ in range(3)] == [True, True, False]
+        assert t.tokens_at("k", 0) == 0.0
+        assert t.allow_at("other", 0)  # the aborted claim's slot is free again
+        assert t.allow_at("k", S) and not t.allow_at("k", S)
+
+
+def test_a_claim_of_another_key_left_in_a_full_window_is_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1) as t:
+        assert t.allow_at("live", 0)  # live until 1 s
+        fp, home = _slot_of(t, path, "dead")
+        index = next(
+            i for i in range(2) if struct.unpack_from("=q", path.read_bytes(), 128 + 16 * i)[0] == 0
+        )
+        _write_slot(path, index, fp | PEND, PEND | 777)
+        # No empty slot and no full bucket: only the abandoned claim is left.
+        assert t.allow_at("new", 0, cost=2) is True
+        assert t.allow_at("new", 0) is False and t.allow_at("live", 0) is True
+        assert t.allow_at("third", 0) is False  # now the window is full
