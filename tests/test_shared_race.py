@@ -9,9 +9,9 @@ Each key must still admit at most ``capacity + rate*T`` over the round.
 from __future__ import annotations
 
 import collections
-import struct
 import mmap
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -149,7 +149,7 @@ def test_a_claim_of_another_key_left_in_a_full_window_is_taken_over(tmp_path: Pa
     path = tmp_path / "t"
     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1) as t:
         assert t.allow_at("live", 0)  # live until 1 s
-        fp, home = _slot_of(t, path, "dead")
+        fp, _home = _slot_of(t, path, "dead")
         index = next(
             i for i in range(2) if struct.unpack_from("=q", path.read_bytes(), 128 + 16 * i)[0] == 0
         )
