@@ -2,27 +2,80 @@
 """A keyed token-bucket table in a shared memory mapping, lock-free across processes.
 
 The file behind the mapping (see ``shared.py`` for the header) holds a
-power-of-two array of 16-byte slots, each two int64 words:
+power-of-two array of 16-byte slots of two int64 words ``(fp, tat)``:
 
-* word 0, the key's *fingerprint*: SipHash-1-3 of the key under the table's
-  random 128-bit seed, 0 meaning "never used";
-* word 1, the bucket's GCRA ``tat`` in ns, exactly as in ``_bucket_c``.
+* ``(0, 0)``: never used. A fingerprint never goes back to 0 and a key is
+  only put at or before the first empty slot of its window, so an empty
+  slot ends every probe chain.
+* ``(K, tat)``, ``K > 0``: key K's bucket. K is SipHash-1-3 of the key under
+  the table's random 128-bit seed, cut to 63 bits, never 0; ``tat >= 0`` is
+  the GCRA tat in ns, exactly as in ``_bucket_c``.
+* ``(K | PEND, tag)``: a claim of the slot for K, in progress. PEND is the
+  top bit; the tag is a negative 64-bit hash unique to the claim.
+* ``(FREE, 0)``: free (FREE is PEND alone: the claim of no key).
 
-Every change is one compare-and-swap of one word, so there is no lock to be
-left held and no half-written record: a process killed by SIGKILL at any
-instant leaves a table every other process can go on using.
+A key lives in one of the ``probe`` slots after ``K & mask``, its window.
+Every change of a slot is one 16-byte compare-and-swap of both words, from
+the state just read (``cmpxchg16b`` on x86-64, an LL/SC pair on arm64,
+written as the instructions themselves: libatomic's fallback for wide
+atomics is a lock, which is neither lock-free nor valid across processes;
+other platforms refuse to attach). All loads are sequentially consistent.
+The header's last word, the *horizon* H, is only ever raised (CAS, max).
 
-A key lives in one of the ``probe`` slots after ``fingerprint & mask``. A slot
-is never emptied; it changes owner only when a new key reclaims it, which is
-allowed when its bucket is full (``tat <= now``): a full bucket and a missing
-key are the same state, so nothing is lost. Because no slot ever goes back
-to 0, an empty slot ends every probe chain. When all ``probe`` slots hold
-live buckets, the policy chosen at creation applies: reject the new key
-(fail closed) or admit it untracked (fail open).
+The steps:
 
-Two keys with the same 64-bit fingerprint share one bucket (both are then
-limited together, never more loosely): with k live keys the chance that any
-two collide is about k*k / 2**65, under 3e-8 for a million keys.
+* spend: ``(K, t) -> (K, t')`` by the GCRA rule; it fails if anything in the
+  slot changed, its owner included.
+* claim: a slot that is empty, free, or a bucket full at the claimer's
+  ``now`` (``tat <= now``; H is first raised to that tat) ``-> (K|PEND,
+  new tag)``; or, when the window has no such slot, another key's claim seen
+  unchanged by two scans (its process may be dead).
+* abort: ``(K|PEND, tag) -> (FREE, 0)``.
+* commit: ``(K|PEND, tag) -> (K, H)``.
+
+A request for K scans its window up to the first empty slot. If it sees K's
+bucket, it spends there. Else, if it sees claims of K, it commits the lowest
+in window order, but only if its previous scan saw that same claim (slot and
+tag) and only after aborting every other claim of K it saw. Else it claims
+the first slot it may, and scans again. Any failed CAS means another process
+changed the slot: scan again.
+
+**One key, one bucket.** Suppose slots X and Y are both K's bucket at one
+moment, their claims written at ``w_X < w_Y`` and committed at ``c_X``,
+``c_Y`` by scans S_X, S_Y. A claim's tag is unique, so X held that claim
+from ``w_X`` to ``c_X``; S_Y began after ``w_Y > w_X`` (its previous scan saw
+Y's claim), so it read X after ``w_X``, and it reached X (every slot before
+X was in use before ``w_X``). If S_Y read X before ``c_X``, it saw X's
+claim: were X lower, S_Y would commit X, not Y; were X higher, S_Y aborted
+it before committing Y, and either the abort won (then ``c_X`` cannot
+happen) or it failed on X's commit (then S_Y restarted and committed
+nothing). If S_Y read X after ``c_X``, it found K's bucket there and spent
+on it. Each case contradicts the assumption.
+
+**No history lost.** Whenever K has no bucket, every tat K's admissions
+reached is at most H: a slot stops being K's bucket only by a claim of it
+when full, which first raises H to its tat, and any spend of K landing later
+fails (the CAS sees the claim). A commit gives K the horizon read after the
+scan that found K without a bucket. So K's tat word is never below the
+exact model's tat for K, and K admits at most ``capacity + rate*T`` over any
+T, whatever the interleaving, the processes' clocks (explicit times
+included) or their stalls. The horizon is the one approximation, on the
+safe side: a key that is new or returns at a time earlier than the latest
+reclaimed tat starts owing the difference (with the monotonic clock, the
+few ns by which its reading is older than another process's reclaim).
+
+**Stalls and kills.** No step holds anything. A process stopped (SIGSTOP)
+or killed at any instant leaves at most a claim, which the next request of
+its key commits or aborts, and which any key takes over when it needs the
+slot; a process resuming after that finds its next CAS fails (the slot and
+tag changed) and looks again. No slot becomes unusable, and no key gets two
+buckets.
+
+When all ``probe`` slots hold live buckets, the policy chosen at creation
+applies: reject the new key (fail closed) or admit it untracked (fail open).
+Two keys with the same fingerprint share one bucket (both are then limited
+together, never more loosely): with k live keys the chance that any two
+collide is about k*k / 2**64, under 6e-8 for a million keys.
 """
 
 cimport cython
