@@ -158,3 +158,20 @@ def test_a_claim_of_another_key_left_in_a_full_window_is_taken_over(tmp_path: Pa
         assert t.allow_at("new", 0, cost=2) is True
         assert t.allow_at("new", 0) is False and t.allow_at("live", 0) is True
         assert t.allow_at("third", 0) is False  # now the window is full
+
+
+# -- capacity: max_keys live keys all fit --------------------------------------------
+
+
+@pytest.mark.parametrize("max_keys", [1_000_000, 2**20])
+def test_max_keys_live_keys_are_all_admitted(tmp_path: Path, max_keys: int) -> None:
+    # Every bucket stays live (frozen time), so no slot is ever reclaimed:
+    # the table must hold max_keys keys at once. 2**20 fills exactly half
+    # the slots, the most any table is asked to hold.
+    with SharedKeyedTokenBucket.create(
+        path=tmp_path / "t", rate=1, capacity=2, max_keys=max_keys
+    ) as t:
+        admitted = t.allow_many_at(range(max_keys), 0)
+        assert admitted.count(0) == 0
+        assert t.allow_many_at(range(max_keys), 0).count(1) == max_keys  # each key found again
+        assert t.allow_many_at(range(max_keys), 0).count(1) == 0  # and spent: one bucket each
