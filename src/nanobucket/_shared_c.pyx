@@ -236,6 +236,27 @@ cdef inline int take(int64_t *slot, int64_t key, int64_t now, int64_t cost_t, in
             return 1
 
 
+cdef inline int64_t *lookup(int64_t *slots, uint64_t mask, int64_t probe,
+                            int64_t key) noexcept nogil:
+    """*key*'s bucket if the scan meets it before an empty slot, else NULL: the common case.
+
+    Apart from ``SharedTable._find`` (which handles claims too) so that the
+    hot path is a few inlined instructions.
+    """
+    cdef uint64_t start = <uint64_t>key & mask
+    cdef int64_t *s
+    cdef int64_t f, n = 0
+    while n < probe:
+        s = slots + 2 * ((start + <uint64_t>n) & mask)
+        f = nb_load_sc(s)
+        if f == key:
+            return s
+        if f == 0:
+            return NULL
+        n += 1
+    return NULL
+
+
 cdef inline int64_t as_now(object now) except -1:
     cdef int overflow = 0
     cdef long long value
@@ -644,14 +665,17 @@ cdef class SharedTable:
         cdef int r
         cdef Found found
         cdef int64_t *slot
+        slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
         while True:  # again if the slot changed owner between finding and spending
-            slot = self._find(fp, now, cost_t != 0, &found, &soonest)
+            if slot == NULL:
+                slot = self._find(fp, now, cost_t != 0, &found, &soonest)
             if slot == NULL:
                 # cost 0 on a missing key: a full bucket admits the probe
                 return found == ABSENT or self.admit_when_full
             r = take(slot, <int64_t>fp, now, cost_t, self.tau - cost_t, &tat, &base)
             if r >= 0:
                 return r
+            slot = NULL
 
     def allow_many(self, keys, cost=1):
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
@@ -773,12 +797,15 @@ cdef class SharedTable:
         cdef bint allowed
         cdef Found found
         cdef int r = -1
-        cdef int64_t *slot = NULL
+        cdef int64_t *slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
         while r < 0:  # again if the slot changed owner between finding and spending
-            slot = self._find(fp, now, consume and cost_t != 0, &found, &soonest)
+            if slot == NULL:
+                slot = self._find(fp, now, consume and cost_t != 0, &found, &soonest)
             if slot == NULL or not consume:
                 break
             r = take(slot, <int64_t>fp, now, cost_t, self.tau - cost_t, &tat, &base)
+            if r < 0:
+                slot = NULL
         if slot == NULL and found == NO_ROOM and not self.admit_when_full:
             # Fail closed: nothing to spend from; retry when a probed slot frees.
             return Decision(False, 0, soonest - now, soonest - now, self.capacity)
