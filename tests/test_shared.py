@@ -382,7 +382,7 @@ def _rewrite(data: bytes, offset: int, fmt: str, value: int) -> bytes:
         (lambda d: d[:60], "truncated"),
         (lambda d: d[:-16], "truncated"),
         (lambda d: d + b"\0" * 16, "unexpected bytes"),
-        (lambda d: _rewrite(d, 16, "=Q", 2), "layout version 2"),
+        (lambda d: _rewrite(d, 16, "=Q", 1), "layout version 1"),  # an older file
         (lambda d: _rewrite(d, 8, "=Q", 0x0807060504030201), "byte order"),
         (lambda d: d[:40] + b"\x07" + d[41:], "corrupt"),
         (lambda d: _rewrite(d, 64, "=q", 1 << 40), "truncated"),  # slot count past the file

@@ -208,3 +208,62 @@ def test_a_worker_killed_mid_run_leaves_the_table_working(tmp_path: Path) -> Non
     finally:
         counter.release()
         counters.close()
+
+
+def over_the_bound(times: list[int], capacity: int, interval_ns: int) -> int:
+    """Windows [t_i, t_j] of sorted admission *times* holding more than capacity + T*rate."""
+    times = sorted(times)
+    over = 0
+    for i in range(len(times)):
+        for j in range(i + capacity, len(times)):
+            # j - i + 1 admits over t_j - t_i: at most capacity + that many intervals
+            if (j - i + 1 - capacity) * interval_ns > times[j] - times[i]:
+                over += 1
+    return over
+
+
+def test_keys_keep_their_limit_while_slots_churn_and_a_worker_stops(tmp_path: Path) -> None:
+    # Four slots for twelve keys, asked in turn, whose buckets refill in 3 ms
+    # (full again when their turn comes back): new keys keep reclaiming
+    # slots, at times read from the real clock just before each call (so the
+    # processes' times straddle refills), while one child stops and resumes
+    # another (SIGSTOP at any instant, mid-claim included). Every admission
+    # is checked against the bound, key by key.
+    pids_map = mmap.mmap(-1, 8 * 3)
+    pids = memoryview(pids_map).cast("q")
+    try:
+        with SharedKeyedTokenBucket.create(
+            path=tmp_path / "t", rate=1000, capacity=3, max_keys=2
+        ) as t:
+            start = time.monotonic_ns() + 300_000_000
+            end = start + 1_000_000_000
+
+            def child(i: int) -> object:
+                pids[i] = os.getpid()
+                spin_until(start)
+                if i == 0:  # stop worker 2 for 5 ms in every 15
+                    while time.monotonic_ns() < end:
+                        time.sleep(0.01)
+                        os.kill(pids[2], signal.SIGSTOP)
+                        time.sleep(0.005)
+                        os.kill(pids[2], signal.SIGCONT)
+                    return []
+                admitted = []
+                while (now := time.monotonic_ns()) < end:
+                    # Both workers on one key each 0.5 ms, so both insert it at once.
+                    key = now // 500_000 % 12
+                    if t.allow_at(key, now):
+                        admitted.append([key, now])
+                return admitted
+
+            results = run_children(3, child)
+    finally:
+        pids.release()
+        pids_map.close()
+    per_key: dict[int, list[int]] = {}
+    for admitted in results:
+        for key, now in admitted:
+            per_key.setdefault(key, []).append(now)
+    assert sum(len(v) for v in per_key.values()) > 1000  # the workers did run
+    over = {k: n for k, v in per_key.items() if (n := over_the_bound(v, 3, t.interval_ns))}
+    assert over == {}

@@ -2,33 +2,86 @@
 """A keyed token-bucket table in a shared memory mapping, lock-free across processes.
 
 The file behind the mapping (see ``shared.py`` for the header) holds a
-power-of-two array of 16-byte slots, each two int64 words:
+power-of-two array of 16-byte slots of two int64 words ``(fp, tat)``:
 
-* word 0, the key's *fingerprint*: SipHash-1-3 of the key under the table's
-  random 128-bit seed, 0 meaning "never used";
-* word 1, the bucket's GCRA ``tat`` in ns, exactly as in ``_bucket_c``.
+* ``(0, 0)``: never used. A fingerprint never goes back to 0 and a key is
+  only put at or before the first empty slot of its window, so an empty
+  slot ends every probe chain.
+* ``(K, tat)``, ``K > 0``: key K's bucket. K is SipHash-1-3 of the key under
+  the table's random 128-bit seed, cut to 63 bits, never 0; ``tat >= 0`` is
+  the GCRA tat in ns, exactly as in ``_bucket_c``.
+* ``(K | PEND, tag)``: a claim of the slot for K, in progress. PEND is the
+  top bit; the tag is a negative 64-bit hash unique to the claim.
+* ``(FREE, 0)``: free (FREE is PEND alone: the claim of no key).
 
-Every change is one compare-and-swap of one word, so there is no lock to be
-left held and no half-written record: a process killed by SIGKILL at any
-instant leaves a table every other process can go on using.
+A key lives in one of the ``probe`` slots after ``K & mask``, its window.
+Every change of a slot is one 16-byte compare-and-swap of both words, from
+the state just read (``cmpxchg16b`` on x86-64, an LL/SC pair on arm64,
+written as the instructions themselves: libatomic's fallback for wide
+atomics is a lock, which is neither lock-free nor valid across processes;
+other platforms refuse to attach). All loads are sequentially consistent.
+The header's last word, the *horizon* H, is only ever raised (CAS, max).
 
-A key lives in one of the ``probe`` slots after ``fingerprint & mask``. A slot
-is never emptied; it changes owner only when a new key reclaims it, which is
-allowed when its bucket is full (``tat <= now``): a full bucket and a missing
-key are the same state, so nothing is lost. Because no slot ever goes back
-to 0, an empty slot ends every probe chain. When all ``probe`` slots hold
-live buckets, the policy chosen at creation applies: reject the new key
-(fail closed) or admit it untracked (fail open).
+The steps:
 
-Two keys with the same 64-bit fingerprint share one bucket (both are then
-limited together, never more loosely): with k live keys the chance that any
-two collide is about k*k / 2**65, under 3e-8 for a million keys.
+* spend: ``(K, t) -> (K, t')`` by the GCRA rule; it fails if anything in the
+  slot changed, its owner included.
+* claim: a slot that is empty, free, or a bucket full at the claimer's
+  ``now`` (``tat <= now``; H is first raised to that tat) ``-> (K|PEND,
+  new tag)``; or, when the window has no such slot, another key's claim seen
+  unchanged by two scans (its process may be dead).
+* abort: ``(K|PEND, tag) -> (FREE, 0)``.
+* commit: ``(K|PEND, tag) -> (K, H)``.
+
+A request for K scans its window up to the first empty slot. If it sees K's
+bucket, it spends there. Else, if it sees claims of K, it commits the lowest
+in window order, but only if its previous scan saw that same claim (slot and
+tag) and only after aborting every other claim of K it saw. Else it claims
+the first slot it may, and scans again. Any failed CAS means another process
+changed the slot: scan again.
+
+**One key, one bucket.** Suppose slots X and Y are both K's bucket at one
+moment, their claims written at ``w_X < w_Y`` and committed at ``c_X``,
+``c_Y`` by scans S_X, S_Y. A claim's tag is unique, so X held that claim
+from ``w_X`` to ``c_X``; S_Y began after ``w_Y > w_X`` (its previous scan saw
+Y's claim), so it read X after ``w_X``, and it reached X (every slot before
+X was in use before ``w_X``). If S_Y read X before ``c_X``, it saw X's
+claim: were X lower, S_Y would commit X, not Y; were X higher, S_Y aborted
+it before committing Y, and either the abort won (then ``c_X`` cannot
+happen) or it failed on X's commit (then S_Y restarted and committed
+nothing). If S_Y read X after ``c_X``, it found K's bucket there and spent
+on it. Each case contradicts the assumption.
+
+**No history lost.** Whenever K has no bucket, every tat K's admissions
+reached is at most H: a slot stops being K's bucket only by a claim of it
+when full, which first raises H to its tat, and any spend of K landing later
+fails (the CAS sees the claim). A commit gives K the horizon read after the
+scan that found K without a bucket. So K's tat word is never below the
+exact model's tat for K, and K admits at most ``capacity + rate*T`` over any
+T, whatever the interleaving, the processes' clocks (explicit times
+included) or their stalls. The horizon is the one approximation, on the
+safe side: a key that is new or returns at a time earlier than the latest
+reclaimed tat starts owing the difference (with the monotonic clock, the
+few ns by which its reading is older than another process's reclaim).
+
+**Stalls and kills.** No step holds anything. A process stopped (SIGSTOP)
+or killed at any instant leaves at most a claim, which the next request of
+its key commits or aborts, and which any key takes over when it needs the
+slot; a process resuming after that finds its next CAS fails (the slot and
+tag changed) and looks again. No slot becomes unusable, and no key gets two
+buckets.
+
+When all ``probe`` slots hold live buckets, the policy chosen at creation
+applies: reject the new key (fail closed) or admit it untracked (fail open).
+Two keys with the same fingerprint share one bucket (both are then limited
+together, never more loosely): with k live keys the chance that any two
+collide is about k*k / 2**64, under 6e-8 for a million keys.
 """
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint8_t, uint64_t
 from posix.mman cimport (
     MAP_ANONYMOUS, MAP_FAILED, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap,
     munmap,
@@ -43,6 +96,70 @@ cdef extern from "_atomic.h":
     int64_t nb_load(int64_t *p) noexcept nogil
     bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
     int64_t nb_monotonic_ns() noexcept nogil
+
+cdef extern from *:
+    """
+    /* A 16-byte compare-and-swap of one slot, written as the instruction
+     * itself: libatomic's fallback for wide atomics is a lock, which is
+     * neither lock-free nor valid across processes. */
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <cpuid.h>
+    static inline int nb_cas16(int64_t *p, int64_t e0, int64_t e1, int64_t d0, int64_t d1) {
+        unsigned char ok;
+        __asm__ __volatile__("lock cmpxchg16b %1\\n\\tsetz %0"
+                             : "=q"(ok), "+m"(*(volatile __int128 *)p), "+a"(e0), "+d"(e1)
+                             : "b"(d0), "c"(d1)
+                             : "memory", "cc");
+        return ok;
+    }
+    static int nb_cas16_usable(void) {
+        unsigned a, b, c, d;
+        return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_CMPXCHG16B);
+    }
+    #elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    static inline int nb_cas16(int64_t *p, int64_t e0, int64_t e1, int64_t d0, int64_t d1) {
+        int64_t o0, o1;
+        int failed, ok;
+        /* One LL/SC loop in one asm block, so that no compiler spill lands
+         * between the exclusive load and store. */
+        __asm__ __volatile__(
+            "1: ldaxp %0, %1, [%4]\\n"
+            "   cmp %0, %5\\n"
+            "   ccmp %1, %6, #0, eq\\n"
+            "   b.ne 2f\\n"
+            "   stlxp %w2, %7, %8, [%4]\\n"
+            "   cbnz %w2, 1b\\n"
+            "   mov %w3, #1\\n"
+            "   b 3f\\n"
+            "2: clrex\\n"
+            "   mov %w3, #0\\n"
+            "3:\\n"
+            : "=&r"(o0), "=&r"(o1), "=&r"(failed), "=&r"(ok)
+            : "r"(p), "r"(e0), "r"(e1), "r"(d0), "r"(d1)
+            : "memory", "cc");
+        return ok;
+    }
+    static int nb_cas16_usable(void) { return 1; }
+    #else
+    static inline int nb_cas16(int64_t *p, int64_t e0, int64_t e1, int64_t d0, int64_t d1) {
+        return 0;
+    }
+    static int nb_cas16_usable(void) { return 0; }
+    #endif
+    /* Sequentially consistent: a claim is a store followed by a scan that
+     * must see every claim stored before it (see the module docstring). */
+    static inline int64_t nb_load_sc(int64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline uint64_t nb_fetch_add(uint64_t *p) {
+        return __atomic_fetch_add(p, 1, __ATOMIC_RELAXED);
+    }
+    """
+    bint nb_cas16(int64_t *p, int64_t e0, int64_t e1, int64_t d0, int64_t d1) noexcept nogil
+    bint nb_cas16_usable() noexcept nogil
+    int64_t nb_load_sc(int64_t *p) noexcept nogil
+    uint64_t nb_fetch_add(uint64_t *p) noexcept nogil
+
+cdef extern from "<unistd.h>":
+    int getpid() noexcept nogil
 
 cdef extern from "_siphash.h":
     uint64_t nb_siphash13(const void *data, size_t n, uint64_t k0, uint64_t k1,
@@ -63,6 +180,7 @@ cdef uint64_t TAG_STR = 0x73    # UTF-8 of the str
 cdef uint64_t TAG_BYTES = 0x62  # the bytes themselves
 cdef uint64_t TAG_INT = 0x69    # an int in [-2**63, 2**63): 8 bytes, little-endian two's complement
 cdef uint64_t TAG_BIGINT = 0x49 # any other int: minimal little-endian two's complement
+cdef uint64_t TAG_NONCE = 0x63  # a claim's tag (pid, table object, counter)
 
 cdef enum Found:
     FOUND = 0     # the key's slot
@@ -80,27 +198,63 @@ def siphash(data, uint64_t k0, uint64_t k1, int c_rounds=1, uint64_t tweak=0):
     return nb_siphash13(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), k0, k1, tweak)
 
 
-cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                      int64_t *tat_out, int64_t *base_out) noexcept nogil:
-    """GCRA on one word by CAS: a copy of ``_bucket_c.take`` (keep them identical).
+cdef int64_t PEND = INT64_MIN  # fingerprint flag: a claim in progress (see the module docstring)
+cdef int64_t FREE = INT64_MIN   # a free slot: a claim of no key
+DEF MAX_PROBE = 64              # the most slots a window may have (fixed-size scan arrays)
 
-    Duplicated rather than shared through a .pxd so that the two extensions
-    build and load independently; it is fifteen lines.
+
+cdef inline int take(int64_t *slot, int64_t key, int64_t now, int64_t cost_t, int64_t slack,
+                     int64_t *tat_out, int64_t *base_out) noexcept nogil:
+    """GCRA on *key*'s slot: 1 admitted, 0 rejected, -1 the slot is no longer the key's.
+
+    The rule of ``_bucket_c.take`` (keep them identical), applied by a
+    16-byte CAS of the whole slot, so that a spend lands only while the slot
+    still belongs to *key*: a process that stalled after finding its slot
+    cannot spend from a bucket another key has taken over since.
     """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base
+    cdef int64_t tat, base
     while True:
-        base = old if old > now else now
+        tat = nb_load_sc(slot + 1)
+        if nb_load_sc(slot) != key:
+            return -1
+        if tat < 0:  # read while the slot was a claim: look again
+            continue
+        # The tat read before the fingerprint is this key's, or that of the
+        # slot's owner before it, which is never later than the key's start
+        # (the horizon): a rejection decided on it is one the key's own tat
+        # also makes. An admission is decided by the CAS on both words.
+        base = tat if tat > now else now
         base_out[0] = base
         if base - now > slack:
-            tat_out[0] = old
-            return False
+            tat_out[0] = tat
+            return 0
         if cost_t == 0:
-            tat_out[0] = old
-            return True
-        if nb_cas(word, &old, base + cost_t):
+            tat_out[0] = tat
+            return 1
+        if nb_cas16(slot, key, tat, key, base + cost_t):
             tat_out[0] = base + cost_t
-            return True
+            return 1
+
+
+cdef inline int64_t *lookup(int64_t *slots, uint64_t mask, int64_t probe,
+                            int64_t key) noexcept nogil:
+    """*key*'s bucket if the scan meets it before an empty slot, else NULL: the common case.
+
+    Apart from ``SharedTable._find`` (which handles claims too) so that the
+    hot path is a few inlined instructions.
+    """
+    cdef uint64_t start = <uint64_t>key & mask
+    cdef int64_t *s
+    cdef int64_t f, n = 0
+    while n < probe:
+        s = slots + 2 * ((start + <uint64_t>n) & mask)
+        f = nb_load_sc(s)
+        if f == key:
+            return s
+        if f == 0:
+            return NULL
+        n += 1
+    return NULL
 
 
 cdef inline int64_t as_now(object now) except -1:
@@ -200,6 +354,7 @@ cdef class SharedTable:
     True
     """
     cdef object clock
+    cdef uint64_t claims        # claims made through this object: part of their tags
 
     def __cinit__(self):
         self.base = NULL
@@ -219,6 +374,10 @@ cdef class SharedTable:
             raise RuntimeError("the table is already attached")
         if slot_count < 1 or (slot_count & (slot_count - 1)) or probe < 1 or probe > slot_count:
             raise ValueError("bad slot count or probe length")
+        if probe > MAX_PROBE:
+            raise ValueError(f"probe length {probe} is over {MAX_PROBE}")
+        if not nb_cas16_usable():
+            raise RuntimeError("a shared table needs a 16-byte compare-and-swap (x86-64, arm64)")
         # Divided, not multiplied: a slot count from a file cannot overflow
         # its way past this into a mapping smaller than the slots it indexes.
         if (header_size < 0 or header_size % 8 or size < header_size
@@ -333,7 +492,7 @@ cdef class SharedTable:
         return as_now(self.clock())
 
     cdef uint64_t _fingerprint(self, object key) except 0:
-        """The key's 64-bit keyed hash, never 0 (0 marks an empty slot)."""
+        """The key's keyed hash, 63 bits and never 0 (0 marks an empty slot, the 64th a claim)."""
         cdef const char *buf
         cdef Py_ssize_t n
         cdef long long v
@@ -364,83 +523,118 @@ cdef class SharedTable:
         else:
             raise TypeError(
                 f"a shared table key must be str, bytes or int, not {type(key).__name__}")
+        h &= <uint64_t>INT64_MAX
         return h if h != 0 else 1
+
+    cdef int64_t _nonce(self) noexcept nogil:
+        """A claim's tag, unique with the odds of a 63-bit hash, and negative (never a tat)."""
+        cdef uint64_t parts[3]
+        parts[0] = <uint64_t>getpid()
+        parts[1] = <uint64_t><size_t>&self.claims  # tables attached twice in one process
+        parts[2] = nb_fetch_add(&self.claims)
+        return <int64_t>(nb_siphash13(parts, sizeof(parts), self.k0, self.k1, TAG_NONCE)) | PEND
 
     cdef int64_t *_find(self, uint64_t fp, int64_t now, bint insert, Found *found,
                         int64_t *soonest) noexcept nogil:
-        """The tat word of *fp*'s slot (claiming one if *insert*), or NULL.
+        """*fp*'s slot (claiming one if *insert*), or NULL: the protocol of the module docstring.
 
         Sets *found*; on NO_ROOM, *soonest* is the earliest time a probed
         slot's bucket becomes full (reclaimable).
         """
         cdef int64_t key = <int64_t>fp
+        cdef int64_t claim = key | PEND
         cdef uint64_t start = fp & self.mask
+        cdef int64_t *horizon = self.slots - 1
+        cdef int64_t *claims[MAX_PROBE]
+        cdef int64_t tags[MAX_PROBE]
         cdef int64_t *s
         cdef int64_t *cand
-        cdef int64_t f, tat, expected, cand_f, cand_tat
-        cdef int64_t n
-        while True:  # restarts only when another process changed a slot we chose
+        cdef int64_t *other
+        cdef int64_t *mine = NULL         # the lowest claim of this key the last scan saw
+        cdef int64_t *other_seen = NULL   # a claim of another key the last scan saw
+        cdef int64_t f, t, h, cand_f = 0, cand_t = 0, other_f = 0, other_t = 0
+        cdef int64_t mine_tag = 0, other_seen_tag = 0, n, i, nclaims
+        cdef bint aborted
+        while True:  # restarts after every change of a slot, ours or another process's
             cand = NULL
-            cand_f = 0
-            cand_tat = 0
+            other = NULL
+            nclaims = 0
             soonest[0] = INT64_MAX
             n = 0
             while n < self.probe:
                 s = self.slots + 2 * ((start + <uint64_t>n) & self.mask)
-                f = nb_load(s)
+                f = nb_load_sc(s)
                 if f == key:
                     found[0] = FOUND
-                    return s + 1
+                    return s
                 if f == 0:
-                    # Slots are never emptied, so an empty one ends the chain:
-                    # the key is not further on.
-                    if cand != NULL:
-                        break
-                    if not insert:
-                        found[0] = ABSENT
-                        return NULL
-                    expected = 0
-                    if nb_cas(s, &expected, key):
-                        found[0] = FOUND
-                        return s + 1
-                    continue  # claimed meanwhile (perhaps for this key): look again
-                tat = nb_load(s + 1)
-                if tat <= now:
+                    # Never used: fingerprints never go back to 0 and a key is
+                    # only put before the first empty slot, so the chain ends.
                     if cand == NULL:
-                        cand = s
-                        cand_f = f
-                        cand_tat = tat
-                elif tat < soonest[0]:
-                    soonest[0] = tat
+                        cand, cand_f, cand_t = s, 0, 0
+                    break
+                t = nb_load_sc(s + 1)
+                if f == claim:
+                    claims[nclaims] = s
+                    tags[nclaims] = t
+                    nclaims += 1
+                elif f == FREE:
+                    if cand == NULL:
+                        cand, cand_f, cand_t = s, f, t
+                elif f < 0:
+                    if other == NULL:
+                        other, other_f, other_t = s, f, t
+                elif t <= now:
+                    if cand == NULL:
+                        cand, cand_f, cand_t = s, f, t
+                elif t < soonest[0]:
+                    soonest[0] = t
                 n += 1
+            if nclaims:
+                if not insert:
+                    found[0] = ABSENT  # claimed, not yet a bucket: a full one
+                    return NULL
+                if claims[0] != mine or tags[0] != mine_tag:
+                    # Commit a claim only from a scan begun after it was made.
+                    mine, mine_tag = claims[0], tags[0]
+                    continue
+                aborted = True
+                for i in range(1, nclaims):
+                    if not nb_cas16(claims[i], claim, tags[i], FREE, 0):
+                        aborted = False
+                        break
+                if aborted:
+                    h = nb_load_sc(horizon)
+                    if nb_cas16(mine, claim, mine_tag, key, h):
+                        found[0] = FOUND
+                        return mine
+                mine = NULL
+                continue
+            if cand == NULL and other != NULL:
+                if other == other_seen and other_t == other_seen_tag:
+                    # Another key's claim left as it was across two scans (its
+                    # process may be dead or stopped): take the slot over.
+                    cand, cand_f, cand_t = other, other_f, other_t
+                elif insert:
+                    other_seen, other_seen_tag = other, other_t
+                    continue
             if cand == NULL:
-                found[0] = NO_ROOM
+                found[0] = ABSENT if other != NULL else NO_ROOM
                 return NULL
             if not insert:
                 found[0] = ABSENT
                 return NULL
-            # Reclaim the first full bucket for this key. The tat word is kept:
-            # it is <= now, a full bucket, and tat words only ever grow, so no
-            # key ever reads a tat older than its own history (time going
-            # backwards cannot find fresh tokens here).
-            expected = cand_f
-            if not nb_cas(cand, &expected, key):
-                if expected == key:  # another process claimed it for this key
-                    found[0] = FOUND
-                    return cand + 1
-                continue
-            if nb_load(cand + 1) != cand_tat:
-                # The old owner spent tokens between our look at its tat and
-                # our claim (it had found its slot before we took it): its
-                # bucket is live again, so give the slot back and look again.
-                # A request of the old key that probes inside this window of a
-                # few instructions misses its slot and starts from a full
-                # bucket: the only way it gains, by at most its in-flight cost.
-                expected = key
-                nb_cas(cand, &expected, cand_f)
-                continue
-            found[0] = FOUND
-            return cand + 1
+            if cand_f > 0:
+                # Reclaiming a full bucket: first raise the horizon to its
+                # tat, so that its key, back in another slot, starts there.
+                h = nb_load_sc(horizon)
+                while h < cand_t and not nb_cas(horizon, &h, cand_t):
+                    pass
+            t = self._nonce()
+            if nb_cas16(cand, cand_f, cand_t, claim, t):
+                mine, mine_tag = cand, t  # made before the next scan begins
+            # else another process changed the slot: look again
+
 
     # -- verbs ---------------------------------------------------------------
 
@@ -479,12 +673,20 @@ cdef class SharedTable:
     cdef bint _allow(self, uint64_t fp, int64_t now, int64_t cost) noexcept:
         cdef int64_t cost_t = cost * self.interval_ns
         cdef int64_t tat, base, soonest
+        cdef int r
         cdef Found found
-        cdef int64_t *word = self._find(fp, now, cost_t != 0, &found, &soonest)
-        if word == NULL:
-            # cost 0 on a missing key: a full bucket admits the probe
-            return found == ABSENT or self.admit_when_full
-        return take(word, now, cost_t, self.tau - cost_t, &tat, &base)
+        cdef int64_t *slot
+        slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
+        while True:  # again if the slot changed owner between finding and spending
+            if slot == NULL:
+                slot = self._find(fp, now, cost_t != 0, &found, &soonest)
+            if slot == NULL:
+                # cost 0 on a missing key: a full bucket admits the probe
+                return found == ABSENT or self.admit_when_full
+            r = take(slot, <int64_t>fp, now, cost_t, self.tau - cost_t, &tat, &base)
+            if r >= 0:
+                return r
+            slot = NULL
 
     def allow_many(self, keys, cost=1):
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
@@ -605,16 +807,25 @@ cdef class SharedTable:
         cdef int64_t tat, base, soonest, debt
         cdef bint allowed
         cdef Found found
-        cdef int64_t *word = self._find(fp, now, consume and cost_t != 0, &found, &soonest)
-        if word == NULL and found == NO_ROOM and not self.admit_when_full:
+        cdef int r = -1
+        cdef int64_t *slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
+        while r < 0:  # again if the slot changed owner between finding and spending
+            if slot == NULL:
+                slot = self._find(fp, now, consume and cost_t != 0, &found, &soonest)
+            if slot == NULL or not consume:
+                break
+            r = take(slot, <int64_t>fp, now, cost_t, self.tau - cost_t, &tat, &base)
+            if r < 0:
+                slot = NULL
+        if slot == NULL and found == NO_ROOM and not self.admit_when_full:
             # Fail closed: nothing to spend from; retry when a probed slot frees.
             return Decision(False, 0, soonest - now, soonest - now, self.capacity)
-        if word != NULL and consume:
-            allowed = take(word, now, cost_t, self.tau - cost_t, &tat, &base)
+        if slot != NULL and consume:
+            allowed = r
         else:
             # A peek, or a missing key (a full bucket; untracked when admitted
             # on a full window): the decision `take` would make, written nowhere.
-            tat = nb_load(word) if word != NULL else 0
+            tat = nb_load(slot + 1) if slot != NULL else 0
             base = tat if tat > now else now
             allowed = base - now <= self.tau - cost_t
             if allowed and cost_t:
@@ -662,8 +873,8 @@ cdef class SharedTable:
     cdef double _tokens_at(self, uint64_t fp, int64_t now):
         cdef int64_t soonest
         cdef Found found
-        cdef int64_t *word = self._find(fp, now, False, &found, &soonest)
-        cdef int64_t tat = nb_load(word) if word != NULL else 0
+        cdef int64_t *slot = self._find(fp, now, False, &found, &soonest)
+        cdef int64_t tat = nb_load(slot + 1) if slot != NULL else 0
         cdef int64_t debt = tat - now if tat > now else 0
         if debt >= self.tau:
             return 0.0
@@ -686,7 +897,7 @@ cdef class SharedTable:
         cdef int64_t now = self._now()
         cdef int64_t i, count = 0
         for i in range(self.slot_count):
-            if nb_load(&self.slots[2 * i]) != 0 and nb_load(&self.slots[2 * i + 1]) > now:
+            if nb_load(&self.slots[2 * i]) > 0 and nb_load(&self.slots[2 * i + 1]) > now:
                 count += 1
         return count
 
