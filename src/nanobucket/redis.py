@@ -410,12 +410,12 @@ def bounded_client(client: Any, timeout: float) -> Any:
         own = redis.asyncio.ConnectionPool(
             connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
         )
-        return redis.asyncio.Redis(connection_pool=own)
+        return redis.asyncio.Redis.from_pool(own)  # closing the client closes its pool
     kwargs["retry"] = Retry(NoBackoff(), 0)
     own_pool = redis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
     )
-    return redis.Redis(connection_pool=own_pool)
+    return redis.Redis.from_pool(own_pool)
 
 
 def client_from_url(
@@ -596,7 +596,13 @@ class _RedisLimits:
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         if self._on_error == "open":
             return RedisDecision(
-                True, self._capacity - cost, 0, 0, self._capacity, "policy:open", failure_reason(err)
+                True,
+                self._capacity - cost,
+                0,
+                0,
+                self._capacity,
+                "policy:open",
+                failure_reason(err),
             )
         # Closed: come back when the breaker will try Redis again (at least one
         # token's interval, so clients never spin on a zero Retry-After).
