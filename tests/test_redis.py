@@ -406,10 +406,10 @@ def _hammer(url: str, prefix: str, kind: str, start: Any, seconds: float, out: A
     client = nbr.client_from_url(url, socket_timeout=2.0)
     if kind == "leased":
         limiter: Any = nbr.LeasedTokenBucket(
-            client, rate=200, capacity=50, prefix=prefix, max_lease=8
+            client, rate=200, capacity=50, prefix=prefix, max_lease=8, timeout=2.0
         )
     else:
-        limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix)
+        limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix, timeout=2.0)
     start.wait()
     admitted = 0
     deadline = time.monotonic() + seconds
@@ -452,7 +452,13 @@ def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
 def _lease_phases(url: str, prefix: str, lease: int, barrier: Any, out: Any) -> None:
     client = nbr.client_from_url(url, socket_timeout=2.0)
     limiter = nbr.LeasedTokenBucket(
-        client, rate=100, capacity=100, prefix=prefix, min_lease=lease, max_lease=lease
+        client,
+        rate=100,
+        capacity=100,
+        prefix=prefix,
+        min_lease=lease,
+        max_lease=lease,
+        timeout=2.0,
     )
     first = limiter.allow_at("k", 0)  # takes a lease of `lease`, spends 1
     barrier.wait()

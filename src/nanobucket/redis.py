@@ -69,9 +69,9 @@ from typing import Any, Literal, Protocol
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
-import redis.asyncio.retry
 from redis.exceptions import BusyLoadingError, NoScriptError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -1194,6 +1194,9 @@ class LeasedTokenBucket(_RedisLimits):
     each instance holds at most ``max_lease - 1`` unspent tokens between
     requests, so N instances admit at most
     ``capacity + rate * T + N * (max_lease - 1)`` in any window of T seconds.
+    That holds for any number of threads: one lease per key is in flight per
+    instance at a time; threads that miss the local balance meanwhile wait for
+    it (at most ``timeout``, then the failure policy decides) and spend from it.
     Round trips: about ``1000 / size`` per 1000 decisions on a busy key; a
     refusal from Redis is remembered locally until its ``retry_after``, so a
     rejected burst costs one round trip. Lease state is kept for at most
@@ -1253,6 +1256,8 @@ class LeasedTokenBucket(_RedisLimits):
         self._period_ns = int(lease_period * NS_PER_S)
         self._clock: Clock = clock if clock is not None else time.monotonic_ns
         self._leases: dict[bytes, _Lease] = {}
+        #: Keys whose lease a thread is taking now: set when it is done.
+        self._in_flight: dict[bytes, threading.Event] = {}
         self._lock = threading.Lock()
         #: Round trips to Redis so far (leases taken, plus one per close).
         self.round_trips = 0
@@ -1329,43 +1334,79 @@ class LeasedTokenBucket(_RedisLimits):
         return self._decide(self.key(key), key, self._cost(cost), check_now(now))
 
     def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
-        t = self._clock() if now_ns is None else now_ns
-        with self._lock:
-            lease = self._leases.get(rkey)
-            if lease is not None and lease.balance >= cost:
-                lease.balance -= cost
-                return RedisDecision(True, lease.balance, 0, 0, self._capacity, "lease")
-            if cost == 0:
-                return RedisDecision(True, 0, 0, 0, self._capacity, "lease")
-            if lease is None:
-                size = self._min_lease
-                balance = 0
-            elif (
-                lease.denied_need
-                and cost - lease.balance >= lease.denied_need
-                and lease.denied_until > t
-            ):
-                return RedisDecision(
-                    False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
-                )
-            else:
-                elapsed = t - lease.taken_at
-                size = lease.size
-                if elapsed < self._period_ns:
-                    size = min(self._max_lease, size * 2)
-                elif elapsed > 4 * self._period_ns:
-                    size = max(self._min_lease, size // 2)
-                balance = lease.balance
-            need = cost - balance
-            want = max(size, need)
-        # The round trip runs without the lock: other keys (and this one's
-        # balance) stay usable meanwhile; a concurrent second lease is harmless.
+        wait_until = 0  # monotonic ns past which a waiter stops waiting for a lease in flight
+        while True:
+            t = self._clock() if now_ns is None else now_ns
+            with self._lock:
+                lease = self._leases.get(rkey)
+                if lease is not None and lease.balance >= cost:
+                    lease.balance -= cost
+                    return RedisDecision(True, lease.balance, 0, 0, self._capacity, "lease")
+                if cost == 0:
+                    return RedisDecision(True, 0, 0, 0, self._capacity, "lease")
+                if (
+                    lease is not None
+                    and lease.denied_need
+                    and cost - lease.balance >= lease.denied_need
+                    and lease.denied_until > t
+                ):
+                    return RedisDecision(
+                        False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
+                    )
+                in_flight = self._in_flight.get(rkey)
+                if in_flight is None:
+                    # This thread takes the key's lease; others wait for it.
+                    in_flight = self._in_flight[rkey] = threading.Event()
+                    size, need = self._lease_size(lease, cost, t)
+                    break
+            # Another thread's lease of this key is in flight: one lease at a
+            # time keeps the instance's unspent tokens under max_lease. Its
+            # round trip is bounded by the timeout, and so is this wait.
+            now = time.monotonic_ns()
+            if not wait_until:
+                wait_until = now + int(self._timeout * NS_PER_S)
+            if not in_flight.wait((wait_until - now) / NS_PER_S):
+                err = RedisTimeoutError("timed out waiting for a lease in flight")
+                return self._policy(key, cost, now_ns, True, err)
+        try:
+            return self._take(rkey, key, cost, now_ns, t, size, need)
+        finally:
+            with self._lock:
+                del self._in_flight[rkey]
+            in_flight.set()
+
+    def _lease_size(self, lease: _Lease | None, cost: int, t: int) -> tuple[int, int]:
+        """(size of the next lease, tokens it must bring at least); called with the lock held."""
+        if lease is None:
+            return self._min_lease, cost
+        elapsed = t - lease.taken_at
+        size = lease.size
+        if elapsed < self._period_ns:
+            size = min(self._max_lease, size * 2)
+        elif elapsed > 4 * self._period_ns:
+            size = max(self._min_lease, size // 2)
+        return size, cost - lease.balance
+
+    def _take(
+        self,
+        rkey: bytes,
+        key: Hashable,
+        cost: int,
+        now_ns: int | None,
+        t: int,
+        size: int,
+        need: int,
+    ) -> RedisDecision:
+        # Called by the one thread taking *rkey*'s lease. The round trip runs
+        # without the lock: other keys (and this one's balance) stay usable.
+        want = max(size, need)
         breaker = self._breaker
         if not breaker.allow_request():
             return self._policy(key, cost, now_ns, True, None)
         now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
-        try:
+        with self._lock:
             self.round_trips += 1
+        try:
             granted, retry_us, reset_us = self._script(
                 keys=(rkey,),
                 args=(*self._head, b"take", want, need, now_arg, EXPLICIT_TTL_SLACK_MS),
