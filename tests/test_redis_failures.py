@@ -370,6 +370,10 @@ def test_cluster_down(cluster_node: RedisServer) -> None:
     _expect_policy(_user_client(cluster_node), "clusterdown")  # no slot is served
 
 
+def _cmd(client: Any, *args: Any) -> Any:
+    return client.execute_command(*args)
+
+
 def _two_slot_keys(prefix_key: Callable[[str], bytes]) -> tuple[str, str]:
     """Two limiter keys whose Redis keys share one hash slot."""
     seen: dict[int, str] = {}
@@ -391,11 +395,11 @@ def test_moved_ask_and_tryagain(cluster_node: RedisServer) -> None:
     ) as other:
         other.start()
         owner_admin, other_admin = cluster_node.client(), other.client()
-        owner_admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-        other_admin.execute_command("CLUSTER", "MEET", "127.0.0.1", cluster_node.port)
-        other_id = other_admin.execute_command("CLUSTER", "MYID").decode()
+        _cmd(owner_admin, "CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        _cmd(other_admin, "CLUSTER", "MEET", "127.0.0.1", cluster_node.port)
+        other_id = _cmd(other_admin, "CLUSTER", "MYID").decode()
         deadline = time.monotonic() + PHASE
-        while other_admin.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") < 0:
+        while _cmd(other_admin, "CLUSTER", "INFO").find(b"cluster_state:ok") < 0:
             assert time.monotonic() < deadline, "the two nodes never formed a cluster"
             time.sleep(0.05)
         _expect_policy(_user_client(other), "moved")
@@ -404,14 +408,14 @@ def test_moved_ask_and_tryagain(cluster_node: RedisServer) -> None:
         present, missing = _two_slot_keys(limiter.key)
         assert limiter.check(present, cost=200).source == "redis"  # 2 s of debt: the key exists
         slot = key_slot(limiter.key(present))
-        owner_admin.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", other_id)
+        _cmd(owner_admin, "CLUSTER", "SETSLOT", slot, "MIGRATING", other_id)
         _expect_policy(_user_client(cluster_node), "ask", key=missing)
         batch = _limiter(_user_client(cluster_node), on_error="raise")
         with pytest.raises(nbr.RedisUnavailable) as info:
             batch.allow_many([present, missing])
         assert nbr.failure_reason(info.value.__cause__) == "tryagain"
         assert batch.breaker.state == "open"
-        owner_admin.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        _cmd(owner_admin, "CLUSTER", "SETSLOT", slot, "STABLE")
         owner_admin.close()
         other_admin.close()
 

@@ -123,7 +123,6 @@ _POOL_OWNED = frozenset(
         "orig_socket_timeout",
         "orig_socket_connect_timeout",
         "himport_registry",
-        "connection_pool",
     }
 )
 
@@ -392,7 +391,7 @@ def bounded_client(client: Any, timeout: float) -> Any:
     """
     if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
         return client
-    pool = getattr(client, "connection_pool", None)
+    pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict) or _bounded(kwargs, timeout):
         return client
