@@ -375,8 +375,10 @@ def _bounded(kwargs: dict[str, Any], timeout: float) -> bool:
 def bounded_client(client: Any, timeout: float) -> Any:
     """A client to *client*'s server whose calls wait at most *timeout* s and never retry.
 
-    *client* itself when it is already so (or a cluster client, used as
-    given); otherwise a new client on a pool of its own, with the same
+    *client* itself when it is already so, or when it is not a
+    ``redis.Redis`` / ``redis.asyncio.Redis`` (a ``RedisCluster`` retries and
+    redirects by its own rules: build it with ``socket_timeout`` and
+    ``retry=Retry(NoBackoff(), 0)``); otherwise a new client on a pool of its own, with the same
     connection parameters (host, port, db, credentials, TLS, ...) but
     *timeout* as socket and connect timeout, no retries and raw replies. The
     caller's client is never changed: other code may share it.
@@ -389,8 +391,8 @@ def bounded_client(client: Any, timeout: float) -> Any:
     >>> bounded_client(own, 0.1) is own
     True
     """
-    if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
-        return client
+    if not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+        return client  # a cluster or another library's client: used as given
     pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict) or _bounded(kwargs, timeout):
