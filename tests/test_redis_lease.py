@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from nanobucket import redis as nbr
 
 from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
@@ -149,7 +151,7 @@ def test_threads_waiting_for_a_lease_on_a_hung_redis_get_the_policy(
     own_redis_server: RedisServer,
 ) -> None:
     server = own_redis_server
-    client = server.client()
+    client = redis.Redis(host="127.0.0.1", port=server.port)  # redis-py's defaults
     limiter = nbr.LeasedTokenBucket(
         client,
         rate=100,
@@ -178,4 +180,5 @@ def test_threads_waiting_for_a_lease_on_a_hung_redis_get_the_policy(
         assert d.reason in ("timeout", "breaker-open")
         assert elapsed < limiter.timeout + 0.4
     assert [d.reason for d, _ in results].count("timeout") >= 1
+    limiter.close()
     client.close()

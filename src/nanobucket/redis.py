@@ -132,7 +132,9 @@ _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf
 
 
 class RedisUnavailable(RedisConnectionError):
-    """Redis could not decide (``on_error="raise"``): down, timed out, or breaker open.
+    """Redis could not decide (``on_error="raise"``): down, timed out, an error reply, breaker open.
+
+    The redis-py error, when there was one, is the ``__cause__``.
 
     A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
 
@@ -1455,11 +1457,16 @@ class LeasedTokenBucket(_RedisLimits):
     def close(self) -> None:
         """Give every unspent leased token back to Redis (one round trip) and forget the leases.
 
+        Then close the limiter's own connections, if it made a pool of its own
+        (the client it was given stays open); a later call opens a new one.
+
         >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
         >>> limiter.close(); limiter.round_trips   # nothing held: nothing to send
         0
         """
         self._give_back(None)
+        if self._client is not self._user_client:
+            self._client.close()
 
     def close_at(self, now: int) -> None:
         """`close` at an explicit time *now* (int ns).
@@ -1480,7 +1487,8 @@ class LeasedTokenBucket(_RedisLimits):
         calls = [
             (k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS)) for k, n in leases
         ]
-        self.round_trips += 1
+        with self._lock:
+            self.round_trips += 1
         # Redis gone: the tokens return by themselves as the buckets refill.
         with contextlib.suppress(*UNAVAILABLE):
             _evalsha_pipeline(self._client, self._script, calls)
