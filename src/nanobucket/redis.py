@@ -1259,8 +1259,9 @@ class LeasedTokenBucket(_RedisLimits):
         self._period_ns = int(lease_period * NS_PER_S)
         self._clock: Clock = clock if clock is not None else time.monotonic_ns
         self._leases: dict[bytes, _Lease] = {}
-        #: Keys whose lease a thread is taking now: set when it is done.
-        self._in_flight: dict[bytes, threading.Event] = {}
+        #: Keys whose lease a thread is taking now, with the event it sets when
+        #: done (made by the first thread to wait: none on an uncontended key).
+        self._in_flight: dict[bytes, threading.Event | None] = {}
         self._lock = threading.Lock()
         #: Round trips to Redis so far (leases taken, plus one per close).
         self.round_trips = 0
@@ -1356,12 +1357,14 @@ class LeasedTokenBucket(_RedisLimits):
                     return RedisDecision(
                         False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
                     )
-                in_flight = self._in_flight.get(rkey)
-                if in_flight is None:
+                if rkey not in self._in_flight:
                     # This thread takes the key's lease; others wait for it.
-                    in_flight = self._in_flight[rkey] = threading.Event()
+                    self._in_flight[rkey] = None
                     size, need = self._lease_size(lease, cost, t)
                     break
+                in_flight = self._in_flight[rkey]
+                if in_flight is None:  # the first waiter makes the event
+                    in_flight = self._in_flight[rkey] = threading.Event()
             # Another thread's lease of this key is in flight: one lease at a
             # time keeps the instance's unspent tokens under max_lease. Its
             # round trip is bounded by the timeout, and so is this wait.
@@ -1375,8 +1378,9 @@ class LeasedTokenBucket(_RedisLimits):
             return self._take(rkey, key, cost, now_ns, t, size, need)
         finally:
             with self._lock:
-                del self._in_flight[rkey]
-            in_flight.set()
+                waiters = self._in_flight.pop(rkey)
+            if waiters is not None:
+                waiters.set()
 
     def _lease_size(self, lease: _Lease | None, cost: int, t: int) -> tuple[int, int]:
         """(size of the next lease, tokens it must bring at least); called with the lock held."""
