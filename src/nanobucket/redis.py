@@ -72,7 +72,20 @@ import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
-from redis.exceptions import BusyLoadingError, NoScriptError, RedisError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -192,6 +205,21 @@ class RedisDecision(Decision):
         return f"{super().__repr__()[:-1]}, source={self.source!r}{tail})"
 
 
+#: redis-py's error classes and the codes they stand for (subclasses first).
+_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (OutOfMemoryError, "oom"),
+    (ReadOnlyError, "readonly"),
+    (MasterDownError, "masterdown"),
+    (ClusterDownError, "clusterdown"),
+    (TryAgainError, "tryagain"),
+    (MovedError, "moved"),
+    (AskError, "ask"),
+    (ClusterCrossSlotError, "crossslot"),
+    (NoPermissionError, "noperm"),
+    (NoScriptError, "noscript"),
+)
+
+
 def failure_reason(err: BaseException | None) -> str:
     """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
 
@@ -211,6 +239,9 @@ def failure_reason(err: BaseException | None) -> str:
         return "loading"
     if isinstance(err, RedisConnectionError):
         return "connection"
+    for cls, reason in _REASONS:  # redis-py strips the code of the errors it maps
+        if isinstance(err, cls):
+            return reason
     code = getattr(err, "status_code", None)
     if not code and err.args and isinstance(err.args[0], str):
         code = err.args[0].split(" ", 1)[0]
@@ -365,13 +396,18 @@ def _bounded(kwargs: dict[str, Any], timeout: float) -> bool:
     read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
     return (
         retry is not None
-        and retry.get_retries() == 0
+        and _retries(retry) == 0
         and read is not None
         and read <= timeout
         and connect is not None
         and connect <= timeout
         and not kwargs.get("decode_responses")
     )
+
+
+def _retries(retry: Any) -> int | None:
+    get = getattr(retry, "get_retries", None)  # redis-py >= 5.0.1
+    return get() if get is not None else getattr(retry, "_retries", None)
 
 
 def bounded_client(client: Any, timeout: float) -> Any:
@@ -413,12 +449,22 @@ def bounded_client(client: Any, timeout: float) -> Any:
         own = redis.asyncio.ConnectionPool(
             connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
         )
-        return redis.asyncio.Redis.from_pool(own)  # closing the client closes its pool
+        return _owning(redis.asyncio.Redis, own)
     kwargs["retry"] = Retry(NoBackoff(), 0)
     own_pool = redis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
     )
-    return redis.Redis.from_pool(own_pool)
+    return _owning(redis.Redis, own_pool)
+
+
+def _owning(cls: Any, pool: Any) -> Any:
+    """A client of class *cls* on *pool* that closes the pool when it is closed."""
+    from_pool = getattr(cls, "from_pool", None)  # redis-py >= 5.0.1
+    if from_pool is not None:
+        return from_pool(pool)
+    client = cls(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def client_from_url(
@@ -1158,9 +1204,9 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
         >>> asyncio.run(limiter.aclose())   # at shutdown
         """
-        if self._client is not self._user_client:
-            await self._client.aclose()
-        await self._user_client.aclose()
+        for client in {id(c): c for c in (self._client, self._user_client)}.values():
+            close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
+            await close()
 
     def __repr__(self) -> str:
         return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
