@@ -132,6 +132,38 @@ def test_default_client_is_given_a_bounded_pool_of_its_own(own_redis_server: Red
         _limiter(client, timeout="1")
 
 
+@pytest.mark.parametrize("blocking", [True, False])
+def test_the_pool_of_its_own_keeps_the_clients_size_and_kind(
+    own_redis_server: RedisServer, blocking: bool
+) -> None:
+    # The only connection is taken while 8 threads decide: from a blocking
+    # pool they get it in turn once it is back (at most the timeout later);
+    # a plain pool refuses them at once, and the policy decides.
+    kind = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
+    pool = kind(host="127.0.0.1", port=own_redis_server.port, max_connections=1)
+    client = redis.Redis(connection_pool=pool)
+    limiter = _limiter(client, timeout=SLOW_OK)
+    own = limiter._client.connection_pool
+    assert (type(own), own.max_connections) == (kind, 1)
+    taken = own.get_connection()
+    timer = threading.Timer(0.05, own.release, (taken,))
+    if blocking:
+        timer.start()
+    try:
+        results = _timed_in_threads(lambda: limiter.check("k"))
+    finally:
+        timer.cancel()
+        if not blocking:
+            own.release(taken)
+    outcomes = {(d.source, d.reason) for d, _ in results}
+    if blocking:
+        assert outcomes == {("redis", None)} and limiter.peek("k", 0).remaining == 200 - THREADS
+    else:
+        assert outcomes == {("policy:closed", "connection"), ("policy:closed", "breaker-open")}
+    limiter.close()
+    client.close()
+
+
 def test_hung_redis_threads_return_within_the_timeout(own_redis_server: RedisServer) -> None:
     limiter = _limiter(_user_client(own_redis_server))
     assert limiter.check("warm").source == "redis"  # a connection in the pool already

@@ -442,19 +442,23 @@ def bounded_client(client: Any, timeout: float) -> Any:
         retry_on_error=[],
         decode_responses=False,
     )
+    # The caller's pool size, and its kind: a blocking pool waits for a free
+    # connection, here at most *timeout*; a plain one fails past its size.
+    limit = {"connection_class": pool.connection_class, "max_connections": pool.max_connections}
     if isinstance(client, redis.asyncio.Redis):
         kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
-        # A plain pool even where the caller's blocks: a free connection is
-        # never waited for; past max_connections a call fails (to the policy).
-        own = redis.asyncio.ConnectionPool(
-            connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
-        )
+        if isinstance(pool, redis.asyncio.BlockingConnectionPool):
+            own: Any = redis.asyncio.BlockingConnectionPool(timeout=timeout, **limit, **kwargs)
+        else:
+            own = redis.asyncio.ConnectionPool(**limit, **kwargs)
         return _owning(redis.asyncio.Redis, own)
     kwargs["retry"] = Retry(NoBackoff(), 0)
-    own_pool = redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
-    )
-    return _owning(redis.Redis, own_pool)
+    if isinstance(pool, redis.BlockingConnectionPool):
+        blocking: Any = redis.BlockingConnectionPool  # untyped in redis-py
+        own = blocking(timeout=timeout, **limit, **kwargs)
+    else:
+        own = redis.ConnectionPool(**limit, **kwargs)
+    return _owning(redis.Redis, own)
 
 
 def _owning(cls: Any, pool: Any) -> Any:
