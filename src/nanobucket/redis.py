@@ -124,7 +124,7 @@ EXPLICIT_TTL_SLACK_MS = 86_400_000
 DEFAULT_SOCKET_TIMEOUT = 0.1
 #: Errors that mean "Redis could not decide": everything redis-py raises,
 #: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
-#: CLUSTERDOWN, TRYAGAIN, MOVED, ...). A request never sees one.
+#: CLUSTERDOWN, TRYAGAIN, MOVED, ...): the policy answers instead.
 UNAVAILABLE = (RedisError,)
 #: Connection parameters that belong to one pool, not to the server: a pool
 #: of the limiter's own builds its own.
