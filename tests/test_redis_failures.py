@@ -132,6 +132,18 @@ def test_default_client_is_given_a_bounded_pool_of_its_own(own_redis_server: Red
         _limiter(client, timeout="1")
 
 
+def test_a_client_that_decodes_replies_still_works(own_redis_server: RedisServer) -> None:
+    # The limiter's pool reads raw replies whatever the client's decode_responses.
+    client = redis.Redis(host="127.0.0.1", port=own_redis_server.port, decode_responses=True)
+    limiter = _limiter(client, timeout=SLOW_OK)
+    assert limiter.allow_many_at(["a", "a", "b"], 0) == bytearray([1, 1, 1])
+    d = limiter.check_at("a", 0, cost=198)
+    assert (d.allowed, d.remaining, d.source) == (True, 0, "redis")
+    assert client.get("shared") is None  # the client itself still decodes
+    limiter.close()
+    client.close()
+
+
 @pytest.mark.parametrize("blocking", [True, False])
 def test_the_pool_of_its_own_keeps_the_clients_size_and_kind(
     own_redis_server: RedisServer, blocking: bool
