@@ -4,7 +4,9 @@
     python benchmarks/bench_redis.py --url redis://127.0.0.1:6379/0
 
 Prints decisions/s for one connection: ``RedisTokenBucket.allow`` (one round
-trip each), ``allow_many`` batches (one pipelined round trip per batch), the
+trip each) on a ``from_url`` client and on redis-py's default client (which
+the limiter reaches through a bounded pool of its own), the same for
+``AsyncRedisTokenBucket``, ``allow_many`` batches (one pipelined round trip per batch), the
 ``LeasedTokenBucket`` (local fast path) with its round trips per 1000
 decisions, and the in-process ``KeyedTokenBucket`` for scale.
 """
@@ -12,10 +14,14 @@ decisions, and the in-process ``KeyedTokenBucket`` for scale.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
 from collections.abc import Callable
+
+import redis
+import redis.asyncio
 
 import nanobucket as nb
 from nanobucket import redis as nbr
@@ -44,6 +50,18 @@ def bench_redis_all(url: str, seconds: float) -> None:
     single = bench_redis_rate(
         "RedisTokenBucket.allow (1 key)", lambda: sum(plain.allow("k") for _ in range(200)), seconds
     )
+    host, port = client.get_connection_kwargs()["host"], client.get_connection_kwargs()["port"]
+    user = redis.Redis(host=host, port=port)  # redis-py's defaults: the limiter derives a pool
+    default = nbr.RedisTokenBucket(user, rate=1_000_000, capacity=1_000_000, prefix="bench")
+    derived = bench_redis_rate(
+        "RedisTokenBucket.allow (redis.Redis() defaults)",
+        lambda: sum(default.allow("k") for _ in range(200)),
+        seconds,
+    )
+    print(f"  {'':<46} {derived / single:12.2f}x the from_url client")
+    default.close()
+    user.close()
+    bench_async(host, port, url, seconds)
     keys = [f"user{i}" for i in range(100)]
     bench_redis_rate(
         "RedisTokenBucket.allow_many (batches of 100)", lambda: len(plain.allow_many(keys)), seconds
@@ -78,6 +96,37 @@ def bench_redis_all(url: str, seconds: float) -> None:
     )
     client.flushdb()
     client.close()
+
+
+def bench_async(host: str, port: int, url: str, seconds: float) -> None:
+    """``AsyncRedisTokenBucket.allow`` one at a time: from_url client, then redis-py's defaults."""
+
+    async def run() -> None:
+        rates = []
+        for label, client in (
+            (
+                "from_url",
+                nbr.client_from_url(url, socket_timeout=nbr.DEFAULT_SOCKET_TIMEOUT, asyncio=True),
+            ),
+            ("redis.asyncio.Redis() defaults", redis.asyncio.Redis(host=host, port=port)),
+        ):
+            limiter = nbr.AsyncRedisTokenBucket(
+                client, rate=1_000_000, capacity=1_000_000, prefix="bench"
+            )
+            await limiter.allow("k")
+            done, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds:
+                for _ in range(200):
+                    done += await limiter.allow("k")
+            rates.append(done / elapsed)
+            print(
+                f"  {'AsyncRedisTokenBucket.allow (' + label + ')':<46} "
+                f"{rates[-1]:12,.0f} decisions/s"
+            )
+            await limiter.aclose()
+        print(f"  {'':<46} {rates[1] / rates[0]:12.2f}x the from_url client")
+
+    asyncio.run(run())
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ except under ``CI`` (any non-empty value), where they fail: CI installs
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 SEARCH = ("/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/homebrew/bin")
 START_TIMEOUT = 10.0
@@ -39,19 +42,40 @@ def find_redis_server() -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
+def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(cluster_bus: bool = False) -> int:
+    """A TCP port free on 127.0.0.1 right now (with *cluster_bus*, port + 10000 too)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not cluster_bus:
+            return port
+        if port + 10000 <= 65535 and _port_is_free(port + 10000):
+            return port
+        port = random.randint(1024, 55535)  # ephemeral ports are often above 55535
+        if _port_is_free(port) and _port_is_free(port + 10000):
+            return port
 
 
 class RedisServer:
-    """One redis-server process on 127.0.0.1; ``stop``/``start`` keep the port."""
+    """One redis-server process on 127.0.0.1; ``stop``/``start`` keep the port.
 
-    def __init__(self, binary: str) -> None:
+    *args* are extra command-line options (``["--cluster-enabled", "yes"]``).
+    """
+
+    def __init__(self, binary: str, args: tuple[str, ...] = ()) -> None:
         self.binary = binary
-        self.port = free_port()
+        self.args = tuple(args)
+        self.port = free_port(cluster_bus="--cluster-enabled" in self.args)
         self._dir = tempfile.TemporaryDirectory(prefix="nanobucket-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -59,8 +83,8 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        """Start the server and wait until it answers PING."""
+    def start(self, wait: bool = True) -> None:
+        """Start the server and (unless not *wait*) wait until it answers PING."""
         assert self.proc is None, "already running"
         self.proc = subprocess.Popen(
             [
@@ -79,10 +103,13 @@ class RedisServer:
                 "no",
                 "--loglevel",
                 "warning",
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
+        if not wait:
+            return
         client = redis.Redis(
             host="127.0.0.1", port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5
         )
@@ -133,6 +160,16 @@ class RedisServer:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
 
+    def client(self) -> redis.Redis:
+        """A client with 2 s timeouts and no retries, for setting the server up."""
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=2.0,
+            socket_connect_timeout=2.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+
     def close(self) -> None:
         self.stop()
         self._dir.cleanup()
@@ -152,9 +189,9 @@ def require_redis_server() -> str:
     return binary
 
 
-def running_server() -> Iterator[RedisServer]:
-    """A started server, stopped and cleaned up afterwards."""
-    server = RedisServer(require_redis_server())
+def running_server(*args: str) -> Iterator[RedisServer]:
+    """A started server (with extra options *args*), stopped and cleaned up afterwards."""
+    server = RedisServer(require_redis_server(), args)
     server.start()
     try:
         yield server

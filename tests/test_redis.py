@@ -29,6 +29,9 @@ S = 1_000_000_000
 #: Generous "did not hang" bound for calls whose socket timeout is 0.25 s.
 HANG = 2.0
 SPAWN = multiprocessing.get_context("spawn")
+#: The `client` fixture's socket timeout; the limiters on it wait as long
+#: (their own default, 0.1 s, could time out on a loaded test machine).
+CLIENT_TIMEOUT = 2.0
 
 
 class ManualClock:
@@ -48,7 +51,7 @@ def _fresh(prefix: str) -> str:
 
 @pytest.fixture
 def client(redis_url: str) -> Any:
-    c = nbr.client_from_url(redis_url, socket_timeout=2.0)
+    c = nbr.client_from_url(redis_url, socket_timeout=CLIENT_TIMEOUT)
     yield c
     c.close()
 
@@ -64,7 +67,9 @@ def test_trace_matches_in_process_table(
     # 1e6/rate is whole for these rates and every time is whole microseconds,
     # so Redis's microsecond GCRA is the in-process one, exactly.
     rng = random.Random(seed * 1000 + rate)
-    limiter = nbr.RedisTokenBucket(client, rate=rate, capacity=capacity, prefix=_fresh("trace"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=rate, capacity=capacity, prefix=_fresh("trace")
+    )
     local = impl.KeyedTokenBucket(rate=rate, capacity=capacity)
     interval = S // rate
     keys = ["a", "b", 7, b"c"]
@@ -91,7 +96,9 @@ def test_trace_matches_in_process_table(
 
 
 def test_decision_fields_and_source(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix=_fresh("fields"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=100, capacity=200, prefix=_fresh("fields")
+    )
     d = limiter.check_at("k", 0, 150)
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit) == (
         True,
@@ -121,7 +128,9 @@ def test_redis_decision_repr_names_its_class() -> None:
 
 
 def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=3, capacity=1, prefix=_fresh("units"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=3, capacity=1, prefix=_fresh("units")
+    )
     assert limiter.interval_ns == 333_334_000  # ceil(1e6 / 3) us
     assert limiter.allow_at("k", 0)
     assert not limiter.allow_at("k", 333_333_999)
@@ -132,7 +141,9 @@ def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:
 
 
 def test_time_going_backwards_creates_no_tokens(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2, prefix=_fresh("back"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=2, prefix=_fresh("back")
+    )
     assert limiter.allow_many_at(["k"] * 3, 100 * S) == bytearray([1, 1, 0])
     assert not limiter.allow_at("k", 50 * S)
     assert not limiter.allow_at("k", 100 * S)
@@ -140,12 +151,16 @@ def test_time_going_backwards_creates_no_tokens(client: Any) -> None:
 
 
 def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix=_fresh("ttl"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=100, capacity=200, prefix=_fresh("ttl")
+    )
     assert limiter.peek("k").allowed and not client.exists(limiter.key("k"))  # peek writes nothing
     d = limiter.check("k", cost=5)  # Redis time: 50 ms of debt
     assert d.reset_after_ns == 50 * MS
     assert 0 < client.pttl(limiter.key("k")) <= 51  # the debt, rounded up, plus at most 1 ms
-    full = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix=_fresh("ttl"))
+    full = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=1, prefix=_fresh("ttl")
+    )
     assert full.allow("k") and not full.allow("k")  # a rejection does not touch the TTL
     assert 500 < client.pttl(full.key("k")) <= 1001
     time.sleep(0.07)
@@ -154,8 +169,8 @@ def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
 
 
 def test_keys_share_a_cluster_slot_per_client_key(client: Any) -> None:
-    a = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix="api")
-    b = nbr.RedisTokenBucket(client, rate=10, capacity=5, prefix="login")
+    a = nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=1, capacity=1, prefix="api")
+    b = nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=10, capacity=5, prefix="login")
     assert (
         a.key("user:1") == b"api:{user:1}" and a.key(5) == b"api:{5}" and a.key(b"x") == b"api:{x}"
     )
@@ -164,13 +179,17 @@ def test_keys_share_a_cluster_slot_per_client_key(client: Any) -> None:
 
 
 def test_script_flush_then_use(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=3, prefix=_fresh("flush"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=3, prefix=_fresh("flush")
+    )
     assert limiter.allow_at("k", 0)
     client.script_flush()
     assert limiter.check_at("k", 0).remaining == 1  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
     client.script_flush()
     assert limiter.allow_many_at(["k", "k", "j"], 0) == bytearray([1, 0, 1])
-    leased = nbr.LeasedTokenBucket(client, rate=1, capacity=3, prefix=_fresh("flush"), max_lease=2)
+    leased = nbr.LeasedTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=3, prefix=_fresh("flush"), max_lease=2
+    )
     client.script_flush()
     assert leased.allow_at("k", 0) and leased.held("k") == 0  # first lease: min_lease = 1
     client.script_flush()
@@ -180,7 +199,9 @@ def test_script_flush_then_use(client: Any) -> None:
 def test_allow_many_cluster_path_pipelines_one_script_per_key(client: Any) -> None:
     # A RedisCluster client takes this path (one EVALSHA per key, pipelined);
     # here the flag is set on a plain client so a real single server runs it.
-    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2, prefix=_fresh("pipe"))
+    limiter = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=2, prefix=_fresh("pipe")
+    )
     limiter._cluster = True
     local = nb.KeyedTokenBucket(rate=1, capacity=2)
     batch = ["a", "b", "a", "a", "c", "b"]
@@ -209,11 +230,11 @@ def test_allow_many_cluster_path_pipelines_one_script_per_key(client: Any) -> No
 )
 def test_bad_construction(client: Any, kwargs: dict[str, Any], error: type) -> None:
     with pytest.raises(error):
-        nbr.RedisTokenBucket(client, **kwargs)
+        nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, **kwargs)
 
 
 def test_bad_calls(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(client, rate=1, capacity=2)
+    limiter = nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=1, capacity=2)
     cases: list[tuple[tuple[Any, Any], type[Exception]]] = [
         ((("a",), 0), TypeError),
         ((1.5, 0), TypeError),
@@ -231,7 +252,9 @@ def test_bad_calls(client: Any) -> None:
     with pytest.raises(TypeError):
         nbr.RedisTokenBucket("localhost", rate=1, capacity=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        nbr.LeasedTokenBucket(client, rate=1, capacity=4, min_lease=3, max_lease=2)
+        nbr.LeasedTokenBucket(
+            client, timeout=CLIENT_TIMEOUT, rate=1, capacity=4, min_lease=3, max_lease=2
+        )
     with pytest.raises(ValueError):
         nbr.CircuitBreaker(backoff=0)
 
@@ -406,10 +429,10 @@ def _hammer(url: str, prefix: str, kind: str, start: Any, seconds: float, out: A
     client = nbr.client_from_url(url, socket_timeout=2.0)
     if kind == "leased":
         limiter: Any = nbr.LeasedTokenBucket(
-            client, rate=200, capacity=50, prefix=prefix, max_lease=8
+            client, rate=200, capacity=50, prefix=prefix, max_lease=8, timeout=2.0
         )
     else:
-        limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix)
+        limiter = nbr.RedisTokenBucket(client, rate=200, capacity=50, prefix=prefix, timeout=2.0)
     start.wait()
     admitted = 0
     deadline = time.monotonic() + seconds
@@ -452,7 +475,13 @@ def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
 def _lease_phases(url: str, prefix: str, lease: int, barrier: Any, out: Any) -> None:
     client = nbr.client_from_url(url, socket_timeout=2.0)
     limiter = nbr.LeasedTokenBucket(
-        client, rate=100, capacity=100, prefix=prefix, min_lease=lease, max_lease=lease
+        client,
+        rate=100,
+        capacity=100,
+        prefix=prefix,
+        min_lease=lease,
+        max_lease=lease,
+        timeout=2.0,
     )
     first = limiter.allow_at("k", 0)  # takes a lease of `lease`, spends 1
     barrier.wait()
@@ -493,9 +522,18 @@ def test_lease_size_adapts_and_unused_tokens_go_back(client: Any) -> None:
     clock = ManualClock()
     # rate 10/s: the give-back is not hidden by refill (the test takes far less than 28 s).
     leased = nbr.LeasedTokenBucket(
-        client, rate=10, capacity=1000, prefix=prefix, max_lease=64, lease_period=0.1, clock=clock
+        client,
+        timeout=CLIENT_TIMEOUT,
+        rate=10,
+        capacity=1000,
+        prefix=prefix,
+        max_lease=64,
+        lease_period=0.1,
+        clock=clock,
     )
-    shared = nbr.RedisTokenBucket(client, rate=10, capacity=1000, prefix=prefix)
+    shared = nbr.RedisTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=10, capacity=1000, prefix=prefix
+    )
     # A busy key: each lease lasts < lease_period, so sizes go 1, 2, 4, ..., 64, 64.
     assert all(leased.allow("k") for _ in range(1 + 2 + 4 + 8 + 16 + 32 + 64 + 64))
     assert leased.round_trips == 8 and leased.held("k") == 0
@@ -513,7 +551,9 @@ def test_lease_size_adapts_and_unused_tokens_go_back(client: Any) -> None:
 
 
 def test_leased_refusals_cost_one_round_trip(client: Any) -> None:
-    leased = nbr.LeasedTokenBucket(client, rate=1, capacity=2, prefix=_fresh("deny"), max_lease=2)
+    leased = nbr.LeasedTokenBucket(
+        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=2, prefix=_fresh("deny"), max_lease=2
+    )
     assert [leased.allow_at("k", 0) for _ in range(5)] == [True, True, False, False, False]
     assert leased.round_trips == 3  # lease of 1, lease of 2 (1 granted), one refusal
     d = leased.check_at("k", S // 2)
@@ -524,11 +564,17 @@ def test_leased_refusals_cost_one_round_trip(client: Any) -> None:
 
 def test_leased_key_table_is_bounded(client: Any) -> None:
     leased = nbr.LeasedTokenBucket(
-        client, rate=1, capacity=4, prefix=_fresh("bound"), max_lease=4, max_keys=8
+        client,
+        timeout=CLIENT_TIMEOUT,
+        rate=1,
+        capacity=4,
+        prefix=_fresh("bound"),
+        max_lease=4,
+        max_keys=8,
     )
     assert all(leased.allow_at(i, 0) for i in range(20))
     assert len(leased) <= 8
     # The newest key kept its state: its next lease doubles (2 tokens, 1 left).
     assert leased.held(19) == 0 and leased.allow_at(19, 0) and leased.held(19) == 1
     with pytest.raises(ValueError):
-        nbr.LeasedTokenBucket(client, rate=1, capacity=4, max_keys=0)
+        nbr.LeasedTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=1, capacity=4, max_keys=0)

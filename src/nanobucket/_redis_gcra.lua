@@ -11,6 +11,10 @@
 -- ARGV[5]  '1' consume when admitted, '0' peek
 -- ARGV[6]  extra ms of TTL for explicit times (their clock is not Redis's)
 -- returns {allowed 0/1, remaining, retry_after_us, reset_after_us}
+--
+-- A key that does not hold a bucket (another type, not a number, inf, nan,
+-- negative, past 2^53) counts as an empty bucket and, when consuming, is
+-- replaced by one: never an error, never a token the bucket did not have.
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local cost_t = tonumber(ARGV[3]) * interval
@@ -23,9 +27,16 @@ else
   now = tonumber(ARGV[4])
   slack = tonumber(ARGV[6])
 end
-local raw = redis.call('GET', KEYS[1])
+local raw = redis.pcall('GET', KEYS[1])  -- pcall: WRONGTYPE is a value, not an error
 local tat = 0
-if raw then tat = tonumber(raw) end
+local bad = false
+if raw then
+  tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
+  if not (tat and tat >= 0 and tat <= 9007199254740991) then
+    tat = now + tau
+    bad = true
+  end
+end
 local base = tat
 if now > base then base = now end
 local allowed = base - now <= tau - cost_t
@@ -36,7 +47,12 @@ if allowed and cost_t > 0 then
     -- rounds: the key outlives its debt, so expiry never frees a token early.
     local ttl = math.floor((tat - now) / 1000) + 1 + slack
     redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
+    bad = false
   end
+end
+if bad and ARGV[5] == '1' then
+  local ttl = math.floor(tau / 1000) + 1 + slack
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
 end
 local debt = tat - now
 if debt < 0 then debt = 0 end

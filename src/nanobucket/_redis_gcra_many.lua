@@ -6,6 +6,8 @@
 -- ARGV[1] interval_us, ARGV[2] tau_us, ARGV[3] cost, ARGV[4] now_us or '',
 -- ARGV[5] extra ms of TTL for explicit times.
 -- returns a string of one byte per key: 1 admitted, 0 refused
+-- A key that does not hold a bucket counts as an empty one and is replaced
+-- by one (see _redis_gcra.lua).
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local cost_t = tonumber(ARGV[3]) * interval
@@ -20,20 +22,30 @@ else
 end
 local out = {}
 for i, key in ipairs(KEYS) do
-  local raw = redis.call('GET', key)
+  local raw = redis.pcall('GET', key)
   local tat = 0
-  if raw then tat = tonumber(raw) end
+  local bad = false
+  if raw then
+    tat = tonumber(raw)
+    if not (tat and tat >= 0 and tat <= 9007199254740991) then
+      tat = now + tau
+      bad = true
+    end
+  end
   local base = tat
   if now > base then base = now end
   if base - now <= tau - cost_t then
     out[i] = '\1'
     if cost_t > 0 then
       tat = base + cost_t
-      local ttl = math.floor((tat - now) / 1000) + 1 + slack
-      redis.call('SET', key, string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
+      bad = true  -- write it
     end
   else
     out[i] = '\0'
+  end
+  if bad then
+    local ttl = math.floor((tat - now) / 1000) + 1 + slack
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
   end
 end
 return table.concat(out)

@@ -11,6 +11,8 @@
 -- ARGV[6]  now_us, or '' for the server's clock (TIME)
 -- ARGV[7]  extra ms of TTL for explicit times
 -- take returns {granted, retry_after_us, reset_after_us}; give returns {given, 0, reset_after_us}
+-- A key that does not hold a bucket counts as an empty one and is replaced
+-- by one (see _redis_gcra.lua).
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local n = tonumber(ARGV[4])
@@ -23,9 +25,16 @@ else
   now = tonumber(ARGV[6])
   slack = tonumber(ARGV[7])
 end
-local raw = redis.call('GET', KEYS[1])
+local raw = redis.pcall('GET', KEYS[1])
 local tat = 0
-if raw then tat = tonumber(raw) end
+local bad = false
+if raw then
+  tat = tonumber(raw)
+  if not (tat and tat >= 0 and tat <= 9007199254740991) then
+    tat = now + tau
+    bad = true
+  end
+end
 local base = tat
 if now > base then base = now end
 
@@ -38,6 +47,7 @@ local function store(t)
   end
 end
 
+if bad then store(tat) end
 if ARGV[3] == 'give' then
   -- Unspent tokens go back, but never past full (tat >= now): the bucket
   -- ends where it would be had they never been taken, or full.

@@ -23,15 +23,33 @@ so every limit on one key (different prefixes, one layered decision) lives in
 one slot. Keys may be ``str``, ``bytes`` or ``int`` (``1`` and ``"1"`` are the
 same bucket). Two limiters with different rates must not share a prefix.
 
-When Redis fails (refused, timed out, loading), the failure policy decides:
-``on_error="open"`` admits, ``"closed"`` rejects, ``"raise"`` raises
-:class:`RedisUnavailable`; a ``fallback`` limiter (any object with
+No call waits longer than the limiter's ``timeout`` (0.1 s by default),
+whatever client it is given: the limiter talks to the client's server through
+a connection pool of its own, with the client's connection parameters but
+``timeout`` as socket and connect timeout and no retries (redis-py's default
+client retries with back-off, which would hold a request for seconds on a
+dead Redis and for a minute on a hung one). A client already built that way
+(:func:`client_from_url`) is used as it is. A ``RedisCluster`` client is used
+as given: build it with ``socket_timeout`` and ``retry=Retry(NoBackoff(), 0)``.
+
+When Redis cannot decide, the failure policy decides: ``on_error="open"``
+admits, ``"closed"`` rejects, ``"raise"`` raises :class:`RedisUnavailable`; a
+``fallback`` limiter (any object with
 ``check``/``check_at``/``peek``/``peek_at``/``allow_many``/``allow_many_at``
 taking the key first, e.g. a :class:`nanobucket.KeyedTokenBucket` with
-``rate / instances``) decides instead of the policy when given. A
-:class:`CircuitBreaker` stops calling a dead Redis for a back-off that doubles
-on every failed probe, so only the first call pays the socket timeout.
-Every :class:`RedisDecision` says who decided in ``source``.
+``rate / instances``) decides instead of the policy when given. "Cannot
+decide" is every error redis-py raises: refused, timed out, ``LOADING``,
+``BUSY`` (a long script), ``OOM`` (maxmemory with noeviction), ``READONLY`` (a
+replica), ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK``,
+an error reply of any kind. A :class:`CircuitBreaker` counts each and stops
+calling a failing Redis for a back-off that doubles on every failed probe, so
+only the first call pays the timeout. Every :class:`RedisDecision` says who
+decided in ``source`` and why Redis did not in ``reason``.
+
+A key of the limiter's prefix that holds no bucket (another type, a string
+that is not a number, ``inf``, ``nan``, a negative or huge number) is an
+empty bucket: refused until it refills, and replaced by a real bucket on the
+first consuming call. Never an error, never a token it did not have.
 
 >>> import nanobucket.redis as nbr
 >>> limiter = nbr.RedisTokenBucket.from_url("redis://127.0.0.1:6379", rate=100, capacity=200)
@@ -51,10 +69,24 @@ from typing import Any, Literal, Protocol
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -90,9 +122,22 @@ TAU_US_MAX = (1 << 53) - 1 - NOW_MAX // NS_PER_US
 #: full; without the slack a slow replay would lose state mid-trace.
 EXPLICIT_TTL_SLACK_MS = 86_400_000
 DEFAULT_SOCKET_TIMEOUT = 0.1
-#: Errors that mean "Redis is unreachable" (BusyLoadingError is a subclass);
-#: anything else (a script error, a wrong key type) is a bug and propagates.
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
+#: Errors that mean "Redis could not decide": everything redis-py raises,
+#: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
+#: CLUSTERDOWN, TRYAGAIN, MOVED, ...): the policy answers instead.
+UNAVAILABLE = (RedisError,)
+#: Connection parameters that belong to one pool, not to the server: a pool
+#: of the limiter's own builds its own.
+_POOL_OWNED = frozenset(
+    {
+        "maint_notifications_pool_handler",
+        "oss_cluster_maint_notifications_handler",
+        "orig_host_address",
+        "orig_socket_timeout",
+        "orig_socket_connect_timeout",
+        "himport_registry",
+    }
+)
 
 _GCRA = files(__package__).joinpath("_redis_gcra.lua").read_text(encoding="utf-8")
 _GCRA_MANY = files(__package__).joinpath("_redis_gcra_many.lua").read_text(encoding="utf-8")
@@ -100,7 +145,9 @@ _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf
 
 
 class RedisUnavailable(RedisConnectionError):
-    """Redis could not decide (``on_error="raise"``): down, timed out, or breaker open.
+    """Redis could not decide (``on_error="raise"``): down, timed out, an error reply, breaker open.
+
+    The redis-py error, when there was one, is the ``__cause__``.
 
     A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
 
@@ -114,23 +161,30 @@ class RedisUnavailable(RedisConnectionError):
 
 
 class RedisDecision(Decision):
-    """A :class:`nanobucket.Decision` plus ``source``: who decided.
+    """A :class:`nanobucket.Decision` plus ``source`` (who decided) and ``reason`` (why).
 
     ``source`` is ``"redis"`` (the shared bucket), ``"lease"`` (a local lease,
     :class:`LeasedTokenBucket`), ``"fallback"`` (the local fallback limiter
-    while Redis was unreachable), ``"policy:open"`` or ``"policy:closed"``.
+    while Redis could not decide), ``"policy:open"`` or ``"policy:closed"``.
+    ``reason`` is None when Redis or a lease decided, else why Redis did not:
+    ``"breaker-open"`` (no call made), ``"timeout"``, ``"connection"``
+    (refused, reset, too many connections), ``"loading"``, or the lowercased
+    code of Redis's error reply: ``"oom"``, ``"readonly"``, ``"busy"``,
+    ``"masterdown"``, ``"clusterdown"``, ``"tryagain"``, ``"moved"``,
+    ``"ask"``, ``"noperm"``, ``"err"``...; ``"error"`` for anything else.
     Equality compares the five Decision fields only, so a Redis decision
     equals the in-process one for the same trace.
 
     >>> from nanobucket import KeyedTokenBucket
     >>> d = RedisDecision(True, 199, 0, 10_000_000, 200)   # Redis's answer to a first request
-    >>> d.source, d == KeyedTokenBucket(rate=100, capacity=200).check_at("alice", 0)
-    ('redis', True)
+    >>> d.source, d.reason, d == KeyedTokenBucket(rate=100, capacity=200).check_at("alice", 0)
+    ('redis', None, True)
     """
 
-    __slots__ = ("source",)
+    __slots__ = ("reason", "source")
 
     source: Source
+    reason: str | None
 
     def __init__(
         self,
@@ -140,12 +194,60 @@ class RedisDecision(Decision):
         reset_after_ns: int,
         limit: int,
         source: Source = "redis",
+        reason: str | None = None,
     ) -> None:
         super().__init__(allowed, remaining, retry_after_ns, reset_after_ns, limit)
         self.source = source
+        self.reason = reason
 
     def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, source={self.source!r})"
+        tail = "" if self.reason is None else f", reason={self.reason!r}"
+        return f"{super().__repr__()[:-1]}, source={self.source!r}{tail})"
+
+
+#: redis-py's error classes and the codes they stand for (subclasses first).
+_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (OutOfMemoryError, "oom"),
+    (ReadOnlyError, "readonly"),
+    (MasterDownError, "masterdown"),
+    (ClusterDownError, "clusterdown"),
+    (TryAgainError, "tryagain"),
+    (MovedError, "moved"),
+    (AskError, "ask"),
+    (ClusterCrossSlotError, "crossslot"),
+    (NoPermissionError, "noperm"),
+    (NoScriptError, "noscript"),
+)
+
+
+def failure_reason(err: BaseException | None) -> str:
+    """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
+
+    >>> from redis.exceptions import OutOfMemoryError, ResponseError
+    >>> failure_reason(None), failure_reason(RedisTimeoutError("Timeout reading"))
+    ('breaker-open', 'timeout')
+    >>> failure_reason(OutOfMemoryError("command not allowed", status_code="OOM"))
+    'oom'
+    >>> failure_reason(ResponseError("BUSY Redis is busy running a script."))
+    'busy'
+    """
+    if err is None:
+        return "breaker-open"
+    if isinstance(err, RedisTimeoutError):
+        return "timeout"
+    if isinstance(err, BusyLoadingError):
+        return "loading"
+    if isinstance(err, RedisConnectionError):
+        return "connection"
+    for cls, reason in _REASONS:  # redis-py strips the code of the errors it maps
+        if isinstance(err, cls):
+            return reason
+    code = getattr(err, "status_code", None)
+    if not code and err.args and isinstance(err.args[0], str):
+        code = err.args[0].split(" ", 1)[0]
+    if isinstance(code, str) and code.isalpha() and code.isupper():
+        return code.lower()
+    return "error"
 
 
 class CircuitBreaker:
@@ -280,6 +382,95 @@ class Fallback(Protocol):
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray: ...
 
 
+def _check_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not 0 < timeout <= 3600:
+        raise ValueError(f"timeout must be in (0, 3600] seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _bounded(kwargs: dict[str, Any], timeout: float) -> bool:
+    """True if connections built from *kwargs* wait at most *timeout* and never retry."""
+    retry = kwargs.get("retry")
+    read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
+    return (
+        retry is not None
+        and _retries(retry) == 0
+        and read is not None
+        and read <= timeout
+        and connect is not None
+        and connect <= timeout
+        and not kwargs.get("decode_responses")
+    )
+
+
+def _retries(retry: Any) -> int | None:
+    get = getattr(retry, "get_retries", None)  # redis-py >= 5.0.1
+    return get() if get is not None else getattr(retry, "_retries", None)
+
+
+def bounded_client(client: Any, timeout: float) -> Any:
+    """A client to *client*'s server whose calls wait at most *timeout* s and never retry.
+
+    *client* itself when it is already so, or when it is not a
+    ``redis.Redis`` / ``redis.asyncio.Redis`` (a ``RedisCluster`` retries and
+    redirects by its own rules: build it with ``socket_timeout`` and
+    ``retry=Retry(NoBackoff(), 0)``); otherwise a new client on a pool of its own, with the same
+    connection parameters (host, port, db, credentials, TLS, ...) but
+    *timeout* as socket and connect timeout, no retries and raw replies. The
+    caller's client is never changed: other code may share it.
+
+    >>> user = redis.Redis(port=6380)   # redis-py's defaults: 5 s timeouts, 3 retries
+    >>> own = bounded_client(user, 0.1)
+    >>> kw = own.connection_pool.connection_kwargs
+    >>> own is user, kw["port"], kw["socket_timeout"], kw["retry"].get_retries()
+    (False, 6380, 0.1, 0)
+    >>> bounded_client(own, 0.1) is own
+    True
+    """
+    if not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
+        return client  # a cluster or another library's client: used as given
+    pool: Any = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict) or _bounded(kwargs, timeout):
+        return client
+    kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_OWNED}
+    kwargs.update(
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry_on_error=[],
+        decode_responses=False,
+    )
+    # The caller's pool size, and its kind: a blocking pool waits for a free
+    # connection, here at most *timeout*; a plain one fails past its size.
+    limit = {"connection_class": pool.connection_class, "max_connections": pool.max_connections}
+    if isinstance(client, redis.asyncio.Redis):
+        kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
+        if isinstance(pool, redis.asyncio.BlockingConnectionPool):
+            own: Any = redis.asyncio.BlockingConnectionPool(timeout=timeout, **limit, **kwargs)
+        else:
+            own = redis.asyncio.ConnectionPool(**limit, **kwargs)
+        return _owning(redis.asyncio.Redis, own)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    if isinstance(pool, redis.BlockingConnectionPool):
+        blocking: Any = redis.BlockingConnectionPool  # untyped in redis-py
+        own = blocking(timeout=timeout, **limit, **kwargs)
+    else:
+        own = redis.ConnectionPool(**limit, **kwargs)
+    return _owning(redis.Redis, own)
+
+
+def _owning(cls: Any, pool: Any) -> Any:
+    """A client of class *cls* on *pool* that closes the pool when it is closed."""
+    from_pool = getattr(cls, "from_pool", None)  # redis-py >= 5.0.1
+    if from_pool is not None:
+        return from_pool(pool)
+    client = cls(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
+
+
 def client_from_url(
     url: str, *, socket_timeout: float = DEFAULT_SOCKET_TIMEOUT, asyncio: bool = False
 ) -> Any:
@@ -311,7 +502,9 @@ class _RedisLimits:
         on_error: Policy,
         fallback: Fallback | None,
         breaker: CircuitBreaker | None,
+        timeout: float,
     ) -> None:
+        self._timeout = _check_timeout(timeout)
         exact, self._capacity, interval_ns, _ = bucket_params(rate, capacity)
         self._rate = exact
         # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
@@ -364,6 +557,15 @@ class _RedisLimits:
         333334000
         """
         return self._interval_ns
+
+    @property
+    def timeout(self) -> float:
+        """The longest a call waits for Redis, in seconds (socket and connect timeout).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).timeout
+        0.1
+        """
+        return self._timeout
 
     @property
     def breaker(self) -> CircuitBreaker:
@@ -435,16 +637,32 @@ class _RedisLimits:
             else:
                 d = fb.peek(key, cost) if now_ns is None else fb.peek_at(key, now_ns, cost)
             return RedisDecision(
-                d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit, "fallback"
+                d.allowed,
+                d.remaining,
+                d.retry_after_ns,
+                d.reset_after_ns,
+                d.limit,
+                "fallback",
+                failure_reason(err),
             )
         if self._on_error == "raise":
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         if self._on_error == "open":
-            return RedisDecision(True, self._capacity - cost, 0, 0, self._capacity, "policy:open")
+            return RedisDecision(
+                True,
+                self._capacity - cost,
+                0,
+                0,
+                self._capacity,
+                "policy:open",
+                failure_reason(err),
+            )
         # Closed: come back when the breaker will try Redis again (at least one
         # token's interval, so clients never spin on a zero Retry-After).
         retry = max(self._breaker.retry_in_ns(), cost * self._interval_ns, 1)
-        return RedisDecision(False, 0, retry, self._tau_ns, self._capacity, "policy:closed")
+        return RedisDecision(
+            False, 0, retry, self._tau_ns, self._capacity, "policy:closed", failure_reason(err)
+        )
 
     def _policy_many(
         self, keys: list[Hashable], cost: int, now_ns: int | None, err: BaseException | None
@@ -534,9 +752,10 @@ class RedisTokenBucket(_RedisLimits):
     decisions are :class:`RedisDecision` (with ``source``). One round trip
     per decision, one per batch for ``allow_many``.
 
-    Blocking is bounded by the client's ``socket_timeout`` (and its retry
-    policy: use :meth:`from_url`, or build the client with ``retry=Retry(
-    NoBackoff(), 0)``); while the breaker is open no call touches the network.
+    A call waits for Redis at most ``timeout`` seconds (0.1 by default),
+    whatever *client*'s own timeouts and retries: the limiter uses a pool of
+    its own to the same server (:func:`bounded_client`; :meth:`close` closes
+    it). While the breaker is open no call touches the network.
 
     >>> limiter = RedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
     >>> limiter.check("alice").remaining                                  # doctest: +SKIP
@@ -560,13 +779,15 @@ class RedisTokenBucket(_RedisLimits):
         on_error: Policy = "raise",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
+        timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         if not hasattr(client, "register_script"):
             raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
-        self._client = client
-        self._script = client.register_script(_GCRA)
-        self._many_script = client.register_script(_GCRA_MANY)
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._script = self._client.register_script(_GCRA)
+        self._many_script = self._client.register_script(_GCRA_MANY)
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     @classmethod
@@ -585,17 +806,26 @@ class RedisTokenBucket(_RedisLimits):
         >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
         0.1
         """
-        return cls(client_from_url(url, socket_timeout=socket_timeout), rate, capacity, **kwargs)
+        client = client_from_url(url, socket_timeout=socket_timeout)
+        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
     def client(self) -> redis.Redis:
-        """The redis-py client.
+        """The redis-py client it was given (calls go through a bounded pool to its server).
 
         >>> client = redis.Redis()
         >>> RedisTokenBucket(client, rate=100, capacity=200).client is client
         True
         """
-        return self._client
+        return self._user_client
+
+    def close(self) -> None:
+        """Close the limiter's own connections (the client it was given stays open).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
+        """
+        if self._client is not self._user_client:
+            self._client.close()
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         rkey = self.key(key)
@@ -791,13 +1021,15 @@ class AsyncRedisTokenBucket(_RedisLimits):
         on_error: Policy = "raise",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
+        timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         if not hasattr(client, "register_script"):
             raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
-        self._client = client
-        self._script = client.register_script(_GCRA)
-        self._many_script = client.register_script(_GCRA_MANY)
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._script = self._client.register_script(_GCRA)
+        self._many_script = self._client.register_script(_GCRA_MANY)
         self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
 
     @classmethod
@@ -818,17 +1050,17 @@ class AsyncRedisTokenBucket(_RedisLimits):
         0.1
         """
         client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
-        return cls(client, rate, capacity, **kwargs)
+        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
     def client(self) -> redis.asyncio.Redis:
-        """The redis-py asyncio client.
+        """The redis-py asyncio client it was given (calls go through a bounded pool).
 
         >>> client = redis.asyncio.Redis()
         >>> AsyncRedisTokenBucket(client, rate=100, capacity=200).client is client
         True
         """
-        return self._client
+        return self._user_client
 
     async def _call(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool
@@ -969,14 +1201,16 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return result
 
     async def aclose(self) -> None:
-        """Close the client's connections.
+        """Close the client's connections and the limiter's own.
 
         >>> import asyncio
         >>> url = "redis://127.0.0.1:6379/0"
         >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
         >>> asyncio.run(limiter.aclose())   # at shutdown
         """
-        await self._client.aclose()
+        for client in {id(c): c for c in (self._client, self._user_client)}.values():
+            close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
+            await close()
 
     def __repr__(self) -> str:
         return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
@@ -1013,6 +1247,9 @@ class LeasedTokenBucket(_RedisLimits):
     each instance holds at most ``max_lease - 1`` unspent tokens between
     requests, so N instances admit at most
     ``capacity + rate * T + N * (max_lease - 1)`` in any window of T seconds.
+    That holds for any number of threads: one lease per key is in flight per
+    instance at a time; threads that miss the local balance meanwhile wait for
+    it (at most ``timeout``, then the failure policy decides) and spend from it.
     Round trips: about ``1000 / size`` per 1000 decisions on a busy key; a
     refusal from Redis is remembered locally until its ``retry_after``, so a
     rejected burst costs one round trip. Lease state is kept for at most
@@ -1043,8 +1280,9 @@ class LeasedTokenBucket(_RedisLimits):
         breaker: CircuitBreaker | None = None,
         clock: Clock | None = None,
         max_keys: int = 100_000,
+        timeout: float = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker)
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         if not hasattr(client, "register_script"):
             raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
         self._max_keys = check_max_keys(max_keys)
@@ -1063,13 +1301,17 @@ class LeasedTokenBucket(_RedisLimits):
             raise ValueError(f"lease_period must be in (0, 86400) seconds, got {lease_period!r}")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a callable returning int ns")
-        self._client = client
-        self._script = client.register_script(_LEASE)
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._script = self._client.register_script(_LEASE)
         self._min_lease = min_lease
         self._max_lease = max_lease
         self._period_ns = int(lease_period * NS_PER_S)
         self._clock: Clock = clock if clock is not None else time.monotonic_ns
         self._leases: dict[bytes, _Lease] = {}
+        #: Keys whose lease a thread is taking now, with the event it sets when
+        #: done (made by the first thread to wait: none on an uncontended key).
+        self._in_flight: dict[bytes, threading.Event | None] = {}
         self._lock = threading.Lock()
         #: Round trips to Redis so far (leases taken, plus one per close).
         self.round_trips = 0
@@ -1146,43 +1388,82 @@ class LeasedTokenBucket(_RedisLimits):
         return self._decide(self.key(key), key, self._cost(cost), check_now(now))
 
     def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
-        t = self._clock() if now_ns is None else now_ns
-        with self._lock:
-            lease = self._leases.get(rkey)
-            if lease is not None and lease.balance >= cost:
-                lease.balance -= cost
-                return RedisDecision(True, lease.balance, 0, 0, self._capacity, "lease")
-            if cost == 0:
-                return RedisDecision(True, 0, 0, 0, self._capacity, "lease")
-            if lease is None:
-                size = self._min_lease
-                balance = 0
-            elif (
-                lease.denied_need
-                and cost - lease.balance >= lease.denied_need
-                and lease.denied_until > t
-            ):
-                return RedisDecision(
-                    False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
-                )
-            else:
-                elapsed = t - lease.taken_at
-                size = lease.size
-                if elapsed < self._period_ns:
-                    size = min(self._max_lease, size * 2)
-                elif elapsed > 4 * self._period_ns:
-                    size = max(self._min_lease, size // 2)
-                balance = lease.balance
-            need = cost - balance
-            want = max(size, need)
-        # The round trip runs without the lock: other keys (and this one's
-        # balance) stay usable meanwhile; a concurrent second lease is harmless.
+        wait_until = 0  # monotonic ns past which a waiter stops waiting for a lease in flight
+        while True:
+            t = self._clock() if now_ns is None else now_ns
+            with self._lock:
+                lease = self._leases.get(rkey)
+                if lease is not None and lease.balance >= cost:
+                    lease.balance -= cost
+                    return RedisDecision(True, lease.balance, 0, 0, self._capacity, "lease")
+                if cost == 0:
+                    return RedisDecision(True, 0, 0, 0, self._capacity, "lease")
+                if (
+                    lease is not None
+                    and lease.denied_need
+                    and cost - lease.balance >= lease.denied_need
+                    and lease.denied_until > t
+                ):
+                    return RedisDecision(
+                        False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
+                    )
+                if rkey not in self._in_flight:
+                    # This thread takes the key's lease; others wait for it.
+                    self._in_flight[rkey] = None
+                    size, need = self._lease_size(lease, cost, t)
+                    break
+                in_flight = self._in_flight[rkey]
+                if in_flight is None:  # the first waiter makes the event
+                    in_flight = self._in_flight[rkey] = threading.Event()
+            # Another thread's lease of this key is in flight: one lease at a
+            # time keeps the instance's unspent tokens under max_lease. Its
+            # round trip is bounded by the timeout, and so is this wait.
+            now = time.monotonic_ns()
+            if not wait_until:
+                wait_until = now + int(self._timeout * NS_PER_S)
+            if not in_flight.wait((wait_until - now) / NS_PER_S):
+                err = RedisTimeoutError("timed out waiting for a lease in flight")
+                return self._policy(key, cost, now_ns, True, err)
+        try:
+            return self._take(rkey, key, cost, now_ns, t, size, need)
+        finally:
+            with self._lock:
+                waiters = self._in_flight.pop(rkey)
+            if waiters is not None:
+                waiters.set()
+
+    def _lease_size(self, lease: _Lease | None, cost: int, t: int) -> tuple[int, int]:
+        """(size of the next lease, tokens it must bring at least); called with the lock held."""
+        if lease is None:
+            return self._min_lease, cost
+        elapsed = t - lease.taken_at
+        size = lease.size
+        if elapsed < self._period_ns:
+            size = min(self._max_lease, size * 2)
+        elif elapsed > 4 * self._period_ns:
+            size = max(self._min_lease, size // 2)
+        return size, cost - lease.balance
+
+    def _take(
+        self,
+        rkey: bytes,
+        key: Hashable,
+        cost: int,
+        now_ns: int | None,
+        t: int,
+        size: int,
+        need: int,
+    ) -> RedisDecision:
+        # Called by the one thread taking *rkey*'s lease. The round trip runs
+        # without the lock: other keys (and this one's balance) stay usable.
+        want = max(size, need)
         breaker = self._breaker
         if not breaker.allow_request():
             return self._policy(key, cost, now_ns, True, None)
         now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
-        try:
+        with self._lock:
             self.round_trips += 1
+        try:
             granted, retry_us, reset_us = self._script(
                 keys=(rkey,),
                 args=(*self._head, b"take", want, need, now_arg, EXPLICIT_TTL_SLACK_MS),
@@ -1230,11 +1511,16 @@ class LeasedTokenBucket(_RedisLimits):
     def close(self) -> None:
         """Give every unspent leased token back to Redis (one round trip) and forget the leases.
 
+        Then close the limiter's own connections, if it made a pool of its own
+        (the client it was given stays open); a later call opens a new one.
+
         >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
         >>> limiter.close(); limiter.round_trips   # nothing held: nothing to send
         0
         """
         self._give_back(None)
+        if self._client is not self._user_client:
+            self._client.close()
 
     def close_at(self, now: int) -> None:
         """`close` at an explicit time *now* (int ns).
@@ -1255,7 +1541,8 @@ class LeasedTokenBucket(_RedisLimits):
         calls = [
             (k, (*self._head, b"give", n, 0, now_arg, EXPLICIT_TTL_SLACK_MS)) for k, n in leases
         ]
-        self.round_trips += 1
+        with self._lock:
+            self.round_trips += 1
         # Redis gone: the tokens return by themselves as the buckets refill.
         with contextlib.suppress(*UNAVAILABLE):
             _evalsha_pipeline(self._client, self._script, calls)
