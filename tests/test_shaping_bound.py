@@ -16,6 +16,8 @@ most ``(t1 - t0 + tau) / interval <= capacity + rate * (t1 - t0)``.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from types import ModuleType
 
 import pytest
@@ -144,3 +146,61 @@ def test_shaped_waiters_moved_up_and_plain_callers_admit_exactly_the_bound(
     assert over_the_bound(events, capacity=3, rate=1) == []
     for t0, t1 in [(0, 2 * S), (5 * S, 6 * S), (0, 6 * S)]:  # tight
         assert sum(c for t, c in events if t0 <= t <= t1) * S == 3 * S + (t1 - t0)
+
+
+@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+def test_a_give_up_ahead_of_a_sleep_nothing_cuts_short_gives_nothing_back(
+    impl: ModuleType, clock: ManualClock, shape: bool
+) -> None:
+    # rate 1/s, capacity 1, the token spent at 0. Task A is given the slot
+    # [1, 2) s, thread B -- a plain sleep=, which a move up cannot shorten --
+    # [2, 3) and sleeps 2 s. A gives up at 0. Were A's token given back, B's
+    # part would be [1, 2) while B still wakes at 2, and a plain caller at 2
+    # would find a token too: two admitted at 2 s by a bucket of capacity 1.
+    # So A's token is not given back: B at 2 s, the next caller at 3 s.
+    table = impl.TokenBucket(rate=1, capacity=1, clock=clock)
+    timer = Timer(clock)
+    naps: list[float] = []
+    release = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        assert release.wait(10)
+
+    events: list[tuple[int, int]] = [(0, 1)]
+    assert table.allow()
+    results: list[object] = []
+
+    async def main() -> None:
+        a = asyncio.create_task(Waiting(table, shape=shape, async_sleep=timer).acquire_async())
+        await settle()
+        w = Waiting(table, shape=shape, sleep=sleep)
+        b = threading.Thread(target=lambda: results.append(w.acquire()))
+        b.start()
+        try:
+            for _ in range(1000):
+                if naps:
+                    break
+                time.sleep(0.01)
+            assert naps == [2.0]
+            a.cancel()
+            await settle()
+            for now in (1 * S, 2 * S, 3 * S):
+                clock.now = now
+                if table.allow():
+                    events.append((now, 1))
+                if now == 2 * S:
+                    release.set()
+                    b.join(10)
+                    assert results == [True]
+                    events.append((now, 1))
+        finally:
+            release.set()
+            b.join(10)
+        with pytest.raises(asyncio.CancelledError):
+            await a
+
+    asyncio.run(main())
+    assert _wait._lines == {}
+    assert over_the_bound(events, capacity=1, rate=1) == []
+    assert sorted(events) == [(0, 1), (2 * S, 1), (3 * S, 1)]
