@@ -23,6 +23,7 @@ from types import ModuleType
 import pytest
 
 from nanobucket import _wait
+from nanobucket.layered import all_of
 from nanobucket.waiting import Waiting
 
 from conftest import ManualClock
@@ -204,3 +205,37 @@ def test_a_give_up_ahead_of_a_sleep_nothing_cuts_short_gives_nothing_back(
     assert _wait._lines == {}
     assert over_the_bound(events, capacity=1, rate=1) == []
     assert sorted(events) == [(0, 1), (2 * S, 1), (3 * S, 1)]
+
+
+@pytest.mark.xfail(
+    reason="an all_of waiter's part in a faster layer starts before it is admitted "
+    "and refills meanwhile: that layer admits it twice",
+    strict=True,
+)
+@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
+    impl: ModuleType, clock: ManualClock, shape: bool
+) -> None:
+    # Two layers of rate 1/s, capacity 1; the slow one is owed until 5 s.
+    # The waiter is given the fast layer's token at 0 and is admitted at
+    # 5 s; meanwhile plain callers of the fast layer take a token at 1, 2,
+    # 3, 4 and 5 s, so the fast layer admits two at 5 s.
+    fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
+    slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
+    assert slow.allow() and all(slow._reserve(0, 1, 1 << 62, False) >= 0 for _ in range(4))
+    timer = Timer(clock)
+    w = Waiting(all_of(fast, slow), shape=shape, async_sleep=timer)
+    events: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        waiter = asyncio.create_task(w.acquire_async())
+        await settle()
+        for now in range(1 * S, 6 * S, S):
+            await timer.advance_to(now)
+            if fast.allow():
+                events.append((now, 1))
+        assert waiter.done() and waiter.result() is True
+        events.append((5 * S, 1))
+
+    asyncio.run(main())
+    assert over_the_bound(events, capacity=1, rate=1) == []
