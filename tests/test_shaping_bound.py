@@ -5,12 +5,17 @@ bucket's word, the parts never overlap, and each starts no earlier than the
 admission and ends at most ``tau`` (capacity / rate) after it -- a plain
 caller by the bucket's test ``end - now <= tau``, a shaped waiter because it
 is admitted at the start of its own part (``end = start + cost/rate``). A
-waiter that gives up takes its part out and the parts stacked after it move
-down by as much: a plain caller's part stays after its admission (it was
-admitted before the give-up, below the freed part's start), and a waiter
-behind is woken at its new start. So the parts of the admissions in any
-window ``[t0, t1]`` lie in ``[t0, t1 + tau]``, and their costs add up to at
-most ``(t1 - t0 + tau) / interval <= capacity + rate * (t1 - t0)``.
+waiter that gives up while its part is ahead of the clock takes it out, and
+the parts stacked after it move down by as much: a plain caller's part
+(admitted before the give-up) still starts at or after the freed part's
+start, ahead of the clock, and a waiter behind is woken at its new start.
+So the parts of the admissions in any window ``[t0, t1]`` lie in
+``[t0, t1 + tau]``, and their costs add up to at most
+``(t1 - t0 + tau) / interval <= capacity + rate * (t1 - t0)``.
+
+What breaks it is a waiter admitted after its part starts, the part having
+refilled meanwhile: one that cannot be woken earlier (``sleep=``) behind a
+give-up, or an ``all_of`` waiter in a layer faster than its slowest.
 """
 
 from __future__ import annotations
