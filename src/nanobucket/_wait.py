@@ -58,11 +58,12 @@ class Place:
 class Waiter:
     """One sleeping caller: its cost and its places (one per bucket it waits on)."""
 
-    __slots__ = ("cost", "places", "wake")
+    __slots__ = ("cost", "movable", "places", "wake")
 
-    def __init__(self, cost: Any, wake: Callable[[], object]) -> None:
+    def __init__(self, cost: Any, wake: Callable[[], object], movable: bool = True) -> None:
         self.cost = cost
         self.wake = wake
+        self.movable = movable  # False: its sleep cannot be cut short
         self.places: list[Place] = []  # none: its limiter cannot be re-timed
 
 
@@ -92,7 +93,13 @@ def _buckets(limiter: Any, key: Key) -> list[tuple[Any, Key]] | None:
 
 
 def join(
-    limiter: Any, key: Key, cost: object, max_wait: int, shape: bool, wake: Callable[[], object]
+    limiter: Any,
+    key: Key,
+    cost: object,
+    max_wait: int,
+    shape: bool,
+    wake: Callable[[], object],
+    movable: bool = True,
 ) -> tuple[int, Waiter | None]:
     """Reserve *cost* and take the place in line: ``(ns to wait, the waiter)``.
 
@@ -102,7 +109,7 @@ def join(
     buckets = _buckets(limiter, key)
     if buckets is None:
         wait = limiter._reserve(*key, None, cost, max_wait, shape)
-        return wait, (Waiter(cost, wake) if wait > 0 else None)  # the limiter checked cost
+        return wait, (Waiter(cost, wake, movable) if wait > 0 else None)  # cost: checked
     with _lock:
         done: list[tuple[Any, Key, int, int]] = []
         try:
@@ -120,7 +127,7 @@ def join(
         if not longest:
             return 0, None
         c = check_cost(cost, buckets[0][0].capacity)
-        w = Waiter(c, wake)
+        w = Waiter(c, wake, movable)
         for bucket, k, now, wait in done:
             interval = bucket.interval_ns
             slack = c * interval if shape else bucket.capacity * interval
@@ -162,6 +169,9 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
     whole tokens): a waiter cancelled after its time may have had callers
     admitted on top of it, and the token that refilled meanwhile is not
     given back twice. A waiter still asleep gives back all it reserved.
+    Nothing goes back to a line with a waiter behind that cannot be moved
+    up: it would still wake at its old time, with its part of the word
+    moved earlier and refilled meanwhile -- spent twice.
     """
     if not w.places:
         limiter.refund(*key, w.cost)
@@ -174,10 +184,11 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
             interval = bucket.interval_ns
             ahead = place.target + place.slack - now  # of its part, not yet refilled
             tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
-            if not tokens:
+            behind_it = _lines.get(place.line, [])[i:]
+            if not tokens or not all(b.waiter.movable for b in behind_it):
                 continue
             bucket.refund_at(*place.key, now, tokens)
-            for behind in _lines.get(place.line, ())[i:]:
+            for behind in behind_it:
                 behind.target -= tokens * interval
                 behind.waiter.wake()
 
@@ -222,14 +233,17 @@ def bell_wait(bell: Bell, seconds: float) -> bool:
     return bell.wait(seconds)
 
 
-def plain_sleep(sleep: Callable[[float], object]) -> SleepOrWake:
+class PlainSleep:
     """A ``sleep(seconds)`` as a sleep_or_wake that is never woken early."""
 
-    def sleep_or_wake(bell: Bell, seconds: float) -> bool:
-        sleep(seconds)
-        return False
+    __slots__ = ("sleep",)
 
-    return sleep_or_wake
+    def __init__(self, sleep: Callable[[float], object]) -> None:
+        self.sleep = sleep
+
+    def __call__(self, bell: Bell, seconds: float) -> bool:
+        self.sleep(seconds)
+        return False
 
 
 def wait_sync(
@@ -242,7 +256,8 @@ def wait_sync(
 ) -> bool:
     """Reserve, then block until due; True if admitted, False if refused at once."""
     bell = Bell()
-    wait, w = join(limiter, key, cost, max_wait, shape, bell.set)
+    movable = not isinstance(sleep_or_wake, PlainSleep)
+    wait, w = join(limiter, key, cost, max_wait, shape, bell.set, movable)
     if w is None:
         return wait >= 0
     try:

@@ -242,8 +242,9 @@ class Waiting:
     ``threading.Event``'s ``wait(timeout)`` and ``is_set()``:
     *sleep_or_wake* ``(bell, seconds) -> bool`` replaces that (sleep up to
     *seconds*, less once the bell is set; True if it was). *sleep*
-    ``(seconds)`` replaces it by a sleep that nothing cuts short: a thread
-    moved up in line then sleeps out the wait it was given. Every other
+    ``(seconds)`` replaces it by a sleep that nothing cuts short: such a
+    thread sleeps out the wait it was given, so a waiter ahead of it that
+    gives up gives no tokens back (they would be spent twice). Every other
     attribute is the wrapped limiter's.
 
     >>> from nanobucket import TokenBucket
@@ -284,7 +285,7 @@ class Waiting:
         self.shape = shape
         self._gate = _Gate(check_max_waiters(max_waiters))
         self._sleep_or_wake: SleepOrWake = (
-            _wait.plain_sleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
+            _wait.PlainSleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
         )
         self._async_sleep: AsyncSleep = async_sleep if async_sleep is not None else asyncio.sleep
 
