@@ -84,10 +84,13 @@ cdef extern from *:
     }
 
     /* The position hash: a folded 64x64->128 multiply of kh under the
-     * table's two secret words, as aHash's fallback does. */
+     * table's two secret words, as aHash's fallback does, folded again by
+     * a constant: alone, the first fold leaves the low bits of arithmetic
+     * progressions (i << 21) clustered under some secrets. */
     static inline uint64_t nb_mix(uint64_t kh, uint64_t s1, uint64_t s2) {
     #ifdef __SIZEOF_INT128__
         __uint128_t m = (__uint128_t)(kh ^ s1) * s2;
+        m = (__uint128_t)((uint64_t)m ^ (uint64_t)(m >> 64)) * 0x9E3779B97F4A7C15ULL;
         return (uint64_t)m ^ (uint64_t)(m >> 64);
     #else
         uint64_t x = (kh ^ s1) * s2;
