@@ -199,10 +199,20 @@ def _is_prime(n):
     return True
 
 
-def _secret_prime():
+def _secret_bytes():
+    """A source of secret bytes: os.urandom, or, as for CPython's own hash,
+    a generator seeded by PYTHONHASHSEED when it is set (reproducible runs)."""
+    seed = os.environ.get("PYTHONHASHSEED", "random")
+    if seed == "random":
+        return os.urandom
+    import random
+    return random.Random(f"nanobucket:{seed}").randbytes
+
+
+def _secret_prime(source):
     """A random 61-bit prime: wide ints are placed by their value modulo it."""
     while True:
-        n = (int.from_bytes(os.urandom(8), "little") >> 3) | (1 << 60) | 1
+        n = (int.from_bytes(source(8), "little") >> 3) | (1 << 60) | 1
         if _is_prime(n):
             return n
 
@@ -217,10 +227,12 @@ cdef inline uint64_t splitmix64(uint64_t *state) noexcept nogil:
     return z ^ (z >> 31)
 
 
-_WIDE_Q = _secret_prime()
+_secret = _secret_bytes()
+_WIDE_Q = _secret_prime(_secret)
 nb_wide_q = _WIDE_Q
 nb_wide_q_obj = <PyObject *>_WIDE_Q  # a module global keeps it alive
-cdef uint64_t _secret_state = int.from_bytes(os.urandom(8), "little")
+cdef uint64_t _secret_state = int.from_bytes(_secret(8), "little")
+del _secret
 
 
 @cython.freelist(64)
