@@ -12,7 +12,6 @@ the CAS would only cost time.
 
 cimport cython
 from cpython.buffer cimport PyObject_CheckBuffer
-from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.long cimport (
     PyLong_AsLongLongAndOverflow,
     PyLong_CheckExact,
@@ -53,12 +52,16 @@ cdef extern from *:
     static uint64_t nb_wide_q = 0x1FFFFFFFFFFFFFFFULL;  /* the secret prime, set at import */
     static PyObject *nb_wide_q_obj = NULL;
 
-    static Py_hash_t nb_residue(PyObject *o) {
-        /* o mod nb_wide_q for an exact int outside int64; as a uint64 if it is one. */
-        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+    static inline int nb_is_uint64(PyObject *o, int overflow) {
+        /* An exact int past int64 (overflow 1 or -1) that fits a uint64; no exception raised. */
+        return overflow > 0 && _PyLong_NumBits(o) <= 64;
+    }
+
+    static Py_hash_t nb_residue(PyObject *o, int overflow) {
+        /* kh of an exact int outside int64: itself as a uint64 if it is one, else o mod nb_wide_q. */
+        unsigned long long u;
         PyObject *r;
-        if (!(u == (unsigned long long)-1 && PyErr_Occurred())) return (Py_hash_t)u;
-        PyErr_Clear();
+        if (nb_is_uint64(o, overflow)) return (Py_hash_t)PyLong_AsUnsignedLongLong(o);
         r = PyNumber_Remainder(o, nb_wide_q_obj);
         if (r == NULL) return -1;
         u = PyLong_AsUnsignedLongLong(r);
@@ -71,7 +74,7 @@ cdef extern from *:
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
         long long r;
-        if (overflow) return nb_residue(o);
+        if (overflow) return nb_residue(o, overflow);
         if (v >= 0) return (Py_hash_t)v;
         if (v > -(long long)NB_M61) return v == -1 ? -2 : (Py_hash_t)v;  /* hash(v) */
         r = v % (long long)nb_wide_q;
@@ -102,6 +105,7 @@ cdef extern from *:
     uint64_t nb_wide_q
     PyObject *nb_wide_q_obj
     Py_hash_t nb_int_key_hash(object o) except? -1
+    bint nb_is_uint64(object o, int overflow) noexcept
     Py_hash_t nb_str_hash(object o) except? -1
     uint64_t nb_mix(uint64_t kh, uint64_t s1, uint64_t s2) noexcept nogil
 
@@ -170,7 +174,6 @@ cdef extern from "Python.h":
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
     # Declared here without Cython's exception check: the caller checks.
-    unsigned long long as_uint64 "PyLong_AsUnsignedLongLong"(object o) noexcept
 
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
@@ -686,6 +689,8 @@ ctypedef struct Slot:
     uintptr_t key       # a strong reference, | INT_KEY for such an int (0 in the stand-ins below)
 
 
+cdef int32_t TAG_MASK = 0x7F000000  # an index value's tag bits, when entries fit in the rest
+cdef int32_t TAG_MASK_IX = 0x00FFFFFF
 cdef uintptr_t INT_KEY = 1  # `Slot.key`'s low bit (objects are aligned): `hv` holds the int
 
 
@@ -698,15 +703,14 @@ cdef inline void slot_set(Slot *s, object key, Py_hash_t kh) noexcept:
     set for an int in [0, 2**64), whose key hash is its value: a uint64
     batch then matches int keys by value without reading the key objects,
     each a cache miss in a large table, and the slot stays 24 bytes."""
-    cdef unsigned long long value
+    cdef int overflow = 0
+    cdef long long value
     Py_INCREF(key)
     s.key = <uintptr_t><PyObject *>key
     s.hv = <uint64_t>kh
     if PyLong_CheckExact(key):
-        value = as_uint64(key)
-        if value == <unsigned long long>-1 and PyErr_Occurred():
-            PyErr_Clear()  # negative or past 2**64
-        else:
+        value = PyLong_AsLongLongAndOverflow(key, &overflow)
+        if (overflow == 0 and value >= 0) or nb_is_uint64(key, overflow):
             s.key |= INT_KEY
 
 
@@ -777,9 +781,13 @@ cdef class KeyedTokenBucket(_Limits):
     # the table costs 24 bytes an entry plus 4 per position. A key's home
     # position is nb_mix of its `key_hash` under the table's secret words,
     # so keys chosen to share CPython hash bits (ints are their own hash)
-    # do not share a position; probing is linear from there.
+    # do not share a position; probing is linear from there. Below 2**24
+    # entries a position also holds 7 more bits of that mix (`tag_mask`):
+    # a probe passes other keys without reading their entries, each a
+    # cache miss when keys come in random order.
     cdef Slot *slots            # `room` entries, the first `used` hold keys
-    cdef int32_t *index         # `mask + 1` positions, linear probing
+    cdef int32_t *index         # `mask + 1` positions, linear probing: entry | tag, or -1
+    cdef int32_t tag_mask       # the bits of an index value that hold a tag (0: none)
     cdef Py_ssize_t mask        # positions - 1 (a power of two)
     cdef Py_ssize_t used        # entries holding a key
     cdef Py_ssize_t room        # `used` may grow to this before a sweep
@@ -812,6 +820,7 @@ cdef class KeyedTokenBucket(_Limits):
         _Limits.__init__(self, rate, capacity, clock)
         self.max_keys = check_max_keys(max_keys)
         self.max_slots = slots_for(self.max_keys)
+        self.tag_mask = TAG_MASK if self.max_keys <= TAG_MASK_IX else 0
         self.seed1 = splitmix64(&_secret_state)
         self.seed2 = splitmix64(&_secret_state) | 1
         self.rng = splitmix64(&_secret_state)
@@ -851,21 +860,25 @@ cdef class KeyedTokenBucket(_Limits):
         self.version += 1
         return 0
 
-    cdef inline Py_ssize_t _home(self, Py_hash_t kh) noexcept nogil:
-        """The index position a key hash probes first."""
-        return <Py_ssize_t>(nb_mix(<uint64_t>kh, self.seed1, self.seed2) & <uint64_t>self.mask)
+    cdef inline uint64_t _mix(self, Py_hash_t kh) noexcept nogil:
+        """The position hash of a key hash: its low bits the home, its top bits the tag."""
+        return nb_mix(<uint64_t>kh, self.seed1, self.seed2)
+
+    cdef inline int32_t _tag(self, uint64_t ph) noexcept nogil:
+        return <int32_t>(ph >> 32) & self.tag_mask
 
     cdef Slot *_find(self, object key, Py_hash_t h, int64_t now, bint insert) except? NULL:
         """The slot of *key* (`key_hash` *h*); a new one (tat = floor) if *insert*, else NULL if missing."""
         cdef Py_ssize_t i
-        cdef int32_t ix
+        cdef int32_t ix, tag
         cdef Slot *s
-        cdef uint64_t version
+        cdef uint64_t version, ph = self._mix(h)
         cdef int eq
         cdef object other
         cdef int restarts = 0
         while True:  # restarts when a comparison ran code that changed the table
-            i = self._home(h)
+            i = <Py_ssize_t>(ph & <uint64_t>self.mask)
+            tag = self._tag(ph)
             version = self.version
             while True:
                 self._probes += 1
@@ -879,10 +892,13 @@ cdef class KeyedTokenBucket(_Limits):
                     s = &self.slots[self.used]
                     slot_set(s, key, h)
                     s.tat = self.floor
-                    self.index[i] = <int32_t>self.used
+                    self.index[i] = <int32_t>self.used | tag
                     self.used += 1
                     return s
-                s = &self.slots[ix]
+                if ix & self.tag_mask != tag:
+                    i = (i + 1) & self.mask
+                    continue  # another key: its entry need not be read
+                s = &self.slots[ix & ~self.tag_mask]
                 if key_of(s) == <PyObject *>key:
                     return s
                 if s.hv == <uint64_t>h:
@@ -923,7 +939,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t cut = -1, floor = self.floor
         cdef Py_ssize_t ties = 0
         cdef int64_t *tats
-        cdef uint64_t probes = 0
+        cdef uint64_t probes = 0, ph
         for i in range(n):
             if old[i].tat > now:
                 live += 1
@@ -970,13 +986,14 @@ cdef class KeyedTokenBucket(_Limits):
                 if ties > 0:
                     ties -= 1
                     continue
-            j = <Py_ssize_t>(nb_mix(old[i].hv, self.seed1, self.seed2) & <uint64_t>(new_n - 1))
+            ph = self._mix(<Py_hash_t>old[i].hv)
+            j = <Py_ssize_t>(ph & <uint64_t>(new_n - 1))
             probes += 1
             while new_index[j] >= 0:
                 j = (j + 1) & (new_n - 1)
                 probes += 1
             new[size] = old[i]
-            new_index[j] = <int32_t>size
+            new_index[j] = <int32_t>size | self._tag(ph)
             old[i].key = 0  # moved, not dropped
             size += 1
         self._probes += probes
@@ -1102,7 +1119,7 @@ cdef class KeyedTokenBucket(_Limits):
                 hashes[i] = key_hash(<object>items[i])
             for i in range(n):
                 if i + AHEAD < n:  # as in `_allow_many_uint64`
-                    self._prefetch(self._home(hashes[i + AHEAD]), self._home(hashes[i + AHEAD // 2]))
+                    self._prefetch(self._mix(hashes[i + AHEAD]), self._mix(hashes[i + AHEAD // 2]))
                 res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
         finally:
             PyMem_RawFree(hashes)
@@ -1117,7 +1134,7 @@ cdef class KeyedTokenBucket(_Limits):
         Python object made unless the key is new); then, pinned, charge the
         slots in order with the GIL released.
         """
-        cdef Py_ssize_t n = keys.shape[0], start, end, i, j
+        cdef Py_ssize_t n = keys.shape[0], start, end, i
         cdef object out = PyByteArray_FromStringAndSize(NULL, n)
         cdef char *res = PyByteArray_AS_STRING(out)
         cdef int64_t cost_t = cost * self.interval_ns
@@ -1125,27 +1142,27 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t tat, base
         cdef uint64_t version
         cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
-        cdef Py_ssize_t *homes = <Py_ssize_t *>PyMem_RawMalloc(BATCH * sizeof(Py_ssize_t))
+        cdef uint64_t *phs = <uint64_t *>PyMem_RawMalloc(BATCH * sizeof(uint64_t))
         try:
-            if found == NULL or homes == NULL:
+            if found == NULL or phs == NULL:
                 raise MemoryError()
             start = 0
             while start < n:
                 end = min(start + BATCH, n)
                 with cython.critical_section(self):
-                    # A uint64's key hash is itself (see `key_hash`): keep
-                    # its home position here, for the prefetch and the probe.
+                    # A uint64's key hash is itself (see `key_hash`): mix
+                    # it here, once, for the prefetch and the probe.
                     for i in range(start, end):
-                        homes[i - start] = self._home(<Py_hash_t>keys[i])
+                        phs[i - start] = self._mix(<Py_hash_t>keys[i])
                     version = self.version
                     i = start
                     while i < end:
                         # Prefetch the index AHEAD keys on and the entry
                         # AHEAD/2 on, so the probe below rarely waits.
                         if i + AHEAD < end:
-                            self._prefetch(homes[i + AHEAD - start], homes[i + AHEAD // 2 - start])
+                            self._prefetch(phs[i + AHEAD - start], phs[i + AHEAD // 2 - start])
                         found[i - start] = self._find_uint64(
-                            keys[i], homes[i - start], now, slack, i == start)
+                            keys[i], phs[i - start], now, slack, i == start)
                         if found[i - start] == &NEEDS_ROOM:
                             # Inserting this key may sweep the table, and the
                             # keys found so far are not charged yet: charge
@@ -1154,8 +1171,6 @@ cdef class KeyedTokenBucket(_Limits):
                             break
                         if self.version != version:
                             version = self.version
-                            for j in range(start, end):  # the index changed: new homes
-                                homes[j - start] = self._home(<Py_hash_t>keys[j])
                             if i > start:  # a key's __eq__ changed the table: look again
                                 i = start
                                 continue
@@ -1169,35 +1184,38 @@ cdef class KeyedTokenBucket(_Limits):
                 start = end
         finally:
             PyMem_RawFree(found)
-            PyMem_RawFree(homes)
+            PyMem_RawFree(phs)
         return out
 
-    cdef inline void _prefetch(self, Py_ssize_t far, Py_ssize_t near) noexcept:
-        """Two-stage prefetch for batches, by home position: *far*'s index
+    cdef inline void _prefetch(self, uint64_t far, uint64_t near) noexcept:
+        """Two-stage prefetch for batches, by position hash: *far*'s index
         position, *near*'s entry (its position was prefetched earlier, so
         reading it is cheap)."""
-        cdef int32_t ix = self.index[near]
-        nb_prefetch(&self.index[far])
+        cdef int32_t ix = self.index[near & <uint64_t>self.mask]
+        nb_prefetch(&self.index[far & <uint64_t>self.mask])
         if ix >= 0:
-            nb_prefetch(&self.slots[ix])
+            nb_prefetch(&self.slots[ix & ~self.tag_mask])
 
-    cdef Slot *_find_uint64(self, uint64_t value, Py_ssize_t home, int64_t now,
+    cdef Slot *_find_uint64(self, uint64_t value, uint64_t ph, int64_t now,
                             int64_t slack, bint may_sweep) except NULL:
-        """The slot of the int *value* (at *home*), comparing without objects.
+        """The slot of the int *value* (position hash *ph*), comparing without objects.
 
         A missing key is inserted if it will be charged (as `_allow_hashed`
         does); if not, the result is `REJECTING`, a slot no request fits. If
         inserting it could sweep the table and not *may_sweep*: `NEEDS_ROOM`.
         """
-        cdef Py_ssize_t i = home
-        cdef int32_t ix
+        cdef Py_ssize_t i = <Py_ssize_t>(ph & <uint64_t>self.mask)
+        cdef int32_t ix, tag = self._tag(ph)
         cdef Slot *s = NULL
         while True:
             self._probes += 1
             ix = self.index[i]
             if ix < 0:
                 break
-            s = &self.slots[ix]
+            if ix & self.tag_mask != tag:
+                i = (i + 1) & self.mask
+                continue  # another key (see `_find`)
+            s = &self.slots[ix & ~self.tag_mask]
             if s.key & INT_KEY:
                 if s.hv == value:
                     return s  # this very int (see `slot_set`); the object is not read
