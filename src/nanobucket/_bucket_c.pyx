@@ -173,7 +173,6 @@ cdef extern from "Python.h":
     PyObject** PySequence_Fast_ITEMS(object o)
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
-    # Declared here without Cython's exception check: the caller checks.
 
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
