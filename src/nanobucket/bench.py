@@ -298,9 +298,7 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         # Aimed over random keys of the same kind, the largest of the kinds.
         names = [r["name"] for r in g.get("aimed", {}).get("results", ())]
         ratios = [
-            ratio("aimed", n, n[: -len("aimed")] + "random")
-            for n in names
-            if n.endswith(": aimed")
+            ratio("aimed", n, n[: -len("aimed")] + "random") for n in names if n.endswith(": aimed")
         ]
         return max((x for x in ratios if x is not None), default=None)
 
