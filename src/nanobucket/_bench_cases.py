@@ -610,9 +610,12 @@ def u64_keys(n: int) -> list[int]:
 
 
 def u64_buffer(n: int, kind: str) -> object:
-    """`u64_keys` as ``array('Q')`` or a numpy ``uint64`` array; kind "sequential": 0..n-1."""
+    """`u64_keys` as ``array('Q')`` or a numpy ``uint64`` array; "sequential": 0..n-1; "random"."""
     if kind == "sequential":
         return array("Q", range(n))
+    if kind == "random":
+        rnd = random.Random(n)
+        return array("Q", [rnd.getrandbits(64) for _ in range(n)])
     keys = u64_keys(n)
     if kind == "numpy":
         try:
@@ -627,7 +630,9 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
     """``allow_many(uint64 buffer of n keys)``: ``array('Q')`` and numpy.
 
     The keys are spread over the 64-bit range (`u64_keys`); one case also
-    shows the flattering 0..n-1, for comparison with figures quoted that way.
+    shows the flattering 0..n-1, for comparison with figures quoted that way,
+    and one random keys (the spread keys are a golden-ratio sequence, which
+    a table indexed by CPython's hash of an int spreads with no collision).
     """
     rate, capacity = KEYED
 
@@ -656,6 +661,7 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
         Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
         Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
         Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
+        Case("nanobucket-c array('Q') random", "ours", ours("c", "random")),
         Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
         Case("nanobucket-c allow(int) loop", "ours", c_loop),
     )
