@@ -735,7 +735,13 @@ def aimed_cases(n: int, sweep_max_keys: int) -> tuple[Case, ...]:
             Case(f"{kind}: aimed", "ours", per_call(aimed)),
         ]
     aimed, rnd = aimed_keys("int", n)
+    twin = _impl("py").KeyedTokenBucket  # a dict: it probes with every bit of the hash
     cases += [
+        Case(
+            "int: aimed, pure-Python twin",
+            "twin",
+            lambda: loop_fresh(lambda: twin(rate, capacity).allow, lambda: aimed, n),
+        ),
         Case("int sweep: random", "baseline", per_call(rnd, sweep_max_keys)),
         Case("int sweep: aimed", "ours", per_call(aimed, sweep_max_keys)),
         Case("allow_many u64: random", "baseline", many(rnd)),
