@@ -1,4 +1,4 @@
-"""Keyed tables: ``allow(key)`` over 100k and 1M keys (in order and shuffled), first touch, eviction.
+"""Keyed tables: ``allow(key)`` over 100k and 1M keys (also shuffled), first touch, eviction.
 
 Tests are generated per case (``test_keyed_small__dict_get``, ...); see
 `nanobucket._bench_cases.keyed_cases` and neighbours for what each calls.
