@@ -27,6 +27,8 @@ GROUP_IDS = [
     "eviction",
     "allow_many_str",
     "allow_many_u64",
+    "keyed_shuffled",
+    "aimed",
 ]
 
 
@@ -112,7 +114,7 @@ def test_memory_per_key(quick_run: tuple[dict[str, Any], str, str]) -> None:
 def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]) -> None:
     report, _, _ = quick_run
     goals = report["goals"]
-    assert len(goals) == 12
+    assert len(goals) == 14
     groups = {
         g["id"]: {r["name"]: r["ns"]["median"] for r in g["results"]} for g in report["groups"]
     }
@@ -128,6 +130,16 @@ def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]
     assert by_text["keyed allow(key), small table: x (dict.get + one clock read) <= 1.3"][
         "value"
     ] == keyed["nanobucket-c"] / (keyed["dict.get"] + clock_ns)
+    shuffled = groups["keyed_shuffled"]
+    assert by_text[
+        "keyed allow(key), 1M keys in random order: x (dict.get + one clock read) <= 1.3"
+    ]["value"] == shuffled["nanobucket-c"] / (shuffled["dict.get"] + clock_ns)
+    aimed = groups["aimed"]
+    assert by_text["hash flooding: aimed keys x random keys, worst kind <= 2.0"]["value"] == max(
+        aimed[name] / aimed[name[: -len("aimed")] + "random"]
+        for name in aimed
+        if name.endswith(": aimed")
+    )
     plain = by_text["single allow(): x floor <= 1.2"]
     assert ("note" in plain) is (single["floor+clock"] / single["floor"] > 1.2)
     plain = by_text["keyed allow(key), small table: x dict.get <= 1.3"]

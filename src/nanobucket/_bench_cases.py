@@ -18,6 +18,7 @@ import functools
 import importlib
 import itertools
 import os
+import random
 import resource
 import time
 from array import array
@@ -141,6 +142,7 @@ class Sizes:
     many_str: int  # keys per allow_many batch (str)
     many_u64: int  # keys per allow_many batch (uint64 buffer)
     memory_keys: int
+    aimed: int  # new keys per round, hash-flooding group
 
 
 FULL = Sizes(
@@ -154,6 +156,7 @@ FULL = Sizes(
     many_str=100_000,
     many_u64=1_000_000,
     memory_keys=1_000_000,
+    aimed=60_000,
 )
 QUICK = Sizes(
     calls=2_000,
@@ -166,6 +169,7 @@ QUICK = Sizes(
     many_str=5_000,
     many_u64=20_000,
     memory_keys=50_000,
+    aimed=3_000,
 )
 
 
@@ -253,8 +257,12 @@ class Keys:
             self._str[n] = [f"user:{i:07d}" for i in range(n)]
         return self._str[n]
 
-    def chunks(self, n: int, size: int) -> list[list[str]]:
+    def chunks(self, n: int, size: int, shuffled: bool = False) -> list[list[str]]:
+        """Consecutive slices of the *n* keys, in insertion order or a fixed shuffle."""
         keys = self.str_keys(n)
+        if shuffled:
+            keys = keys[:]
+            random.Random(n).shuffle(keys)  # the key objects stay where they were made
         return [keys[i : i + size] for i in range(0, n - size + 1, size)]
 
     def fresh(self, n: int) -> Callable[[], list[str]]:
@@ -443,12 +451,19 @@ def single_cases(
     return tuple(cases)
 
 
-def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case, ...]:
-    """Cases for ``f(key)`` round-robin over *n* existing keys."""
+def keyed_cases(
+    keys: Keys, n: int, chunk: int, with_peers: bool, shuffled: bool = False
+) -> tuple[Case, ...]:
+    """Cases for ``f(key)`` round-robin over *n* existing keys (*shuffled*: in random order).
+
+    Shuffled, each call finds its key, its index position and its entry in
+    memory the previous call did not touch: the cache misses a real server
+    with many clients pays, which insertion order hides.
+    """
     rate, capacity = KEYED
 
     def warm(f: Callable[[Any], object]) -> Trial:
-        chunks = keys.chunks(n, chunk)
+        chunks = keys.chunks(n, chunk, shuffled)
         for part in chunks:  # every key present before timing: steady state
             for k in part:
                 f(k)
@@ -460,7 +475,7 @@ def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case,
         return lambda: warm(_impl(name).KeyedTokenBucket(rate, capacity, max_keys=max(n, 1)).allow)
 
     def dict_get() -> Trial:
-        return loop_keys(dict.fromkeys(keys.str_keys(n), 0).get, keys.chunks(n, chunk))
+        return loop_keys(dict.fromkeys(keys.str_keys(n), 0).get, keys.chunks(n, chunk, shuffled))
 
     def peer(p: str) -> Callable[[], Trial]:
         def build() -> Trial:
@@ -472,7 +487,9 @@ def keyed_cases(keys: Keys, n: int, chunk: int, with_peers: bool) -> tuple[Case,
         return build
 
     cases = [
-        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, keys.chunks(n, chunk))),
+        Case(
+            "floor", "floor", lambda: loop_keys(Floor().allow_key, keys.chunks(n, chunk, shuffled))
+        ),
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
         Case("dict.get", "baseline", dict_get),
@@ -593,9 +610,12 @@ def u64_keys(n: int) -> list[int]:
 
 
 def u64_buffer(n: int, kind: str) -> object:
-    """`u64_keys` as ``array('Q')`` or a numpy ``uint64`` array; kind "sequential": 0..n-1."""
+    """`u64_keys` as ``array('Q')`` or a numpy ``uint64`` array; "sequential": 0..n-1; "random"."""
     if kind == "sequential":
         return array("Q", range(n))
+    if kind == "random":
+        rnd = random.Random(n)
+        return array("Q", [rnd.getrandbits(64) for _ in range(n)])
     keys = u64_keys(n)
     if kind == "numpy":
         try:
@@ -610,7 +630,9 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
     """``allow_many(uint64 buffer of n keys)``: ``array('Q')`` and numpy.
 
     The keys are spread over the 64-bit range (`u64_keys`); one case also
-    shows the flattering 0..n-1, for comparison with figures quoted that way.
+    shows the flattering 0..n-1, for comparison with figures quoted that way,
+    and one random keys (the spread keys are a golden-ratio sequence, which
+    a table indexed by CPython's hash of an int spreads with no collision).
     """
     rate, capacity = KEYED
 
@@ -639,9 +661,93 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
         Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
         Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
         Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
+        Case("nanobucket-c array('Q') random", "ours", ours("c", "random")),
         Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
         Case("nanobucket-c allow(int) loop", "ours", c_loop),
     )
+
+
+MERSENNE = 2**61 - 1  # CPython: hash(n) == n % MERSENNE for n >= 0
+
+
+def aimed_keys(kind: str, n: int) -> tuple[list[Any], list[Any]]:
+    """*n* keys of *kind* an attacker aims at one slot, and *n* random ones of the same type.
+
+    CPython's hash of an int is the int itself (mod 2**61 - 1), so multiples
+    of 2**21 all start at slot 0 of any table of up to 2**21 slots; the
+    multiples of 2**61 - 1 all hash to 0.
+    """
+    rnd = random.Random(kind)
+    if kind == "int":
+        return [i << 21 for i in range(1, n + 1)], u64_keys(n)
+    if kind == "negative int":
+        return [-(i << 21) for i in range(1, n + 1)], [-k - 1 for k in u64_keys(n)]
+    if kind == "float":
+        return [float(i << 21) for i in range(1, n + 1)], [float(k >> 11) for k in u64_keys(n)]
+    if kind == "int, equal hashes":
+        return [(i + 1) * MERSENNE for i in range(n)], [rnd.getrandbits(77) for _ in range(n)]
+    if kind == "tuple":
+        return [(1, i << 21) for i in range(1, n + 1)], [(1, k) for k in u64_keys(n)]
+    raise ValueError(kind)
+
+
+AIMED_KINDS = ("int", "negative int", "float", "int, equal hashes", "tuple")
+
+
+def aimed_cases(n: int, sweep_max_keys: int) -> tuple[Case, ...]:
+    """Hash flooding: *n* new keys into a fresh table, aimed at one slot beside random ones.
+
+    Each kind is timed with random keys of the same type and with aimed
+    keys: the ratio of the two is what an attacker gains. ``sweep`` streams
+    the keys through a table bounded at *sweep_max_keys* (every bucket still
+    owes tokens, so each sweep forgives), ``allow_many`` decides them as one
+    ``array('Q')`` batch.
+    """
+    rate, capacity = KEYED
+
+    def table(max_keys: int = 10**6) -> Any:
+        return _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max_keys)
+
+    def per_call(ks: list[Any], max_keys: int = 10**6) -> Callable[[], Trial]:
+        return lambda: loop_fresh(lambda: table(max_keys).allow, lambda: ks, len(ks))
+
+    def many(ks: list[int]) -> Callable[[], Trial]:
+        def build() -> Trial:
+            buf = array("Q", ks)
+            box: list[Any] = [None]
+
+            def reset() -> None:
+                box[0] = None
+                box[0] = table()
+
+            def run() -> None:
+                box[0].allow_many(buf)
+
+            return Trial(run, len(ks), reset)
+
+        return build
+
+    cases = [Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [list(range(n))]))]
+    for kind in AIMED_KINDS:
+        aimed, rnd = aimed_keys(kind, n)
+        cases += [
+            Case(f"{kind}: random", "baseline", per_call(rnd)),
+            Case(f"{kind}: aimed", "ours", per_call(aimed)),
+        ]
+    aimed, rnd = aimed_keys("int", n)
+    twin = _impl("py").KeyedTokenBucket  # a dict: it probes with every bit of the hash
+    cases += [
+        Case(
+            "int: aimed, pure-Python twin",
+            "twin",
+            lambda: loop_fresh(lambda: twin(rate, capacity).allow, lambda: aimed, n),
+        ),
+        Case("int sweep: random", "baseline", per_call(rnd, sweep_max_keys)),
+        Case("int sweep: aimed", "ours", per_call(aimed, sweep_max_keys)),
+        Case("allow_many u64: random", "baseline", many(rnd)),
+        Case("allow_many u64: aimed", "ours", many(aimed)),
+    ]
+    return tuple(cases)
 
 
 def groups(sizes: Sizes = FULL, keys: Keys | None = None) -> list[Group]:
@@ -704,6 +810,24 @@ def groups(sizes: Sizes = FULL, keys: Keys | None = None) -> list[Group]:
             f"allow_many, {s.many_u64:,} int keys in a uint64 buffer",
             "key",
             many_u64_cases(s.many_u64),
+        ),
+        Group(
+            "keyed_shuffled",
+            f"keyed allow(key), {s.keyed_large:,} str keys in random order",
+            "call",
+            keyed_cases(
+                keys,
+                s.keyed_large,
+                min(s.keyed_large, 5 * s.keyed_chunk),
+                with_peers=False,
+                shuffled=True,
+            ),
+        ),
+        Group(
+            "aimed",
+            f"hash flooding: {s.aimed:,} new keys aimed at one slot, beside random ones",
+            "call",
+            aimed_cases(s.aimed, s.aimed // 3),
         ),
     ]
 

@@ -12,7 +12,6 @@ the CAS would only cost time.
 
 cimport cython
 from cpython.buffer cimport PyObject_CheckBuffer
-from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.long cimport (
     PyLong_AsLongLongAndOverflow,
     PyLong_CheckExact,
@@ -27,6 +26,8 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
+import os
+
 from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
 
 cdef extern from "_atomic.h":
@@ -39,19 +40,131 @@ cdef extern from "_atomic.h":
 
 cdef extern from *:
     """
-    /* hash(o), reading a str's cached hash in place as dict does, without
-     * the call through tp_hash: the keyed verbs' commonest key. */
-    static inline Py_hash_t nb_hash(PyObject *o) {
-        if (PyUnicode_CheckExact(o)) {
-            Py_hash_t h = ((PyASCIIObject *)o)->hash;
-            if (h != -1) return h;
-        }
-        return PyObject_Hash(o);
+    /* The keyed table places a key by its key hash `kh` mixed with the
+     * table's secret (nb_mix). kh is hash(o) for most keys (a str's cached
+     * hash read in place, as dict does), but CPython's hash of an int is
+     * its value modulo 2**61 - 1, so ints that hash alike are easy to make:
+     * an int in [0, 2**64) is its own kh (what a uint64 batch matches), one
+     * beyond that range (or below -(2**61 - 1)) its value modulo a secret
+     * prime. Keys that are equal get equal kh: an integral float or other
+     * number equal to such an int takes the int's kh (see `other_key_hash`). */
+    #define NB_M61 ((uint64_t)0x1FFFFFFFFFFFFFFFULL)
+    static uint64_t nb_wide_q = 0x1FFFFFFFFFFFFFFFULL;  /* the secret prime, set at import */
+    static PyObject *nb_wide_q_obj = NULL;
+
+    static inline int nb_is_uint64(PyObject *o, int overflow) {
+        /* An exact int past int64 (overflow 1 or -1) that fits a uint64; no exception raised. */
+        return overflow > 0 && _PyLong_NumBits(o) <= 64;
+    }
+
+    static Py_hash_t nb_residue(PyObject *o, int overflow) {
+        /* kh of an exact int outside int64: itself as a uint64 if it is one, else o mod nb_wide_q. */
+        unsigned long long u;
+        PyObject *r;
+        if (nb_is_uint64(o, overflow)) return (Py_hash_t)PyLong_AsUnsignedLongLong(o);
+        r = PyNumber_Remainder(o, nb_wide_q_obj);
+        if (r == NULL) return -1;
+        u = PyLong_AsUnsignedLongLong(r);
+        Py_DECREF(r);
+        return (Py_hash_t)u;
+    }
+
+    static inline Py_hash_t nb_int_key_hash(PyObject *o) {
+        /* kh of an exact int (see above). */
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        long long r;
+        if (overflow) return nb_residue(o, overflow);
+        if (v >= 0) return (Py_hash_t)v;
+        if (v > -(long long)NB_M61) return v == -1 ? -2 : (Py_hash_t)v;  /* hash(v) */
+        r = v % (long long)nb_wide_q;
+        return (Py_hash_t)(r < 0 ? r + (long long)nb_wide_q : r);
+    }
+
+    static inline Py_hash_t nb_str_hash(PyObject *o) {
+        Py_hash_t h = ((PyASCIIObject *)o)->hash;
+        return h != -1 ? h : PyObject_Hash(o);
+    }
+
+    /* The position hash: a folded 64x64->128 multiply of kh under the
+     * table's two secret words, as aHash's fallback does, folded again by
+     * a constant: alone, the first fold leaves the low bits of arithmetic
+     * progressions (i << 21) clustered under some secrets. */
+    static inline uint64_t nb_mix(uint64_t kh, uint64_t s1, uint64_t s2) {
+    #ifdef __SIZEOF_INT128__
+        __uint128_t m = (__uint128_t)(kh ^ s1) * s2;
+        m = (__uint128_t)((uint64_t)m ^ (uint64_t)(m >> 64)) * 0x9E3779B97F4A7C15ULL;
+        return (uint64_t)m ^ (uint64_t)(m >> 64);
+    #else
+        uint64_t x = (kh ^ s1) * s2;
+        x ^= x >> 32; x *= 0x9E3779B97F4A7C15ULL; x ^= x >> 29; x *= s2;
+        return x ^ (x >> 32);
+    #endif
     }
     """
-    Py_hash_t nb_hash(object o) except? -1
     bint is_gc "PyObject_IS_GC"(PyObject *o) noexcept
     bint is_tracked "PyObject_GC_IsTracked"(PyObject *o) noexcept
+    uint64_t nb_wide_q
+    PyObject *nb_wide_q_obj
+    Py_hash_t nb_int_key_hash(object o) except? -1
+    bint nb_is_uint64(object o, int overflow) noexcept
+    Py_hash_t nb_str_hash(object o) except? -1
+    uint64_t nb_mix(uint64_t kh, uint64_t s1, uint64_t s2) noexcept nogil
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_CheckExact(object o)
+    bint PyFloat_CheckExact(object o)
+    bint PyLong_Check(object o)
+    bint PyComplex_Check(object o)
+    bint PyNumber_Check(object o)
+    double PyFloat_AS_DOUBLE(object o)
+    object PyLong_FromDouble(double v)
+
+
+cdef inline Py_hash_t key_hash(object key) except? -1:
+    """The key hash `kh` the keyed table places and matches *key* by (see nb_mix)."""
+    if PyUnicode_CheckExact(key):
+        return nb_str_hash(key)
+    if PyLong_CheckExact(key):
+        return nb_int_key_hash(key)
+    return other_key_hash(key)
+
+
+cdef Py_hash_t other_key_hash(object key) except? -1:
+    """`key_hash` of a key neither str nor int: hash(key), unless it equals a wide int.
+
+    A number equal to an int beyond +-(2**61 - 1) must land where that int
+    does: an integral float past 2**61, and any other number (int subclass,
+    Fraction, Decimal, complex, ...) that converts to such an int and
+    compares equal to it with the same hash.
+    """
+    cdef Py_hash_t h = hash(key)
+    cdef double x
+    if PyFloat_CheckExact(key):
+        x = PyFloat_AS_DOUBLE(key)
+        if x >= 2305843009213693952.0 or x <= -2305843009213693952.0:  # 2**61: integral
+            if x - x == 0.0:  # finite
+                return nb_int_key_hash(PyLong_FromDouble(x))
+        return h
+    if not PyNumber_Check(key):
+        return h  # str subclass, bytes, tuple, None, most objects: never equal to an int
+    try:
+        if PyLong_Check(key):
+            value = PyNumber_Index(key)  # the exact int, read without calling __index__
+        elif PyComplex_Check(key):
+            if key.imag != 0:
+                return h
+            value = int(key.real) if key.real.is_integer() else None
+        else:
+            value = int(key)
+        if value is None or -HASH_MODULUS_INT < value < HASH_MODULUS_INT or hash(value) != h:
+            return h
+        if not (key == value):
+            return h
+    except Exception:
+        return h  # not a number that converts to an int: placed by its hash
+    return nb_int_key_hash(value)
 
 
 cdef extern from "<sched.h>":
@@ -62,8 +175,6 @@ cdef extern from "Python.h":
     PyObject** PySequence_Fast_ITEMS(object o)
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
-    # Declared here without Cython's exception check: the caller checks.
-    unsigned long long as_uint64 "PyLong_AsUnsignedLongLong"(object o) noexcept
 
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
@@ -71,7 +182,61 @@ cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
-cdef uint64_t HASH_MODULUS = (1 << 61) - 1  # CPython: hash(n) == n % (2**61 - 1), n >= 0
+HASH_MODULUS_INT = (1 << 61) - 1  # CPython: hash(n) == n % (2**61 - 1), n >= 0
+
+
+def _is_prime(n):
+    """Miller-Rabin with the first 12 prime bases: exact below 3.3e24."""
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
+        if n % a == 0:
+            return n == a
+        x = pow(a, d, n)
+        for _ in range(r - 1):
+            if x == 1 or x == n - 1:
+                break
+            x = x * x % n
+        if x != 1 and x != n - 1:
+            return False
+    return True
+
+
+def _secret_bytes():
+    """A source of secret bytes: os.urandom, or, as for CPython's own hash,
+    a generator seeded by PYTHONHASHSEED when it is set (reproducible runs)."""
+    seed = os.environ.get("PYTHONHASHSEED", "random")
+    if seed == "random":
+        return os.urandom
+    import random
+    return random.Random(f"nanobucket:{seed}").randbytes
+
+
+def _secret_prime(source):
+    """A random 61-bit prime: wide ints are placed by their value modulo it."""
+    while True:
+        n = (int.from_bytes(source(8), "little") >> 3) | (1 << 60) | 1
+        if _is_prime(n):
+            return n
+
+
+cdef inline uint64_t splitmix64(uint64_t *state) noexcept nogil:
+    """The next word of SplitMix64 (Steele et al.): per-table secrets from one random state."""
+    cdef uint64_t z
+    state[0] += <uint64_t>0x9E3779B97F4A7C15
+    z = state[0]
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+_secret = _secret_bytes()
+_WIDE_Q = _secret_prime(_secret)
+nb_wide_q = _WIDE_Q
+nb_wide_q_obj = <PyObject *>_WIDE_Q  # a module global keeps it alive
+cdef uint64_t _secret_state = int.from_bytes(_secret(8), "little")
+del _secret
 
 
 @cython.freelist(64)
@@ -582,10 +747,12 @@ def _restore_token_bucket(rate, capacity, clock, int64_t tat):
 
 ctypedef struct Slot:
     int64_t tat         # the bucket's word (see `take`)
-    uint64_t hv         # the key's hash; for an int key in [0, 2**64), its value (see `slot_set`)
+    uint64_t hv         # the key's `key_hash`: for an int key in [0, 2**64), its value
     uintptr_t key       # a strong reference, | INT_KEY for such an int (0 in the stand-ins below)
 
 
+cdef int32_t TAG_MASK = 0x7F000000  # an index value's tag bits, when entries fit in the rest
+cdef int32_t TAG_MASK_IX = 0x00FFFFFF
 cdef uintptr_t INT_KEY = 1  # `Slot.key`'s low bit (objects are aligned): `hv` holds the int
 
 
@@ -593,28 +760,19 @@ cdef inline PyObject *key_of(const Slot *s) noexcept nogil:
     return <PyObject *>(s.key & ~INT_KEY)
 
 
-cdef inline Py_hash_t hash_of(const Slot *s) noexcept nogil:
-    """The key's hash; an int's is its value modulo 2**61 - 1 (CPython's)."""
-    if s.key & INT_KEY:
-        return <Py_hash_t>(s.hv % HASH_MODULUS)
-    return <Py_hash_t>s.hv
-
-
-cdef inline void slot_set(Slot *s, object key, Py_hash_t h) noexcept:
-    """Store *key* (a new strong reference) and its hash, or, for an int in
-    [0, 2**64), its value with `INT_KEY` set: a uint64 batch then matches
-    int keys by value without reading the key objects, each a cache miss in
-    a large table, and the slot stays 24 bytes."""
-    cdef unsigned long long value
+cdef inline void slot_set(Slot *s, object key, Py_hash_t kh) noexcept:
+    """Store *key* (a new strong reference) and its `key_hash`, with `INT_KEY`
+    set for an int in [0, 2**64), whose key hash is its value: a uint64
+    batch then matches int keys by value without reading the key objects,
+    each a cache miss in a large table, and the slot stays 24 bytes."""
+    cdef int overflow = 0
+    cdef long long value
     Py_INCREF(key)
     s.key = <uintptr_t><PyObject *>key
-    s.hv = <uint64_t>h
+    s.hv = <uint64_t>kh
     if PyLong_CheckExact(key):
-        value = as_uint64(key)
-        if value == <unsigned long long>-1 and PyErr_Occurred():
-            PyErr_Clear()  # negative or past 2**64: kept by its hash
-        else:
-            s.hv = value
+        value = PyLong_AsLongLongAndOverflow(key, &overflow)
+        if (overflow == 0 and value >= 0) or nb_is_uint64(key, overflow):
             s.key |= INT_KEY
 
 
@@ -631,12 +789,16 @@ cdef inline Py_ssize_t slots_for(Py_ssize_t keys) noexcept nogil:
     return n
 
 
-cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
-    """Quickselect: the k-th smallest (0-based) of a[0:n], reordering a."""
+cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng) noexcept nogil:
+    """Quickselect: the k-th smallest (0-based) of a[0:n], reordering a.
+
+    Random pivots (from *rng*): clients choose their costs, hence the tats,
+    and a fixed pivot rule has inputs that make it quadratic.
+    """
     cdef Py_ssize_t lo = 0, hi = n - 1, i, j
     cdef int64_t pivot, tmp
     while lo < hi:
-        pivot = a[lo + (hi - lo) // 2]
+        pivot = a[lo + <Py_ssize_t>(splitmix64(rng) % <uint64_t>(hi - lo + 1))]
         i = lo
         j = hi
         while i <= j:
@@ -678,9 +840,16 @@ cdef class KeyedTokenBucket(_Limits):
     # A compact hash table, as CPython's dict: `slots` holds the entries in
     # the order they came, `index` maps a hash position to an entry (-1:
     # empty). Keys met in the order they came hit neighbouring memory, and
-    # the table costs 24 bytes an entry plus 4 per position.
+    # the table costs 24 bytes an entry plus 4 per position. A key's home
+    # position is nb_mix of its `key_hash` under the table's secret words,
+    # so keys chosen to share CPython hash bits (ints are their own hash)
+    # do not share a position; probing is linear from there. Below 2**24
+    # entries a position also holds 7 more bits of that mix (`tag_mask`):
+    # a probe passes other keys without reading their entries, each a
+    # cache miss when keys come in random order.
     cdef Slot *slots            # `room` entries, the first `used` hold keys
-    cdef int32_t *index         # `mask + 1` positions, linear probing
+    cdef int32_t *index         # `mask + 1` positions, linear probing: entry | tag, or -1
+    cdef int32_t tag_mask       # the bits of an index value that hold a tag (0: none)
     cdef Py_ssize_t mask        # positions - 1 (a power of two)
     cdef Py_ssize_t used        # entries holding a key
     cdef Py_ssize_t room        # `used` may grow to this before a sweep
@@ -703,6 +872,10 @@ cdef class KeyedTokenBucket(_Limits):
     # or an int) was ever inserted: until then the collector's traverse has
     # nothing to visit and skips reading a million keys (`keyed_traverse`).
     cdef bint gc_keys
+    cdef uint64_t seed1, seed2  # the table's secret (see nb_mix)
+    cdef uint64_t rng           # pivots of the sweep's quickselect
+    cdef readonly uint64_t _probes
+    """Entries examined by lookups and index positions by rebuilds (for tests)."""
     keyed = True  # the verbs take the key first
 
     def __cinit__(self):
@@ -718,6 +891,10 @@ cdef class KeyedTokenBucket(_Limits):
         # allocation, and `_set_limits` makes the table usable last.
         self.max_keys = keys
         self.max_slots = slots_for(self.max_keys)
+        self.tag_mask = TAG_MASK if self.max_keys <= TAG_MASK_IX else 0
+        self.seed1 = splitmix64(&_secret_state)
+        self.seed2 = splitmix64(&_secret_state) | 1
+        self.rng = splitmix64(&_secret_state)
         if self.slots == NULL:
             self._alloc(8, &slots, &index)
             self._install(slots, index, 8)
@@ -753,19 +930,28 @@ cdef class KeyedTokenBucket(_Limits):
         self.version += 1
         return 0
 
+    cdef inline uint64_t _mix(self, Py_hash_t kh) noexcept nogil:
+        """The position hash of a key hash: its low bits the home, its top bits the tag."""
+        return nb_mix(<uint64_t>kh, self.seed1, self.seed2)
+
+    cdef inline int32_t _tag(self, uint64_t ph) noexcept nogil:
+        return <int32_t>(ph >> 32) & self.tag_mask
+
     cdef Slot *_find(self, object key, Py_hash_t h, int64_t now, bint insert) except? NULL:
-        """The slot of *key*; a new one (tat = floor) if *insert*, else NULL if missing."""
+        """The slot of *key* (`key_hash` *h*); a new one (tat = floor) if *insert*, else NULL if missing."""
         cdef Py_ssize_t i
-        cdef int32_t ix
+        cdef int32_t ix, tag
         cdef Slot *s
-        cdef uint64_t version
+        cdef uint64_t version, ph = self._mix(h)
         cdef int eq
         cdef object other
         cdef int restarts = 0
         while True:  # restarts when a comparison ran code that changed the table
-            i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
+            i = <Py_ssize_t>(ph & <uint64_t>self.mask)
+            tag = self._tag(ph)
             version = self.version
             while True:
+                self._probes += 1
                 ix = self.index[i]
                 if ix < 0:
                     if not insert:
@@ -776,13 +962,16 @@ cdef class KeyedTokenBucket(_Limits):
                     s = &self.slots[self.used]
                     slot_set(s, key, h)
                     s.tat = self.floor
-                    self.index[i] = <int32_t>self.used
+                    self.index[i] = <int32_t>self.used | tag
                     self.used += 1
                     return s
-                s = &self.slots[ix]
+                if ix & self.tag_mask != tag:
+                    i = (i + 1) & self.mask
+                    continue  # another key: its entry need not be read
+                s = &self.slots[ix & ~self.tag_mask]
                 if key_of(s) == <PyObject *>key:
                     return s
-                if hash_of(s) == h:
+                if s.hv == <uint64_t>h:
                     other = <object>key_of(s)  # a strong reference for the comparison
                     eq = PyObject_RichCompareBool(other, key, Py_EQ)
                     if self.version != version:
@@ -818,9 +1007,9 @@ cdef class KeyedTokenBucket(_Limits):
         cdef Slot *new
         cdef int32_t *new_index
         cdef int64_t cut = -1, floor = self.floor
-        cdef Py_ssize_t ties = 0, equal = 0
-        cdef int64_t hcut = INT64_MIN
+        cdef Py_ssize_t ties = 0
         cdef int64_t *tats
+        cdef uint64_t probes = 0, ph
         for i in range(n):
             if old[i].tat > now:
                 live += 1
@@ -837,27 +1026,14 @@ cdef class KeyedTokenBucket(_Limits):
                 if old[i].tat > now:
                     tats[j] = old[i].tat
                     j += 1
-            cut = kth_smallest(tats, live, forgive - 1)
+            cut = kth_smallest(tats, live, forgive - 1, &self.rng)
             # Forgive every tat below the cut, then as many equal to it as
-            # needed, smallest hash first (the pure-Python twin's order).
+            # needed, earliest arrival first (the pure-Python twin's order:
+            # a dict's, which `slots` keeps).
             ties = forgive
             for i in range(live):
                 if tats[i] < cut:
                     ties -= 1
-                elif tats[i] == cut:
-                    equal += 1
-            if 0 < ties < equal:
-                j = 0
-                for i in range(n):
-                    if old[i].tat == cut:
-                        tats[j] = hash_of(&old[i])
-                        j += 1
-                hcut = kth_smallest(tats, equal, ties - 1)
-                for i in range(equal):
-                    if tats[i] < hcut:
-                        ties -= 1
-            elif ties == equal:
-                hcut = INT64_MAX
             PyMem_RawFree(tats)
         else:
             forgive = 0
@@ -874,19 +1050,23 @@ cdef class KeyedTokenBucket(_Limits):
                 if old[i].tat > floor:
                     floor = old[i].tat
                 continue
-            if forgive > 0 and (old[i].tat < cut or (
-                    old[i].tat == cut and (hash_of(&old[i]) < hcut or (
-                        hash_of(&old[i]) == hcut and ties > 0)))):
-                if old[i].tat == cut and hash_of(&old[i]) == hcut:
+            if forgive > 0 and old[i].tat <= cut:
+                if old[i].tat < cut:
+                    continue
+                if ties > 0:
                     ties -= 1
-                continue
-            j = <Py_ssize_t>(<uint64_t>hash_of(&old[i]) & <uint64_t>(new_n - 1))
+                    continue
+            ph = self._mix(<Py_hash_t>old[i].hv)
+            j = <Py_ssize_t>(ph & <uint64_t>(new_n - 1))
+            probes += 1
             while new_index[j] >= 0:
                 j = (j + 1) & (new_n - 1)
+                probes += 1
             new[size] = old[i]
-            new_index[j] = <int32_t>size
+            new_index[j] = <int32_t>size | self._tag(ph)
             old[i].key = 0  # moved, not dropped
             size += 1
+        self._probes += probes
         self.floor = floor
         self.used = size
         self._install(new, new_index, new_n)
@@ -930,7 +1110,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._allow(key, t, self._cost(cost))
 
     cdef bint _allow(self, object key, int64_t now, int64_t cost) except -1:
-        return self._allow_hashed(key, nb_hash(key), now, cost)
+        return self._allow_hashed(key, key_hash(key), now, cost)
 
     cdef bint _allow_hashed(self, object key, Py_hash_t h, int64_t now, int64_t cost) except -1:
         cdef int64_t cost_t
@@ -1012,10 +1192,10 @@ cdef class KeyedTokenBucket(_Limits):
             for i in range(n):
                 if i + AHEAD < n:  # the key objects are scattered in memory
                     nb_prefetch(items[i + AHEAD])
-                hashes[i] = nb_hash(<object>items[i])
+                hashes[i] = key_hash(<object>items[i])
             for i in range(n):
                 if i + AHEAD < n:  # as in `_allow_many_uint64`
-                    self._prefetch(hashes[i + AHEAD], hashes[i + AHEAD // 2])
+                    self._prefetch(self._mix(hashes[i + AHEAD]), self._mix(hashes[i + AHEAD // 2]))
                 res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
         finally:
             PyMem_RawFree(hashes)
@@ -1038,25 +1218,27 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t tat, base
         cdef uint64_t version
         cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
-        cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(BATCH * sizeof(Py_hash_t))
+        cdef uint64_t *phs = <uint64_t *>PyMem_RawMalloc(BATCH * sizeof(uint64_t))
         try:
-            if found == NULL or hashes == NULL:
+            if found == NULL or phs == NULL:
                 raise MemoryError()
             start = 0
             while start < n:
                 end = min(start + BATCH, n)
                 with cython.critical_section(self):
+                    # A uint64's key hash is itself (see `key_hash`): mix
+                    # it here, once, for the prefetch and the probe.
                     for i in range(start, end):
-                        hashes[i - start] = <Py_hash_t>(keys[i] % HASH_MODULUS)
+                        phs[i - start] = self._mix(<Py_hash_t>keys[i])
                     version = self.version
                     i = start
                     while i < end:
                         # Prefetch the index AHEAD keys on and the entry
                         # AHEAD/2 on, so the probe below rarely waits.
                         if i + AHEAD < end:
-                            self._prefetch(hashes[i + AHEAD - start], hashes[i + AHEAD // 2 - start])
+                            self._prefetch(phs[i + AHEAD - start], phs[i + AHEAD // 2 - start])
                         found[i - start] = self._find_uint64(
-                            keys[i], hashes[i - start], now, slack, i == start)
+                            keys[i], phs[i - start], now, slack, i == start)
                         if found[i - start] == &NEEDS_ROOM:
                             # Inserting this key may sweep the table, and the
                             # keys found so far are not charged yet: charge
@@ -1078,37 +1260,42 @@ cdef class KeyedTokenBucket(_Limits):
                 start = end
         finally:
             PyMem_RawFree(found)
-            PyMem_RawFree(hashes)
+            PyMem_RawFree(phs)
         return out
 
-    cdef inline void _prefetch(self, Py_hash_t far, Py_hash_t near) noexcept:
-        """Two-stage prefetch for batches: *far*'s index position, *near*'s entry
-        (its index position was prefetched earlier, so reading it is cheap)."""
-        cdef int32_t ix = self.index[<uint64_t>near & <uint64_t>self.mask]
-        nb_prefetch(&self.index[<uint64_t>far & <uint64_t>self.mask])
+    cdef inline void _prefetch(self, uint64_t far, uint64_t near) noexcept:
+        """Two-stage prefetch for batches, by position hash: *far*'s index
+        position, *near*'s entry (its position was prefetched earlier, so
+        reading it is cheap)."""
+        cdef int32_t ix = self.index[near & <uint64_t>self.mask]
+        nb_prefetch(&self.index[far & <uint64_t>self.mask])
         if ix >= 0:
-            nb_prefetch(&self.slots[ix])
+            nb_prefetch(&self.slots[ix & ~self.tag_mask])
 
-    cdef Slot *_find_uint64(self, uint64_t value, Py_hash_t h, int64_t now,
+    cdef Slot *_find_uint64(self, uint64_t value, uint64_t ph, int64_t now,
                             int64_t slack, bint may_sweep) except NULL:
-        """The slot of the int *value*, comparing without objects.
+        """The slot of the int *value* (position hash *ph*), comparing without objects.
 
         A missing key is inserted if it will be charged (as `_allow_hashed`
         does); if not, the result is `REJECTING`, a slot no request fits. If
         inserting it could sweep the table and not *may_sweep*: `NEEDS_ROOM`.
         """
-        cdef Py_ssize_t i = <Py_ssize_t>(<uint64_t>h & <uint64_t>self.mask)
-        cdef int32_t ix
+        cdef Py_ssize_t i = <Py_ssize_t>(ph & <uint64_t>self.mask)
+        cdef int32_t ix, tag = self._tag(ph)
         cdef Slot *s = NULL
         while True:
+            self._probes += 1
             ix = self.index[i]
             if ix < 0:
                 break
-            s = &self.slots[ix]
+            if ix & self.tag_mask != tag:
+                i = (i + 1) & self.mask
+                continue  # another key (see `_find`)
+            s = &self.slots[ix & ~self.tag_mask]
             if s.key & INT_KEY:
                 if s.hv == value:
                     return s  # this very int (see `slot_set`); the object is not read
-            elif <Py_hash_t>s.hv == h and not PyLong_CheckExact(<object>key_of(s)):
+            elif s.hv == value and not PyLong_CheckExact(<object>key_of(s)):
                 break  # maybe an equal key of another type (1.0 == 1): the general path
             # else another key: an int out of uint64 range cannot equal *value*
             i = (i + 1) & self.mask
@@ -1116,7 +1303,7 @@ cdef class KeyedTokenBucket(_Limits):
             return &REJECTING
         if ix < 0 and self.used >= self.room and not may_sweep:
             return &NEEDS_ROOM
-        return self._find(PyLong_FromUnsignedLongLong(value), h, now, True)
+        return self._find(PyLong_FromUnsignedLongLong(value), <Py_hash_t>value, now, True)
 
     def check(self, key, cost=1):
         """Like `allow`, but return the whole `Decision`.
@@ -1161,7 +1348,7 @@ cdef class KeyedTokenBucket(_Limits):
         return self._check(key, t, self._cost(cost), False)
 
     cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
-        cdef Py_hash_t h = nb_hash(key)
+        cdef Py_hash_t h = key_hash(key)
         cdef int64_t cost_t
         cdef int64_t tat, base
         cdef bint allowed
@@ -1206,7 +1393,7 @@ cdef class KeyedTokenBucket(_Limits):
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
         self._ready()
-        cdef Py_hash_t h = nb_hash(key)
+        cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
         cdef int64_t tat
         with cython.critical_section(self):
@@ -1267,7 +1454,7 @@ cdef class KeyedTokenBucket(_Limits):
         self._refund(key, t, self._cost(cost))
 
     cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
-        cdef Py_hash_t h = nb_hash(key)
+        cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
         with cython.critical_section(self):
             s = self._find(key, h, now, False)
@@ -1280,7 +1467,7 @@ cdef class KeyedTokenBucket(_Limits):
         cdef int64_t c = self._cost(cost)
         cdef int64_t t = self._now() if now is None else as_now(now)
         cdef int64_t mw = max_wait
-        cdef Py_hash_t h = nb_hash(key)
+        cdef Py_hash_t h = key_hash(key)
         cdef int64_t cost_t, wait
         cdef Slot *s
         with cython.critical_section(self):
@@ -1576,7 +1763,7 @@ cdef class AllowAll:
             else:
                 try:
                     if not hashed:
-                        h = nb_hash(key)
+                        h = key_hash(key)
                         hashed = True
                     ok = (<KeyedTokenBucket>layer)._allow_hashed(key, h, now, c)
                 except BaseException:

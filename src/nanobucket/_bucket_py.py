@@ -742,9 +742,10 @@ class KeyedTokenBucket(_Limits):
             self._floor = max(self._floor, tats.pop(key))
         excess = len(tats) - (self._max_keys - max(1, self._max_keys // 8))
         if excess > 0:
-            # Closest to full first; among equals, the smallest hash (the
-            # Cython table's order, so both forgive the same keys).
-            for key in heapq.nsmallest(excess, tats, key=lambda k: (tats[k], hash(k))):
+            # Closest to full first; among equals, the earliest to arrive
+            # (nsmallest is stable, a dict keeps arrival order: the Cython
+            # table's order, so both forgive the same keys).
+            for key in heapq.nsmallest(excess, tats, key=tats.__getitem__):
                 del tats[key]
         if len(tats) > self._room // 2 and self._slots < self._max_slots:
             self._slots *= 2

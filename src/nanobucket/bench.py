@@ -294,6 +294,14 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         x, y = _median(g, gid, a), _median(g, gid, b)
         return None if x is None or y is None or clock_ns is None else x / (y + clock_ns)
 
+    def worst_aimed() -> float | None:
+        # Aimed over random keys of the same kind, the largest of the kinds.
+        names = [r["name"] for r in g.get("aimed", {}).get("results", ())]
+        ratios = [
+            ratio("aimed", n, n[: -len("aimed")] + "random") for n in names if n.endswith(": aimed")
+        ]
+        return max((x for x in ratios if x is not None), default=None)
+
     mem = report.get("memory") or {}
     rows = [
         (
@@ -338,6 +346,13 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
             ">=",
             5,
         ),
+        (
+            "keyed allow(key), 1M keys in random order: x (dict.get + one clock read)",
+            plus_clock("keyed_shuffled", "nanobucket-c", "dict.get"),
+            "<=",
+            1.3,
+        ),
+        ("hash flooding: aimed keys x random keys, worst kind", worst_aimed(), "<=", 2.0),
         ("first touch of a new key: ns", _median(g, "first_touch", "nanobucket-c"), "<=", 250),
         (
             "allow_many, uint64 buffer: ns per key",
