@@ -16,6 +16,21 @@ try:
     from nanobucket import _bucket_c
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
+try:
+    from nanobucket import _shared_c
+except ImportError:  # pragma: no cover - a pure-Python install
+    _shared_c = None  # type: ignore[assignment]
+
+shared_c = _shared_c  # the shared-table extension, for the tests that call it directly
+
+# The marks of every shared-table test module (its `pytestmark`): the table
+# needs the extension, and CI must not skip it.
+NEEDS_SHARED_TABLE = [
+    pytest.mark.c_extension,
+    pytest.mark.skipif(
+        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
+    ),
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

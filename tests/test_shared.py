@@ -18,17 +18,9 @@ from nanobucket import _bucket_py, shared
 from nanobucket._params import RateLike
 from nanobucket.shared import BadTableError, SharedKeyedTokenBucket
 
-try:
-    from nanobucket import _shared_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _shared_c = None  # type: ignore[assignment]
+from conftest import NEEDS_SHARED_TABLE, shared_c
 
-pytestmark = [
-    pytest.mark.c_extension,
-    pytest.mark.skipif(
-        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
-    ),
-]
+pytestmark = NEEDS_SHARED_TABLE
 
 S = 1_000_000_000
 
@@ -466,13 +458,13 @@ def test_siphash_matches_the_published_vectors_and_the_reference() -> None:
         15: 0xA129CA6149BE45E5,
     }
     for n, want in vectors.items():
-        assert _shared_c.siphash(bytes(range(n)), k0, k1, 2) == want
+        assert shared_c.siphash(bytes(range(n)), k0, k1, 2) == want
         assert _siphash_ref(bytes(range(n)), k0, k1, 2, 4) == want
     rng = random.Random(3)
     for n in range(40):
         data = rng.randbytes(n)
         a, b, tweak = rng.getrandbits(64), rng.getrandbits(64), rng.choice([0, 0x73, 0x69])
-        assert _shared_c.siphash(data, a, b, 1, tweak) == _siphash_ref(data, a, b, 1, 3, tweak)
+        assert shared_c.siphash(data, a, b, 1, tweak) == _siphash_ref(data, a, b, 1, 3, tweak)
 
 
 def test_without_the_extension_create_and_open_say_why(

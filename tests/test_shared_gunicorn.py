@@ -20,19 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_line
+from conftest import NEEDS_SHARED_TABLE, in_line
 
-try:
-    from nanobucket import _shared_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _shared_c = None  # type: ignore[assignment]
-
-pytestmark = [
-    pytest.mark.c_extension,
-    pytest.mark.skipif(
-        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
-    ),
-]
+pytestmark = NEEDS_SHARED_TABLE
 
 APPS = Path(__file__).parent / "apps"
 

@@ -24,17 +24,9 @@ from test_shared_procs import run_children
 from nanobucket import shared
 from nanobucket.shared import BadTableError, SharedKeyedTokenBucket
 
-try:
-    from nanobucket import _shared_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _shared_c = None  # type: ignore[assignment]
+from conftest import NEEDS_SHARED_TABLE
 
-pytestmark = [
-    pytest.mark.c_extension,
-    pytest.mark.skipif(
-        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
-    ),
-]
+pytestmark = NEEDS_SHARED_TABLE
 
 as_root = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="plays another user: needs root"

@@ -11,21 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from nanobucket.shared import SharedKeyedTokenBucket
 
-try:
-    from nanobucket import _shared_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _shared_c = None  # type: ignore[assignment]
+from conftest import NEEDS_SHARED_TABLE
 
-pytestmark = [
-    pytest.mark.c_extension,
-    pytest.mark.skipif(
-        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
-    ),
-]
+pytestmark = NEEDS_SHARED_TABLE
 
 S = 1_000_000_000
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import mmap
-import os
 import struct
 from pathlib import Path
 
@@ -19,17 +18,9 @@ from test_shared_procs import run_children
 
 from nanobucket.shared import SharedKeyedTokenBucket
 
-try:
-    from nanobucket import _shared_c
-except ImportError:  # pragma: no cover - a pure-Python install
-    _shared_c = None  # type: ignore[assignment]
+from conftest import NEEDS_SHARED_TABLE, shared_c
 
-pytestmark = [
-    pytest.mark.c_extension,
-    pytest.mark.skipif(
-        _shared_c is None and not os.environ.get("CI"), reason="the Cython extension is not built"
-    ),
-]
+pytestmark = NEEDS_SHARED_TABLE
 
 S = 1_000_000_000
 CAPACITY = 4
@@ -113,7 +104,7 @@ def test_a_key_reclaimed_later_does_not_start_full_earlier(tmp_path: Path) -> No
 def _slot_of(t: SharedKeyedTokenBucket, path: Path, key: str) -> tuple[int, int]:
     """*key*'s fingerprint and home slot index, from the seed in the file's header."""
     seed0, seed1 = struct.unpack_from("=QQ", path.read_bytes(), 96)
-    fp = _shared_c.siphash(key.encode(), seed0, seed1, tweak=0x73) & (2**63 - 1)
+    fp = shared_c.siphash(key.encode(), seed0, seed1, tweak=0x73) & (2**63 - 1)
     return fp, fp & (t.slot_count - 1)
 
 
