@@ -38,11 +38,10 @@ echo "--- the test suite under coverage (both implementations)"
 # Line tracing calls Python code (the tracer) at every line of the .pyx,
 # where the GIL can pass to another thread: that breaks the premise of the
 # keyed table (no Python code runs between finding a slot and using it), so
-# the thread stress tests run in the untraced suites of .ci/run, not here.
+# the thread stress tests (and the tests marked gil_atomic) run in the
+# untraced suites of .ci/run, not here.
 "$py" -m coverage run -m pytest -q -p no:cacheprovider \
-  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py \
-  --deselect tests/test_keyed.py::test_a_uint64_batch_and_single_calls_racing_on_a_small_table \
-  --deselect tests/test_robustness.py::test_verbs_racing_reconfigure_see_one_configuration
+  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py -m "not gil_atomic"
 "$py" -m coverage combine -q
 
 echo "--- coverage of .py and .pyx together (fails under 90%)"

@@ -225,6 +225,7 @@ def test_a_uint64_batch_finds_only_equal_keys_whatever_their_hash(impl: ModuleTy
     assert list(t.allow_many_at(array("Q", ints * 2), 0)) == [1] * 5 + [0] * 5
 
 
+@pytest.mark.gil_atomic
 def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleType) -> None:
     # The batch charges with the GIL released while other threads insert
     # keys, force sweeps of the table and spend on the same keys: at a frozen

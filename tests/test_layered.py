@@ -126,6 +126,7 @@ def test_the_seed_case_one_greedy_client_cannot_starve_the_others(impl: ModuleTy
     assert only_global["greedy"] > 2000 and only_global["c1"] + only_global["c2"] < 500
 
 
+@pytest.mark.gil_atomic
 def test_all_or_nothing_under_threads(impl: ModuleType, clock: ManualClock) -> None:
     # Time stands still: exactly the small layer's capacity gets in, and the
     # big layer is charged for those only (every rejection is refunded).

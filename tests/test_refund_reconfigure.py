@@ -134,6 +134,7 @@ def test_bad_reconfigure_changes_nothing(impl: ModuleType) -> None:
     assert (b.rate, b.capacity, b.tokens_at(0)) == (10, 10, 6.0)
 
 
+@pytest.mark.gil_atomic
 def test_reconfigure_under_threads_never_creates_tokens(
     impl: ModuleType, clock: ManualClock
 ) -> None:

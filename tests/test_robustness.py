@@ -401,6 +401,7 @@ def test_a_bucket_pickles_and_copies_through_its_init() -> None:
         pickle.dumps(_bucket_c.TokenBucket.__new__(_bucket_c.TokenBucket))
 
 
+@pytest.mark.gil_atomic
 def test_verbs_racing_reconfigure_see_one_configuration(impl: ModuleType) -> None:
     # At one instant (a frozen clock), every decision is made with one of the
     # configurations, never a mix: its limit is one of them, and a probe
