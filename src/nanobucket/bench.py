@@ -270,7 +270,7 @@ def _median(groups: dict[str, dict[str, Any]], gid: str, name: str) -> float | N
 
 
 def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's speed goals, each with its measured value (None if not measured)."""
+    """The speed goals, each with its measured value (None if not measured)."""
     g = {grp["id"]: grp for grp in report["groups"]}
 
     def ratio(gid: str, a: str, b: str) -> float | None:
@@ -444,7 +444,7 @@ def format_table(report: dict[str, Any]) -> str:
         for s in mem["skipped"]:
             lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
         lines.append("")
-    lines.append("goals (issue 3)")
+    lines.append("goals")
     for goal in report["goals"]:
         value = "not measured" if goal["value"] is None else f"{goal['value']:.2f}"
         mark = {True: "ok", False: "MISSED", None: "-"}[goal["met"]]
