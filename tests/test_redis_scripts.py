@@ -122,3 +122,37 @@ def test_a_batch_leaves_what_one_call_per_key_leaves(client: Any) -> None:
         stored = client.get(batch.key(key))
         assert stored == client.get(single.key(key)) == str(tat).encode(), key
         _assert_ttl(client, batch.key(key), (tat - t_us) // 1000 + 1 + SLACK)
+
+
+def test_the_script_replies_the_debt_before_the_decision(client: Any) -> None:
+    limiter = _limiter(client, rate=100, capacity=5)  # tau 50 ms
+    rkey = limiter.key("k")
+    script = client.register_script(nbr._GCRA)
+    now_us = 1_700_000_000_000_000
+    assert script(keys=(rkey,), args=(50_000, 30_000, now_us, b"1", 0)) == 0  # full, admits 3
+    assert client.get(rkey) == str(now_us + 30_000).encode()
+    assert script(keys=(rkey,), args=(50_000, 30_000, now_us, b"1", 0)) == 30_000  # refused
+    assert client.get(rkey) == str(now_us + 30_000).encode()  # a refusal writes nothing
+    assert script(keys=(rkey,), args=(50_000, 10_000, now_us + 5_000, b"0", 0)) == 25_000  # peek
+    assert client.get(rkey) == str(now_us + 30_000).encode()
+
+
+def test_a_debt_past_tau_decides_exactly(client: Any) -> None:
+    # An explicit clock that goes back: the bucket owes more than tau.
+    limiter = _limiter(client, rate=100, capacity=5)  # 10 ms a token, tau 50 ms
+    t = 1_700_000_000_000_000_000
+    assert limiter.check_at("k", t, cost=5).allowed
+    d = limiter.check_at("k", t - 20 * 1_000_000, cost=2)  # owes 70 ms at that time
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
+        False,
+        0,
+        40 * 1_000_000,
+        70 * 1_000_000,
+    )
+    d = limiter.peek_at("k", t + 30 * 1_000_000, cost=0)  # owes 20 ms: three tokens
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
+        True,
+        3,
+        0,
+        20 * 1_000_000,
+    )
