@@ -8,7 +8,9 @@ is the limit's ceiling. For each case it resets the server's statistics
 (``CONFIG RESETSTAT``), runs the decisions through the limiter, and reads
 ``usec_per_call`` of ``cmdstat_evalsha`` from ``INFO commandstats``. Beside
 each it runs the floor: a script that does nothing, given the same keys and
-arguments and returning a reply of the same shape (what EVALSHA itself costs),
+arguments and returning a reply of the same shape (what EVALSHA itself costs;
+and the floor of the single script's earlier form, six arguments and four
+integers back),
 and the bare Redis calls a decision cannot avoid (TIME, GET, SET ... PX) with
 nothing computed. It prints us per decision (batches: per key) and the
 client-side decisions/s of the same run.
@@ -27,8 +29,11 @@ from nanobucket import redis as nbr
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
-#: Same keys, arguments and reply as _redis_gcra.lua, no work.
-FLOOR_ONE = "return {1, 0, 0, 0}"
+#: Same keys, arguments and reply (one integer) as _redis_gcra.lua, no work.
+FLOOR_ONE = "return 0"
+#: What the floor was for the script's earlier form: six arguments, a reply of four integers.
+FLOOR_ONE_OLD = "return {1, 0, 0, 0}"
+OLD_ARGS = (b"1", b"1000000", 1, b"", b"1", b"0")
 #: Same keys, arguments and reply as _redis_gcra_many.lua, no work.
 FLOOR_MANY = "return string.rep('\\1', #KEYS)"
 #: The Redis calls one consuming decision makes, at constant values.
@@ -36,7 +41,7 @@ CALLS_ONE = (
     "local t = redis.call('TIME') "
     "local v = redis.pcall('GET', KEYS[1]) "
     "redis.call('SET', KEYS[1], '1700000000000000', 'PX', '1001') "
-    "return {1, 0, 0, 0}"
+    "return 0"
 )
 CALLS_MANY = (
     "local t = redis.call('TIME') "
@@ -78,6 +83,7 @@ def bench(url: str, n: int) -> None:
     one_args = limiter._args(1, None, True)
     many_args = limiter._many_args(1, None)
     floor_one = client.register_script(FLOOR_ONE)
+    floor_old = client.register_script(FLOOR_ONE_OLD)
     floor_many = client.register_script(FLOOR_MANY)
     calls_one = client.register_script(CALLS_ONE)
     calls_many = client.register_script(CALLS_MANY)
@@ -87,6 +93,8 @@ def bench(url: str, n: int) -> None:
 
     f1, f1s, _ = script_usec(client, lambda: floor_one(keys=(rkey,), args=one_args), n)
     report("floor: do-nothing script, same args (single)", f1, f1s, 1, f1)
+    fo, fos, _ = script_usec(client, lambda: floor_old(keys=(rkey,), args=OLD_ARGS), n)
+    report("floor: 6 args, 4-integer reply (earlier form)", fo, fos, 1, f1)
     c1, c1s, _ = script_usec(client, lambda: calls_one(keys=(rkey,), args=one_args), n)
     report("TIME + GET + SET PX only (single)", c1, c1s, 1, f1)
     u, s, _ = script_usec(client, lambda: limiter.check("k"), n)
