@@ -14,16 +14,27 @@ integers back),
 and the bare Redis calls a decision cannot avoid (TIME, GET, SET ... PX) with
 nothing computed. It prints us per decision (batches: per key) and the
 client-side decisions/s of the same run.
+
+With ``--callgrind`` it counts instructions instead (repeatable where
+wall-clock time is not): redis-server runs under ``valgrind --tool=callgrind``
+once with N script calls and once with 2N, and ``(I(2N) - I(N)) / N`` is one
+call (per key for batches), start-up cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from nanobucket import redis as nbr
 
@@ -122,20 +133,103 @@ def bench(url: str, n: int) -> None:
     client.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
-    parser.add_argument("--n", type=int, default=20_000, help="single decisions per case")
-    args = parser.parse_args()
-    if args.url:
-        bench(args.url, args.n)
-        return
-    from redis_server import RedisServer, find_redis_server
+def _instructions(
+    binary: str, script: str, keys: list[bytes], args: tuple[Any, ...], n: int
+) -> int:
+    """Instructions redis-server runs in its life, with *n* calls of *script* (callgrind)."""
+    from redis_server import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="nanobucket-cg-") as folder:
+        out = os.path.join(folder, "callgrind.out")
+        proc = subprocess.Popen(
+            [
+                *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary),
+                *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+                *("--dir", folder, "--loglevel", "warning"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=60)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            run = client.register_script(script)
+            for _ in range(n):
+                run(keys=keys, args=args)
+            with contextlib.suppress(redis.ConnectionError):  # closed as the server went
+                client.shutdown(nosave=True)
+            proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with open(out, encoding="utf-8") as f:
+            found = re.search(r"^(?:summary|totals): (\d+)", f.read(), re.M)
+        assert found, "no totals in the callgrind output"
+        return int(found.group(1))
+
+
+def bench_callgrind(binary: str, n: int) -> None:
+    limiter = nbr.RedisTokenBucket(nbr.client_from_url("redis://127.0.0.1:1"), 1_000_000, 1_000_000)
+    one = [limiter.key("k")]
+    many = [limiter.key(f"user{i}") for i in range(100)]
+    cases = [
+        ("floor (single)", FLOOR_ONE, one, limiter._args(1, None, True), 1),
+        ("floor, earlier form (single)", FLOOR_ONE_OLD, one, OLD_ARGS, 1),
+        ("TIME + GET + SET PX only (single)", CALLS_ONE, one, limiter._args(1, None, True), 1),
+        ("_redis_gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
+        ("floor (batch of 100)", FLOOR_MANY, many, limiter._many_args(1, None), 100),
+        ("TIME + 100 x (GET + SET PX) only", CALLS_MANY, many, limiter._many_args(1, None), 100),
+        (
+            "_redis_gcra_many.lua (100 full keys)",
+            nbr._GCRA_MANY,
+            many,
+            limiter._many_args(1, None),
+            100,
+        ),
+    ]
+    print(f"redis-server under callgrind: instructions per decision, {n} and {2 * n} calls")
+    for label, script, keys, args, per in cases:
+        calls = n if per == 1 else max(1, n // 100)
+        short = _instructions(binary, script, keys, args, calls)
+        long = _instructions(binary, script, keys, args, 2 * calls)
+        print(f"  {label:<48} {(long - short) / calls / per:9.0f} instructions/decision")
+
+
+def find_redis_binary() -> str:
+    from redis_server import find_redis_server
 
     binary = find_redis_server()
     if binary is None:
         sys.exit("bench_redis_cpu: no redis-server binary; install one or pass --url")
-    server = RedisServer(binary)
+    return binary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
+    parser.add_argument("--n", type=int, default=20_000, help="single decisions per case")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    args = parser.parse_args()
+    if args.callgrind:
+        binary = find_redis_binary()
+        bench_callgrind(binary, min(args.n, 2000))
+        return
+    if args.url:
+        bench(args.url, args.n)
+        return
+    from redis_server import RedisServer
+
+    server = RedisServer(find_redis_binary())
     server.start()
     try:
         bench(server.url, args.n)
