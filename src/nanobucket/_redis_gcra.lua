@@ -1,66 +1,70 @@
 -- nanobucket: one GCRA decision on one key (see nanobucket/redis.py).
 -- Integers in microseconds; every value stays below 2^53, so Lua's doubles
--- hold them exactly. Numbers go back to Redis through '%.0f', because
--- Redis's own number-to-string conversion keeps only 14 significant digits.
+-- hold them exactly. Numbers go back to Redis as strings made with '%d'
+-- (Lua's tostring keeps 14 digits, '%.0f' costs twice as much). '%d' formats
+-- a C long, 32 bits on some platforms: tat (above 2^31) goes as two halves
+-- below 10^8, and so does a TTL past 2^31 ms. Inline, not a function: a
+-- closure per call costs more than the formatting saves.
 --
 -- KEYS[1]  the bucket: a string holding tat (theoretical arrival time, us)
--- ARGV[1]  interval_us   time one token takes to refill
--- ARGV[2]  tau_us        capacity * interval_us
--- ARGV[3]  cost          tokens
--- ARGV[4]  now_us, or '' to read the server's clock (TIME)
--- ARGV[5]  '1' consume when admitted, '0' peek
--- ARGV[6]  extra ms of TTL for explicit times (their clock is not Redis's)
--- returns {allowed 0/1, remaining, retry_after_us, reset_after_us}
+-- ARGV[1]  tau_us        capacity * interval_us
+-- ARGV[2]  cost_us       cost * interval_us
+-- ARGV[3]  now_us, or '' to read the server's clock (TIME)
+-- ARGV[4]  '1' consume when admitted, '0' peek
+-- ARGV[5]  extra ms of TTL for explicit times (their clock is not Redis's)
+-- returns owed_us, the debt before this decision: max(tat - now, 0). The
+-- client derives the rest (admitted iff owed_us <= tau_us - cost_us), so
+-- Redis's one core does no more than it must.
 --
 -- A key that does not hold a bucket (another type, not a number, inf, nan,
--- negative, past 2^53) counts as an empty bucket and, when consuming, is
--- replaced by one: never an error, never a token the bucket did not have.
-local interval = tonumber(ARGV[1])
-local tau = tonumber(ARGV[2])
-local cost_t = tonumber(ARGV[3]) * interval
+-- negative, past 2^53) counts as an empty bucket (owed_us = tau_us) and,
+-- when consuming, is replaced by one: never an error, never a token the
+-- bucket did not have.
+local fmt = string.format
+local tau = tonumber(ARGV[1])
+local cost_t = tonumber(ARGV[2])
 local now
 local slack = 0
-if ARGV[4] == '' then
+if ARGV[3] == '' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 else
-  now = tonumber(ARGV[4])
-  slack = tonumber(ARGV[6])
+  now = tonumber(ARGV[3])
+  slack = tonumber(ARGV[5])
 end
 local raw = redis.pcall('GET', KEYS[1])  -- pcall: WRONGTYPE is a value, not an error
-local tat = 0
-local bad = false
+local tat = now
+local write = false
 if raw then
   tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
   if not (tat and tat >= 0 and tat <= 9007199254740991) then
     tat = now + tau
-    bad = true
+    write = true  -- replace it by a real (empty) bucket
   end
 end
-local base = tat
-if now > base then base = now end
-local allowed = base - now <= tau - cost_t
-if allowed and cost_t > 0 then
-  tat = base + cost_t
-  if ARGV[5] == '1' then
-    -- floor(debt / 1000) + 1 >= ceil(debt / 1000) even when the division
-    -- rounds: the key outlives its debt, so expiry never frees a token early.
-    local ttl = math.floor((tat - now) / 1000) + 1 + slack
-    redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
-    bad = false
+local owed = tat - now
+if owed < 0 then owed = 0 end
+if cost_t > 0 and owed <= tau - cost_t then
+  tat = now + owed + cost_t
+  write = true
+end
+if write and ARGV[4] == '1' then
+  -- floor(debt / 1000) + 1 >= ceil(debt / 1000) even when the division
+  -- rounds: the key outlives its debt, so expiry never frees a token early.
+  local ttl = math.floor((tat - now) / 1000) + 1 + slack
+  local value
+  if tat < 100000000 then
+    value = fmt('%d', tat)
+  else
+    local lo = math.fmod(tat, 100000000)
+    value = fmt('%d%08d', (tat - lo) / 100000000, lo)
   end
+  if ttl < 2147483648 then
+    ttl = fmt('%d', ttl)
+  else
+    local l = math.fmod(ttl, 100000000)
+    ttl = fmt('%d%08d', (ttl - l) / 100000000, l)
+  end
+  redis.call('SET', KEYS[1], value, 'PX', ttl)
 end
-if bad and ARGV[5] == '1' then
-  local ttl = math.floor(tau / 1000) + 1 + slack
-  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
-end
-local debt = tat - now
-if debt < 0 then debt = 0 end
-local remaining = 0
-if debt <= tau then
-  local r = tau - debt
-  remaining = (r - math.fmod(r, interval)) / interval  -- exact floor division
-end
-local retry = 0
-if not allowed then retry = base - now - (tau - cost_t) end
-return {allowed and 1 or 0, remaining, retry, debt}
+return owed

@@ -1,5 +1,6 @@
 -- nanobucket: a batch of GCRA decisions, one per key in KEYS, in order, at
--- one reading of the clock (see _redis_gcra.lua for the units and the math).
+-- one reading of the clock (see _redis_gcra.lua for the units, the math and
+-- why numbers are formatted the way they are).
 -- For a single Redis only: a Cluster rejects keys of different slots in one
 -- script, so there nanobucket/redis.py pipelines _redis_gcra.lua instead.
 --
@@ -8,44 +9,68 @@
 -- returns a string of one byte per key: 1 admitted, 0 refused
 -- A key that does not hold a bucket counts as an empty one and is replaced
 -- by one (see _redis_gcra.lua).
+local fmt, fmod, floor, pcall, call = string.format, math.fmod, math.floor, redis.pcall, redis.call
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
-local cost_t = tonumber(ARGV[3]) * interval
+local cost_t = ARGV[3] * interval
+local room = tau - cost_t
 local now
 local slack = 0
 if ARGV[4] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
 else
   now = tonumber(ARGV[4])
   slack = tonumber(ARGV[5])
 end
+-- Every key whose bucket was full (the common case) gets the same tat and
+-- TTL: format them once per distinct value, not once per key.
+local last_tat, last_value, last_ttl, last_ttl_s
 local out = {}
-for i, key in ipairs(KEYS) do
-  local raw = redis.pcall('GET', key)
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local raw = pcall('GET', key)
   local tat = 0
-  local bad = false
+  local write = false
   if raw then
     tat = tonumber(raw)
     if not (tat and tat >= 0 and tat <= 9007199254740991) then
       tat = now + tau
-      bad = true
+      write = true
     end
   end
   local base = tat
   if now > base then base = now end
-  if base - now <= tau - cost_t then
+  if base - now <= room then
     out[i] = '\1'
     if cost_t > 0 then
       tat = base + cost_t
-      bad = true  -- write it
+      write = true
     end
   else
     out[i] = '\0'
   end
-  if bad then
-    local ttl = math.floor((tat - now) / 1000) + 1 + slack
-    redis.call('SET', key, string.format('%.0f', tat), 'PX', string.format('%.0f', ttl))
+  if write then
+    if tat ~= last_tat then
+      last_tat = tat
+      if tat < 100000000 then
+        last_value = fmt('%d', tat)
+      else
+        local lo = fmod(tat, 100000000)
+        last_value = fmt('%d%08d', (tat - lo) / 100000000, lo)
+      end
+      local ttl = floor((tat - now) / 1000) + 1 + slack
+      if ttl ~= last_ttl then
+        last_ttl = ttl
+        if ttl < 2147483648 then
+          last_ttl_s = fmt('%d', ttl)
+        else
+          local lo = fmod(ttl, 100000000)
+          last_ttl_s = fmt('%d%08d', (ttl - lo) / 100000000, lo)
+        end
+      end
+    end
+    call('SET', key, last_value, 'PX', last_ttl_s)
   end
 end
 return table.concat(out)

@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from importlib.resources import files
 from typing import Any, Literal, Protocol
 
@@ -601,11 +601,12 @@ class _RedisLimits:
         return check_cost(cost, self._capacity)
 
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
+        cost_us = cost * self._interval_us
         if now_ns is None:
-            return (*self._head, cost, b"", b"1" if consume else b"0", b"0")
+            return (self._head[1], cost_us, b"", b"1" if consume else b"0", b"0")
         return (
-            *self._head,
-            cost,
+            self._head[1],
+            cost_us,
             now_ns // NS_PER_US,
             b"1" if consume else b"0",
             EXPLICIT_TTL_SLACK_MS,
@@ -616,13 +617,25 @@ class _RedisLimits:
             return (*self._head, cost, b"", b"0")
         return (*self._head, cost, now_ns // NS_PER_US, EXPLICIT_TTL_SLACK_MS)
 
-    def _decision(self, reply: Sequence[int]) -> RedisDecision:
-        allowed, remaining, retry_us, reset_us = reply
+    def _admits(self, owed_us: int, cost: int) -> bool:
+        """Whether a bucket owing *owed_us* (the script's reply) admits *cost* tokens."""
+        return owed_us <= self._tau_us - cost * self._interval_us
+
+    def _decision(self, owed_us: int, cost: int) -> RedisDecision:
+        # The script returns only the debt before the decision (Redis's CPU
+        # is shared by every client); the rest is the same GCRA, here.
+        cost_us = cost * self._interval_us
+        room = self._tau_us - cost_us
+        if owed_us > room:
+            retry_us, debt = owed_us - room, owed_us
+        else:
+            retry_us, debt = 0, owed_us + cost_us
+        remaining = max(self._tau_us - debt, 0) // self._interval_us
         return RedisDecision(
-            bool(allowed),
-            int(remaining),
-            int(retry_us) * NS_PER_US,
-            int(reset_us) * NS_PER_US,
+            owed_us <= room,
+            remaining,
+            retry_us * NS_PER_US,
+            debt * NS_PER_US,
             self._capacity,
             "redis",
         )
@@ -833,12 +846,12 @@ class RedisTokenBucket(_RedisLimits):
         if not breaker.allow_request():
             return self._policy(key, cost, now_ns, consume, None)
         try:
-            reply = self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
+            owed_us = self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy(key, cost, now_ns, consume, err)
         breaker.record_success()
-        return self._decision(reply)
+        return self._decision(owed_us, cost)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
@@ -981,7 +994,7 @@ class RedisTokenBucket(_RedisLimits):
             if self._cluster:
                 args = self._args(cost, now_ns, True)
                 replies = _evalsha_pipeline(self._client, self._script, [(k, args) for k in rkeys])
-                result = bytearray([reply[0] for reply in replies])
+                result = bytearray([self._admits(owed, cost) for owed in replies])
             else:
                 result = bytearray(
                     self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))
@@ -1070,12 +1083,12 @@ class AsyncRedisTokenBucket(_RedisLimits):
         if not breaker.allow_request():
             return self._policy(key, cost, now_ns, consume, None)
         try:
-            reply = await self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
+            owed_us = await self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy(key, cost, now_ns, consume, err)
         breaker.record_success()
-        return self._decision(reply)
+        return self._decision(owed_us, cost)
 
     async def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
@@ -1189,7 +1202,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
                 replies = await _evalsha_pipeline_async(
                     self._client, self._script, [(k, args) for k in rkeys]
                 )
-                result = bytearray([reply[0] for reply in replies])
+                result = bytearray([self._admits(owed, cost) for owed in replies])
             else:
                 result = bytearray(
                     await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))

@@ -1,0 +1,241 @@
+"""Redis CPU per decision of the limiter's Lua scripts: a script, not part of the pytest suite.
+
+    python benchmarks/bench_redis_cpu.py            # starts its own redis-server on a free port
+    python benchmarks/bench_redis_cpu.py --url redis://127.0.0.1:6379/0 --n 20000
+
+Redis's one core is shared by every instance, so what a decision costs there
+is the limit's ceiling. For each case it resets the server's statistics
+(``CONFIG RESETSTAT``), runs the decisions through the limiter, and reads
+``usec_per_call`` of ``cmdstat_evalsha`` from ``INFO commandstats``. Beside
+each it runs the floor: a script that does nothing, given the same keys and
+arguments and returning a reply of the same shape (what EVALSHA itself costs;
+and the floor of the single script's earlier form, six arguments and four
+integers back),
+and the bare Redis calls a decision cannot avoid (TIME, GET, SET ... PX) with
+nothing computed. It prints us per decision (batches: per key) and the
+client-side decisions/s of the same run.
+
+With ``--callgrind`` it counts instructions instead (repeatable where
+wall-clock time is not): redis-server runs under ``valgrind --tool=callgrind``
+once with N script calls and once with 2N, and ``(I(2N) - I(N)) / N`` is one
+call (per key for batches), start-up cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from nanobucket import redis as nbr
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
+
+#: Same keys, arguments and reply (one integer) as _redis_gcra.lua, no work.
+FLOOR_ONE = "return 0"
+#: What the floor was for the script's earlier form: six arguments, a reply of four integers.
+FLOOR_ONE_OLD = "return {1, 0, 0, 0}"
+OLD_ARGS = (b"1", b"1000000", 1, b"", b"1", b"0")
+#: Same keys, arguments and reply as _redis_gcra_many.lua, no work.
+FLOOR_MANY = "return string.rep('\\1', #KEYS)"
+#: The Redis calls one consuming decision makes, at constant values.
+CALLS_ONE = (
+    "local t = redis.call('TIME') "
+    "local v = redis.pcall('GET', KEYS[1]) "
+    "redis.call('SET', KEYS[1], '1700000000000000', 'PX', '1001') "
+    "return 0"
+)
+CALLS_MANY = (
+    "local t = redis.call('TIME') "
+    "for i = 1, #KEYS do "
+    "local v = redis.pcall('GET', KEYS[i]) "
+    "redis.call('SET', KEYS[i], '1700000000000000', 'PX', '1001') "
+    "end "
+    "return string.rep('\\1', #KEYS)"
+)
+
+
+def script_usec(client: Any, run: Callable[[], None], n: int) -> tuple[float, float, int]:
+    """Run *run* *n* times; return (usec_per_call of evalsha, client calls/s, calls counted)."""
+    run()  # script loaded, connection open
+    client.config_resetstat()
+    start = time.perf_counter()
+    for _ in range(n):
+        run()
+    per_s = n / (time.perf_counter() - start)
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return float(stats.get("usec_per_call", 0.0)), per_s, int(stats.get("calls", 0))
+
+
+def report(label: str, usec: float, per_s: float, per: int, floor: float) -> None:
+    us, fl = usec / per, floor / per
+    print(
+        f"  {label:<48} {us:7.2f} us/decision  {us - fl:6.2f} above the floor  "
+        f"{per_s * per:11,.0f} decisions/s"
+    )
+
+
+def bench(url: str, n: int) -> None:
+    client = nbr.client_from_url(url, socket_timeout=2.0)
+    client.flushdb()
+    # A rate far above what one client reaches: every decision admits and writes.
+    limiter = nbr.RedisTokenBucket(client, rate=1_000_000, capacity=1_000_000, prefix="cpu")
+    keys = [f"user{i}" for i in range(100)]
+    rkeys = [limiter.key(k) for k in keys]
+    one_args = limiter._args(1, None, True)
+    many_args = limiter._many_args(1, None)
+    floor_one = client.register_script(FLOOR_ONE)
+    floor_old = client.register_script(FLOOR_ONE_OLD)
+    floor_many = client.register_script(FLOOR_MANY)
+    calls_one = client.register_script(CALLS_ONE)
+    calls_many = client.register_script(CALLS_MANY)
+    rkey = limiter.key("k")
+    nb = max(1, n // 100)
+    print(f"{url}: Redis usec_per_call of EVALSHA, {n} single decisions, {nb} batches of 100")
+
+    f1, f1s, _ = script_usec(client, lambda: floor_one(keys=(rkey,), args=one_args), n)
+    report("floor: do-nothing script, same args (single)", f1, f1s, 1, f1)
+    fo, fos, _ = script_usec(client, lambda: floor_old(keys=(rkey,), args=OLD_ARGS), n)
+    report("floor: 6 args, 4-integer reply (earlier form)", fo, fos, 1, f1)
+    c1, c1s, _ = script_usec(client, lambda: calls_one(keys=(rkey,), args=one_args), n)
+    report("TIME + GET + SET PX only (single)", c1, c1s, 1, f1)
+    u, s, _ = script_usec(client, lambda: limiter.check("k"), n)
+    report("RedisTokenBucket.check (admit, write)", u, s, 1, f1)
+    u, s, _ = script_usec(client, lambda: limiter.peek("k"), n)
+    report("RedisTokenBucket.peek (no write)", u, s, 1, f1)
+    full = nbr.RedisTokenBucket(client, rate=1, capacity=1, prefix="cpu-refuse")
+    full.allow("k")
+    u, s, _ = script_usec(client, lambda: full.check("k"), n)
+    report("RedisTokenBucket.check (refused, no write)", u, s, 1, f1)
+
+    fm, fms, _ = script_usec(client, lambda: floor_many(keys=rkeys, args=many_args), nb)
+    report("floor: do-nothing script, same args (batch)", fm, fms, 100, fm)
+    cm, cms, _ = script_usec(client, lambda: calls_many(keys=rkeys, args=many_args), nb)
+    report("TIME + 100 x (GET + SET PX) only (batch)", cm, cms, 100, fm)
+    u, s, _ = script_usec(client, lambda: limiter.allow_many(keys), nb)
+    report("RedisTokenBucket.allow_many (100 keys, full)", u, s, 100, fm)
+    # Each key in debt by a different amount: no two keys share a tat.
+    owed = nbr.RedisTokenBucket(client, rate=100, capacity=1_000_000, prefix="cpu-owed")
+    for i, k in enumerate(keys):
+        owed.check(k, cost=i + 1)
+    u, s, _ = script_usec(client, lambda: owed.allow_many(keys), nb)
+    report("RedisTokenBucket.allow_many (100 keys, distinct)", u, s, 100, fm)
+    client.flushdb()
+    client.close()
+
+
+def _instructions(
+    binary: str, script: str, keys: list[bytes], args: tuple[Any, ...], n: int
+) -> int:
+    """Instructions redis-server runs in its life, with *n* calls of *script* (callgrind)."""
+    from redis_server import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="nanobucket-cg-") as folder:
+        out = os.path.join(folder, "callgrind.out")
+        proc = subprocess.Popen(
+            [
+                *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary),
+                *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+                *("--dir", folder, "--loglevel", "warning"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=60)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            run = client.register_script(script)
+            for _ in range(n):
+                run(keys=keys, args=args)
+            with contextlib.suppress(redis.ConnectionError):  # closed as the server went
+                client.shutdown(nosave=True)
+            proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with open(out, encoding="utf-8") as f:
+            found = re.search(r"^(?:summary|totals): (\d+)", f.read(), re.M)
+        assert found, "no totals in the callgrind output"
+        return int(found.group(1))
+
+
+def bench_callgrind(binary: str, n: int) -> None:
+    limiter = nbr.RedisTokenBucket(nbr.client_from_url("redis://127.0.0.1:1"), 1_000_000, 1_000_000)
+    one = [limiter.key("k")]
+    many = [limiter.key(f"user{i}") for i in range(100)]
+    cases = [
+        ("floor (single)", FLOOR_ONE, one, limiter._args(1, None, True), 1),
+        ("floor, earlier form (single)", FLOOR_ONE_OLD, one, OLD_ARGS, 1),
+        ("TIME + GET + SET PX only (single)", CALLS_ONE, one, limiter._args(1, None, True), 1),
+        ("_redis_gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
+        ("floor (batch of 100)", FLOOR_MANY, many, limiter._many_args(1, None), 100),
+        ("TIME + 100 x (GET + SET PX) only", CALLS_MANY, many, limiter._many_args(1, None), 100),
+        (
+            "_redis_gcra_many.lua (100 full keys)",
+            nbr._GCRA_MANY,
+            many,
+            limiter._many_args(1, None),
+            100,
+        ),
+    ]
+    print(f"redis-server under callgrind: instructions per decision, {n} and {2 * n} calls")
+    for label, script, keys, args, per in cases:
+        calls = n if per == 1 else max(1, n // 100)
+        short = _instructions(binary, script, keys, args, calls)
+        long = _instructions(binary, script, keys, args, 2 * calls)
+        print(f"  {label:<48} {(long - short) / calls / per:9.0f} instructions/decision")
+
+
+def find_redis_binary() -> str:
+    from redis_server import find_redis_server
+
+    binary = find_redis_server()
+    if binary is None:
+        sys.exit("bench_redis_cpu: no redis-server binary; install one or pass --url")
+    return binary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
+    parser.add_argument("--n", type=int, default=20_000, help="single decisions per case")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    args = parser.parse_args()
+    if args.callgrind:
+        binary = find_redis_binary()
+        bench_callgrind(binary, min(args.n, 2000))
+        return
+    if args.url:
+        bench(args.url, args.n)
+        return
+    from redis_server import RedisServer
+
+    server = RedisServer(find_redis_binary())
+    server.start()
+    try:
+        bench(server.url, args.n)
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
