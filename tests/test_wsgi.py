@@ -178,6 +178,7 @@ def test_shadow_mode(impl: ModuleType, clock: Any) -> None:
     assert counters.snapshot() == {"admitted": 1, "limited": 0, "shadow_limited": 3, "exempt": 0}
 
 
+@pytest.mark.gil_atomic
 def test_counters_are_exact_under_threads(impl: ModuleType, clock: Any) -> None:
     # 4 threads x 250 requests at one instant: exactly `capacity` admitted.
     app, mw = wrap(impl.TokenBucket(rate=1, capacity=300, clock=clock))
