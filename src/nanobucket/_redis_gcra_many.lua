@@ -23,6 +23,13 @@ else
   now = tonumber(ARGV[4])
   slack = tonumber(ARGV[5])
 end
+-- A whole number as exact decimal digits where a C long is 32 bits too
+-- (see _redis_gcra.lua); one closure per batch, not per key.
+local function digits(n)
+  if n < 100000000 then return fmt('%d', n) end
+  local lo = fmod(n, 100000000)
+  return fmt('%d%08d', (n - lo) / 100000000, lo)
+end
 -- Every key whose bucket was full (the common case) gets the same tat and
 -- TTL: format them once per distinct value, not once per key.
 local last_tat, last_value, last_ttl, last_ttl_s
@@ -53,21 +60,11 @@ for i = 1, #KEYS do
   if write then
     if tat ~= last_tat then
       last_tat = tat
-      if tat < 100000000 then
-        last_value = fmt('%d', tat)
-      else
-        local lo = fmod(tat, 100000000)
-        last_value = fmt('%d%08d', (tat - lo) / 100000000, lo)
-      end
+      last_value = digits(tat)
       local ttl = floor((tat - now) / 1000) + 1 + slack
       if ttl ~= last_ttl then
         last_ttl = ttl
-        if ttl < 2147483648 then
-          last_ttl_s = fmt('%d', ttl)
-        else
-          local lo = fmod(ttl, 100000000)
-          last_ttl_s = fmt('%d%08d', (ttl - lo) / 100000000, lo)
-        end
+        last_ttl_s = digits(ttl)
       end
     end
     call('SET', key, last_value, 'PX', last_ttl_s)
