@@ -15,13 +15,17 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from nanobucket import redis as nbr
 
 SEARCH = ("/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/homebrew/bin")
 START_TIMEOUT = 10.0
@@ -215,3 +219,48 @@ def redis_url(redis_session_server: RedisServer) -> str:
 def own_redis_server() -> Iterator[RedisServer]:
     """A redis-server of the test's own, which the test may stop, pause and restart."""
     yield from running_server()
+
+
+def threads_within(count: int, target: Callable[[int], Any], phase: float) -> list[Any]:
+    """``target(i)`` in *count* threads released together; their results.
+
+    Bounded: a thread still running *phase* seconds on (a call stuck on a
+    hung Redis) fails the test instead of hanging it; the threads are daemons.
+    """
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(phase)
+            results[i] = target(i)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + phase
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = sum(t.is_alive() for t in threads)
+    assert not stuck, f"{stuck} of {count} threads still running after {phase} s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def leased(url: str, prefix: str, lease: int) -> tuple[Any, nbr.LeasedTokenBucket]:
+    """A client and a `LeasedTokenBucket` (100/s, capacity 100) taking leases of *lease*."""
+    client = nbr.client_from_url(url, socket_timeout=2.0)
+    limiter = nbr.LeasedTokenBucket(
+        client,
+        rate=100,
+        capacity=100,
+        prefix=prefix,
+        min_lease=lease,
+        max_lease=lease,
+        timeout=2.0,
+    )
+    return client, limiter

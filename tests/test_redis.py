@@ -20,7 +20,13 @@ from redis.crc import key_slot
 import nanobucket as nb
 from nanobucket import redis as nbr
 
-from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
+from redis_server import (
+    RedisServer,
+    leased,
+    own_redis_server,
+    redis_session_server,
+    redis_url,
+)
 
 __all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
 
@@ -473,16 +479,7 @@ def test_four_processes_share_one_limit(redis_url: str, kind: str) -> None:
 
 
 def _lease_phases(url: str, prefix: str, lease: int, barrier: Any, out: Any) -> None:
-    client = nbr.client_from_url(url, socket_timeout=2.0)
-    limiter = nbr.LeasedTokenBucket(
-        client,
-        rate=100,
-        capacity=100,
-        prefix=prefix,
-        min_lease=lease,
-        max_lease=lease,
-        timeout=2.0,
-    )
+    client, limiter = leased(url, prefix, lease)
     first = limiter.allow_at("k", 0)  # takes a lease of `lease`, spends 1
     barrier.wait()
     later = 0

@@ -33,6 +33,7 @@ from redis_server import (
     own_redis_server,
     require_redis_server,
     running_server,
+    threads_within,
 )
 
 __all__ = ("own_redis_server",)  # fixture, re-exported
@@ -53,30 +54,13 @@ PHASE = 15.0
 
 def _timed_in_threads(decide: Callable[[], Any], count: int = THREADS) -> list[tuple[Any, float]]:
     """``decide()`` in *count* threads started together: (result, seconds) each, bounded."""
-    results: list[tuple[Any, float] | None] = [None] * count
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
 
-    def run(i: int) -> None:
-        try:
-            barrier.wait(PHASE)
-            start = time.monotonic()
-            d = decide()
-            results[i] = (d, time.monotonic() - start)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
+    def timed(_: int) -> tuple[Any, float]:
+        start = time.monotonic()
+        d = decide()
+        return d, time.monotonic() - start
 
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + PHASE
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = sum(t.is_alive() for t in threads)
-    assert not stuck, f"{stuck} of {count} threads still blocked after {PHASE} s"
-    if errors:
-        raise errors[0]
-    return [r for r in results if r is not None]
+    return threads_within(count, timed, PHASE)
 
 
 async def _timed_tasks(decide: Callable[[], Any], count: int = THREADS) -> list[tuple[Any, float]]:

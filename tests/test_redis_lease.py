@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,14 @@ import redis
 
 from nanobucket import redis as nbr
 
-from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
+from redis_server import (
+    RedisServer,
+    leased,
+    own_redis_server,
+    redis_session_server,
+    redis_url,
+    threads_within,
+)
 
 __all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
 
@@ -32,42 +38,7 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 def _threads(count: int, target: Callable[[int], Any]) -> list[Any]:
-    """``target(i)`` in *count* threads released together; their results; bounded."""
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait(PHASE)
-            results[i] = target(i)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + PHASE
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), f"threads still running after {PHASE} s"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def _leased(url: str, prefix: str, lease: int) -> tuple[Any, nbr.LeasedTokenBucket]:
-    client = nbr.client_from_url(url, socket_timeout=2.0)
-    limiter = nbr.LeasedTokenBucket(
-        client,
-        rate=100,
-        capacity=100,
-        prefix=prefix,
-        min_lease=lease,
-        max_lease=lease,
-        timeout=2.0,
-    )
-    return client, limiter
+    return threads_within(count, target, PHASE)
 
 
 def _drain(limiter: nbr.LeasedTokenBucket, now: int) -> int:
@@ -79,7 +50,7 @@ def _drain(limiter: nbr.LeasedTokenBucket, now: int) -> int:
 
 def test_threads_missing_the_lease_together_take_one_lease(redis_url: str) -> None:
     prefix = f"threads{random.getrandbits(48):x}"
-    client, limiter = _leased(redis_url, prefix, 10)
+    client, limiter = leased(redis_url, prefix, 10)
     firsts = _threads(THREADS, lambda _: limiter.allow_at("k", 0))
     # One lease of 10 at t=0, 8 spent: 2 held, never more than max_lease - 1.
     assert firsts == [True] * THREADS
@@ -95,7 +66,7 @@ def test_threads_missing_the_lease_together_take_one_lease(redis_url: str) -> No
 
 def test_threads_with_larger_costs_keep_the_bound(redis_url: str) -> None:
     prefix = f"costs{random.getrandbits(48):x}"
-    client, limiter = _leased(redis_url, prefix, 10)
+    client, limiter = leased(redis_url, prefix, 10)
     # Costs 1..8 at t=0: each thread short of its cost takes the next lease
     # alone; the balance left never reaches max_lease.
     firsts = _threads(THREADS, lambda i: limiter.check_at("k", 0, cost=i + 1))
@@ -109,7 +80,7 @@ def test_threads_with_larger_costs_keep_the_bound(redis_url: str) -> None:
 
 
 def _instance(url: str, prefix: str, barrier: Any, out: Any) -> None:
-    client, limiter = _leased(url, prefix, 10)
+    client, limiter = leased(url, prefix, 10)
     firsts = _threads(THREADS, lambda _: limiter.allow_at("k", 0))
     held, trips = limiter.held("k"), limiter.round_trips
     barrier.wait(PHASE)
