@@ -731,7 +731,8 @@ def _evalsha_pipeline(
         pipe = client.pipeline(transaction=False)
         for i in todo:
             key, args = calls[i]
-            pipe.evalsha(script.sha, 1, key, *args)
+            # Not pipe.evalsha: cluster pipelines refuse that name, not the command.
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = []
         for i, reply in zip(todo, replies):
@@ -758,7 +759,8 @@ async def _evalsha_pipeline_async(
         pipe = client.pipeline(transaction=False)
         for i in todo:
             key, args = calls[i]
-            pipe.evalsha(script.sha, 1, key, *args)
+            # Not pipe.evalsha: cluster pipelines refuse that name, not the command.
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
         replies = await pipe.execute(raise_on_error=False)
         missing = []
         for i, reply in zip(todo, replies):
