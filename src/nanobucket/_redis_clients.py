@@ -65,6 +65,9 @@ class Library:
     #: which are not subclasses of the base.
     errors: tuple[type[BaseException], ...]
     reasons: tuple[tuple[type[BaseException], str], ...]
+    #: A cluster client's retry counts of its own, beside its ``retry``
+    #: (valkey-py: a CLUSTERDOWN or a lost connection is retried 3 times).
+    cluster_retry_counts: tuple[str, ...] = ()
 
     @property
     def plain(self) -> tuple[type, type]:
@@ -75,7 +78,9 @@ class Library:
         return (self.cluster, self.async_cluster)
 
 
-def _library(name: str, prefix: str, exceptions: Any) -> Library:
+def _library(
+    name: str, prefix: str, exceptions: Any, cluster_retry_counts: tuple[str, ...] = ()
+) -> Library:
     mod = importlib.import_module(name)
     aio = importlib.import_module(f"{name}.asyncio")
     cluster = importlib.import_module(f"{name}.cluster")
@@ -101,6 +106,7 @@ def _library(name: str, prefix: str, exceptions: Any) -> Library:
             getattr(exceptions, f"{prefix}ClusterException"),
         ),
         reasons=tuple((getattr(exceptions, cls), reason) for cls, reason in _REASON_NAMES),
+        cluster_retry_counts=cluster_retry_counts,
     )
 
 
@@ -116,7 +122,12 @@ def library_of(obj: object) -> Library | None:
     """
     top = type(obj).__module__.partition(".")[0]
     if top == "valkey" and top not in _libraries:
-        _libraries[top] = _library("valkey", "Valkey", importlib.import_module("valkey.exceptions"))
+        _libraries[top] = _library(
+            "valkey",
+            "Valkey",
+            importlib.import_module("valkey.exceptions"),
+            ("cluster_error_retry_attempts", "connection_error_retry_attempts"),
+        )
     return _libraries.get(top)
 
 

@@ -453,11 +453,24 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
     nothing, and each node connection waits at most *timeout*.
     """
     sync = isinstance(client, lib.cluster)
+    cls = lib.cluster if sync else lib.async_cluster
+    named = inspect.signature(cls).parameters
+    counts = {name: 0 for name in lib.cluster_retry_counts if name in named}
+    if not sync and "cluster_error_retry_attempts" in counts:
+        # valkey-py's asyncio pipeline makes this many attempts in all (0: none).
+        counts["cluster_error_retry_attempts"] = 1
     kwargs = client.get_connection_kwargs() if sync else client.connection_kwargs
     retry = getattr(client, "retry", None)
-    if retry is not None and _retries(retry) == 0 and _bounded({**kwargs, "retry": retry}, timeout):
+    if (
+        retry is not None
+        and _retries(retry) == 0
+        and all(getattr(client, name, 1) == 0 for name in counts)
+        and _bounded({**kwargs, "retry": retry}, timeout)
+    ):
         return client
     kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_OWNED | _CLUSTER_OWNED}
+    if not sync:  # the asyncio cluster takes named parameters only, and keeps more than those
+        kwargs = {k: v for k, v in kwargs.items() if k in named}
     kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False)
     manager = client.nodes_manager
     node = lib.cluster_node if sync else lib.async_cluster_node
@@ -465,16 +478,13 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
     full = getattr(manager, "_require_full_coverage", None)
     if full is None:
         full = manager.require_full_coverage
-    options = {"require_full_coverage": full, "address_remap": manager.address_remap}
-    if sync:
-        return lib.cluster(
-            startup_nodes=startup, retry=lib.retry(lib.no_backoff(), 0), **options, **kwargs
-        )
-    # The asyncio cluster takes named parameters only, and keeps more than those.
-    named = inspect.signature(lib.async_cluster).parameters
-    kwargs = {k: v for k, v in kwargs.items() if k in named}
-    return lib.async_cluster(
-        startup_nodes=startup, retry=lib.async_retry(lib.no_backoff(), 0), **options, **kwargs
+    return cls(
+        startup_nodes=startup,
+        retry=(lib.retry if sync else lib.async_retry)(lib.no_backoff(), 0),
+        require_full_coverage=full,
+        address_remap=manager.address_remap,
+        **counts,
+        **kwargs,
     )
 
 
