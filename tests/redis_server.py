@@ -220,7 +220,7 @@ class RedisClusterServers:
             timeout=START_TIMEOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT
-        admins = [node.client() for node in self.nodes]
+        admins: list[Any] = [node.client() for node in self.nodes]
         try:
             for admin in admins:
                 while True:
@@ -238,6 +238,7 @@ class RedisClusterServers:
 
     def node_of(self, key: bytes) -> RedisServer:
         """The node that serves *key*'s hash slot (asked of the servers themselves)."""
+        admin: Any
         with contextlib.closing(self.nodes[0].client()) as admin:
             slot = int(admin.execute_command("CLUSTER", "KEYSLOT", key))
             for start, end, owner, *_ in admin.execute_command("CLUSTER", "SLOTS"):

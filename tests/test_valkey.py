@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import valkey
@@ -40,11 +40,11 @@ MS = 1_000_000
 T0 = 1_000 * S
 
 
-def _user_client(server: RedisServer) -> valkey.Valkey:
+def _user_client(server: RedisServer) -> Any:
     return valkey.Valkey(host="127.0.0.1", port=server.port)  # valkey-py's defaults
 
 
-def _async_client(server: RedisServer) -> valkey.asyncio.Valkey:
+def _async_client(server: RedisServer) -> Any:
     return valkey.asyncio.Valkey(host="127.0.0.1", port=server.port)
 
 
@@ -234,7 +234,7 @@ def test_valkey_errors_have_redis_py_reasons() -> None:
         (vex.BusyLoadingError("loading"), "loading"),
         (vex.OutOfMemoryError("command not allowed"), "oom"),
         (vex.ReadOnlyError("You can't write against a read only replica."), "readonly"),
-        (vex.ClusterDownError("The cluster is down"), "clusterdown"),
+        (cast(Any, vex.ClusterDownError)("The cluster is down"), "clusterdown"),
         (vex.ResponseError("BUSY Valkey is busy running a script."), "busy"),
         (vex.ValkeyClusterException("No targets were found"), "error"),
     ]

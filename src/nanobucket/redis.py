@@ -29,8 +29,11 @@ a connection pool of its own, with the client's connection parameters but
 ``timeout`` as socket and connect timeout and no retries (redis-py's default
 client retries with back-off, which would hold a request for seconds on a
 dead Redis and for a minute on a hung one). A client already built that way
-(:func:`client_from_url`) is used as it is. A ``RedisCluster`` client is used
-as given: build it with ``socket_timeout`` and ``retry=Retry(NoBackoff(), 0)``.
+(:func:`client_from_url`) is used as it is. A ``RedisCluster`` gets a cluster
+client of its own to the same nodes, bounded the same way (redis-py's retries
+10 times, refreshing the topology each time). valkey-py's clients, plain and
+cluster, sync and asyncio, are taken like redis-py's (:func:`bounded_client`);
+their errors are "cannot decide" and get the same reasons.
 
 When Redis cannot decide, the failure policy decides: ``on_error="open"``
 admits, ``"closed"`` rejects, ``"raise"`` raises :class:`RedisUnavailable`; a
@@ -813,7 +816,7 @@ class RedisTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,  # redis-py or valkey-py, plain or cluster
         rate: RateLike,
         capacity: int,
         *,
@@ -852,7 +855,7 @@ class RedisTokenBucket(_RedisLimits):
         return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         """The redis-py client it was given (calls go through a bounded pool to its server).
 
         >>> client = redis.Redis()
@@ -1055,7 +1058,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Any,  # redis-py or valkey-py asyncio, plain or cluster
         rate: RateLike,
         capacity: int,
         *,
@@ -1095,7 +1098,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
-    def client(self) -> redis.asyncio.Redis:
+    def client(self) -> Any:
         """The redis-py asyncio client it was given (calls go through a bounded pool).
 
         >>> client = redis.asyncio.Redis()
@@ -1309,7 +1312,7 @@ class LeasedTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,  # redis-py or valkey-py, plain or cluster
         rate: RateLike,
         capacity: int,
         *,
