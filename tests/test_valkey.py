@@ -29,7 +29,7 @@ from test_redis_failures import (
     _busy,
     _check_bounded,
     _timed_in_threads,
-    _timed_tasks,
+    async_failing,
     busy_server,
 )
 
@@ -129,28 +129,7 @@ def test_valkey_failing_redis_returns_within_the_timeout(
 def test_async_valkey_failing_redis_returns_within_the_timeout(
     busy_server: RedisServer, state: str
 ) -> None:
-    async def run() -> None:
-        limiter = nbr.AsyncRedisTokenBucket(
-            _async_client(busy_server), 100, 200, on_error="closed", breaker=_breaker()
-        )
-        assert (await limiter.check("warm")).source == "redis"
-        if state == "busy":
-            with _busy(busy_server):
-                results = await _timed_tasks(lambda: limiter.check("k"))
-        elif state == "hung":
-            busy_server.pause()
-            try:
-                results = await _timed_tasks(lambda: limiter.check("k"))
-            finally:
-                busy_server.resume()
-        else:
-            busy_server.stop()
-            results = await _timed_tasks(lambda: limiter.check("k"))
-        _check_bounded(results, {"hung": "timeout", "dead": "connection", "busy": "busy"}[state])
-        assert (await limiter.check("k")).reason == "breaker-open"
-        await limiter.aclose()
-
-    asyncio.run(run())
+    async_failing(busy_server, state, lambda: _async_client(busy_server))
 
 
 # -- error replies: the policy or the fallback, reason named --------------------------------------
