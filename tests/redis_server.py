@@ -8,6 +8,7 @@ except under ``CI`` (any non-empty value), where they fail: CI installs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -179,6 +180,78 @@ class RedisServer:
         self._dir.cleanup()
 
 
+class RedisClusterServers:
+    """Three (*masters*) cluster-enabled redis-servers joined by ``redis-cli --cluster create``.
+
+    No replicas: a master that dies takes its slots with it. *args* go to
+    every node (``--cluster-node-timeout`` decides how soon the others see
+    a lost master and the cluster answers ``CLUSTERDOWN``).
+    """
+
+    def __init__(self, binary: str, masters: int = 3, args: tuple[str, ...] = ()) -> None:
+        self.binary = binary
+        self.nodes: list[RedisServer] = []
+        ports: set[int] = set()
+        while len(self.nodes) < masters:
+            node = RedisServer(binary, ("--cluster-enabled", "yes", *args))
+            if node.port in ports or node.port + 10000 in ports:
+                node.close()
+                continue
+            ports.update((node.port, node.port + 10000))
+            self.nodes.append(node)
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def start(self) -> None:
+        """Start the nodes, make them one cluster, wait until every node says ``ok``."""
+        for node in self.nodes:
+            node.start()
+        cli = os.path.join(os.path.dirname(self.binary), "redis-cli")
+        if not os.access(cli, os.X_OK):
+            cli = shutil.which("redis-cli") or "redis-cli"
+        addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=START_TIMEOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        admins: list[Any] = [node.client() for node in self.nodes]
+        try:
+            for admin in admins:
+                while True:
+                    info = admin.execute_command("CLUSTER", "INFO")
+                    if b"cluster_state:ok" in info and (
+                        f"cluster_known_nodes:{len(self.nodes)}".encode() in info
+                    ):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the cluster was not ok in {START_TIMEOUT} s: {info!r}")
+                    time.sleep(0.02)
+        finally:
+            for admin in admins:
+                admin.close()
+
+    def node_of(self, key: bytes) -> RedisServer:
+        """The node that serves *key*'s hash slot (asked of the servers themselves)."""
+        admin: Any
+        with contextlib.closing(self.nodes[0].client()) as admin:
+            slot = int(admin.execute_command("CLUSTER", "KEYSLOT", key))
+            for start, end, owner, *_ in admin.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    port = int(owner[1])
+                    return next(node for node in self.nodes if node.port == port)
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
 def require_redis_server() -> str:
     """The redis-server binary, or skip (fail under CI) with the reason."""
     binary = find_redis_server()
@@ -201,6 +274,16 @@ def running_server(*args: str) -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+def running_cluster(*args: str) -> Iterator[RedisClusterServers]:
+    """A started 3-master cluster (nodes get *args*), stopped and cleaned up afterwards."""
+    cluster = RedisClusterServers(require_redis_server(), args=args)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ MODULES = [
     "nanobucket.asgi",
     "nanobucket.wsgi",
     "nanobucket.redis",
+    "nanobucket._redis_clients",
 ]
 
 # The public modules whose names (and the methods of their classes) must

@@ -256,7 +256,7 @@ def test_bad_calls(client: Any) -> None:
     with pytest.raises(TypeError):
         limiter.allow_many("abc")
     with pytest.raises(TypeError):
-        nbr.RedisTokenBucket("localhost", rate=1, capacity=1)  # type: ignore[arg-type]
+        nbr.RedisTokenBucket("localhost", rate=1, capacity=1)
     with pytest.raises(ValueError):
         nbr.LeasedTokenBucket(
             client, timeout=CLIENT_TIMEOUT, rate=1, capacity=4, min_lease=3, max_lease=2

@@ -247,14 +247,12 @@ def test_busy_redis_threads_get_the_policy(busy_server: RedisServer) -> None:
     limiter.close()
 
 
-@pytest.mark.parametrize("state", ["hung", "dead", "busy"])
-def test_async_default_client_returns_within_the_timeout(
-    busy_server: RedisServer, state: str
-) -> None:
+def async_failing(server: RedisServer, state: str, make_client: Callable[[], Any]) -> None:
+    """An async limiter on ``make_client()``, *server* then hung, dead or busy: bounded policy."""
+
     async def run() -> None:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=busy_server.port)
         limiter = nbr.AsyncRedisTokenBucket(
-            client,
+            make_client(),
             100,
             200,
             on_error="closed",
@@ -262,22 +260,31 @@ def test_async_default_client_returns_within_the_timeout(
         )
         assert (await limiter.check("warm")).source == "redis"
         if state == "busy":
-            with _busy(busy_server):
+            with _busy(server):
                 results = await _timed_tasks(lambda: limiter.check("k"))
         elif state == "hung":
-            busy_server.pause()
+            server.pause()
             try:
                 results = await _timed_tasks(lambda: limiter.check("k"))
             finally:
-                busy_server.resume()
+                server.resume()
         else:
-            busy_server.stop()
+            server.stop()
             results = await _timed_tasks(lambda: limiter.check("k"))
         _check_bounded(results, {"hung": "timeout", "dead": "connection", "busy": "busy"}[state])
         assert (await limiter.check("k")).reason == "breaker-open"
         await limiter.aclose()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("state", ["hung", "dead", "busy"])
+def test_async_default_client_returns_within_the_timeout(
+    busy_server: RedisServer, state: str
+) -> None:
+    async_failing(
+        busy_server, state, lambda: redis.asyncio.Redis(host="127.0.0.1", port=busy_server.port)
+    )
 
 
 # -- 2. every way Redis cannot decide goes to the policy ----------------------------------------

@@ -29,8 +29,11 @@ a connection pool of its own, with the client's connection parameters but
 ``timeout`` as socket and connect timeout and no retries (redis-py's default
 client retries with back-off, which would hold a request for seconds on a
 dead Redis and for a minute on a hung one). A client already built that way
-(:func:`client_from_url`) is used as it is. A ``RedisCluster`` client is used
-as given: build it with ``socket_timeout`` and ``retry=Retry(NoBackoff(), 0)``.
+(:func:`client_from_url`) is used as it is. A ``RedisCluster`` gets a cluster
+client of its own to the same nodes, bounded the same way (redis-py's retries
+10 times, refreshing the topology each time). valkey-py's clients, plain and
+cluster, sync and asyncio, are taken like redis-py's (:func:`bounded_client`);
+their errors are "cannot decide" and get the same reasons.
 
 When Redis cannot decide, the failure policy decides: ``on_error="open"``
 admits, ``"closed"`` rejects, ``"raise"`` raises :class:`RedisUnavailable`; a
@@ -60,6 +63,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -72,24 +76,14 @@ import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
-from redis.exceptions import (
-    AskError,
-    BusyLoadingError,
-    ClusterCrossSlotError,
-    ClusterDownError,
-    MasterDownError,
-    MovedError,
-    NoPermissionError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    NoScriptError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from . import _redis_clients as _clients
 from ._bucket_py import Decision
 from ._params import (
     NOW_MAX,
@@ -124,8 +118,10 @@ EXPLICIT_TTL_SLACK_MS = 86_400_000
 DEFAULT_SOCKET_TIMEOUT = 0.1
 #: Errors that mean "Redis could not decide": everything redis-py raises,
 #: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
-#: CLUSTERDOWN, TRYAGAIN, MOVED, ...): the policy answers instead.
-UNAVAILABLE = (RedisError,)
+#: CLUSTERDOWN, TRYAGAIN, MOVED, ...), and its cluster client's own errors
+#: (no node serves the slot): the policy answers instead. valkey-py's errors
+#: join when a limiter is given a valkey client (:func:`bounded_client`).
+UNAVAILABLE: tuple[type[BaseException], ...] = _clients.REDIS.errors
 #: Connection parameters that belong to one pool, not to the server: a pool
 #: of the limiter's own builds its own.
 _POOL_OWNED = frozenset(
@@ -205,21 +201,6 @@ class RedisDecision(Decision):
         return f"{super().__repr__()[:-1]}, source={self.source!r}{tail})"
 
 
-#: redis-py's error classes and the codes they stand for (subclasses first).
-_REASONS: tuple[tuple[type[BaseException], str], ...] = (
-    (OutOfMemoryError, "oom"),
-    (ReadOnlyError, "readonly"),
-    (MasterDownError, "masterdown"),
-    (ClusterDownError, "clusterdown"),
-    (TryAgainError, "tryagain"),
-    (MovedError, "moved"),
-    (AskError, "ask"),
-    (ClusterCrossSlotError, "crossslot"),
-    (NoPermissionError, "noperm"),
-    (NoScriptError, "noscript"),
-)
-
-
 def failure_reason(err: BaseException | None) -> str:
     """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
 
@@ -233,15 +214,9 @@ def failure_reason(err: BaseException | None) -> str:
     """
     if err is None:
         return "breaker-open"
-    if isinstance(err, RedisTimeoutError):
-        return "timeout"
-    if isinstance(err, BusyLoadingError):
-        return "loading"
-    if isinstance(err, RedisConnectionError):
-        return "connection"
-    for cls, reason in _REASONS:  # redis-py strips the code of the errors it maps
-        if isinstance(err, cls):
-            return reason
+    reason = _clients.class_reason(err)  # redis-py's or valkey-py's class
+    if reason is not None:
+        return reason
     code = getattr(err, "status_code", None)
     if not code and err.args and isinstance(err.args[0], str):
         code = err.args[0].split(" ", 1)[0]
@@ -413,13 +388,13 @@ def _retries(retry: Any) -> int | None:
 def bounded_client(client: Any, timeout: float) -> Any:
     """A client to *client*'s server whose calls wait at most *timeout* s and never retry.
 
-    *client* itself when it is already so, or when it is not a
-    ``redis.Redis`` / ``redis.asyncio.Redis`` (a ``RedisCluster`` retries and
-    redirects by its own rules: build it with ``socket_timeout`` and
-    ``retry=Retry(NoBackoff(), 0)``); otherwise a new client on a pool of its own, with the same
-    connection parameters (host, port, db, credentials, TLS, ...) but
-    *timeout* as socket and connect timeout, no retries and raw replies. The
-    caller's client is never changed: other code may share it.
+    *client* itself when it is already so, or when it is no redis-py or
+    valkey-py client; otherwise a new client of the same library and kind
+    (plain or cluster, sync or asyncio) with the same connection parameters
+    (host, port, db, credentials, TLS, ...; a cluster's known nodes) but
+    *timeout* as socket and connect timeout, no retries and raw replies, on
+    connections of its own. The caller's client is never changed: other code
+    may share it.
 
     >>> user = redis.Redis(port=6380)   # redis-py's defaults: 5 s timeouts, 3 retries
     >>> own = bounded_client(user, 0.1)
@@ -429,8 +404,16 @@ def bounded_client(client: Any, timeout: float) -> Any:
     >>> bounded_client(own, 0.1) is own
     True
     """
-    if not isinstance(client, (redis.Redis, redis.asyncio.Redis)):
-        return client  # a cluster or another library's client: used as given
+    global UNAVAILABLE  # noqa: PLW0603 -- grows once, when valkey-py is first given
+    lib = _clients.library_of(client)
+    if lib is None:
+        return client  # another library's client: used as given
+    if lib is not _clients.REDIS:
+        UNAVAILABLE = _clients.loaded_errors()  # its errors are "cannot decide" too
+    if isinstance(client, lib.clusters):
+        return _bounded_cluster(lib, client, timeout)
+    if not isinstance(client, lib.plain):
+        return client
     pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if not isinstance(kwargs, dict) or _bounded(kwargs, timeout):
@@ -445,20 +428,67 @@ def bounded_client(client: Any, timeout: float) -> Any:
     # The caller's pool size, and its kind: a blocking pool waits for a free
     # connection, here at most *timeout*; a plain one fails past its size.
     limit = {"connection_class": pool.connection_class, "max_connections": pool.max_connections}
-    if isinstance(client, redis.asyncio.Redis):
-        kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
-        if isinstance(pool, redis.asyncio.BlockingConnectionPool):
-            own: Any = redis.asyncio.BlockingConnectionPool(timeout=timeout, **limit, **kwargs)
+    if isinstance(client, lib.async_client):
+        kwargs["retry"] = lib.async_retry(lib.no_backoff(), 0)
+        if isinstance(pool, lib.async_blocking_pool):
+            own: Any = lib.async_blocking_pool(timeout=timeout, **limit, **kwargs)
         else:
-            own = redis.asyncio.ConnectionPool(**limit, **kwargs)
-        return _owning(redis.asyncio.Redis, own)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    if isinstance(pool, redis.BlockingConnectionPool):
-        blocking: Any = redis.BlockingConnectionPool  # untyped in redis-py
-        own = blocking(timeout=timeout, **limit, **kwargs)
+            own = lib.async_pool(**limit, **kwargs)
+        return _owning(lib.async_client, own)
+    kwargs["retry"] = lib.retry(lib.no_backoff(), 0)
+    if isinstance(pool, lib.blocking_pool):
+        own = lib.blocking_pool(timeout=timeout, **limit, **kwargs)
     else:
-        own = redis.ConnectionPool(**limit, **kwargs)
-    return _owning(redis.Redis, own)
+        own = lib.pool(**limit, **kwargs)
+    return _owning(lib.client, own)
+
+
+#: Cluster connection parameters the cluster client sets itself, per node.
+_CLUSTER_OWNED = frozenset({"redis_connect_func", "host", "port", "retry", "connection_pool"})
+
+
+def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
+    """`bounded_client` for a cluster client: a cluster client of its own to the same nodes.
+
+    A cluster client retries a failed command (10 times in redis-py, with
+    back-off, each after refreshing the topology), so a lost master held a
+    decision for seconds, a hung one for about a minute: the copy retries
+    nothing, and each node connection waits at most *timeout*.
+    """
+    sync = isinstance(client, lib.cluster)
+    cls = lib.cluster if sync else lib.async_cluster
+    named = inspect.signature(cls).parameters
+    counts = {name: 0 for name in lib.cluster_retry_counts if name in named}
+    if not sync and "cluster_error_retry_attempts" in counts:
+        # valkey-py's asyncio pipeline makes this many attempts in all (0: none).
+        counts["cluster_error_retry_attempts"] = 1
+    kwargs = client.get_connection_kwargs() if sync else client.connection_kwargs
+    retry = getattr(client, "retry", None)
+    if (
+        retry is not None
+        and _retries(retry) == 0
+        and all(getattr(client, name, 1) == 0 for name in counts)
+        and _bounded({**kwargs, "retry": retry}, timeout)
+    ):
+        return client
+    kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_OWNED | _CLUSTER_OWNED}
+    if not sync:  # the asyncio cluster takes named parameters only, and keeps more than those
+        kwargs = {k: v for k, v in kwargs.items() if k in named}
+    kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False)
+    manager = client.nodes_manager
+    node = lib.cluster_node if sync else lib.async_cluster_node
+    startup = [node(n.host, n.port) for n in manager.startup_nodes.values()]
+    full = getattr(manager, "_require_full_coverage", None)
+    if full is None:
+        full = manager.require_full_coverage
+    return cls(
+        startup_nodes=startup,
+        retry=(lib.retry if sync else lib.async_retry)(lib.no_backoff(), 0),
+        require_full_coverage=full,
+        address_remap=manager.address_remap,
+        **counts,
+        **kwargs,
+    )
 
 
 def _owning(cls: Any, pool: Any) -> Any:
@@ -714,11 +744,12 @@ def _evalsha_pipeline(
         pipe = client.pipeline(transaction=False)
         for i in todo:
             key, args = calls[i]
-            pipe.evalsha(script.sha, 1, key, *args)
+            # Not pipe.evalsha: cluster pipelines refuse that name, not the command.
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = []
         for i, reply in zip(todo, replies):
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, Exception) and _clients.class_reason(reply) == "noscript":
                 missing.append(i)
             elif isinstance(reply, Exception):
                 raise reply
@@ -741,11 +772,12 @@ async def _evalsha_pipeline_async(
         pipe = client.pipeline(transaction=False)
         for i in todo:
             key, args = calls[i]
-            pipe.evalsha(script.sha, 1, key, *args)
+            # Not pipe.evalsha: cluster pipelines refuse that name, not the command.
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
         replies = await pipe.execute(raise_on_error=False)
         missing = []
         for i, reply in zip(todo, replies):
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, Exception) and _clients.class_reason(reply) == "noscript":
                 missing.append(i)
             elif isinstance(reply, Exception):
                 raise reply
@@ -784,7 +816,7 @@ class RedisTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,  # redis-py or valkey-py, plain or cluster
         rate: RateLike,
         capacity: int,
         *,
@@ -801,7 +833,7 @@ class RedisTokenBucket(_RedisLimits):
         self._client = bounded_client(client, self._timeout)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
-        self._cluster = isinstance(client, redis.cluster.RedisCluster)
+        self._cluster = _clients.is_cluster(self._client)
 
     @classmethod
     def from_url(
@@ -823,7 +855,7 @@ class RedisTokenBucket(_RedisLimits):
         return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         """The redis-py client it was given (calls go through a bounded pool to its server).
 
         >>> client = redis.Redis()
@@ -1026,7 +1058,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Any,  # redis-py or valkey-py asyncio, plain or cluster
         rate: RateLike,
         capacity: int,
         *,
@@ -1043,7 +1075,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self._client = bounded_client(client, self._timeout)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
-        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        self._cluster = _clients.is_cluster(self._client)
 
     @classmethod
     def from_url(
@@ -1066,7 +1098,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
 
     @property
-    def client(self) -> redis.asyncio.Redis:
+    def client(self) -> Any:
         """The redis-py asyncio client it was given (calls go through a bounded pool).
 
         >>> client = redis.asyncio.Redis()
@@ -1280,7 +1312,7 @@ class LeasedTokenBucket(_RedisLimits):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Any,  # redis-py or valkey-py, plain or cluster
         rate: RateLike,
         capacity: int,
         *,

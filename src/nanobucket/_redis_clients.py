@@ -1,0 +1,156 @@
+"""The client libraries the Redis limiters accept: redis-py, and valkey-py when given one.
+
+valkey-py is a fork of redis-py: the same classes under other names
+(``valkey.Valkey``, ``valkey.cluster.ValkeyCluster``, ``valkey.exceptions``),
+none a subclass of redis-py's. A :class:`Library` names one library's classes,
+so the limiters bound, classify and catch a client's errors by its own
+library. valkey is imported only when a valkey client is given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.backoff
+import redis.cluster
+import redis.exceptions
+import redis.retry
+
+#: Error classes and the reasons they stand for, by name (subclasses first):
+#: both libraries name them alike, and redis-py strips the code of the errors
+#: it maps.
+_REASON_NAMES = (
+    ("TimeoutError", "timeout"),
+    ("BusyLoadingError", "loading"),
+    ("ConnectionError", "connection"),
+    ("OutOfMemoryError", "oom"),
+    ("ReadOnlyError", "readonly"),
+    ("MasterDownError", "masterdown"),
+    ("ClusterDownError", "clusterdown"),
+    ("TryAgainError", "tryagain"),
+    ("MovedError", "moved"),
+    ("AskError", "ask"),
+    ("ClusterCrossSlotError", "crossslot"),
+    ("NoPermissionError", "noperm"),
+    ("NoScriptError", "noscript"),
+)
+
+
+@dataclass(frozen=True)
+class Library:
+    """One client library's classes: clients, pools, retries and errors."""
+
+    name: str
+    client: type
+    async_client: type
+    cluster: type
+    async_cluster: type
+    cluster_node: type
+    async_cluster_node: type
+    pool: type
+    blocking_pool: type
+    async_pool: type
+    async_blocking_pool: type
+    retry: type
+    async_retry: type
+    no_backoff: type
+    #: Everything the library raises when the server cannot decide: its base
+    #: error and its cluster errors (``SlotNotCoveredError``, "no targets"),
+    #: which are not subclasses of the base.
+    errors: tuple[type[BaseException], ...]
+    reasons: tuple[tuple[type[BaseException], str], ...]
+    #: A cluster client's retry counts of its own, beside its ``retry``
+    #: (valkey-py: a CLUSTERDOWN or a lost connection is retried 3 times).
+    cluster_retry_counts: tuple[str, ...] = ()
+
+    @property
+    def plain(self) -> tuple[type, type]:
+        return (self.client, self.async_client)
+
+    @property
+    def clusters(self) -> tuple[type, type]:
+        return (self.cluster, self.async_cluster)
+
+
+def _library(
+    name: str, prefix: str, exceptions: Any, cluster_retry_counts: tuple[str, ...] = ()
+) -> Library:
+    mod = importlib.import_module(name)
+    aio = importlib.import_module(f"{name}.asyncio")
+    cluster = importlib.import_module(f"{name}.cluster")
+    aio_cluster = importlib.import_module(f"{name}.asyncio.cluster")
+    aio_retry = importlib.import_module(f"{name}.asyncio.retry")
+    return Library(
+        name=name,
+        client=getattr(mod, prefix),
+        async_client=getattr(aio, prefix),
+        cluster=getattr(cluster, f"{prefix}Cluster"),
+        async_cluster=getattr(aio_cluster, f"{prefix}Cluster"),
+        cluster_node=cluster.ClusterNode,
+        async_cluster_node=aio_cluster.ClusterNode,
+        pool=mod.ConnectionPool,
+        blocking_pool=mod.BlockingConnectionPool,
+        async_pool=aio.ConnectionPool,
+        async_blocking_pool=aio.BlockingConnectionPool,
+        retry=importlib.import_module(f"{name}.retry").Retry,
+        async_retry=aio_retry.Retry,
+        no_backoff=importlib.import_module(f"{name}.backoff").NoBackoff,
+        errors=(
+            getattr(exceptions, f"{prefix}Error"),
+            getattr(exceptions, f"{prefix}ClusterException"),
+        ),
+        reasons=tuple((getattr(exceptions, cls), reason) for cls, reason in _REASON_NAMES),
+        cluster_retry_counts=cluster_retry_counts,
+    )
+
+
+REDIS = _library("redis", "Redis", redis.exceptions)
+_libraries: dict[str, Library] = {"redis": REDIS}
+
+
+def library_of(obj: object) -> Library | None:
+    """The library *obj* (a client, or an error) comes from, if it is redis-py or valkey-py.
+
+    >>> library_of(redis.Redis()).name, library_of(ValueError()) is None
+    ('redis', True)
+    """
+    top = type(obj).__module__.partition(".")[0]
+    if top == "valkey" and top not in _libraries:
+        _libraries[top] = _library(
+            "valkey",
+            "Valkey",
+            importlib.import_module("valkey.exceptions"),
+            ("cluster_error_retry_attempts", "connection_error_retry_attempts"),
+        )
+    return _libraries.get(top)
+
+
+def loaded_errors() -> tuple[type[BaseException], ...]:
+    """The "cannot decide" errors of every library loaded so far."""
+    return tuple(cls for lib in _libraries.values() for cls in lib.errors)
+
+
+def class_reason(err: BaseException) -> str | None:
+    """The reason *err*'s class stands for, in its own library; None if it maps none."""
+    lib = library_of(err)
+    if lib is not None:
+        for cls, reason in lib.reasons:
+            if isinstance(err, cls):
+                return reason
+    return None
+
+
+def is_cluster(client: object) -> bool:
+    """Whether *client* is a cluster client (sync or asyncio) of redis-py or valkey-py.
+
+    >>> is_cluster(redis.Redis()), is_cluster(redis.cluster.RedisCluster)   # a class is no client
+    (False, False)
+    """
+    lib = library_of(client)
+    return lib is not None and isinstance(client, lib.clusters)
