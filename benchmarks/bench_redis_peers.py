@@ -255,17 +255,12 @@ def bench_single(url: str, runs: int, seconds: float, tasks: list[int], cpu_n: i
 
 
 def bench_cluster(runs: int, seconds: float) -> None:
-    from redis_server import RedisServer, require_redis_server  # noqa: F401 (fails clearly)
-
-    try:
-        from redis_server import running_cluster  # type: ignore[attr-defined]
-    except ImportError:
-        print("\ncluster: tests/redis_server.py has no running_cluster(); skipped")
-        return
     import redis.asyncio.cluster
     import redis.cluster
+    from redis_server import running_cluster
 
-    with running_cluster() as ports:
+    with running_cluster() as cluster:
+        ports = cluster.ports
         startup = [redis.cluster.ClusterNode("127.0.0.1", p) for p in ports]
         client = redis.cluster.RedisCluster(startup_nodes=startup)
         limiter = nbr.RedisTokenBucket(client, rate=RATE, capacity=RATE, prefix="nb")
