@@ -670,6 +670,7 @@ cdef class TokenBucket(_Limits):
         >>> b.allow_at(0, cost=2), b.reset(), b.tokens_at(0)
         (True, None, 2.0)
         """
+        self._ready()
         nb_store(&self.tat, 0)  # no time is earlier: full at every now
 
     def _reserve(self, now, cost, max_wait, bint shape):
@@ -1478,6 +1479,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.allow_at("alice", 0, cost=2), t.reset("alice"), t.tokens_at("alice", 0)
         (True, None, 2.0)
         """
+        self._ready()
         cdef Py_hash_t h = key_hash(key)
         cdef int64_t now = self._now()
         cdef Slot *s

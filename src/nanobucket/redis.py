@@ -1148,7 +1148,13 @@ class RedisTokenBucket(_RedisLimits):
         return self._give(key, self._cost(cost), None)
 
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
+        False
+        """
         return self._give(key, self._cost(cost), check_now(now))
 
     def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
@@ -1234,6 +1240,12 @@ class RedisTokenBucket(_RedisLimits):
         """`acquire` for asyncio: the round trips run in a worker thread, the wait on the loop.
 
         A cancelled waiter gives its reservation back.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
         """
         cost = self._cost(cost)
         self.key(key)
@@ -1263,6 +1275,11 @@ class RedisTokenBucket(_RedisLimits):
         capacity's tokens and refills the rest). Each bucket changes
         atomically (a compare-and-swap: a decision made meanwhile is never
         overwritten); the prefix as a whole does not. Redis errors raise.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
+        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
+        >>> limiter.rate, limiter.capacity, limiter.interval_ns
+        (Fraction(50, 1), 200, 20000000)
         """
         params = _redis_params(
             self._rate if rate is None else rate, self._capacity if capacity is None else capacity
@@ -1499,11 +1516,27 @@ class AsyncRedisTokenBucket(_RedisLimits):
     # -- refund, reset, waiting, reconfigure (as RedisTokenBucket's) -------------
 
     async def refund(self, key: Hashable, cost: int = 1) -> bool:
-        """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost."""
+        """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund("alice"))   # not delivered: lost, never queued
+        False
+        """
         return await self._give(key, self._cost(cost), None)
 
     async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund_at("alice", 0))
+        False
+        """
         return await self._give(key, self._cost(cost), check_now(now))
 
     async def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
@@ -1521,7 +1554,15 @@ class AsyncRedisTokenBucket(_RedisLimits):
         return True
 
     async def reset(self, key: Hashable) -> bool:
-        """`RedisTokenBucket.reset`, awaited: forget *key*'s bucket (next decision: full)."""
+        """`RedisTokenBucket.reset`, awaited: forget *key*'s bucket (next decision: full).
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.reset("alice"))
+        False
+        """
         rkey = self.key(key)
         breaker = self._breaker
         if not breaker.allow_request():
@@ -1560,6 +1601,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
         """`RedisTokenBucket.acquire` on the loop: reserve in Redis, sleep, never block.
 
         A cancelled waiter gives its reservation back.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
         """
         cost = self._cost(cost)
         self.key(key)
@@ -1576,7 +1624,13 @@ class AsyncRedisTokenBucket(_RedisLimits):
         now: int | None = None,
         migrate: bool = True,
     ) -> None:
-        """`RedisTokenBucket.reconfigure`, awaited."""
+        """`RedisTokenBucket.reconfigure`, awaited.
+
+        >>> import asyncio
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=100, capacity=200)
+        >>> asyncio.run(limiter.reconfigure(capacity=50, migrate=False)); limiter.capacity
+        50
+        """
         params = _redis_params(
             self._rate if rate is None else rate, self._capacity if capacity is None else capacity
         )
@@ -1943,11 +1997,23 @@ class LeasedTokenBucket(_RedisLimits):
     def refund(self, key: Hashable, cost: int = 1) -> bool:
         """Give back *cost* tokens: to this instance's lease while it stays under
         ``max_lease`` unspent (the bound holds), the rest to Redis as
-        `RedisTokenBucket.refund` does. False if a part for Redis was lost."""
+        `RedisTokenBucket.refund` does. False if a part for Redis was lost.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund("alice")   # no lease held, Redis down: lost
+        False
+        """
         return self._give(key, self._cost(cost), None)
 
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns)."""
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund_at("alice", 0)
+        False
+        """
         return self._give(key, self._cost(cost), check_now(now))
 
     def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
@@ -1979,6 +2045,11 @@ class LeasedTokenBucket(_RedisLimits):
 
         The next decision sees a full bucket. False if Redis could not take it
         (the lease is dropped all the same; see `RedisTokenBucket.reset`).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.reset("alice"), limiter.held("alice")
+        (False, 0)
         """
         rkey = self.key(key)
         with self._lock:
@@ -2024,7 +2095,13 @@ class LeasedTokenBucket(_RedisLimits):
         return -1 if wait_us < 0 else int(wait_us) * NS_PER_US
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
-        """`RedisTokenBucket.acquire`, spending the lease first when it pays."""
+        """`RedisTokenBucket.acquire`, spending the lease first when it pays.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.acquire("alice")   # the policy admits at once
+        True
+        """
         cost = self._cost(cost)
         self.key(key)
         return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
@@ -2032,7 +2109,14 @@ class LeasedTokenBucket(_RedisLimits):
     async def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
     ) -> bool:
-        """`acquire` for asyncio (round trips in a worker thread, the wait on the loop)."""
+        """`acquire` for asyncio (round trips in a worker thread, the wait on the loop).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> import asyncio
+        >>> asyncio.run(limiter.acquire_async("alice"))
+        True
+        """
         cost = self._cost(cost)
         self.key(key)
         max_wait = _waiting._max_wait_ns(timeout)
@@ -2049,7 +2133,12 @@ class LeasedTokenBucket(_RedisLimits):
     ) -> None:
         """`RedisTokenBucket.reconfigure`, after giving every lease back (leased
         tokens were counted in the old terms); ``min_lease`` and ``max_lease``
-        are capped at the new capacity."""
+        are capped at the new capacity.
+
+        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=100, capacity=200, max_lease=50)
+        >>> limiter.reconfigure(capacity=20, migrate=False); limiter.capacity, limiter.max_lease
+        (20, 20)
+        """
         params = _redis_params(
             self._rate if rate is None else rate, self._capacity if capacity is None else capacity
         )
