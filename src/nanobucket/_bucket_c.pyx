@@ -663,6 +663,16 @@ cdef class TokenBucket(_Limits):
         cdef int64_t t = as_now(now)
         give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
 
+    def reset(self):
+        """Forget the bucket's state: it is full again.
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.allow_at(0, cost=2), b.reset(), b.tokens_at(0)
+        (True, None, 2.0)
+        """
+        self._ready()
+        nb_store(&self.tat, 0)  # no time is earlier: full at every now
+
     def _reserve(self, now, cost, max_wait, bint shape):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (see ``_bucket_py``)."""
         cdef int64_t c = self._cost(cost)
@@ -1461,6 +1471,24 @@ cdef class KeyedTokenBucket(_Limits):
             if s != NULL:
                 give_back(&s.tat, now, cost * self.interval_ns)
         return 0
+
+    def reset(self, key):
+        """Forget *key*'s bucket: the next decision sees it full.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2), t.reset("alice"), t.tokens_at("alice", 0)
+        (True, None, 2.0)
+        """
+        self._ready()
+        cdef Py_hash_t h = key_hash(key)
+        cdef int64_t now = self._now()
+        cdef Slot *s
+        with cython.critical_section(self):
+            # A missing key reads `floor`, not full after a reconfigure: give it a slot.
+            s = self._find(key, h, now, self.floor > 0)
+            if s != NULL:
+                nb_store(&s.tat, 0)  # no time is earlier: full at every now
+        return None
 
     def _reserve(self, key, now, cost, max_wait, bint shape):
         """`TokenBucket._reserve` for *key*'s bucket."""

@@ -428,6 +428,16 @@ class TokenBucket(_Limits):
                 tat -= cost * self._interval
                 self._tat = tat if tat > now else now
 
+    def reset(self) -> None:
+        """Forget the bucket's state: it is full again.
+
+        >>> b = TokenBucket(rate=1, capacity=2)
+        >>> b.allow_at(0, cost=2), b.reset(), b.tokens_at(0)
+        (True, None, 2.0)
+        """
+        with self._lock:
+            self._tat = 0  # no time is earlier: full at every now
+
     def _reserve(self, now: int | None, cost: int, max_wait: int, shape: bool) -> int:
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
 
@@ -788,6 +798,24 @@ class KeyedTokenBucket(_Limits):
             if tat is not None and tat > now:
                 tat -= cost * self._interval
                 tats[key] = tat if tat > now else now
+
+    def reset(self, key: Hashable) -> None:
+        """Forget *key*'s bucket: the next decision sees it full.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=2)
+        >>> t.allow_at("alice", 0, cost=2), t.reset("alice"), t.tokens_at("alice", 0)
+        (True, None, 2.0)
+        """
+        hash(key)  # an unhashable key raises, as in every verb
+        now = self._now()
+        tats = self._tats
+        with self._lock:
+            if key in tats:
+                tats[key] = 0  # no time is earlier: full at every now
+            elif self._floor > 0:  # a missing key is not full (see reconfigure)
+                if len(tats) >= self._room:
+                    self._make_room(now)
+                tats[key] = 0
 
     def _reserve(
         self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool

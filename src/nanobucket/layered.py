@@ -19,9 +19,12 @@ its own limit (each charge is that bucket's own atomic ``allow``). While a
 rejected request is being undone, a concurrent caller may briefly see an
 earlier layer a few tokens poorer (it may be refused, never over-admitted).
 
-A layer without ``refund`` (``RedisTokenBucket``, ``SharedKeyedTokenBucket``
-today) is accepted once: it is charged last, so a rejection from it needs
-no undo on it. Two such layers cannot be made all-or-nothing: ``TypeError``.
+A layer without ``refund`` (``SharedKeyedTokenBucket`` today) is accepted
+once: it is charged last, so a rejection from it needs no undo on it. Two
+such layers cannot be made all-or-nothing: ``TypeError``.
+The Redis limiters refund (each refund one atomic script), so any number of
+them, with in-process layers or not, are all-or-nothing, and wait in
+``acquire`` (reserved in Redis, given back when a later layer refuses).
 """
 
 from __future__ import annotations

@@ -62,11 +62,12 @@ True
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from importlib.resources import files
 from typing import Any, Literal, Protocol
 
@@ -84,6 +85,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from . import _redis_clients as _clients
+from . import waiting as _waiting
 from ._bucket_py import Decision
 from ._params import (
     NOW_MAX,
@@ -115,6 +117,8 @@ TAU_US_MAX = (1 << 53) - 1 - NOW_MAX // NS_PER_US
 #: explicit clock is not Redis's, so Redis cannot tell when such a bucket is
 #: full; without the slack a slow replay would lose state mid-trace.
 EXPLICIT_TTL_SLACK_MS = 86_400_000
+#: Compare-and-swap attempts per key when reconfigure migrates a busy bucket.
+SWAP_TRIES = 100
 DEFAULT_SOCKET_TIMEOUT = 0.1
 #: Errors that mean "Redis could not decide": everything redis-py raises,
 #: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
@@ -138,6 +142,8 @@ _POOL_OWNED = frozenset(
 _GCRA = files(__package__).joinpath("_redis_gcra.lua").read_text(encoding="utf-8")
 _GCRA_MANY = files(__package__).joinpath("_redis_gcra_many.lua").read_text(encoding="utf-8")
 _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf-8")
+_RESERVE = files(__package__).joinpath("_redis_reserve.lua").read_text(encoding="utf-8")
+_SWAP = files(__package__).joinpath("_redis_swap.lua").read_text(encoding="utf-8")
 
 
 class RedisUnavailable(RedisConnectionError):
@@ -519,6 +525,19 @@ def client_from_url(
     )
 
 
+def _redis_params(rate: RateLike, capacity: int) -> tuple[Any, int, int]:
+    """Validated ``(exact rate, capacity, interval_us)`` of a Redis limiter."""
+    exact, cap, interval_ns, _ = bucket_params(rate, capacity)
+    # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
+    interval_us = -(-interval_ns // NS_PER_US)
+    if cap * interval_us > TAU_US_MAX:
+        raise ValueError(
+            f"capacity / rate is {cap * interval_us / 1e6 / 86400 / 365.25:.0f} years to refill: "
+            f"more than Redis's microsecond state can hold exactly"
+        )
+    return exact, cap, interval_us
+
+
 class _RedisLimits:
     """Parameters, key encoding and failure policy shared by the Redis limiters."""
 
@@ -535,18 +554,7 @@ class _RedisLimits:
         timeout: float,
     ) -> None:
         self._timeout = _check_timeout(timeout)
-        exact, self._capacity, interval_ns, _ = bucket_params(rate, capacity)
-        self._rate = exact
-        # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
-        self._interval_us = -(-interval_ns // NS_PER_US)
-        self._tau_us = self._capacity * self._interval_us
-        if self._tau_us > TAU_US_MAX:
-            raise ValueError(
-                f"capacity / rate is {self._tau_us / 1e6 / 86400 / 365.25:.0f} years to refill: "
-                f"more than Redis's microsecond state can hold exactly"
-            )
-        self._interval_ns = self._interval_us * NS_PER_US
-        self._tau_ns = self._tau_us * NS_PER_US
+        self._set_params(_redis_params(rate, capacity))
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         if "{" in prefix or "}" in prefix:
@@ -559,7 +567,6 @@ class _RedisLimits:
         if breaker is not None and not isinstance(breaker, CircuitBreaker):
             raise TypeError("breaker must be a CircuitBreaker")
         self._breaker = breaker if breaker is not None else CircuitBreaker()
-        self._head = (str(self._interval_us).encode(), str(self._tau_us).encode())
 
     @property
     def rate(self) -> Any:
@@ -727,6 +734,121 @@ class _RedisLimits:
         keys = list(keys)
         return keys, [self.key(k) for k in keys]  # a bad key fails the batch before any call
 
+    # -- refund, reset, reserve, reconfigure: the in-process table's verbs ------
+
+    def _set_params(self, params: tuple[Any, int, int]) -> None:
+        self._rate, self._capacity, self._interval_us = params
+        self._tau_us = self._capacity * self._interval_us
+        self._interval_ns = self._interval_us * NS_PER_US
+        self._tau_ns = self._tau_us * NS_PER_US
+        self._head = (str(self._interval_us).encode(), str(self._tau_us).encode())
+
+    def _give_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:
+        # The lease script's "give": tat -= cost * interval, never below now.
+        now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
+        return (*self._head, b"give", cost, 0, now_arg, EXPLICIT_TTL_SLACK_MS)
+
+    def _reserve_args(
+        self, cost: int, now_ns: int | None, max_wait: int, shape: bool
+    ) -> tuple[bytes | int, ...]:
+        now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
+        return (
+            self._head[1],
+            cost * self._interval_us,
+            now_arg,
+            max(max_wait, 0) // NS_PER_US,  # floor: never wait past the caller's bound
+            b"1" if shape else b"0",
+            EXPLICIT_TTL_SLACK_MS,
+        )
+
+    def _reserve_policy(self, key: Hashable, cost: int, now_ns: int | None, err: Any) -> int:
+        """What `_reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""
+        return 0 if self._policy(key, cost, now_ns, True, err).allowed else -1
+
+    def _lost(self, verb: str, key: Hashable, args: tuple[Any, ...], err: Any) -> bool:
+        """A refund or reset Redis could not take: to the fallback if it has *verb*, else lost.
+
+        Never queued: a refund is worth only its moment, and a bucket that
+        keeps the tokens refills them by itself. Raises only under
+        ``on_error="raise"`` without a fallback, as every verb does.
+        """
+        fb = self._fallback
+        if fb is not None:
+            fn = getattr(fb, verb, None)
+            if fn is not None:
+                fn(key, *args)
+            return False
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        return False
+
+    def _new_tat(
+        self, raw: bytes, now_us: int, params: tuple[Any, int, int], slack_ms: int
+    ) -> tuple[bytes, int] | None:
+        """*raw* re-expressed under *params*: ``(value or b"" for full, TTL ms)``, or
+        None to leave it (full, or not a bucket). The in-process carry-over in ns,
+        the new debt rounded up to whole us (never a fraction of a token gained)."""
+        try:
+            tat = int(raw)
+        except ValueError:
+            return None
+        if not 0 <= tat <= (1 << 53) - 1 or tat <= now_us:
+            return None  # not a bucket (an empty one until replaced), or full: stays full
+        interval, tau = self._interval_ns, self._tau_ns
+        new_interval = params[2] * NS_PER_US
+        new_tau = params[1] * new_interval
+        debt = (tat - now_us) * NS_PER_US
+        new_debt = new_tau - ((tau - debt) * new_interval) // interval
+        if new_debt <= 0:
+            return b"", 0
+        debt_us = -(-new_debt // NS_PER_US)
+        return str(now_us + debt_us).encode(), debt_us // 1000 + 1 + slack_ms
+
+    def _migrate(
+        self, client: Any, swap: Any, params: tuple[Any, int, int], now: int | None
+    ) -> None:
+        """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
+        explicit = None if now is None else check_now(now) // NS_PER_US
+        slack = 0 if explicit is None else EXPLICIT_TTL_SLACK_MS
+        for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
+            for _ in range(SWAP_TRIES):
+                if explicit is None:
+                    pipe = client.pipeline(transaction=False)
+                    (secs, us), raw = pipe.time().get(rkey).execute()
+                    now_us = int(secs) * 1_000_000 + int(us)
+                else:
+                    now_us, raw = explicit, client.get(rkey)
+                new = None if raw is None else self._new_tat(raw, now_us, params, slack)
+                if new is None or swap(keys=(rkey,), args=(raw, *new)):
+                    break
+            else:
+                raise RedisError(f"{rkey!r} kept changing: not migrated")
+
+    def _pattern(self) -> bytes:
+        # SCAN's glob: every byte of the prefix literal, then the key.
+        return b"".join(b"\\" + bytes([c]) for c in self._prefix) + b"*"
+
+
+async def _sleep_reserved(
+    limiter: Any, wait: int, give_back: Callable[[], Awaitable[object]]
+) -> bool:
+    """Sleep out a reservation of *wait* ns on the loop; a cancelled sleep gives it back."""
+    if wait <= 0:
+        return wait == 0
+    if not _waiting._enter_default(limiter):  # the bound on waiters, as in process
+        await give_back()
+        return False
+    try:
+        await asyncio.sleep(wait / NS_PER_S)
+    except BaseException:
+        # Shielded: cancelled again meanwhile, the give-back still finishes.
+        with contextlib.suppress(RedisUnavailable):
+            await asyncio.shield(asyncio.ensure_future(give_back()))
+        raise
+    finally:
+        _waiting._leave_default(limiter)
+    return True
+
 
 def _evalsha_pipeline(
     client: Any, script: Any, calls: list[tuple[bytes, tuple[Any, ...]]]
@@ -834,6 +956,9 @@ class RedisTokenBucket(_RedisLimits):
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
         self._cluster = _clients.is_cluster(self._client)
+        self._give_script = self._client.register_script(_LEASE)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
 
     @classmethod
     def from_url(
@@ -1037,6 +1162,166 @@ class RedisTokenBucket(_RedisLimits):
         breaker.record_success()
         return result
 
+    # -- refund, reset, waiting, reconfigure -------------------------------------
+
+    def refund(self, key: Hashable, cost: int = 1) -> bool:
+        """Give back *cost* tokens to *key*'s bucket (Redis time), never above capacity.
+
+        As in process: a full bucket gets nothing, and the bucket ends where
+        it would be had the tokens not been spent, or full. True if Redis
+        took it; when Redis cannot, the refund goes to the ``fallback`` (if
+        it has ``refund``) or is lost -- never queued, never raised except
+        under ``on_error="raise"`` -- and the result is False.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).refund("alice")
+        False
+        """
+        return self._give(key, self._cost(cost), None)
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
+        False
+        """
+        return self._give(key, self._cost(cost), check_now(now))
+
+    def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        rkey = self.key(key)
+        verb, args = ("refund", (cost,)) if now_ns is None else ("refund_at", (now_ns, cost))
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost(verb, key, args, None)
+        try:
+            self._give_script(keys=(rkey,), args=self._give_args(cost, now_ns))
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost(verb, key, args, err)
+        breaker.record_success()
+        return True
+
+    def reset(self, key: Hashable) -> bool:
+        """Forget *key*'s bucket: the next decision sees it full. True if Redis took it.
+
+        A failed Redis is handled as for `refund` (the fallback's ``reset``, or lost).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).reset("alice")
+        False
+        """
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost("reset", key, (), None)
+        try:
+            self._client.delete(rkey)
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost("reset", key, (), err)
+        breaker.record_success()
+        return True
+
+    def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """Reserve *cost* tokens in Redis; the ns to wait before using them, or -1.
+
+        The in-process ``_reserve``: the bucket may go past empty (a place in
+        line every instance sees), nothing is reserved past *max_wait* ns.
+        When Redis cannot decide, the failure policy answers 0 or -1.
+        """
+        cost = self._cost(cost)
+        now_ns = None if now is None else check_now(now)
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._reserve_policy(key, cost, now_ns, None)
+        try:
+            wait_us = self._reserve_script(
+                keys=(rkey,), args=self._reserve_args(cost, now_ns, max_wait, shape)
+            )
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._reserve_policy(key, cost, now_ns, err)
+        breaker.record_success()
+        return -1 if wait_us < 0 else int(wait_us) * NS_PER_US
+
+    def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or refuse.
+
+        One round trip reserves the tokens in Redis (every instance then sees
+        them owed), and the thread sleeps until they exist. False at once,
+        with nothing reserved, when the wait would exceed *timeout* seconds
+        or 1024 callers already wait on this limiter; an interrupted wait
+        gives the reservation back (`refund`).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down).acquire("a")
+        False
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """`acquire` for asyncio: the round trips run in a worker thread, the wait on the loop.
+
+        A cancelled waiter gives its reservation back.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        max_wait = _waiting._max_wait_ns(timeout)
+        wait = await asyncio.to_thread(self._reserve, key, None, cost, max_wait, False)
+        return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
+
+    def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """Change this instance's rate and/or capacity; with *migrate*, every stored bucket too.
+
+        Rate and capacity travel with each call, so they are this instance's:
+        reconfigure every instance sharing the prefix, the first with
+        ``migrate=True`` (the default), the others with ``migrate=False``
+        (the stored state is already in the new terms). Migrating does what
+        the in-process ``reconfigure`` does to each bucket of the prefix:
+        the tokens it holds at *now* (default: Redis time) carry over as
+        they are, capped at the new capacity, the new debt rounded up to a
+        whole microsecond. One difference: a full bucket is a missing key,
+        so it stays full under a larger capacity (in process it keeps the old
+        capacity's tokens and refills the rest). Each bucket changes
+        atomically (a compare-and-swap: a decision made meanwhile is never
+        overwritten); the prefix as a whole does not. Redis errors raise.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
+        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
+        >>> limiter.rate, limiter.capacity, limiter.interval_ns
+        (Fraction(50, 1), 200, 20000000)
+        """
+        params = _redis_params(
+            self._rate if rate is None else rate, self._capacity if capacity is None else capacity
+        )
+        if not isinstance(migrate, bool):
+            raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
+        if migrate:
+            self._migrate(self._client, self._swap_script, params, now)
+        self._set_params(params)
+
     def __repr__(self) -> str:
         return f"RedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
 
@@ -1076,6 +1361,9 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
         self._cluster = _clients.is_cluster(self._client)
+        self._give_script = self._client.register_script(_LEASE)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
 
     @classmethod
     def from_url(
@@ -1257,6 +1545,148 @@ class AsyncRedisTokenBucket(_RedisLimits):
             close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
             await close()
 
+    # -- refund, reset, waiting, reconfigure (as RedisTokenBucket's) -------------
+
+    async def refund(self, key: Hashable, cost: int = 1) -> bool:
+        """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund("alice"))   # not delivered: lost, never queued
+        False
+        """
+        return await self._give(key, self._cost(cost), None)
+
+    async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund_at("alice", 0))
+        False
+        """
+        return await self._give(key, self._cost(cost), check_now(now))
+
+    async def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        rkey = self.key(key)
+        verb, args = ("refund", (cost,)) if now_ns is None else ("refund_at", (now_ns, cost))
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost(verb, key, args, None)
+        try:
+            await self._give_script(keys=(rkey,), args=self._give_args(cost, now_ns))
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost(verb, key, args, err)
+        breaker.record_success()
+        return True
+
+    async def reset(self, key: Hashable) -> bool:
+        """`RedisTokenBucket.reset`, awaited: forget *key*'s bucket (next decision: full).
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.reset("alice"))
+        False
+        """
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost("reset", key, (), None)
+        try:
+            await self._client.delete(rkey)
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost("reset", key, (), err)
+        breaker.record_success()
+        return True
+
+    async def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """`RedisTokenBucket._reserve`, awaited."""
+        cost = self._cost(cost)
+        now_ns = None if now is None else check_now(now)
+        rkey = self.key(key)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._reserve_policy(key, cost, now_ns, None)
+        try:
+            wait_us = await self._reserve_script(
+                keys=(rkey,), args=self._reserve_args(cost, now_ns, max_wait, shape)
+            )
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._reserve_policy(key, cost, now_ns, err)
+        breaker.record_success()
+        return -1 if wait_us < 0 else int(wait_us) * NS_PER_US
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """`RedisTokenBucket.acquire` on the loop: reserve in Redis, sleep, never block.
+
+        A cancelled waiter gives its reservation back.
+
+        >>> import asyncio
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        wait = await self._reserve(key, None, cost, _waiting._max_wait_ns(timeout), False)
+        return await _sleep_reserved(self, wait, lambda: self.refund(key, cost))
+
+    acquire = acquire_async
+
+    async def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """`RedisTokenBucket.reconfigure`, awaited.
+
+        >>> import asyncio
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=100, capacity=200)
+        >>> asyncio.run(limiter.reconfigure(capacity=50, migrate=False)); limiter.capacity
+        50
+        """
+        params = _redis_params(
+            self._rate if rate is None else rate, self._capacity if capacity is None else capacity
+        )
+        if not isinstance(migrate, bool):
+            raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
+        if migrate:
+            explicit = None if now is None else check_now(now) // NS_PER_US
+            slack = 0 if explicit is None else EXPLICIT_TTL_SLACK_MS
+            client = self._client
+            async for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
+                for _ in range(SWAP_TRIES):
+                    if explicit is None:
+                        pipe = client.pipeline(transaction=False)
+                        (secs, us), raw = await pipe.time().get(rkey).execute()
+                        now_us = int(secs) * 1_000_000 + int(us)
+                    else:
+                        now_us, raw = explicit, await client.get(rkey)
+                    new = None if raw is None else self._new_tat(raw, now_us, params, slack)
+                    if new is None or await self._swap_script(keys=(rkey,), args=(raw, *new)):
+                        break
+                else:
+                    raise RedisError(f"{rkey!r} kept changing: not migrated")
+        self._set_params(params)
+
     def __repr__(self) -> str:
         return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
 
@@ -1349,6 +1779,8 @@ class LeasedTokenBucket(_RedisLimits):
         self._user_client = client
         self._client = bounded_client(client, self._timeout)
         self._script = self._client.register_script(_LEASE)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
         self._min_lease = min_lease
         self._max_lease = max_lease
         self._period_ns = int(lease_period * NS_PER_S)
@@ -1591,6 +2023,165 @@ class LeasedTokenBucket(_RedisLimits):
         # Redis gone: the tokens return by themselves as the buckets refill.
         with contextlib.suppress(*UNAVAILABLE):
             _evalsha_pipeline(self._client, self._script, calls)
+
+    # -- refund, reset, waiting, reconfigure ------------------------------------
+
+    def refund(self, key: Hashable, cost: int = 1) -> bool:
+        """Give back *cost* tokens: to this instance's lease while it stays under
+        ``max_lease`` unspent (the bound holds), the rest to Redis as
+        `RedisTokenBucket.refund` does. False if a part for Redis was lost.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund("alice")   # no lease held, Redis down: lost
+        False
+        """
+        return self._give(key, self._cost(cost), None)
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund_at("alice", 0)
+        False
+        """
+        return self._give(key, self._cost(cost), check_now(now))
+
+    def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        rkey = self.key(key)
+        with self._lock:
+            lease = self._leases.get(rkey)
+            if lease is not None:
+                local = min(cost, max(self._max_lease - 1 - lease.balance, 0))
+                lease.balance += local
+                cost -= local
+        if not cost:
+            return True
+        verb, args = ("refund", (cost,)) if now_ns is None else ("refund_at", (now_ns, cost))
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost(verb, key, args, None)
+        with self._lock:
+            self.round_trips += 1
+        try:
+            self._script(keys=(rkey,), args=self._give_args(cost, now_ns))
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost(verb, key, args, err)
+        breaker.record_success()
+        return True
+
+    def reset(self, key: Hashable) -> bool:
+        """Forget *key*: this instance's lease (unspent tokens forfeited) and its Redis bucket.
+
+        The next decision sees a full bucket. False if Redis could not take it
+        (the lease is dropped all the same; see `RedisTokenBucket.reset`).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.reset("alice"), limiter.held("alice")
+        (False, 0)
+        """
+        rkey = self.key(key)
+        with self._lock:
+            self._leases.pop(rkey, None)
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._lost("reset", key, (), None)
+        try:
+            self._client.delete(rkey)
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._lost("reset", key, (), err)
+        breaker.record_success()
+        return True
+
+    def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """Spend from the lease when it pays (0), else reserve in Redis as
+        `RedisTokenBucket._reserve` does (the lease is not touched)."""
+        cost = self._cost(cost)
+        now_ns = None if now is None else check_now(now)
+        rkey = self.key(key)
+        if not shape:
+            with self._lock:
+                lease = self._leases.get(rkey)
+                if lease is not None and lease.balance >= cost:
+                    lease.balance -= cost
+                    return 0
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return self._reserve_policy(key, cost, now_ns, None)
+        with self._lock:
+            self.round_trips += 1
+        try:
+            wait_us = self._reserve_script(
+                keys=(rkey,), args=self._reserve_args(cost, now_ns, max_wait, shape)
+            )
+        except UNAVAILABLE as err:
+            breaker.record_failure()
+            return self._reserve_policy(key, cost, now_ns, err)
+        breaker.record_success()
+        return -1 if wait_us < 0 else int(wait_us) * NS_PER_US
+
+    def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
+        """`RedisTokenBucket.acquire`, spending the lease first when it pays.
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.acquire("alice")   # the policy admits at once
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """`acquire` for asyncio (round trips in a worker thread, the wait on the loop).
+
+        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> import asyncio
+        >>> asyncio.run(limiter.acquire_async("alice"))
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        max_wait = _waiting._max_wait_ns(timeout)
+        wait = await asyncio.to_thread(self._reserve, key, None, cost, max_wait, False)
+        return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
+
+    def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """`RedisTokenBucket.reconfigure`, after giving every lease back (leased
+        tokens were counted in the old terms); ``min_lease`` and ``max_lease``
+        are capped at the new capacity.
+
+        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=100, capacity=200, max_lease=50)
+        >>> limiter.reconfigure(capacity=20, migrate=False); limiter.capacity, limiter.max_lease
+        (20, 20)
+        """
+        params = _redis_params(
+            self._rate if rate is None else rate, self._capacity if capacity is None else capacity
+        )
+        if not isinstance(migrate, bool):
+            raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
+        self._give_back(None if now is None else check_now(now))
+        if migrate:
+            self._migrate(self._client, self._swap_script, params, now)
+        self._set_params(params)
+        self._max_lease = min(self._max_lease, params[1])
+        self._min_lease = min(self._min_lease, self._max_lease)
 
     def __enter__(self) -> LeasedTokenBucket:
         return self
