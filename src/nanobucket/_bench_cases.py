@@ -202,7 +202,9 @@ def loop_fresh(
     make: Callable[[], Callable[[Any], object]], fresh_keys: Callable[[], list[str]], calls: int
 ) -> Trial:
     """``for k in keys: f(k)`` with *f* from *make()* and never-seen keys every round."""
-    box: list[Any] = [None, None]
+    # Built once now, so that a contender that cannot be built (no Cython
+    # extension, a peer not installed) is Unavailable here, not mid-run.
+    box: list[Any] = [make(), None]
 
     def reset() -> None:
         box[0] = None  # drop the old table before building the next one
@@ -305,7 +307,7 @@ def _need(module: str, peer: str) -> Any:
     try:
         return __import__(module, fromlist=["_"])
     except ImportError:
-        raise Unavailable(f"{peer} is not installed (pip install 'nanobucket[bench]')") from None
+        raise Unavailable("not installed (pip install 'nanobucket[bench]')") from None
 
 
 def peer_keyed(
@@ -521,7 +523,6 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
                 closers[:] = [close]
                 return f
 
-            make()  # now, so that a missing peer is Unavailable here, not mid-run
             trial = loop_fresh(make, fresh, n)
             trial.close = lambda: [c() for c in closers] and None
             return trial
@@ -714,7 +715,7 @@ def aimed_cases(n: int, sweep_max_keys: int) -> tuple[Case, ...]:
     def many(ks: list[int]) -> Callable[[], Trial]:
         def build() -> Trial:
             buf = array("Q", ks)
-            box: list[Any] = [None]
+            box: list[Any] = [table()]  # now: Unavailable here without the extension
 
             def reset() -> None:
                 box[0] = None

@@ -413,6 +413,7 @@ def format_table(report: dict[str, Any]) -> str:
         "x floor / x c: this median over the floor's / nanobucket-c's",
         "",
     ]
+    skipped: dict[str, dict[str, None]] = {}  # reason -> names, in order
     for grp in report["groups"]:
         lines.append(f"{grp['title']}  [ns per {grp['unit']}]")
         ref = next((r for r in grp["results"] if r["role"] == "ours"), None)
@@ -431,7 +432,7 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{'  capped: a round took too long' if r['capped'] else ''}"
             )
         for s in grp["skipped"]:
-            lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
+            skipped.setdefault(s["reason"], {})[s["name"]] = None
         lines.append("")
     mem = report.get("memory")
     if mem:
@@ -442,15 +443,23 @@ def format_table(report: dict[str, Any]) -> str:
         for kind, b in mem["bytes_per_key"].items():
             lines.append(f"  {kind:<30} {b:>10.1f}")
         for s in mem["skipped"]:
-            lines.append(f"  {s['name']:<30} skipped: {s['reason']}")
+            skipped.setdefault(s["reason"], {})[s["name"]] = None
         lines.append("")
-    lines.append("goals")
+    # Once per reason, not once per group: a missing peer is one fact.
+    for reason, names in skipped.items():
+        lines.append(f"skipped, {reason}: {', '.join(names)}")
+    if skipped:
+        lines.append("")
+    lines.append(
+        "speed goals of the Cython build on an idle machine (targets, not a test of this "
+        "install; a quick or busy run is only indicative)"
+    )
     for goal in report["goals"]:
         value = "not measured" if goal["value"] is None else f"{goal['value']:.2f}"
-        mark = {True: "ok", False: "MISSED", None: "-"}[goal["met"]]
-        lines.append(f"  {mark:<7}{goal['goal']:<62} {value}")
+        mark = {True: "met", False: "not met", None: "-"}[goal["met"]]
+        lines.append(f"  {mark:<8}{goal['goal']:<62} {value}")
         if "note" in goal:
-            lines.append(f"         ({goal['note']})")
+            lines.append(f"          ({goal['note']})")
     lines.append(f"\n{report['elapsed_s']:.1f} s")
     return "\n".join(lines)
 
