@@ -136,7 +136,7 @@ class RateLimitMiddleware:
             if self._quiet:
                 await self.app(scope, receive, send)
                 return
-            if self._ietf:  # inlined limit_headers(), the common case
+            if self._ietf and policy.layer_headers is None:  # inlined limit_headers()
                 value = policy.r_prefix + b"%d;t=%d" % (
                     decision.remaining,
                     -(-decision.reset_after_ns // 1_000_000_000),
