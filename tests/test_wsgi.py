@@ -259,3 +259,12 @@ def test_all_of_sends_the_binding_layers_policy(impl: ModuleType, clock: Any) ->
         (200, '"default";q=10;w=1', '"default";r=0;t=1'),
         (429, '"default";q=10;w=1', '"default";r=0;t=1'),
     ]
+
+
+def test_exempt_takes_one_path_as_a_string(impl: ModuleType, clock: Any) -> None:
+    # exempt="/healthz" is that path (it was read as the paths "/", "h", ...).
+    app, mw = wrap(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), exempt="/healthz")
+    c = client(app)
+    assert [c.get("/healthz").status_code for _ in range(3)] == [200, 200, 200]
+    assert [c.get("/").status_code for _ in range(2)] == [200, 429]
+    assert (mw.counters.exempt, mw.counters.admitted, mw.counters.limited) == (3, 1, 1)

@@ -805,12 +805,14 @@ def build_router(
     name: str,
     keyed: bool | None,
     routes: Iterable[Route] | None,
-    exempt: Iterable[str] | None,
+    exempt: str | Iterable[str] | None,
 ) -> Router:
     """Validate the middleware's arguments into a `Router` (errors at startup)."""
     policies: dict[int, Policy] = {}
     default = make_rule("*", limiter, key, cost, name, keyed, policies=policies)
     resolved: list[tuple[Route, Rule]] = []
+    if isinstance(exempt, str):  # one path, as "/healthz": not its characters
+        exempt = [exempt]
     for path in exempt or ():
         r = Route(path, exempt=True)
         resolved.append((r, make_rule(path, None, None, None, name, keyed, True)))
