@@ -228,7 +228,7 @@ def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [g["id"] for g in report["groups"]] == ["check"]
     assert report["memory"] is None
     names = [r["name"] for r in report["groups"][0]["results"]]
-    assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "seed"]
+    assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "naive"]
     assert "single check() -> Decision, admitted" in capsys.readouterr().out
 
 
@@ -239,7 +239,7 @@ def test_memory_kinds() -> None:
         "nanobucket-c",
         "nanobucket-py",
         "dict",
-        "seed",
+        "naive",
         "token-bucket",
     ]
 

@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 
 from nanobucket._params import NOW_MAX
-from nanobucket.reference import ExactBucket, SeedBucket
+from nanobucket.reference import ExactBucket, NaiveBucket
 
 S = 1_000_000_000
 
@@ -21,7 +21,7 @@ def test_burst_of_250_at_one_instant_admits_exactly_200(impl: ModuleType) -> Non
 
 
 def test_the_seed_as_written_admits_the_same_burst() -> None:
-    seed = SeedBucket(rate=100, capacity=200)
+    seed = NaiveBucket(rate=100, capacity=200)
     assert sum(seed.allow(1.0) for _ in range(250)) == 200
 
 

@@ -152,7 +152,7 @@ def test_table_shows_the_numbers(seed_run: Simulation) -> None:
     text = render_table(seed_run)
     lines = text.splitlines()
     assert lines[0] == (
-        "the seed's case study, 120 s, seed 1: 11884 requests from 9 client keys over 120 s"
+        "the case study, 120 s, random seed 1: 11884 requests from 9 client keys over 120 s"
     )
     assert lines[2].split() == [
         "strategy",

@@ -1,4 +1,4 @@
-"""``python -m nanobucket bench``: nanobucket beside the floor, the seed and its peers.
+"""``python -m nanobucket bench``: nanobucket beside the floor, the naive bucket and its peers.
 
 Runs every group of `nanobucket._bench_cases` without pytest, prints a table
 (ns per call: median of the rounds and the spread between their quartiles;
@@ -63,7 +63,7 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
     """The ``bench`` command's options (also used by ``nanobucket.cli``)."""
     p = _Parser(
         prog=prog,
-        description="Time nanobucket against a no-op floor, the seed "
+        description="Time nanobucket against a no-op floor, the naive token bucket "
         "algorithm and the installed peer libraries; print a table.",
     )
     p.add_argument(
@@ -86,7 +86,8 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-all",
         action="store_true",
-        help="also measure bytes per key of the seed and the installed peers (adds ~10-20 s)",
+        help="also measure bytes per key of the naive bucket and the installed peers "
+        "(adds ~10-20 s)",
     )
     return p
 
@@ -277,7 +278,7 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         x, y = _median(g, gid, a), _median(g, gid, b)
         return None if x is None or y is None else x / y
 
-    # One read of CLOCK_MONOTONIC, which every allow() must make (DESIGN):
+    # One read of CLOCK_MONOTONIC, which every allow() must make:
     # on a VM it costs as much as the call itself, and no limiter can be
     # under 1.2x a floor that leaves it out. The goals are also stated
     # against the floor plus that read; both are printed.
@@ -317,8 +318,8 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
             1.2,
         ),
         (
-            "single allow(): times faster than seed",
-            ratio("allow_allowing", "seed", "nanobucket-c"),
+            "single allow(): times faster than the naive bucket",
+            ratio("allow_allowing", "naive", "nanobucket-c"),
             ">=",
             6,
         ),
@@ -373,8 +374,8 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
             80,
         ),
         (
-            "pure-Python twin allow(): x seed",
-            ratio("allow_allowing", "nanobucket-py", "seed"),
+            "pure-Python twin allow(): x the naive bucket",
+            ratio("allow_allowing", "nanobucket-py", "naive"),
             "<=",
             1.0,
         ),

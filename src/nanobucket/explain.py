@@ -1,7 +1,7 @@
 """What a token-bucket configuration admits, in exact numbers.
 
-The seed opens with "explain the limiting mechanism in this configuration"
-(rate 100/s, capacity 200). `explain` answers it for any numbers, in exact
+What does a limit of rate 100/s and capacity 200 let through, and for how
+long does it absorb a burst? `explain` answers that for any numbers, in exact
 rational arithmetic (`Fraction`), so 200 / 100 prints as ``2 s``, never
 ``1.9999 s``. Every rational value is rendered by `fmt`: a whole or
 terminating decimal when one exists (``2``, ``2.5``), else ``p/q`` with an
@@ -25,7 +25,7 @@ from ._params import NS_PER_S, RateLike, bucket_params, check_cost, rate_fractio
 __all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
 
 WINDOWS_S = (1, 2, 5, 60)
-# The seed's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
+# The case study's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
 DEFAULT_BURST_FACTOR = Fraction(9, 5)
 
 
@@ -145,7 +145,7 @@ def explain(
 
     *cost* is tokens per request, *instances* the number of processes each
     holding such a bucket locally, *burst_rps* the burst to judge (default
-    1.8 x the sustained request rate, the seed's 180 against 100).
+    1.8 x the sustained request rate, the case study's 180 against 100).
 
     >>> e = explain(100, 200, burst_rps=180)
     >>> e.max_admitted

@@ -1,6 +1,6 @@
 """Replay traffic through rate-limiting strategies, in simulated time.
 
-The seed's case study: a public API gets 70-90 req/s, with bursts to 180 req/s
+The case study: a public API gets 70-90 req/s, with bursts to 180 req/s
 lasting a few seconds after an advertising campaign. It compares a fixed
 one-second window of 100, an unbounded queue and a token bucket 100/200, and
 settles on a token bucket per client key plus a global limit per instance.
@@ -107,7 +107,7 @@ class Traffic:
 
 
 def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
-    """The seed's traffic: 70-90 req/s, bursts to 180 req/s, one greedy client.
+    """The case study's traffic: 70-90 req/s, bursts to 180 req/s, one greedy client.
 
     Each second draws its normal rate uniformly from 70-90 and spreads that
     many requests uniformly over the second among eight clients; bursts top
@@ -157,7 +157,7 @@ def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
         [k for _, k in reqs],
         [1] * len(reqs),
         duration_s * NS,
-        f"the seed's case study, {duration_s} s, seed {seed}",
+        f"the case study, {duration_s} s, random seed {seed}",
         tuple(phases),
     )
 
