@@ -191,11 +191,12 @@ def _positive(value: RateLike) -> Fraction:
 
 
 def _summary(e: Explanation) -> str:
-    tokens = f"{fmt(e.rate)} tokens per second"
+    tokens = f"{fmt(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
     text = (
-        f"The bucket starts full with {e.capacity} tokens and refills {tokens}, never "
-        f"past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is rejected. "
-        f"So up to {e.largest_burst} requests pass at once, but over time no more than "
+        f"The bucket starts full with {_plural(e.capacity, 'token')} and refills {tokens}, "
+        f"never past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is "
+        f"rejected. So up to {_plural(e.largest_burst, 'request')} "
+        f"{'passes' if e.largest_burst == 1 else 'pass'} at once, but over time no more than "
         f"{fmt(e.sustained_rps)} per second: an empty bucket takes {fmt(e.refill_s)} s to "
         f"refill, and any {e.max_admitted[0][0]} s admits at most {e.max_admitted[0][1]} "
         f"(capacity plus one second of refill). "
@@ -205,9 +206,11 @@ def _summary(e: Explanation) -> str:
         text += f"A burst of {fmt(b.rps)} req/s is within the sustained rate and is never rejected."
     else:
         text += (
-            f"A burst of {fmt(b.rps)} req/s drains it by {fmt(b.drain_per_s)} tokens/s, so it "
-            f"is empty after {fmt(b.absorbed_s)} s and every request up to then passes (the "
-            f"first rejection is request #{b.first_rejected}); after that "
+            f"A burst of {fmt(b.rps)} req/s drains it by {fmt(b.drain_per_s)} tokens/s: "
+            f"with evenly spaced arrivals every request passes until request "
+            f"#{b.first_rejected} at {fmt(b.first_rejected_s or 0)} s, the first rejected "
+            f"(the bucket runs dry at {fmt(b.absorbed_s)} s, but a request needs a whole "
+            f"token); after that "
             f"{fmt(b.then_admitted_rps)} req/s pass and {fmt(b.then_rejected_rps)} req/s are "
             "rejected until the burst ends."
         )
@@ -231,12 +234,13 @@ def render_text(e: Explanation) -> str:
     b = e.burst
     unit = "" if e.cost == 1 else f" (cost {e.cost} tokens each)"
     lines = [
-        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {e.capacity} tokens{unit}",
+        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {_plural(e.capacity, 'token')}{unit}",
         "",
         f"  sustained rate           {fmt(e.sustained_rps)} req/s",
-        f"  largest burst            {e.largest_burst} requests at once",
+        f"  largest burst            {_plural(e.largest_burst, 'request')} at once",
         f"  refill from empty        {fmt(e.refill_s)} s",
-        f"  one token every          {e.interval_ns} ns"
+        f"  one token every          {e.interval_ns:,} ns "
+        f"({fmt(Fraction(e.interval_ns, NS_PER_S))} s)"
         + (
             ""
             if e.interval_exact
@@ -246,7 +250,7 @@ def render_text(e: Explanation) -> str:
         "  most admitted in any window of T seconds (capacity + rate * T):",
     ]
     for t, n in e.max_admitted:
-        lines.append(f"    T = {t:>2} s   {n} requests")
+        lines.append(f"    T = {t:>2} s   {_plural(n, 'request')}")
     lines.append("")
     if b.absorbed_s is None:
         lines.append(f"  burst of {fmt(b.rps)} req/s  never rejected (within the sustained rate)")
