@@ -245,6 +245,8 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
         )
         if proc.returncode != 0:
             reason = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            # The child's Unavailable reads as the in-process skips do.
+            reason = reason.removeprefix("Unavailable: ")
             skipped.append({"name": kind, "reason": reason})
             progress.finish(label, f"skipped ({reason})")
             continue
