@@ -20,7 +20,8 @@ copy_tracked "$work/src"
 echo "--- building the sdist and a wheel from it (python -m build)"
 "$python" -m venv "$work/build-env"
 "$work/build-env/bin/python" -m pip install -q --upgrade pip build
-"$work/build-env/bin/python" -m build --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 \
+# REQUIRE: a compiler problem fails here, not as a pure-Python wheel.
+NANOBUCKET_REQUIRE_EXTENSIONS=1 "$work/build-env/bin/python" -m build --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 \
   || { tail -40 "$work/build.log"; exit 1; }
 sdist=$(ls "$work"/dist/nanobucket-*.tar.gz)
 wheel=$(ls "$work"/dist/nanobucket-*.whl)

@@ -30,7 +30,7 @@ SINGLE = """
 import sys
 from nanobucket import _bucket_c, _bucket_py
 from nanobucket._floor import Floor
-from nanobucket.reference import MonotonicSeedBucket
+from nanobucket.reference import MonotonicNaiveBucket
 n = int(sys.argv[1])
 f = {make}
 r = range(n)
@@ -58,7 +58,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "floor_clock": (SINGLE, "Floor().allow_clock", "Floor.allow_clock(): the call + a clock read"),
     "c_allow": (SINGLE, "_bucket_c.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (c)"),
     "py_allow": (SINGLE, "_bucket_py.TokenBucket(10**9, 10**6).allow", "TokenBucket.allow() (py)"),
-    "seed_allow": (SINGLE, "MonotonicSeedBucket(10**9, 10**6).allow", "seed allow()"),
+    "naive_allow": (SINGLE, "MonotonicNaiveBucket(10**9, 10**6).allow", "naive allow()"),
     "floor_keyed": (KEYED, "Floor().allow_key", "floor: no-op Floor.allow_key(k)"),
     "dict_get": (KEYED, "dict.fromkeys(keys, 0).get", "dict.get(k), 100k str keys"),
     "c_keyed": (
@@ -76,7 +76,7 @@ FLOOR_OF = {
     "floor_clock": "floor_allow",
     "c_allow": "floor_allow",
     "py_allow": "floor_allow",
-    "seed_allow": "floor_allow",
+    "naive_allow": "floor_allow",
     "dict_get": "floor_keyed",
     "c_keyed": "floor_keyed",
     "py_keyed": "floor_keyed",

@@ -160,7 +160,7 @@ def test_retry_after_rounds_up_whole_seconds(
 def test_policy_quota_and_window(impl: ModuleType, rate: int, capacity: int, policy: str) -> None:
     # w: seconds an empty bucket takes to fill (>= 1); q: what the rate admits in w.
     p = Policy(impl.KeyedTokenBucket(rate=rate, capacity=capacity), "default", None)
-    assert p.policy_value == f'"default";{policy}'.encode()
+    assert p.policy_header == (b"ratelimit-policy", f'"default";{policy}'.encode())
 
 
 def test_retry_after_never_zero() -> None:
@@ -515,3 +515,25 @@ def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) ->
         routes=[Route("/api/*"), Route("/api/v1/*", cost=2), Route("/login", methods={"post"})],
     )
     assert mw._router.match(path, method).pattern == pattern
+
+
+def test_all_of_sends_the_binding_layers_policy(
+    impl: ModuleType, clock: Any, clients: list[Client]
+) -> None:
+    # The README's per-client and global limits: the policy field is the
+    # binding layer's (it was missing from every response).
+    from nanobucket import all_of
+
+    per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    instance = impl.TokenBucket(rate=10, capacity=3, clock=clock)
+    app = RateLimitMiddleware(starlette_app(), all_of(per_client, instance))
+    seen = []
+    for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"):
+        r = client_for(clients, app, host).get("/")
+        seen.append((r.status_code, r.headers["ratelimit-policy"], r.headers["ratelimit"]))
+    assert seen == [
+        (200, '"default";q=2;w=2', '"default";r=1;t=1'),  # the client's bucket binds
+        (200, '"default";q=2;w=2', '"default";r=1;t=1'),
+        (200, '"default";q=10;w=1', '"default";r=0;t=1'),  # the instance's, now empty
+        (429, '"default";q=10;w=1', '"default";r=0;t=1'),
+    ]

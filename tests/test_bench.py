@@ -228,7 +228,7 @@ def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [g["id"] for g in report["groups"]] == ["check"]
     assert report["memory"] is None
     names = [r["name"] for r in report["groups"][0]["results"]]
-    assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "seed"]
+    assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "naive"]
     assert "single check() -> Decision, admitted" in capsys.readouterr().out
 
 
@@ -239,7 +239,7 @@ def test_memory_kinds() -> None:
         "nanobucket-c",
         "nanobucket-py",
         "dict",
-        "seed",
+        "naive",
         "token-bucket",
     ]
 
@@ -260,3 +260,75 @@ def test_a_round_over_the_cap_ends_the_case() -> None:
         cases.Trial(lambda: None, 1, warmed=True), bench.Budget(0.0, 3, 5)
     )
     assert capped is False and len(fast) == 3  # warmed: no warm-up round, lo rounds
+
+
+def test_without_the_extension_every_cython_case_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pure-Python install: no _bucket_c. Each case that needs it is skipped
+    # with one reason; before, first_touch raised mid-run from its reset().
+    monkeypatch.setattr(cases, "_bucket_c", None)
+    progress = bench.Progress(1, io.StringIO())
+    needs_c = {
+        "first_touch": ["nanobucket-c"],
+        "eviction": ["nanobucket-c"],
+        "aimed": None,  # every case but the floor and the pure-Python twin
+    }
+    for group in cases.groups(cases.QUICK):
+        if group.id not in needs_c:
+            continue
+        out = bench.run_group(group, bench.Budget(0.0, 1, 1), progress)
+        skipped = {s["name"] for s in out["skipped"]}
+        want = needs_c[group.id]
+        if want is None:
+            want = [
+                c.name
+                for c in group.cases
+                if c.name not in {"floor", "int: aimed, pure-Python twin"}
+            ]
+        assert set(want) <= skipped
+        assert {s["reason"] for s in out["skipped"] if s["name"] in want} == {
+            "the Cython extension is not built"
+        }
+
+
+def test_table_says_each_skip_reason_once() -> None:
+    peer = "not installed (pip install 'nanobucket[bench]')"
+    report: dict[str, Any] = {
+        "nanobucket": "0",
+        "implementation": "python",
+        "python": "3",
+        "machine": "m",
+        "cpus": 2,
+        "quick": True,
+        "elapsed_s": 1.0,
+        "memory": None,
+        "groups": [
+            {
+                "title": t,
+                "unit": "call",
+                "floor": "floor",
+                "results": [],
+                "skipped": [
+                    {"name": "token-bucket", "reason": peer},
+                    {"name": "limits-fixed", "reason": peer},
+                ],
+            }
+            for t in ("one", "two")
+        ],
+        "goals": [
+            {
+                "goal": "single allow(): x floor <= 1.2",
+                "op": "<=",
+                "limit": 1.2,
+                "value": 2.5,
+                "met": False,
+            }
+        ],
+    }
+    text = bench.format_table(report)
+    assert text.count("not installed") == 1
+    assert f"skipped, {peer}: token-bucket, limits-fixed" in text.splitlines()
+    assert "MISSED" not in text
+    assert "  not met single allow(): x floor <= 1.2" in text
+    assert "targets, not a test of this install" in text

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numbers
+from decimal import Decimal
 from fractions import Fraction
 from types import ModuleType
 
 import pytest
 
 from nanobucket._params import NOW_MAX
-from nanobucket.reference import ExactBucket, SeedBucket
+from nanobucket.reference import ExactBucket, NaiveBucket
 
 S = 1_000_000_000
 
@@ -19,7 +21,7 @@ def test_burst_of_250_at_one_instant_admits_exactly_200(impl: ModuleType) -> Non
 
 
 def test_the_seed_as_written_admits_the_same_burst() -> None:
-    seed = SeedBucket(rate=100, capacity=200)
+    seed = NaiveBucket(rate=100, capacity=200)
     assert sum(seed.allow(1.0) for _ in range(250)) == 200
 
 
@@ -195,9 +197,61 @@ def test_rate_can_be_int_float_or_fraction(impl: ModuleType) -> None:
         b = impl.TokenBucket(rate=rate, capacity=1)
         assert b.interval_ns == interval
         assert b.allow_at(S) and not b.allow_at(S + interval - 1) and b.allow_at(S + interval)
-    assert impl.TokenBucket(rate=0.1, capacity=1).rate == Fraction(1, 10)
     assert impl.TokenBucket(rate=100, capacity=200).rate == 100
     assert impl.TokenBucket(rate=100, capacity=200).capacity == 200
+
+
+class Real32(float):
+    """A float subclass, as numpy.float64 is."""
+
+
+class Quarter:
+    """A numbers.Real that is no float: as numpy.float32 is."""
+
+    def __float__(self) -> float:
+        return 0.25
+
+
+numbers.Real.register(Quarter)
+
+
+def test_rate_is_the_number_given(impl: ModuleType) -> None:
+    # rate reads back as the kind given (0.1 == 0.1); the arithmetic is exact.
+    for given, interval in (
+        (100, 10_000_000),
+        (0.1, 10 * S),
+        (Real32(100.0), 10_000_000),
+        (Quarter(), 4 * S),
+        (Decimal("0.1"), 10 * S),
+        (Fraction(1, 3), 3 * S),
+    ):
+        b = impl.TokenBucket(rate=given, capacity=10)
+        t = impl.KeyedTokenBucket(rate=given, capacity=10)
+        want = 0.25 if isinstance(given, Quarter) else given
+        want_type = {Real32: float, Quarter: float}.get(type(given), type(given))
+        for lim in (b, t):
+            assert (lim.rate, type(lim.rate), lim.interval_ns) == (want, want_type, interval)
+    assert impl.TokenBucket(rate=0.1, capacity=1).rate == 0.1
+    # A reconfigure re-reads the stored rate: the same exact value.
+    b = impl.TokenBucket(rate=0.1, capacity=1)
+    b.reconfigure(capacity=2, now=0)
+    assert (b.rate, b.interval_ns) == (0.1, 10 * S)
+
+
+def test_rate_refuses_what_is_not_a_real_number(impl: ModuleType) -> None:
+    for bad in (True, "1", 1j, None):
+        with pytest.raises(TypeError, match="rate must be a real number"):
+            impl.TokenBucket(rate=bad, capacity=1)
+    for bad in (float("nan"), float("inf"), Real32("inf")):
+        with pytest.raises(ValueError, match="rate must be finite"):
+            impl.TokenBucket(rate=bad, capacity=1)
+
+
+def test_rate_of_numpy_scalars(impl: ModuleType) -> None:
+    numpy = pytest.importorskip("numpy")
+    assert impl.TokenBucket(rate=numpy.float64(100), capacity=10).rate == 100.0
+    assert impl.TokenBucket(rate=numpy.float32(0.5), capacity=10).interval_ns == 2 * S
+    assert impl.TokenBucket(rate=numpy.int64(100), capacity=10).interval_ns == 10_000_000
 
 
 def test_attributes_are_read_only(impl: ModuleType) -> None:

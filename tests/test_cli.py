@@ -65,7 +65,7 @@ def test_simulate_default(capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0] == (
-        "the seed's case study, 120 s, seed 1: 11884 requests from 9 client keys over 120 s"
+        "the case study, 120 s, random seed 1: 11884 requests from 9 client keys over 120 s"
     )
     assert lines[6].split() == [
         "token",
@@ -118,7 +118,7 @@ def test_simulate_options_and_json(capsys: pytest.CaptureFixture[str]) -> None:
         "token bucket 120/240",
         "per key 10/20 + 120/240",
     ]
-    assert doc["traffic"]["description"] == "the seed's case study, 30 s, seed 7"
+    assert doc["traffic"]["description"] == "the case study, 30 s, random seed 7"
     assert doc["traffic"]["duration_ns"] == 30_000_000_000
     assert doc["strategies"][2]["peak_queue"] == 50
 
@@ -190,7 +190,7 @@ def test_progress_bar_only_on_a_terminal() -> None:
     assert proc.wait(timeout=60) == 0
     text = b"".join(chunks).decode()
     assert "\rsimulating [##############################] 100%" in text
-    assert "the seed's case study, 440 s, seed 1" in text
+    assert "the case study, 440 s, random seed 1" in text
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ token bucket: rate 100 tokens/s, capacity 200 tokens
   sustained rate           100 req/s
   largest burst            200 requests at once
   refill from empty        2 s
-  one token every          10000000 ns
+  one token every          10,000,000 ns (0.01 s)
 
   most admitted in any window of T seconds (capacity + rate * T):
     T =  1 s   300 requests
@@ -37,8 +37,27 @@ def test_seed_configuration_text() -> None:
     summary = " ".join(text[len(SEED_TEXT) :].split())
     assert summary.startswith("The bucket starts full with 200 tokens and refills 100 tokens")
     assert "an empty bucket takes 2 s to refill" in summary
-    assert "is empty after 2.5 s" in summary
+    # The first refusal is before the fluid 2.5 s: the summary says so.
+    assert (
+        "with evenly spaced arrivals every request passes until request #449 at 112/45 "
+        "(~2.488889) s, the first rejected (the bucket runs dry at 2.5 s, but a request "
+        "needs a whole token)"
+    ) in summary
     assert "instances" not in summary
+
+
+def test_one_token_is_singular() -> None:
+    text = render_text(explain(1, 1, burst_rps=7))
+    lines = text.splitlines()
+    assert lines[0] == "token bucket: rate 1 tokens/s, capacity 1 token"
+    assert "  largest burst            1 request at once" in lines
+    assert "  one token every          1,000,000,000 ns (1 s)" in lines
+    summary = " ".join(text.split("\n\n")[-1].split())
+    assert summary.startswith(
+        "The bucket starts full with 1 token and refills 1 token per second, never past 1; "
+        "each request spends 1 token or is rejected. So up to 1 request passes at once,"
+    )
+    assert "requests" not in text.split("\n\n")[-1].split("A burst")[0]
 
 
 def test_seed_configuration_json() -> None:

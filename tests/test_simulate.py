@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -152,7 +153,7 @@ def test_table_shows_the_numbers(seed_run: Simulation) -> None:
     text = render_table(seed_run)
     lines = text.splitlines()
     assert lines[0] == (
-        "the seed's case study, 120 s, seed 1: 11884 requests from 9 client keys over 120 s"
+        "the case study, 120 s, random seed 1: 11884 requests from 9 client keys over 120 s"
     )
     assert lines[2].split() == [
         "strategy",
@@ -253,6 +254,19 @@ def test_trace_file(tmp_path: Path) -> None:
         ("1,a,1.5\n", "t.csv:1: cost '1.5'"),
         ("-1,a\n", "t.csv:1: timestamp '-1' is negative"),
         ("1,a,1,extra\n", "t.csv:1: expected timestamp,key"),
+        # A row with no key was a request of key "" before.
+        ("1,a\n2\n", "t.csv:2: no key: expected timestamp,key"),
+        ("1, ,2\n", "t.csv:1: no key"),
+        # A lone row that is no request was taken as a header ("no requests").
+        ("1.5s,a\n", "t.csv:1: timestamp '1.5s' is not a number"),
+        # Time beyond the clock's range was an internal "now must be in [0, 2**62) ns".
+        (
+            "0,a\n5000000000,b\n",
+            re.escape(
+                "t.csv:2: timestamp 5000000000 s is too far from the first request "
+                "(line 1, 0 s): a trace spans at most 4,611,686,018 s"
+            ),
+        ),
     ],
 )
 def test_bad_trace(tmp_path: Path, body: str, match: str) -> None:
@@ -260,6 +274,18 @@ def test_bad_trace(tmp_path: Path, body: str, match: str) -> None:
     path.write_text(body)
     with pytest.raises(ValueError, match=match):
         load_trace(path)
+
+
+def test_plot_time_axis_fits_the_trace() -> None:
+    # A 5 s trace had one tick (every 10 s) and the case study's label.
+    from nanobucket.plot import time_axis
+
+    assert time_axis(5, ()) == ([0, 1, 2, 3, 4, 5], "time (s)")
+    assert time_axis(60, ())[0] == list(range(0, 61, 5))
+    ticks, label = time_axis(120, case_study().phases)
+    assert ticks == list(range(0, 121, 10))
+    assert label == "time (s); shaded: burst 2 s, burst 3 s, greedy client"
+    assert time_axis(3600, ()) == (None, "time (s)")
 
 
 def test_bad_config() -> None:

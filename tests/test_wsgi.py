@@ -241,3 +241,30 @@ def test_bad_arguments(impl: ModuleType) -> None:
         wrap(impl.TokenBucket(rate=1, capacity=1), cost=2)
     with pytest.raises(ValueError, match="headers must be one of"):
         wrap(impl.TokenBucket(rate=1, capacity=1), headers=None)
+
+
+def test_all_of_sends_the_binding_layers_policy(impl: ModuleType, clock: Any) -> None:
+    from nanobucket import all_of
+
+    per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    instance = impl.TokenBucket(rate=10, capacity=3, clock=clock)
+    app, _ = wrap(all_of(per_client, instance))
+    seen = []
+    for addr in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"):
+        r = client(app, addr).get("/")
+        seen.append((r.status_code, r.headers["RateLimit-Policy"], r.headers["RateLimit"]))
+    assert seen == [
+        (200, '"default";q=2;w=2', '"default";r=1;t=1'),
+        (200, '"default";q=2;w=2', '"default";r=1;t=1'),
+        (200, '"default";q=10;w=1', '"default";r=0;t=1'),
+        (429, '"default";q=10;w=1', '"default";r=0;t=1'),
+    ]
+
+
+def test_exempt_takes_one_path_as_a_string(impl: ModuleType, clock: Any) -> None:
+    # exempt="/healthz" is that path (it was read as the paths "/", "h", ...).
+    app, mw = wrap(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), exempt="/healthz")
+    c = client(app)
+    assert [c.get("/healthz").status_code for _ in range(3)] == [200, 200, 200]
+    assert [c.get("/").status_code for _ in range(2)] == [200, 429]
+    assert (mw.counters.exempt, mw.counters.admitted, mw.counters.limited) == (3, 1, 1)

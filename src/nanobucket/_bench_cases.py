@@ -2,7 +2,7 @@
 
 A *group* asks one question (single ``allow()`` admitting, keyed ``allow(key)``
 over 100k keys, ...). Its *cases* answer it for the Cython implementation,
-the pure-Python twin, the seed's algorithm, a no-op floor, a bare-dict
+the pure-Python twin, the naive token bucket, a no-op floor, a bare-dict
 baseline where one makes sense, and each installed peer library. Every case
 builds a `Trial` whose ``run`` executes one timed round through one of the
 loop shapes below, so the only thing that differs between two cases of a
@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import Any
 
 from . import _bucket_py
-from .reference import MonotonicSeedBucket
+from .reference import MonotonicNaiveBucket
 
 
 def _optional(name: str) -> Any:
@@ -113,7 +113,7 @@ class Case:
     """A named contender of a group; ``build()`` may raise `Unavailable`."""
 
     name: str
-    role: str  # floor | ours | twin | seed | baseline | peer
+    role: str  # floor | ours | twin | naive | baseline | peer
     build: Callable[[], Trial]
 
 
@@ -202,7 +202,9 @@ def loop_fresh(
     make: Callable[[], Callable[[Any], object]], fresh_keys: Callable[[], list[str]], calls: int
 ) -> Trial:
     """``for k in keys: f(k)`` with *f* from *make()* and never-seen keys every round."""
-    box: list[Any] = [None, None]
+    # Built once now, so that a contender that cannot be built (no Cython
+    # extension, a peer not installed) is Unavailable here, not mid-run.
+    box: list[Any] = [make(), None]
 
     def reset() -> None:
         box[0] = None  # drop the old table before building the next one
@@ -286,18 +288,18 @@ def _impl(name: str) -> Any:
     return _bucket_py
 
 
-class SeedKeyed:
-    """The seed's algorithm per key: a dict of `MonotonicSeedBucket`, created on first use."""
+class NaiveKeyed:
+    """The naive token bucket per key: a dict of `MonotonicNaiveBucket`, created on first use."""
 
     def __init__(self, rate: float, capacity: float) -> None:
         self.rate = rate
         self.capacity = capacity
-        self.buckets: dict[object, MonotonicSeedBucket] = {}
+        self.buckets: dict[object, MonotonicNaiveBucket] = {}
 
     def allow(self, key: object) -> bool:
         b = self.buckets.get(key)
         if b is None:
-            b = self.buckets[key] = MonotonicSeedBucket(self.rate, self.capacity)
+            b = self.buckets[key] = MonotonicNaiveBucket(self.rate, self.capacity)
         return b.allow()
 
 
@@ -305,7 +307,7 @@ def _need(module: str, peer: str) -> Any:
     try:
         return __import__(module, fromlist=["_"])
     except ImportError:
-        raise Unavailable(f"{peer} is not installed (pip install 'nanobucket[bench]')") from None
+        raise Unavailable("not installed (pip install 'nanobucket[bench]')") from None
 
 
 def peer_keyed(
@@ -427,8 +429,8 @@ def single_cases(
     def floor() -> Trial:
         return loop_calls(getattr(Floor(), verb), calls)
 
-    def seed() -> Trial:
-        b = MonotonicSeedBucket(rate, capacity)
+    def naive() -> Trial:
+        b = MonotonicNaiveBucket(rate, capacity)
         return _single(b.allow, bool, want, calls, drain=drain)
 
     def peer(p: str) -> Callable[[], Trial]:
@@ -444,7 +446,7 @@ def single_cases(
         Case("floor+clock", "baseline", lambda: loop_calls(Floor().allow_clock, calls)),
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
-        Case("seed", "seed", seed),
+        Case("naive", "naive", naive),
     ]
     peers = PEERS if verb == "allow" else {"throttled-py": ""}  # only it returns a decision
     cases += [Case(p, "peer", peer(p)) for p in peers]
@@ -493,7 +495,7 @@ def keyed_cases(
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
         Case("dict.get", "baseline", dict_get),
-        Case("seed", "seed", lambda: warm(SeedKeyed(rate, capacity).allow)),
+        Case("naive", "naive", lambda: warm(NaiveKeyed(rate, capacity).allow)),
     ]
     if with_peers:
         cases += [Case(p, "peer", peer(p)) for p in PEERS]
@@ -521,7 +523,6 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
                 closers[:] = [close]
                 return f
 
-            make()  # now, so that a missing peer is Unavailable here, not mid-run
             trial = loop_fresh(make, fresh, n)
             trial.close = lambda: [c() for c in closers] and None
             return trial
@@ -533,7 +534,9 @@ def first_touch_cases(keys: Keys, n: int) -> tuple[Case, ...]:
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
         Case("dict.setdefault", "baseline", lambda: loop_fresh(lambda: {}.setdefault, fresh, n)),
-        Case("seed", "seed", lambda: loop_fresh(lambda: SeedKeyed(rate, capacity).allow, fresh, n)),
+        Case(
+            "naive", "naive", lambda: loop_fresh(lambda: NaiveKeyed(rate, capacity).allow, fresh, n)
+        ),
     ]
     cases += [Case(p, "peer", peer(p)) for p in PEERS]
     return tuple(cases)
@@ -714,7 +717,7 @@ def aimed_cases(n: int, sweep_max_keys: int) -> tuple[Case, ...]:
     def many(ks: list[int]) -> Callable[[], Trial]:
         def build() -> Trial:
             buf = array("Q", ks)
-            box: list[Any] = [None]
+            box: list[Any] = [table()]  # now: Unavailable here without the extension
 
             def reset() -> None:
                 box[0] = None
@@ -857,7 +860,7 @@ def rss_bytes() -> int:
 
 
 MEMORY_KINDS = ("nanobucket-c", "nanobucket-py", "dict")
-MEMORY_MORE = ("seed", "token-bucket", "throttled-py")  # slow to fill: on request
+MEMORY_MORE = ("naive", "token-bucket", "throttled-py")  # slow to fill: on request
 
 
 def memory_per_key(kind: str, n: int) -> float:
@@ -875,8 +878,8 @@ def memory_per_key(kind: str, n: int) -> float:
 
         def f(k: str) -> None:
             table[k] = base + len(table)  # distinct ints, as a tat per key would be
-    elif kind == "seed":
-        f = SeedKeyed(rate, capacity).allow
+    elif kind == "naive":
+        f = NaiveKeyed(rate, capacity).allow
     elif kind.startswith("nanobucket-"):
         f = _impl(kind[len("nanobucket-") :]).KeyedTokenBucket(rate, capacity, max_keys=n).allow
     else:

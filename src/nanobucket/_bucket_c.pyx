@@ -441,10 +441,12 @@ cdef class _Limits:
 
     @property
     def rate(self):
-        """Tokens per second: the int or Fraction given, else the float's exact value.
+        """Tokens per second, the number given: an int, float, Decimal or Fraction.
 
-        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=2.5, capacity=1).rate
-        (100, Fraction(5, 2))
+        The arithmetic uses its exact value (a float's shortest decimal: 0.1 is 1/10).
+
+        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=0.1, capacity=1).rate
+        (100, 0.1)
         """
         self._ready()
         with cython.critical_section(self):

@@ -15,7 +15,6 @@ import operator
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from fractions import Fraction
 
 from . import waiting as _waiting
 from ._params import (
@@ -178,20 +177,22 @@ class _Limits:
     # then its own), then sets the fields, `_lock` last: an __init__ that
     # raised sets nothing (the verbs raise), and a second __init__ raises.
 
-    def _new_limits(self, rate: RateLike, capacity: int) -> tuple[int | Fraction, int, int, int]:
+    def _new_limits(self, rate: RateLike, capacity: int) -> tuple[RateLike, int, int, int]:
         if hasattr(self, "_lock"):
             raise RuntimeError(f"{type(self).__name__} is already initialised")
         return _reconfigure_params(None, rate, capacity)
 
-    def _set_limits(self, limits: tuple[int | Fraction, int, int, int]) -> None:
+    def _set_limits(self, limits: tuple[RateLike, int, int, int]) -> None:
         self._rate, self._capacity, self._interval, self._tau = limits
 
     @property
-    def rate(self) -> int | Fraction:
-        """Tokens per second, as given (floats become the exact decimal Fraction).
+    def rate(self) -> RateLike:
+        """Tokens per second, the number given: an int, float, Decimal or Fraction.
 
-        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=2.5, capacity=1).rate
-        (100, Fraction(5, 2))
+        The arithmetic uses its exact value (a float's shortest decimal: 0.1 is 1/10).
+
+        >>> TokenBucket(rate=100, capacity=200).rate, TokenBucket(rate=0.1, capacity=1).rate
+        (100, 0.1)
         """
         return self._rate
 
@@ -255,7 +256,7 @@ def _carry_over(
 
 def _reconfigure_params(
     limits: _Limits | None, rate: RateLike | None, capacity: int | None
-) -> tuple[int | Fraction, int, int, int]:
+) -> tuple[RateLike, int, int, int]:
     """Validated ``(public rate, capacity, interval_ns, tau_ns)``; None: *limits*' own."""
     if limits is not None:
         rate = limits._rate if rate is None else rate

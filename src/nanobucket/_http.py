@@ -33,10 +33,9 @@ import threading
 import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from fractions import Fraction
 from typing import Any
 
-from ._params import NS_PER_S, check_cost
+from ._params import NS_PER_S, check_cost, rate_fraction
 
 __all__ = (
     "Counters",
@@ -496,20 +495,36 @@ def retry_after_seconds(retry_after_ns: int) -> int:
     return s if s > 0 else 1
 
 
+def _policy_header(name: str, limiter: object) -> tuple[bytes, bytes] | None:
+    """The ``RateLimit-Policy`` field of one bucket (None unless it has a rate and capacity)."""
+    capacity = getattr(limiter, "capacity", None)
+    rate = getattr(limiter, "rate", None)
+    if not isinstance(capacity, int) or rate is None:
+        return None
+    # w: the time an empty bucket takes to fill, in whole seconds (>=1);
+    # q: what the long-run rate admits in w. See the module docstring.
+    exact_rate = rate_fraction(rate)  # 0.1 as the decimal 1/10, as the bucket reads it
+    window = max(1, math.ceil(capacity / exact_rate))
+    quota = max(1, math.floor(exact_rate * window))
+    return (b"ratelimit-policy", f'"{name}";q={quota};w={window}'.encode("ascii"))
+
+
 class Policy:
-    """One limiter as the middleware uses it: check function and header text."""
+    """One limiter as the middleware uses it: check function and header text.
+
+    For an ``all_of``, ``layer_headers`` holds each layer's policy field and
+    the one sent is the binding layer's (``decision.layer``).
+    """
 
     __slots__ = (
         "capacity",
         "check",
         "ietf_extra",
         "is_async",
+        "layer_headers",
         "name",
         "policy_header",
-        "policy_value",
-        "quota",
         "r_prefix",
-        "window",
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
@@ -522,22 +537,17 @@ class Policy:
         self.is_async = is_async(limiter)
         self.name = name
         capacity = getattr(limiter, "capacity", None)
-        rate = getattr(limiter, "rate", None)
         self.capacity: int | None = capacity if isinstance(capacity, int) else None
-        self.policy_value: bytes | None = None
-        self.policy_header: tuple[bytes, bytes] | None = None
-        self.ietf_extra: list[tuple[bytes, bytes]] = []  # the fields that never change
         self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
-        self.quota = self.window = 0
-        if self.capacity is not None and rate is not None:
-            # w: the time an empty bucket takes to fill, in whole seconds (>=1);
-            # q: what the long-run rate admits in w. See the module docstring.
-            exact_rate = Fraction(rate)
-            self.window = max(1, math.ceil(self.capacity / exact_rate))
-            self.quota = max(1, math.floor(exact_rate * self.window))
-            self.policy_value = f'"{name}";q={self.quota};w={self.window}'.encode("ascii")
-            self.policy_header = (b"ratelimit-policy", self.policy_value)
-            self.ietf_extra = [self.policy_header]
+        self.policy_header = _policy_header(name, limiter)
+        layers = getattr(limiter, "layers", None)
+        self.layer_headers: tuple[tuple[bytes, bytes] | None, ...] | None = (
+            None if layers is None else tuple(_policy_header(name, lr) for lr in layers)
+        )
+        # The fields that never change (none for an all_of: its binding layer does).
+        self.ietf_extra: list[tuple[bytes, bytes]] = (
+            [self.policy_header] if self.policy_header is not None else []
+        )
 
     def validate_cost(self, cost: object) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
@@ -555,9 +565,12 @@ def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
             decision.remaining,
             -(-decision.reset_after_ns // _NS),
         )
-        if policy.policy_header is None:
+        header = policy.policy_header
+        if policy.layer_headers is not None:
+            header = policy.layer_headers[decision.layer]
+        if header is None:
             return [(b"ratelimit", value)]
-        return [policy.policy_header, (b"ratelimit", value)]
+        return [header, (b"ratelimit", value)]
     if mode == "legacy":
         return [
             (b"x-ratelimit-limit", str(decision.limit).encode("ascii")),
@@ -792,12 +805,14 @@ def build_router(
     name: str,
     keyed: bool | None,
     routes: Iterable[Route] | None,
-    exempt: Iterable[str] | None,
+    exempt: str | Iterable[str] | None,
 ) -> Router:
     """Validate the middleware's arguments into a `Router` (errors at startup)."""
     policies: dict[int, Policy] = {}
     default = make_rule("*", limiter, key, cost, name, keyed, policies=policies)
     resolved: list[tuple[Route, Rule]] = []
+    if isinstance(exempt, str):  # one path, as "/healthz": not its characters
+        exempt = [exempt]
     for path in exempt or ():
         r = Route(path, exempt=True)
         resolved.append((r, make_rule(path, None, None, None, name, keyed, True)))

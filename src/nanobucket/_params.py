@@ -27,7 +27,7 @@ import math
 import operator
 from decimal import Decimal
 from fractions import Fraction
-from numbers import Rational
+from numbers import Rational, Real
 
 NS_PER_S = 1_000_000_000
 NOW_MAX = (1 << 62) - 1
@@ -54,12 +54,19 @@ def rate_fraction(rate: object) -> Fraction:
     """Return *rate* (tokens per second) as an exact positive Fraction."""
     kind = type(rate)
     value: Fraction
-    if kind is bool or not issubclass(kind, (int, float, Rational, Decimal)):
-        raise TypeError(f"rate must be an int, float or Fraction, not {kind.__name__}")
+    if kind is bool or not issubclass(kind, (int, Real, Decimal)):
+        raise TypeError(
+            f"rate must be a real number (an int, float, Fraction, Decimal or other "
+            f"numbers.Real), not {kind.__name__}"
+        )
     if issubclass(kind, int):
         value = Fraction(exact_int(rate, "rate"))
-    elif issubclass(kind, float):
-        number = float.__float__(rate)  # type: ignore[arg-type]  # its value, not a subclass's say
+    elif not issubclass(kind, (Rational, Decimal)):
+        # A float, or another Real (numpy.float32, ...): its float value, read once.
+        if issubclass(kind, float):
+            number = float.__float__(rate)  # not a subclass's say
+        else:
+            number = float(rate)  # type: ignore[arg-type]
         if not math.isfinite(number):
             raise ValueError(f"rate must be finite, got {number!r}")
         # The decimal the user wrote (0.1), not the binary float's expansion.
@@ -85,13 +92,33 @@ def rate_fraction(rate: object) -> Fraction:
     return value
 
 
-def public_rate(rate: object, exact: Fraction) -> int | Fraction:
-    """The ``rate`` a limiter reports for *rate*: an int as an int, anything else *exact*.
+def public_rate(rate: object, exact: Fraction) -> RateLike:
+    """The ``rate`` a limiter reports for *rate*: the kind of number given, of value *exact*.
 
-    Never the object given: a reconfigure re-reads the stored rate, and it
-    must be the value that was checked.
+    An int as an int, a float (or another Real) as a float, a Decimal as a
+    Decimal, a Fraction (or other Rational) as the exact Fraction. Never the
+    object given: a reconfigure re-reads the stored rate, and it must be the
+    value that was checked. The arithmetic uses *exact* throughout.
     """
-    return exact.numerator if issubclass(type(rate), int) else exact
+    kind = type(rate)
+    if issubclass(kind, int):
+        return exact.numerator
+    if issubclass(kind, Rational):
+        return exact
+    if issubclass(kind, Decimal):
+        return Decimal(rate)  # type: ignore[arg-type]  # its value, copied (exact)
+    return float(exact)  # the float given: exact holds its shortest decimal
+
+
+def stored_rate(exact: Fraction) -> RateLike:
+    """The ``rate`` of a limiter known only by its exact value (a shared table opened).
+
+    An int if whole, a float if one prints as that value (0.1), else the Fraction.
+    """
+    if exact.denominator == 1:
+        return exact.numerator
+    number = float(exact)
+    return number if Fraction(repr(number)) == exact else exact
 
 
 def check_capacity(capacity: object) -> int:

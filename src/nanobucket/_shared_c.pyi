@@ -2,6 +2,7 @@
 # is C atomics on shared memory), so this stub is its only typed description:
 # keep it in step with the ``def`` signatures in _shared_c.pyx.
 from collections.abc import Callable, Hashable, Iterable
+from decimal import Decimal
 from fractions import Fraction
 from typing import TypeVar
 
@@ -13,7 +14,7 @@ def siphash(data: bytes, k0: int, k1: int, c_rounds: int = 1, tweak: int = 0) ->
 
 class SharedTable:
     @property
-    def rate(self) -> int | Fraction: ...
+    def rate(self) -> int | float | Fraction | Decimal: ...
     @property
     def capacity(self) -> int: ...
     @property
@@ -34,7 +35,7 @@ class SharedTable:
         size: int,
         header_size: int,
         path: str | None,
-        rate: int | Fraction,
+        rate: int | float | Fraction | Decimal,
         capacity: int,
         interval_ns: int,
         slot_count: int,

@@ -288,7 +288,7 @@ cdef class SharedTable:
     cdef bint is_closed
     cdef int64_t tau
     cdef readonly object rate
-    """Tokens per second: the int or Fraction given, else the float's exact value.
+    """Tokens per second, the number given (opened: an int, a float or a Fraction).
 
     >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
@@ -296,7 +296,7 @@ cdef class SharedTable:
     ...     path = os.path.join(d, "api")
     ...     with SharedKeyedTokenBucket.create(path=path, rate=2.5, capacity=2) as t:
     ...         t.rate
-    Fraction(5, 2)
+    2.5
     """
     cdef readonly int64_t capacity
     """The most tokens a bucket holds: the largest burst.

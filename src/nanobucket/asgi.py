@@ -50,7 +50,7 @@ class RateLimitMiddleware:
       the ASGI scope.
     * *cost*: tokens per request, an int or a callable taking the scope.
     * *routes*: `Route` rules with their own limiter, cost, key, or
-      ``exempt=True``; *exempt*: paths never limited (``["/healthz"]``).
+      ``exempt=True``; *exempt*: paths never limited (``"/healthz"`` or a list).
     * *headers*: ``"ietf"`` (``RateLimit-Policy`` and ``RateLimit``),
       ``"legacy"`` (``X-RateLimit-*``) or ``"off"``; *name* names the policy.
     * *shadow*: decide and count, never reject and add no headers (roll out
@@ -83,7 +83,7 @@ class RateLimitMiddleware:
         key: object = None,
         cost: int | Callable[[Scope], int] = 1,
         routes: Iterable[Route] | None = None,
-        exempt: Iterable[str] | None = None,
+        exempt: str | Iterable[str] | None = None,
         headers: str = "ietf",
         name: str = "default",
         shadow: bool = False,
@@ -136,7 +136,7 @@ class RateLimitMiddleware:
             if self._quiet:
                 await self.app(scope, receive, send)
                 return
-            if self._ietf:  # inlined limit_headers(), the common case
+            if self._ietf and policy.layer_headers is None:  # inlined limit_headers()
                 value = policy.r_prefix + b"%d;t=%d" % (
                     decision.remaining,
                     -(-decision.reset_after_ns // 1_000_000_000),

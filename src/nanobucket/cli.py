@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_rate,
         default=None,
         help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
-        "the seed's 180 against 100)",
+        "the case study's 180 against 100)",
     )
     ex.add_argument("--json", action="store_true", help="print JSON (rationals as exact strings)")
 
@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay traffic through five limiting strategies, in simulated time",
         description="Replay traffic through a fixed 1-second window, an unbounded queue, a "
         "bounded queue, a token bucket and a per-key + global token bucket, and compare them. "
-        "The default traffic is the seed's case study (70-90 req/s, bursts to 180 req/s, one "
-        "greedy client), seeded and repeatable; --trace replays your own.",
+        "The default traffic is the case study (70-90 req/s, bursts to 180 req/s, one "
+        "greedy client), random but repeatable (--seed); --trace replays your own.",
     )
     sim.add_argument(
         "--rate",

@@ -1,7 +1,7 @@
 """What a token-bucket configuration admits, in exact numbers.
 
-The seed opens with "explain the limiting mechanism in this configuration"
-(rate 100/s, capacity 200). `explain` answers it for any numbers, in exact
+What does a limit of rate 100/s and capacity 200 let through, and for how
+long does it absorb a burst? `explain` answers that for any numbers, in exact
 rational arithmetic (`Fraction`), so 200 / 100 prints as ``2 s``, never
 ``1.9999 s``. Every rational value is rendered by `fmt`: a whole or
 terminating decimal when one exists (``2``, ``2.5``), else ``p/q`` with an
@@ -25,7 +25,7 @@ from ._params import NS_PER_S, RateLike, bucket_params, check_cost, rate_fractio
 __all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
 
 WINDOWS_S = (1, 2, 5, 60)
-# The seed's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
+# The case study's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
 DEFAULT_BURST_FACTOR = Fraction(9, 5)
 
 
@@ -145,7 +145,7 @@ def explain(
 
     *cost* is tokens per request, *instances* the number of processes each
     holding such a bucket locally, *burst_rps* the burst to judge (default
-    1.8 x the sustained request rate, the seed's 180 against 100).
+    1.8 x the sustained request rate, the case study's 180 against 100).
 
     >>> e = explain(100, 200, burst_rps=180)
     >>> e.max_admitted
@@ -191,11 +191,12 @@ def _positive(value: RateLike) -> Fraction:
 
 
 def _summary(e: Explanation) -> str:
-    tokens = f"{fmt(e.rate)} tokens per second"
+    tokens = f"{fmt(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
     text = (
-        f"The bucket starts full with {e.capacity} tokens and refills {tokens}, never "
-        f"past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is rejected. "
-        f"So up to {e.largest_burst} requests pass at once, but over time no more than "
+        f"The bucket starts full with {_plural(e.capacity, 'token')} and refills {tokens}, "
+        f"never past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is "
+        f"rejected. So up to {_plural(e.largest_burst, 'request')} "
+        f"{'passes' if e.largest_burst == 1 else 'pass'} at once, but over time no more than "
         f"{fmt(e.sustained_rps)} per second: an empty bucket takes {fmt(e.refill_s)} s to "
         f"refill, and any {e.max_admitted[0][0]} s admits at most {e.max_admitted[0][1]} "
         f"(capacity plus one second of refill). "
@@ -205,9 +206,11 @@ def _summary(e: Explanation) -> str:
         text += f"A burst of {fmt(b.rps)} req/s is within the sustained rate and is never rejected."
     else:
         text += (
-            f"A burst of {fmt(b.rps)} req/s drains it by {fmt(b.drain_per_s)} tokens/s, so it "
-            f"is empty after {fmt(b.absorbed_s)} s and every request up to then passes (the "
-            f"first rejection is request #{b.first_rejected}); after that "
+            f"A burst of {fmt(b.rps)} req/s drains it by {fmt(b.drain_per_s)} tokens/s: "
+            f"with evenly spaced arrivals every request passes until request "
+            f"#{b.first_rejected} at {fmt(b.first_rejected_s or 0)} s, the first rejected "
+            f"(the bucket runs dry at {fmt(b.absorbed_s)} s, but a request needs a whole "
+            f"token); after that "
             f"{fmt(b.then_admitted_rps)} req/s pass and {fmt(b.then_rejected_rps)} req/s are "
             "rejected until the burst ends."
         )
@@ -231,12 +234,13 @@ def render_text(e: Explanation) -> str:
     b = e.burst
     unit = "" if e.cost == 1 else f" (cost {e.cost} tokens each)"
     lines = [
-        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {e.capacity} tokens{unit}",
+        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {_plural(e.capacity, 'token')}{unit}",
         "",
         f"  sustained rate           {fmt(e.sustained_rps)} req/s",
-        f"  largest burst            {e.largest_burst} requests at once",
+        f"  largest burst            {_plural(e.largest_burst, 'request')} at once",
         f"  refill from empty        {fmt(e.refill_s)} s",
-        f"  one token every          {e.interval_ns} ns"
+        f"  one token every          {e.interval_ns:,} ns "
+        f"({fmt(Fraction(e.interval_ns, NS_PER_S))} s)"
         + (
             ""
             if e.interval_exact
@@ -246,7 +250,7 @@ def render_text(e: Explanation) -> str:
         "  most admitted in any window of T seconds (capacity + rate * T):",
     ]
     for t, n in e.max_admitted:
-        lines.append(f"    T = {t:>2} s   {n} requests")
+        lines.append(f"    T = {t:>2} s   {_plural(n, 'request')}")
     lines.append("")
     if b.absorbed_s is None:
         lines.append(f"  burst of {fmt(b.rps)} req/s  never rejected (within the sustained rate)")

@@ -1,6 +1,6 @@
 """Several limits as one: ``all_of(*limiters)`` admits a request only if every layer does.
 
-The seed's two limits at once -- one bucket per client key and a protective
+The case study's two limits at once -- one bucket per client key and a protective
 global one per instance -- or several bandwidths on one resource (100/s
 with bursts of 200 AND 3000 per minute)::
 

@@ -10,9 +10,11 @@ from pathlib import Path
 from types import ModuleType
 
 from ._params import NS_PER_S
-from .simulate import Simulation, StrategyResult
+from .simulate import Phase, Simulation, StrategyResult
 
-__all__ = ("PlotUnavailable", "plot_simulation", "require_matplotlib")
+_UNSHADED = {"normal", "after"}  # the case study's phases drawn without a band
+
+__all__ = ("PlotUnavailable", "plot_simulation", "require_matplotlib", "time_axis")
 
 INSTALL_HINT = "pip install 'nanobucket[plot]'"
 
@@ -71,6 +73,21 @@ def _queue_series(s: StrategyResult, sim: Simulation, seconds: int) -> list[int]
     return _closed(peak)
 
 
+def time_axis(seconds: int, phases: tuple[Phase, ...]) -> tuple[list[int] | None, str]:
+    """The x ticks (None: matplotlib's own) and the x label for a trace of *seconds*.
+
+    >>> time_axis(5, ())
+    ([0, 1, 2, 3, 4, 5], 'time (s)')
+    >>> from nanobucket.simulate import case_study
+    >>> time_axis(120, case_study().phases)[1]
+    'time (s); shaded: burst 2 s, burst 3 s, greedy client'
+    """
+    step = next((st for top, st in ((20, 1), (100, 5), (300, 10)) if seconds <= top), None)
+    ticks = None if step is None else list(range(0, seconds + 1, step))
+    shaded = list(dict.fromkeys(p.name for p in phases if p.name not in _UNSHADED))
+    return ticks, "time (s)" + (f"; shaded: {', '.join(shaded)}" if shaded else "")
+
+
 def plot_simulation(sim: Simulation, path: str | Path) -> None:
     """Write a PNG of *sim* to *path*: one panel per strategy, per-second counts."""
     require_matplotlib()
@@ -87,7 +104,7 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
         passed = _per_second(s.pass_times(tr), seconds)
         rejected = _per_second([t for t, a in zip(tr.times, s.admitted) if not a], seconds)
         for phase in tr.phases:
-            if phase.name not in {"normal", "after"}:
+            if phase.name not in _UNSHADED:
                 ax.axvspan(
                     phase.start_ns / NS_PER_S,
                     phase.end_ns / NS_PER_S,
@@ -124,10 +141,11 @@ def plot_simulation(sim: Simulation, path: str | Path) -> None:
             handles, labels = handles + qh, labels + ql
         ax.legend(handles, labels, loc="upper left", fontsize=8, ncol=5, framealpha=0.9)
         ax.grid(axis="y", alpha=0.3)
-    axes[-1][0].set_xlabel("time (s); shaded: bursts and the greedy client")
+    ticks, label = time_axis(seconds, tr.phases)
+    axes[-1][0].set_xlabel(label)
     axes[-1][0].set_xlim(0, seconds)
-    if seconds <= 300:  # a tick every 10 s: bursts are a few seconds long
-        axes[-1][0].set_xticks(range(0, seconds + 1, 10))
+    if ticks is not None:  # bursts are a few seconds long: ticks close enough to see them
+        axes[-1][0].set_xticks(ticks)
     fig.suptitle(tr.description, fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

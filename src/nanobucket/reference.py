@@ -1,7 +1,7 @@
-"""The seed's token bucket, as written and in exact arithmetic.
+"""The textbook token bucket, as usually written, and in exact arithmetic.
 
-`SeedBucket` is the seed's ``allow(now)`` verbatim (floats, seconds, cost 1),
-its globals turned into attributes; `MonotonicSeedBucket` is the same reading
+`NaiveBucket` is the common ``allow(now)`` (floats, seconds, cost 1), its
+globals turned into attributes; `MonotonicNaiveBucket` is the same reading
 ``time.monotonic()``, the baseline the benchmarks measure against.
 `ExactBucket` is the same algorithm in `Fraction` arithmetic, with integer
 nanoseconds and a cost: the model every implementation is tested against.
@@ -15,10 +15,10 @@ from fractions import Fraction
 from ._params import NS_PER_S, RateLike, rate_fraction
 
 
-class SeedBucket:
-    """The seed's algorithm exactly as written: ``allow(now)`` with *now* in seconds.
+class NaiveBucket:
+    """The textbook algorithm in floats: ``allow(now)`` with *now* in seconds.
 
-    >>> b = SeedBucket(rate=100, capacity=200)
+    >>> b = NaiveBucket(rate=100, capacity=200)
     >>> sum(b.allow(0.0) for _ in range(250))
     200
     """
@@ -32,7 +32,7 @@ class SeedBucket:
     def allow(self, now: float) -> bool:
         """Refill for the time since the last call, then spend one token if there is one.
 
-        >>> b = SeedBucket(rate=1, capacity=1)
+        >>> b = NaiveBucket(rate=1, capacity=1)
         >>> b.allow(0.0), b.allow(0.5), b.allow(1.5)
         (True, False, True)
         """
@@ -44,10 +44,10 @@ class SeedBucket:
         return True
 
 
-class MonotonicSeedBucket:
-    """The seed's algorithm as a class that reads ``time.monotonic()``.
+class MonotonicNaiveBucket:
+    """The textbook algorithm as a class that reads ``time.monotonic()``.
 
-    >>> b = MonotonicSeedBucket(rate=1, capacity=5)
+    >>> b = MonotonicNaiveBucket(rate=1, capacity=5)
     >>> sum(b.allow() for _ in range(10))   # a burst: the first 5 pass
     5
     """
@@ -59,9 +59,9 @@ class MonotonicSeedBucket:
         self.last_time = time.monotonic()
 
     def allow(self) -> bool:
-        """`SeedBucket.allow` at ``time.monotonic()``.
+        """`NaiveBucket.allow` at ``time.monotonic()``.
 
-        >>> b = MonotonicSeedBucket(rate=1, capacity=1)
+        >>> b = MonotonicNaiveBucket(rate=1, capacity=1)
         >>> b.allow(), b.allow()
         (True, False)
         """
@@ -75,7 +75,7 @@ class MonotonicSeedBucket:
 
 
 class ExactBucket:
-    """The seed's algorithm in exact rational arithmetic, times in int ns.
+    """The textbook algorithm in exact rational arithmetic, times in int ns.
 
     Starts full; ``tokens = min(capacity, tokens + elapsed * rate)``; admits
     iff ``tokens >= cost``. An older *now* adds nothing (elapsed is never

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from ._params import RateLike, bucket_params, check_max_keys
+from ._params import RateLike, bucket_params, check_max_keys, public_rate, stored_rate
 
 __all__ = ("BadTableError", "SharedKeyedTokenBucket", "default_directory")
 
@@ -333,7 +333,7 @@ class SharedKeyedTokenBucket(_Table):
                 size,
                 HEADER_SIZE,
                 target,
-                _public_rate(rate, exact),
+                public_rate(rate, exact),
                 cap,
                 interval,
                 slots,
@@ -403,7 +403,7 @@ class SharedKeyedTokenBucket(_Table):
                 info.st_size,
                 HEADER_SIZE,
                 target,
-                rate.numerator if rate.denominator == 1 else rate,
+                stored_rate(rate),
                 cap,
                 interval,
                 slots,
@@ -452,12 +452,6 @@ class SharedKeyedTokenBucket(_Table):
             "a SharedKeyedTokenBucket cannot be pickled: open() a named one by name, "
             "or fork the processes that share an anonymous one"
         )
-
-
-def _public_rate(rate: object, exact: Fraction) -> int | Fraction:
-    # As KeyedTokenBucket reports it (_params.public_rate): an int as an int,
-    # the rest exact; never the object given, which could say another value.
-    return exact.numerator if issubclass(type(rate), int) else exact
 
 
 def _reserve(fd: int, size: int) -> None:

@@ -1,6 +1,6 @@
 """Replay traffic through rate-limiting strategies, in simulated time.
 
-The seed's case study: a public API gets 70-90 req/s, with bursts to 180 req/s
+The case study: a public API gets 70-90 req/s, with bursts to 180 req/s
 lasting a few seconds after an advertising campaign. It compares a fixed
 one-second window of 100, an unbounded queue and a token bucket 100/200, and
 settles on a token bucket per client key plus a global limit per instance.
@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import _bucket
-from ._params import NS_PER_S, RateLike, bucket_params, check_capacity, check_cost
+from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_capacity, check_cost
 
 __all__ = (
     "Config",
@@ -107,7 +107,7 @@ class Traffic:
 
 
 def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
-    """The seed's traffic: 70-90 req/s, bursts to 180 req/s, one greedy client.
+    """The case study's traffic: 70-90 req/s, bursts to 180 req/s, one greedy client.
 
     Each second draws its normal rate uniformly from 70-90 and spreads that
     many requests uniformly over the second among eight clients; bursts top
@@ -157,7 +157,7 @@ def case_study(duration_s: int = CYCLE_S, seed: int = 1) -> Traffic:
         [k for _, k in reqs],
         [1] * len(reqs),
         duration_s * NS,
-        f"the seed's case study, {duration_s} s, seed {seed}",
+        f"the case study, {duration_s} s, random seed {seed}",
         tuple(phases),
     )
 
@@ -169,7 +169,8 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
     such as ``1714000000.250``, read exactly and floored to whole ns. Time 0
     of the simulation is the whole second at or before the first request, so
     fixed windows fall on the trace's own whole seconds. A first row whose
-    timestamp is not a number is taken as a header. Rows need not be sorted.
+    timestamp is not a number is taken as a header (unless it is the only row).
+    Every row needs a key. Rows need not be sorted.
     With *duration_s*, requests from that many seconds on are dropped.
 
     >>> import pathlib, tempfile
@@ -180,8 +181,9 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
     >>> t.times, t.keys, t.costs, t.duration_ns
     ([250000000, 500000000], ['alice', 'bob'], [1, 3], 1000000000)
     """
-    rows: list[tuple[int, str, int]] = []
+    rows: list[tuple[int, str, int, int]] = []  # (ns, key, cost, line)
     name = str(path)
+    header: tuple[int, str] | None = None  # a first row that is not a number
     with open(path, newline="", encoding="utf-8") as f:
         for lineno, row in enumerate(csv.reader(f), 1):
             if not row or (len(row) == 1 and not row[0].strip()):
@@ -191,23 +193,35 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
             try:
                 stamp = Fraction(row[0].strip())
             except (ValueError, ZeroDivisionError):
-                if lineno == 1 and not rows:
-                    continue  # a header
+                if header is None and not rows:
+                    header = (lineno, row[0])  # a header, if requests follow it
+                    continue
                 raise ValueError(f"{name}:{lineno}: timestamp {row[0]!r} is not a number") from None
             if stamp < 0:
                 raise ValueError(f"{name}:{lineno}: timestamp {row[0]!r} is negative")
             key = row[1].strip() if len(row) > 1 else ""
+            if not key:
+                raise ValueError(f"{name}:{lineno}: no key: expected timestamp,key[,cost]")
             cost_text = row[2].strip() if len(row) > 2 and row[2].strip() else "1"
             if not cost_text.isdigit():
                 raise ValueError(f"{name}:{lineno}: cost {cost_text!r} is not a whole number >= 0")
-            rows.append((int(stamp * NS), key, int(cost_text)))
+            rows.append((int(stamp * NS), key, int(cost_text), lineno))
     if not rows:
+        if header is not None:  # a lone row is a request with a bad timestamp, not a header
+            raise ValueError(f"{name}:{header[0]}: timestamp {header[1]!r} is not a number")
         raise ValueError(f"{name}: no requests in the trace")
     rows.sort(key=lambda r: r[0])
     origin = rows[0][0] // NS * NS
-    times = [t - origin for t, _, _ in rows]
-    keys = [k for _, k, _ in rows]
-    costs = [c for _, _, c in rows]
+    last = rows[-1]
+    if (last[0] - origin) // NS + 1 > NOW_MAX // NS:
+        raise ValueError(
+            f"{name}:{last[3]}: timestamp {Fraction(last[0], NS)} s is too far from the first "
+            f"request (line {rows[0][3]}, {Fraction(rows[0][0], NS)} s): a trace spans at "
+            f"most {NOW_MAX // NS:,} s"
+        )
+    times = [t - origin for t, _, _, _ in rows]
+    keys = [k for _, k, _, _ in rows]
+    costs = [c for _, _, c, _ in rows]
     if duration_s is not None:
         cut = bisect.bisect_left(times, duration_s * NS)
         if cut == 0:
@@ -216,7 +230,7 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
         end = duration_s * NS
     else:
         end = (times[-1] // NS + 1) * NS
-    return Traffic(times, keys, costs, end, f"trace {name}, {len(times)} requests")
+    return Traffic(times, keys, costs, end, f"trace {name}")
 
 
 @dataclass(frozen=True)
@@ -611,7 +625,7 @@ def render_table(sim: Simulation) -> str:
     tr = sim.traffic
     keys = len(set(tr.keys))
     out = [
-        f"{tr.description}: {len(tr)} requests from {keys} client key"
+        f"{tr.description}: {len(tr)} request{'' if len(tr) == 1 else 's'} from {keys} client key"
         f"{'' if keys == 1 else 's'} over {tr.duration_ns / NS:g} s",
         "",
     ]

@@ -68,7 +68,7 @@ class RateLimitMiddleware:
         key: object = None,
         cost: int | Callable[[Environ], int] = 1,
         routes: Iterable[Route] | None = None,
-        exempt: Iterable[str] | None = None,
+        exempt: str | Iterable[str] | None = None,
         headers: str = "ietf",
         name: str = "default",
         shadow: bool = False,
