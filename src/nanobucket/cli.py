@@ -1,4 +1,4 @@
-"""The ``nanobucket`` command: ``explain``, ``simulate`` and ``bench``.
+"""The ``nanobucket`` command: ``explain``, ``simulate``, ``size`` and ``bench``.
 
 Bad arguments print one line, ``nanobucket <command>: error: ...``, on
 stderr and exit with status 2: never a usage dump, never a traceback.
@@ -13,10 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from . import __version__
-from ._params import rate_fraction
+from ._params import NS_PER_S, rate_fraction
 
 __all__ = ("UsageError", "build_parser", "main")
 
@@ -66,11 +66,76 @@ def _output_file(text: str) -> str:
     return text
 
 
+def _share(text: str) -> Fraction:
+    from .size import parse_share
+
+    try:
+        return parse_share(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> Fraction:
+    try:
+        value = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 s, got {text}")
+    return value
+
+
+def _traffic_arguments(parser: argparse.ArgumentParser) -> None:
+    """--duration, --seed and --trace: the traffic `simulate` and `size` replay."""
+    parser.add_argument(
+        "--duration",
+        type=_count(1),
+        default=None,
+        help="seconds of traffic (default 120; with --trace: the whole trace)",
+    )
+    parser.add_argument("--seed", type=_count(0), default=None, help="random seed (default 1)")
+    parser.add_argument(
+        "--trace",
+        metavar="FILE.csv",
+        default=None,
+        help="replay rows of timestamp,key[,cost]; timestamp in seconds "
+        "(decimal or Unix time), cost default 1, optional header row",
+    )
+
+
+def _traffic(args: argparse.Namespace) -> Any:
+    """The case study, or the user's trace."""
+    from . import simulate as sim_mod
+
+    if args.trace is None:
+        return sim_mod.case_study(
+            sim_mod.CYCLE_S if args.duration is None else args.duration,
+            1 if args.seed is None else args.seed,
+        )
+    if args.seed is not None:
+        raise UsageError("--seed applies to the generated case study, not to --trace")
+    try:
+        return sim_mod.load_trace(args.trace, args.duration)
+    except OSError as exc:
+        raise UsageError(f"cannot read trace: {exc.strerror}: {args.trace!r}") from None
+
+
+def _need_matplotlib(args: argparse.Namespace) -> None:
+    if args.plot:
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()  # before the work, not after it
+        except PlotUnavailable as exc:
+            raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = _Parser(
         prog="nanobucket",
-        description="Explain a token-bucket limit, simulate strategies on traffic, benchmark.",
+        description="Explain a token-bucket limit, simulate strategies on traffic, size a "
+        "bucket from traffic, benchmark.",
     )
     parser.add_argument("--version", action="version", version=f"nanobucket {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -127,20 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--key-capacity", type=_count(1), default=None, help="per-key capacity (default capacity/4)"
     )
-    sim.add_argument(
-        "--duration",
-        type=_count(1),
-        default=None,
-        help="seconds of traffic (default 120; with --trace: the whole trace)",
-    )
-    sim.add_argument("--seed", type=_count(0), default=None, help="random seed (default 1)")
-    sim.add_argument(
-        "--trace",
-        metavar="FILE.csv",
-        default=None,
-        help="replay rows of timestamp,key[,cost]; timestamp in seconds "
-        "(decimal or Unix time), cost default 1, optional header row",
-    )
+    _traffic_arguments(sim)
     sim.add_argument(
         "--plot",
         metavar="OUT.png",
@@ -150,6 +202,55 @@ def build_parser() -> argparse.ArgumentParser:
         "matplotlib: pip install 'nanobucket[plot]')",
     )
     sim.add_argument("--json", action="store_true", help="print JSON with exact counts and ns")
+
+    sz = sub.add_parser(
+        "size",
+        help="the smallest bucket that meets a rejection target, from traffic",
+        description="Replay traffic through the exact token bucket at the downstream's "
+        "sustained rate and find the smallest capacity, within the most the downstream takes "
+        "at once, whose rejections meet the target; print the curve of rejections against "
+        "capacity, where they fall, and what N instances with local buckets admit. The "
+        "default traffic is the case study; --trace replays your own.",
+    )
+    sz.add_argument(
+        "--max-rate",
+        type=_rate,
+        required=True,
+        help="requests/s the downstream sustains (the bucket's rate)",
+    )
+    sz.add_argument(
+        "--max-burst",
+        type=_count(1),
+        required=True,
+        help="requests the downstream takes at once (the largest capacity)",
+    )
+    sz.add_argument(
+        "--max-reject",
+        type=_share,
+        default=Fraction(1, 1000),
+        help="the share that may be rejected: 0.1%% (default) or 0.001",
+    )
+    sz.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=Fraction(0),
+        help="seconds a request may wait in a queue in front (default 0: no queue)",
+    )
+    sz.add_argument(
+        "--instances",
+        type=_count(1),
+        default=1,
+        help="processes that would each hold a local share (default 1)",
+    )
+    _traffic_arguments(sz)
+    sz.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        type=_output_file,
+        default=None,
+        help="draw rejections against capacity (needs matplotlib)",
+    )
+    sz.add_argument("--json", action="store_true", help="print JSON with exact counts")
 
     sub.add_parser(
         "bench",
@@ -170,25 +271,8 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
 def _simulate(args: argparse.Namespace, out: TextIO) -> int:
     from . import simulate as sim_mod
 
-    if args.plot:
-        from .plot import PlotUnavailable, require_matplotlib
-
-        try:
-            require_matplotlib()  # before the work, not after it
-        except PlotUnavailable as exc:
-            raise UsageError(str(exc)) from None
-    if args.trace is not None:
-        if args.seed is not None:
-            raise UsageError("--seed applies to the generated case study, not to --trace")
-        try:
-            traffic = sim_mod.load_trace(args.trace, args.duration)
-        except OSError as exc:
-            raise UsageError(f"cannot read trace: {exc.strerror}: {args.trace!r}") from None
-    else:
-        traffic = sim_mod.case_study(
-            sim_mod.CYCLE_S if args.duration is None else args.duration,
-            1 if args.seed is None else args.seed,
-        )
+    _need_matplotlib(args)
+    traffic = _traffic(args)
     config = sim_mod.Config(
         args.rate, args.capacity, args.queue_bound, args.key_rate, args.key_capacity
     )
@@ -203,6 +287,33 @@ def _simulate(args: argparse.Namespace, out: TextIO) -> int:
         from .plot import plot_simulation
 
         plot_simulation(result, args.plot)
+        if not args.json:
+            out.write(f"\nplot written to {args.plot}\n")
+    return 0
+
+
+def _size(args: argparse.Namespace, out: TextIO) -> int:
+    from . import size as size_mod
+
+    _need_matplotlib(args)
+    wait_ns = args.max_wait * NS_PER_S
+    if wait_ns.denominator != 1:
+        raise UsageError(f"--max-wait must be a whole number of ns, got {args.max_wait} s")
+    sizing = size_mod.size(
+        _traffic(args),
+        args.max_rate,
+        args.max_burst,
+        args.max_reject,
+        int(wait_ns),
+        args.instances,
+    )
+    out.write(
+        json.dumps(size_mod.to_json(sizing), indent=2) + "\n"
+        if args.json
+        else size_mod.render_text(sizing)
+    )
+    if args.plot:
+        size_mod.plot_sizing(sizing, args.plot)
         if not args.json:
             out.write(f"\nplot written to {args.plot}\n")
     return 0
@@ -256,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``nanobucket`` command with *argv* (default ``sys.argv[1:]``); return the status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = args_list[0] if args_list else ""
-    prog = f"nanobucket {command}" if command in ("explain", "simulate", "bench") else "nanobucket"
+    commands = ("explain", "simulate", "size", "bench")
+    prog = f"nanobucket {command}" if command in commands else "nanobucket"
     try:
         if command == "bench":  # everything after it belongs to the bench command
             return _bench(args_list[1:])
@@ -266,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else 2
         if args.command == "explain":
             return _explain(args, sys.stdout)
+        if args.command == "size":
+            return _size(args, sys.stdout)
         return _simulate(args, sys.stdout)
     except (UsageError, ValueError) as exc:  # ValueError: a bad combination of arguments
         sys.stderr.write(f"{prog}: error: {exc}\n")
