@@ -27,6 +27,7 @@ MODULES = [
     "nanobucket._http",
     "nanobucket.asgi",
     "nanobucket.wsgi",
+    "nanobucket.fastapi",
     "nanobucket.redis",
 ]
 
@@ -41,6 +42,7 @@ PUBLIC = [
     "nanobucket.redis",
     "nanobucket.asgi",
     "nanobucket.wsgi",
+    "nanobucket.fastapi",
     "nanobucket.shared",
     "nanobucket.reference",
     "nanobucket.explain",
