@@ -2,6 +2,7 @@
 
     python benchmarks/bench_http.py inprocess [--n 200000]
     python benchmarks/bench_http.py uvicorn [--seconds 3 --connections 8]
+    python benchmarks/bench_http.py fastapi [--n 50000]
 
 ``inprocess`` awaits a bare ASGI app and the same app behind
 `RateLimitMiddleware` (in-process `KeyedTokenBucket`, every request
@@ -61,6 +62,11 @@ async def _loop(app: Any, n: int) -> float:
         "type": "http",
         "method": "GET",
         "path": "/",
+        "raw_path": b"/",
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
         "headers": [],
         "client": ("127.0.0.1", 5000),
     }
@@ -81,6 +87,55 @@ def inprocess(n: int) -> None:
     for v in variants:
         extra = "" if v == "bare" else f"   overhead {best[v] - best['bare']:7.0f} ns"
         print(f"  {v:8s} {best[v]:7.0f} ns/request{extra}")
+
+
+def make_fastapi(variant: str) -> Any:
+    """A FastAPI app with one route, for *variant*: bare, middleware, a dependency
+    doing nothing, the RateLimit dependency, keyed (a key function taking a
+    dependency), or that key's dependency alone."""
+    from fastapi import Depends, FastAPI, Request, Response
+
+    from nanobucket.fastapi import RateLimit
+
+    limiter = nb.KeyedTokenBucket(rate=BIG, capacity=BIG)
+
+    def client_host(request: Request) -> str:
+        return request.client.host if request.client else ""
+
+    def by_client(host: str = Depends(client_host)) -> str:
+        return host
+
+    async def nothing(request: Request, response: Response) -> None:
+        """A dependency taking what RateLimit takes and doing nothing: FastAPI's own cost."""
+
+    dependencies = {
+        "dependency": [Depends(RateLimit(limiter))],
+        "keyed": [Depends(RateLimit(limiter, key=by_client))],
+        "nothing": [Depends(nothing)],
+        "its key alone": [Depends(by_client)],  # what FastAPI costs for the key's dependency
+    }.get(variant, [])
+    app = FastAPI(openapi_url=None)
+
+    @app.get("/", dependencies=dependencies)
+    async def root() -> str:
+        return "ok"
+
+    if variant == "middleware":
+        app.add_middleware(RateLimitMiddleware, limiter=limiter)
+    return app
+
+
+def fastapi_inprocess(n: int) -> None:
+    variants = ["bare", "middleware", "nothing", "dependency", "its key alone", "keyed"]
+    apps = {v: make_fastapi(v) for v in variants}
+    best = {v: float("inf") for v in variants}
+    for _ in range(5):
+        for v in variants:
+            best[v] = min(best[v], asyncio.run(_loop(apps[v], n)))
+    print(f"FastAPI, implementation: {nb.IMPLEMENTATION}, {n} requests per round, best of 5")
+    for v in variants:
+        extra = "" if v == "bare" else f"   added {best[v] - best['bare']:7.0f} ns"
+        print(f"  {v:13s} {best[v]:7.0f} ns/request{extra}")
 
 
 def _free_port() -> int:
@@ -155,13 +210,15 @@ def __getattr__(name: str) -> Any:  # uvicorn's "bench_http:server_app"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["inprocess", "uvicorn"])
+    parser.add_argument("what", choices=["inprocess", "uvicorn", "fastapi"])
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=8)
     args = parser.parse_args()
     if args.what == "inprocess":
         inprocess(args.n)
+    elif args.what == "fastapi":
+        fastapi_inprocess(args.n)
     else:
         uvicorn_rps(args.seconds, args.connections)
 

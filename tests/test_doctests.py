@@ -24,9 +24,11 @@ MODULES = [
     "nanobucket.waiting",
     "nanobucket.explain",
     "nanobucket.simulate",
+    "nanobucket.size",
     "nanobucket._http",
     "nanobucket.asgi",
     "nanobucket.wsgi",
+    "nanobucket.fastapi",
     "nanobucket.redis",
     "nanobucket._redis_clients",
 ]
@@ -42,10 +44,12 @@ PUBLIC = [
     "nanobucket.redis",
     "nanobucket.asgi",
     "nanobucket.wsgi",
+    "nanobucket.fastapi",
     "nanobucket.shared",
     "nanobucket.reference",
     "nanobucket.explain",
     "nanobucket.simulate",
+    "nanobucket.size",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).

@@ -1,0 +1,254 @@
+"""FastAPI: a rate limit as a dependency, so it can key on what other dependencies found.
+
+The middleware (`nanobucket.asgi`) sees a request before routing and
+authentication; a dependency runs after them, on the routes that declare it,
+and its key function may itself take dependencies (the authenticated user):
+
+>>> import nanobucket as nb
+>>> from fastapi import Depends, FastAPI
+>>> from nanobucket.fastapi import RateLimit, rate_limited_handler, RateLimited
+>>> per_user = RateLimit(nb.KeyedTokenBucket(rate=10, capacity=20),
+...                      key=lambda user=Depends(lambda: "alice"): user)
+>>> app = FastAPI(exception_handlers={RateLimited: rate_limited_handler})
+>>> @app.get("/items", dependencies=[Depends(per_user)])
+... async def items(): return ["a", "b"]
+
+An admitted request gets the same ``RateLimit-Policy`` / ``RateLimit`` (or
+``X-RateLimit-*``) fields as under the middleware, on the response FastAPI
+builds from the route's return value (FastAPI leaves a ``Response`` that a
+route returns itself alone); a refused one raises `RateLimited`, a 429
+``HTTPException`` with ``Retry-After`` and those fields. With
+`rate_limited_handler` installed its body is the middleware's
+``application/problem+json``; without it, FastAPI's ``{"detail": ...}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+from starlette.responses import Response as StarletteResponse
+
+from ._http import (
+    Counters,
+    KeyFunc,
+    Policy,
+    check_counters,
+    check_headers_mode,
+    client_address,
+    header,
+    key_func,
+    limit_headers,
+    rejection,
+    route,
+)
+
+__all__ = (
+    "Counters",
+    "RateLimit",
+    "RateLimited",
+    "client_address",
+    "header",
+    "rate_limited_handler",
+    "route",
+)
+
+
+# The request and response, as the dependency asks FastAPI for them (by type;
+# the names only need to stay clear of the key and cost functions' own).
+_OURS = ("nanobucket_request", "nanobucket_response")
+
+
+class RateLimited(HTTPException):
+    """A 429 from a `RateLimit` dependency: ``Retry-After`` and the limit's fields.
+
+    ``decision`` is the limiter's `Decision`; ``body`` the middleware's
+    problem document, which `rate_limited_handler` sends.
+
+    >>> import asyncio, nanobucket as nb
+    >>> from starlette.requests import Request as Req
+    >>> from fastapi import Response
+    >>> limit = RateLimit(nb.TokenBucket(rate=1, capacity=1))
+    >>> request = Req({"type": "http", "headers": [], "client": ("1.2.3.4", 1)})
+    >>> ok = asyncio.run(limit(nanobucket_request=request, nanobucket_response=Response()))
+    >>> try:
+    ...     asyncio.run(limit(nanobucket_request=request, nanobucket_response=Response()))
+    ... except RateLimited as exc:
+    ...     print(exc.status_code, exc.headers["retry-after"], exc.decision.allowed)
+    429 1 False
+    """
+
+    def __init__(self, decision: Any, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        fields = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
+        fields.pop("content-type", None)
+        fields.pop("content-length", None)
+        super().__init__(429, "Too Many Requests", fields)
+        self.decision = decision
+        self.body = body
+
+
+async def rate_limited_handler(request: Request, exc: Exception) -> StarletteResponse:
+    """Answer a `RateLimited` as the middleware does: problem+json, the same headers.
+
+    ``FastAPI(exception_handlers={RateLimited: rate_limited_handler})``.
+
+    >>> import asyncio, nanobucket as nb
+    >>> d = nb.TokenBucket(rate=1, capacity=1, clock=lambda: 0).check(cost=0)
+    >>> exc = RateLimited(d, [(b"retry-after", b"1")], b"{}")
+    >>> r = asyncio.run(rate_limited_handler(None, exc))  # type: ignore[arg-type]
+    >>> r.status_code, r.headers["retry-after"], r.headers["content-type"]
+    (429, '1', 'application/problem+json')
+    """
+    assert isinstance(exc, RateLimited)
+    return StarletteResponse(
+        exc.body, 429, headers=exc.headers, media_type="application/problem+json"
+    )
+
+
+def _dependency(
+    func: object,
+) -> tuple[Callable[..., Any] | None, list[inspect.Parameter], bool, bool]:
+    """A plain callable's parameters for FastAPI to fill (by their own names: a
+    query or header parameter is named by it), whether it takes ``request``
+    itself, and whether it is a coroutine function."""
+    if not callable(func) or isinstance(func, KeyFunc):
+        return None, [], False, False
+    try:
+        # Evaluated: FastAPI reads string annotations (``from __future__ import
+        # annotations``) in the namespace of the callable it is given, ours.
+        params = list(inspect.signature(func, eval_str=True).parameters.values())
+    except (TypeError, ValueError, NameError):
+        raise TypeError(f"cannot read the parameters of {func!r}") from None
+    wants_request = False
+    renamed = []
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"{func!r}: *args and **kwargs cannot be filled by FastAPI")
+        if p.name == "request" and p.default is p.empty:
+            wants_request = True
+            continue
+        if p.name in _OURS:
+            raise TypeError(f"{func!r}: the parameter name {p.name!r} is the dependency's own")
+        renamed.append(p.replace(kind=p.KEYWORD_ONLY))
+    is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)  # noqa: B004 - an object with async __call__
+    )
+    return func, renamed, wants_request, is_async
+
+
+async def _call(
+    func: Callable[..., Any], wants_request: bool, is_async: bool, request: Request, kw: Any
+) -> Any:
+    value = func(request, **kw) if wants_request else func(**kw)
+    return await value if is_async else value
+
+
+class RateLimit:
+    """A FastAPI dependency that admits a request or raises `RateLimited` (429).
+
+    * *limiter*: any nanobucket limiter, keyed or not (as the middleware
+      takes it); an asyncio one (`AsyncRedisTokenBucket`) is awaited, so
+      the event loop never blocks on Redis.
+    * *key*: ``client_address()`` (default), ``header(...)``, ``route()``
+      (the matched route pattern), a tuple of them, or any function: its
+      ``request`` parameter gets the request and its other parameters are
+      filled by FastAPI (``user=Depends(current_user)``, a query, a header).
+    * *cost*: tokens per request, an int or such a function.
+    * *headers* (``"ietf"``, ``"legacy"``, ``"off"``), *name*, *shadow*,
+      *counters*, *keyed*: as for the middleware.
+
+    The decision is left in ``request.scope["nanobucket.decision"]`` (the
+    last one, when a route has several limits), and is the dependency's value.
+
+    >>> import nanobucket as nb
+    >>> from fastapi import Depends, FastAPI
+    >>> def by_user(user: str = "alice") -> str: return user   # a query parameter here
+    >>> limit = RateLimit(nb.KeyedTokenBucket(rate=10, capacity=20), key=by_user)
+    >>> app = FastAPI()
+    >>> @app.get("/", dependencies=[Depends(limit)])
+    ... async def root(): return "ok"
+    >>> list(__import__("inspect").signature(limit).parameters)
+    ['nanobucket_request', 'nanobucket_response', 'user']
+    """
+
+    def __init__(
+        self,
+        limiter: object,
+        *,
+        key: object = None,
+        cost: object = 1,
+        headers: str = "ietf",
+        name: str = "default",
+        shadow: bool = False,
+        counters: Counters | None = None,
+        keyed: bool | None = None,
+    ) -> None:
+        if not isinstance(shadow, bool):
+            raise TypeError("shadow must be a bool")
+        self.headers = check_headers_mode(headers)
+        self.shadow = shadow
+        self.counters = check_counters(counters)
+        self._policy = Policy(limiter, name, keyed)
+        self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
+        self._key = None if self._key_fn is not None else key_func(key)
+        self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
+        self._cost = 0 if self._cost_fn is not None else self._policy.validate_cost(cost)
+        # What FastAPI fills: the request, the response, and the parameters of
+        # the key and cost functions (one parameter where both take one name).
+        params = {
+            "nanobucket_request": inspect.Parameter(
+                "nanobucket_request", inspect.Parameter.KEYWORD_ONLY, annotation=Request
+            ),
+            "nanobucket_response": inspect.Parameter(
+                "nanobucket_response", inspect.Parameter.KEYWORD_ONLY, annotation=Response
+            ),
+        }
+        for p in (*key_params, *cost_params):
+            params.setdefault(p.name, p)
+        self.__signature__ = inspect.Signature(list(params.values()))
+        self._key_names = tuple(p.name for p in key_params)
+        self._cost_names = tuple(p.name for p in cost_params)
+
+    async def __call__(
+        self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
+    ) -> Any:
+        request, response = nanobucket_request, nanobucket_response
+        key_kw = {name: deps[name] for name in self._key_names}
+        cost_kw = {name: deps[name] for name in self._cost_names}
+        if self._key_fn is not None:
+            key = await _call(self._key_fn, self._key_request, self._key_async, request, key_kw)
+        else:
+            scope = request.scope
+            if "nanobucket.route" not in scope and "route" in scope:
+                # route() keys by the route FastAPI matched: its path pattern.
+                scope["nanobucket.route"] = getattr(scope["route"], "path", None)
+            key = self._key.asgi(scope)  # type: ignore[union-attr]
+        if self._cost_fn is not None:
+            cost = await _call(
+                self._cost_fn, self._cost_request, self._cost_async, request, cost_kw
+            )
+            cost = self._policy.validate_cost(cost)
+        else:
+            cost = self._cost
+        policy = self._policy
+        decision = policy.check(key, cost)
+        if policy.is_async:
+            decision = await decision
+        request.scope["nanobucket.decision"] = decision
+        if decision.allowed:
+            self.counters.admitted += 1
+            if not self.shadow:
+                for field, value in limit_headers(self.headers, policy, decision):
+                    response.headers.append(field.decode("latin-1"), value.decode("latin-1"))
+            return decision
+        if self.shadow:
+            self.counters.shadow_limited += 1
+            return decision
+        self.counters.limited += 1
+        fields, body = rejection(self.headers, policy, decision)
+        raise RateLimited(decision, fields, body)
+
+    def __repr__(self) -> str:
+        return f"RateLimit(headers={self.headers!r}, shadow={self.shadow})"
