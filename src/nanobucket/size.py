@@ -45,7 +45,13 @@ CURVE_POINTS = 10  # capacities between 1 and max_burst in the curve
 
 @dataclass(frozen=True)
 class Point:
-    """One replay: the requests a bucket of *capacity* rejects, and the longest wait."""
+    """One replay: the requests a bucket of *capacity* rejects, and the longest wait.
+
+    >>> from nanobucket.simulate import Traffic
+    >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+    >>> size(t, max_rate=1, max_burst=3).curve[0]
+    Point(capacity=1, rejected=2, longest_wait_ns=0)
+    """
 
     capacity: int
     rejected: int
@@ -54,7 +60,14 @@ class Point:
 
 @dataclass(frozen=True)
 class Sizing:
-    """What `size` found (see the module docstring)."""
+    """What `size` found (see the module docstring).
+
+    >>> from nanobucket.simulate import Traffic
+    >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+    >>> s = size(t, max_rate=1, max_burst=3, target=Fraction(1, 4))
+    >>> s.capacity, [p.rejected for p in s.curve]
+    (2, [2, 1, 0])
+    """
 
     traffic: Traffic
     max_rate: Fraction
@@ -71,16 +84,35 @@ class Sizing:
 
     @property
     def allowed(self) -> int:
-        """The most requests the target lets be rejected."""
+        """The most requests the target lets be rejected.
+
+        >>> from nanobucket.simulate import Traffic
+        >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+        >>> size(t, max_rate=1, max_burst=3, target=Fraction(1, 4)).allowed
+        1
+        """
         return int(self.target * len(self.traffic))
 
     @property
     def chosen(self) -> int:
-        """The capacity recommended: the smallest meeting the target, else max_burst."""
+        """The capacity recommended: the smallest meeting the target, else max_burst.
+
+        >>> from nanobucket.simulate import Traffic
+        >>> t = Traffic([0, 0, 0, 0], ["a"] * 4, [1] * 4, 10**9, "four at once")
+        >>> s = size(t, max_rate=1, max_burst=3, target=Fraction(0))
+        >>> s.capacity, s.chosen
+        (None, 3)
+        """
         return self.max_burst if self.capacity is None else self.capacity
 
     def rejected(self, capacity: int) -> int:
-        """Rejections of a bucket of *capacity* at max_rate (replayed if not in the curve)."""
+        """Rejections of a bucket of *capacity* at max_rate (replayed if not in the curve).
+
+        >>> from nanobucket.simulate import Traffic
+        >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+        >>> size(t, max_rate=1, max_burst=3).rejected(2)
+        1
+        """
         for p in self.curve:
             if p.capacity == capacity:
                 return p.rejected
@@ -147,6 +179,12 @@ def size(
     *target* is the share of requests that may be rejected; *max_wait_ns* a
     queue's longest wait (0: no queue); *instances* how many processes
     would each hold a local share of the limit.
+
+    >>> from nanobucket.simulate import Traffic
+    >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+    >>> s = size(t, max_rate=1, max_burst=3, target=Fraction(1, 4), instances=2)
+    >>> s.capacity, s.per_instance.rejected
+    (2, 2)
     """
     rate, burst, _, _ = bucket_params(max_rate, max_burst)
     if not 0 <= target <= 1:
@@ -249,14 +287,36 @@ def _para(text: str) -> list[str]:
 
 
 def render_text(s: Sizing) -> str:
-    """The report: the curve, the choice and why, the phases, the keys, the instances."""
+    """The report: the curve, the choice and why, the phases, the keys, the instances.
+
+    >>> from nanobucket.simulate import Traffic
+    >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+    >>> print(render_text(size(t, max_rate=1, max_burst=3, target=Fraction(1, 4))))
+    four: 4 requests over 2 s
+    downstream: 1 req/s sustained, 3 at once; target: at most 25% rejected (1 request)
+    <BLANKLINE>
+    a bucket at 1/s, by capacity:
+       capacity   rejected    share
+              1          2   50.00%
+              2          1   25.00%  <- chosen
+              3          0    0.00%
+    <BLANKLINE>
+    Choose 1/s, capacity 2: the smallest bucket that meets the target (1 rejected, 25.00%).
+    Capacity 1 would reject 2 (50.00%); a larger one only lets bigger bursts reach the
+    downstream.
+    <BLANKLINE>
+    rejected by 1/2, the most rejected keys:
+      a                        1 of 4 (25.00%)
+    <BLANKLINE>
+    """
     n = len(s.traffic)
     rate = _num(s.max_rate)
     queue = f", waiting up to {s.max_wait_ns / NS_PER_S:g} s" if s.max_wait_ns else ""
     lines = [
         f"{s.traffic.description}: {n:,} requests over {s.traffic.duration_ns / NS_PER_S:g} s",
         f"downstream: {rate} req/s sustained, {s.max_burst} at once; target: at most "
-        f"{_target(s.target)} rejected ({s.allowed:,} requests){queue}",
+        f"{_target(s.target)} rejected ({s.allowed:,} "
+        f"request{'' if s.allowed == 1 else 's'}){queue}",
         "",
         f"a bucket at {rate}/s, by capacity:",
         f"  {'capacity':>9}  {'rejected':>9}  {'share':>7}"
@@ -329,7 +389,14 @@ def render_text(s: Sizing) -> str:
 
 
 def to_json(s: Sizing) -> dict[str, object]:
-    """The sizing as JSON-ready data (rationals as exact strings, times in int ns)."""
+    """The sizing as JSON-ready data (rationals as exact strings, times in int ns).
+
+    >>> from nanobucket.simulate import Traffic
+    >>> t = Traffic([0, 0, 0, 10**9], ["a"] * 4, [1] * 4, 2 * 10**9, "four")
+    >>> data = to_json(size(t, max_rate=1, max_burst=3, target=Fraction(1, 4)))
+    >>> data["target"], data["chosen_capacity"], data["curve"][1]
+    ('1/4', 2, {'capacity': 2, 'rejected': 1, 'longest_wait_ns': 0})
+    """
     return {
         "traffic": s.traffic.description,
         "requests": len(s.traffic),
