@@ -822,7 +822,7 @@ class _RedisLimits:
                 if new is None or swap(keys=(rkey,), args=(raw, *new)):
                     break
             else:
-                raise RedisError(f"{rkey!r} kept changing: not migrated")
+                raise RuntimeError(f"{rkey!r} kept changing: not migrated")
 
     def _pattern(self) -> bytes:
         # SCAN's glob: every byte of the prefix literal, then the key.
@@ -1684,7 +1684,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
                     if new is None or await self._swap_script(keys=(rkey,), args=(raw, *new)):
                         break
                 else:
-                    raise RedisError(f"{rkey!r} kept changing: not migrated")
+                    raise RuntimeError(f"{rkey!r} kept changing: not migrated")
         self._set_params(params)
 
     def __repr__(self) -> str:
