@@ -264,6 +264,7 @@ def bench_single(url: str, runs: int, seconds: float, tasks: list[int], cpu_n: i
 def bench_cluster(runs: int, seconds: float) -> None:
     import redis.asyncio.cluster
     import redis.cluster
+
     from redis_server import running_cluster
 
     with running_cluster() as cluster:

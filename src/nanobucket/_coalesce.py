@@ -93,7 +93,8 @@ class Coalescer:
         self._expired = expired
         self.busy = False  # a round trip is in flight
         self.queue: deque[Call] = deque()
-        self._pump: asyncio.Task[None] | None = None  # held: a task only weakly referenced may vanish
+        # Held: the loop keeps only a weak reference to a task.
+        self._pump: asyncio.Task[None] | None = None
 
     async def decide(self, call: Call) -> Any:
         """*call*'s decision: sent at once if nothing is in flight, else with the next batch."""
@@ -121,7 +122,7 @@ class Coalescer:
 
     def _next_batch(self) -> list[Call]:
         """Take the next batch off the queue: live calls of one clock, answering the expired."""
-        queue, batch = self.queue, []
+        queue, batch = self.queue, list[Call]()
         now = self.loop.time()
         while queue and len(batch) < MAX_BATCH:
             call = queue[0]
