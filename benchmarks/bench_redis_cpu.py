@@ -134,9 +134,12 @@ def bench(url: str, n: int) -> None:
     batch = client.register_script(nbr._GCRA_BATCH)
     for label, lim in (("full", limiter), ("distinct", owed)):
         bkeys = [lim.key(k) for k in keys]
-        args = [lim._head[1], b"", 0] + [lim._interval_us] * len(bkeys)
-        u, s, _ = script_usec(client, lambda a=args, k=bkeys: batch(keys=k, args=a), nb)
-        report(f"coalesced batch script (100 keys, {label})", u, s, 100, fm)
+        for form, args in (
+            ("one cost", [lim._head[1], b"", 0, lim._interval_us]),
+            ("a cost each", [lim._head[1], b"", 0, b""] + [lim._interval_us] * len(bkeys)),
+        ):
+            u, s, _ = script_usec(client, lambda a=args, k=bkeys: batch(keys=k, args=a), nb)
+            report(f"coalesced batch (100 keys, {label}, {form})", u, s, 100, fm)
     client.flushdb()
     client.close()
 

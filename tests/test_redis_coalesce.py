@@ -132,6 +132,27 @@ def test_mixed_costs_and_peeks_are_decided_as_in_sequence(own_redis_server: Redi
     run(main())
 
 
+def test_a_batch_of_peeks_spends_nothing_and_allow_answers_bools(
+    own_redis_server: RedisServer,
+) -> None:
+    async def main() -> None:
+        limiter = limiter_on(own_redis_server)
+        await warm(limiter)
+        reset_stats(own_redis_server)
+        ds = await together([lambda: limiter.check("k")] + [lambda: limiter.peek("k", 3)] * 255)
+        assert script_calls(own_redis_server) == 2  # the 255 peeks: one code for all
+        assert [(d.allowed, d.remaining) for d in ds] == [(True, 99)] + [(True, 96)] * 255
+        reset_stats(own_redis_server)
+        admitted = await together([lambda: limiter.allow("k")] * 150)
+        assert script_calls(own_redis_server) == 2
+        assert admitted == [True] * 99 + [False] * 51
+        assert {type(a) for a in admitted} == {bool}
+        assert (await limiter.peek("k", 0)).remaining == 0
+        await limiter.aclose()
+
+    run(main())
+
+
 def test_coalesced_decisions_equal_the_in_process_table(
     impl: ModuleType, own_redis_server: RedisServer
 ) -> None:
@@ -451,7 +472,7 @@ class FakeClient:
             await asyncio.sleep(0)
             while loop is self.hold_loop and not self.hold.is_set():
                 await asyncio.sleep(0.005)
-            return [0] * len(keys) if kind == "batch" else 0
+            return b",".join([b"0"] * len(keys)) if kind == "batch" else 0
 
         return call
 

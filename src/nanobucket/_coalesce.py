@@ -43,16 +43,23 @@ Answer = Any  # a decision, or the exception its caller gets
 class Call:
     """One decision: the limiter's arguments, and the future its caller awaits."""
 
-    __slots__ = ("consume", "cost", "deadline", "future", "key", "now_ns", "rkey")
+    __slots__ = ("consume", "cost", "deadline", "full", "future", "key", "now_ns", "rkey")
 
     def __init__(
-        self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None, consume: bool
+        self,
+        rkey: bytes,
+        key: Hashable,
+        cost: int,
+        now_ns: int | None,
+        consume: bool,
+        full: bool = True,
     ) -> None:
         self.rkey = rkey
         self.key = key
         self.cost = cost
         self.now_ns = now_ns
         self.consume = consume
+        self.full = full  # the caller wants the whole decision, not just admitted or not
         self.deadline = 0.0
         self.future: asyncio.Future[Any] | None = None
 

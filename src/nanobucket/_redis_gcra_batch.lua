@@ -9,9 +9,13 @@
 -- ARGV[1]    tau_us
 -- ARGV[2]    now_us, or '' to read the server's clock (TIME)
 -- ARGV[3]    extra ms of TTL for explicit times
--- ARGV[3+i]  decision i's cost_us; a peek (consume nothing) is -cost_us - 1
+-- ARGV[4]    the cost code of every decision, or '' when each has its own:
+-- ARGV[4+i]  decision i's cost code: cost_us, or -cost_us - 1 for a peek
+--            (consume nothing). One code for all is the common case (every
+--            caller calling allow()), and half the arguments to send.
 -- returns owed_us per decision, the debt before it: max(tat - now, 0), as
--- _redis_gcra.lua does.
+-- _redis_gcra.lua does, as decimal digits joined by ',' (one bulk string:
+-- the client parses it in one step, not one RESP integer at a time).
 local fmt, fmod, floor, pcall, call = string.format, math.fmod, math.floor, redis.pcall, redis.call
 local tau = tonumber(ARGV[1])
 local now
@@ -23,6 +27,8 @@ else
   now = tonumber(ARGV[2])
   slack = tonumber(ARGV[3])
 end
+local same = nil
+if ARGV[4] ~= '' then same = tonumber(ARGV[4]) end
 local function digits(n)
   if n < 100000000 then return fmt('%d', n) end
   local lo = fmod(n, 100000000)
@@ -34,7 +40,7 @@ local last_tat, last_value, last_ttl, last_ttl_s
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local cost_t = tonumber(ARGV[3 + i])
+  local cost_t = same or tonumber(ARGV[4 + i])
   local consume = true
   if cost_t < 0 then
     cost_t = -cost_t - 1
@@ -68,6 +74,10 @@ for i = 1, #KEYS do
     end
     call('SET', key, last_value, 'PX', last_ttl_s)
   end
-  out[i] = owed
+  if owed == 0 then
+    out[i] = '0'
+  else
+    out[i] = digits(owed)
+  end
 end
-return out
+return table.concat(out, ',')

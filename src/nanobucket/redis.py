@@ -1384,7 +1384,10 @@ class AsyncRedisTokenBucket(_RedisLimits):
     script), and ``coalesce=False`` turns it off.
 
     Each decision round trip is bounded by one deadline (``timeout`` after
-    the oldest caller of the batch queued) instead of a socket timeout. When
+    the oldest caller of the batch queued) instead of a socket timeout
+    (Python >= 3.11; on 3.10, and on a cluster, the socket timeout). A caller
+    that waited past its deadline behind a slow round trip gets the policy
+    (reason ``"timeout"``) without being sent. When
     Redis cannot decide a batch, every caller in it gets the policy's (or the
     fallback's) answer, and the breaker counts one failure: one round trip
     failed, however many callers it carried.
@@ -1477,19 +1480,28 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def _call(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool
     ) -> RedisDecision:
-        call = _coalesce.Call(self.key(key), key, cost, now_ns, consume)
+        result: RedisDecision = await self._submit(
+            _coalesce.Call(self.key(key), key, cost, now_ns, consume)
+        )
+        return result
+
+    async def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        """`_call` for `allow`: a decision Redis made is answered as a bool, not built."""
+        d = await self._submit(_coalesce.Call(self.key(key), key, cost, now_ns, True, False))
+        return d if d.__class__ is bool else d.allowed
+
+    def _submit(self, call: _coalesce.Call) -> Awaitable[Any]:
         if not self._coalesce:
-            return await self._one(call)
+            return self._one(call)
         loop = asyncio.get_running_loop()
         coalescer = self._coalescer
         if coalescer is None or coalescer.loop is not loop:  # each loop its own queue
             coalescer = self._coalescer = _coalesce.Coalescer(
                 loop, self._timeout, self._one, self._send_batch, self._expired
             )
-        result: RedisDecision = await coalescer.decide(call)
-        return result
+        return coalescer.decide(call)
 
-    async def _one(self, call: _coalesce.Call) -> RedisDecision:
+    async def _one(self, call: _coalesce.Call) -> Any:
         """One decision alone: the single script, as without coalescing."""
         key, cost, now_ns, consume = call.key, call.cost, call.now_ns, call.consume
         breaker = self._breaker
@@ -1507,7 +1519,9 @@ class AsyncRedisTokenBucket(_RedisLimits):
             breaker.record_failure()
             return self._policy(key, cost, now_ns, consume, _late())
         breaker.record_success()
-        return self._decision(owed_us, cost)
+        if call.full:
+            return self._decision(owed_us, cost)
+        return owed_us <= self._tau_us - cost * self._interval_us
 
     async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
         """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
@@ -1525,8 +1539,14 @@ class AsyncRedisTokenBucket(_RedisLimits):
             if now_ns is None
             else [self._head[1], now_ns // NS_PER_US, EXPLICIT_TTL_SLACK_MS]
         )
-        # A peek goes as -cost_us - 1 (see the script).
-        args += [c.cost * interval if c.consume else -c.cost * interval - 1 for c in calls]
+        # A peek goes as -cost_us - 1; one code for all when they share it (see the script).
+        codes = [c.cost * interval if c.consume else -c.cost * interval - 1 for c in calls]
+        first = codes[0]
+        if codes.count(first) == len(codes):
+            args.append(first)
+        else:
+            args.append(b"")
+            args += codes
         err: BaseException
         try:
             async with self._deadline(deadline):
@@ -1537,8 +1557,11 @@ class AsyncRedisTokenBucket(_RedisLimits):
             err = _late()
         else:
             breaker.record_success()
-            decision = self._decision
-            return [decision(owed, c.cost) for c, owed in zip(calls, replies)]
+            decision, tau = self._decision, self._tau_us
+            return [
+                decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
+                for c, owed in zip(calls, map(int, replies.split(b",")))
+            ]
         breaker.record_failure()  # once: one round trip failed, whatever it carried
         return [self._policy_answer(c, err) for c in calls]
 
@@ -1563,7 +1586,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.allow("alice"))
         False
         """
-        return (await self._call(key, self._cost(cost), None, True)).allowed
+        return await self._allowed(key, self._cost(cost), None)
 
     async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns).
@@ -1575,7 +1598,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.allow_at("alice", 0))
         True
         """
-        return (await self._call(key, self._cost(cost), check_now(now), True)).allowed
+        return await self._allowed(key, self._cost(cost), check_now(now))
 
     async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
