@@ -536,3 +536,4 @@ def test_two_asyncio_runs_in_a_row() -> None:
         assert run(burst(down)) == ["policy:open"] * 50
         assert run(burst(limiter)) == ["redis"] * 50
     assert [(kind, n) for _, kind, n in fake.calls] == [("one", 1), ("batch", 49)] * 2
+    assert len(limiter._coalescers) == 1  # the queue of the closed loop is forgotten

@@ -1434,7 +1434,10 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self._many_script = self._fast.register_script(_GCRA_MANY)
         self._batch_script = self._fast.register_script(_GCRA_BATCH)
         self._coalesce = coalesce and not self._cluster
+        # The queue of the loop last used, and of every loop not closed (a
+        # limiter shared by loops in several threads keeps one queue per loop).
         self._coalescer: _coalesce.Coalescer | None = None
+        self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
         self._give_script = self._client.register_script(_LEASE)
         self._reserve_script = self._client.register_script(_RESERVE)
         self._swap_script = self._client.register_script(_SWAP)
@@ -1496,9 +1499,15 @@ class AsyncRedisTokenBucket(_RedisLimits):
         loop = asyncio.get_running_loop()
         coalescer = self._coalescer
         if coalescer is None or coalescer.loop is not loop:  # each loop its own queue
-            coalescer = self._coalescer = _coalesce.Coalescer(
-                loop, self._timeout, self._one, self._send_batch, self._expired
-            )
+            coalescer = self._coalescers.get(loop)
+            if coalescer is None:
+                for lp in list(self._coalescers):  # forget the queues of closed loops
+                    if lp.is_closed():
+                        self._coalescers.pop(lp, None)
+                coalescer = self._coalescers[loop] = _coalesce.Coalescer(
+                    loop, self._timeout, self._one, self._send_batch, self._expired
+                )
+            self._coalescer = coalescer
         return coalescer.decide(call)
 
     async def _one(self, call: _coalesce.Call) -> Any:
