@@ -455,12 +455,16 @@ class FakeClient:
 
     Records each call as (loop, "one" or "batch", decisions). Each call
     yields to the loop once, as a round trip would; one on :attr:`hold_loop`
-    waits for :attr:`hold` first (a round trip that stays in flight).
+    waits for :attr:`hold` first (a round trip that stays in flight), and
+    only batches do when :attr:`hold_batches_only`; with :attr:`broken`,
+    a batch raises it (an error that is no Redis error: a bug).
     """
 
     def __init__(self) -> None:
         self.hold = threading.Event()
         self.hold_loop: asyncio.AbstractEventLoop | None = None
+        self.hold_batches_only = False
+        self.broken: Exception | None = None
         self.calls: list[tuple[asyncio.AbstractEventLoop, str, int]] = []
 
     def register_script(self, script: str) -> Callable[..., Awaitable[Any]]:
@@ -470,8 +474,11 @@ class FakeClient:
             loop = asyncio.get_running_loop()
             self.calls.append((loop, kind, len(keys)))
             await asyncio.sleep(0)
-            while loop is self.hold_loop and not self.hold.is_set():
+            held = kind == "batch" or not self.hold_batches_only
+            while held and loop is self.hold_loop and not self.hold.is_set():
                 await asyncio.sleep(0.005)
+            if kind == "batch" and self.broken is not None:
+                raise self.broken
             return b",".join([b"0"] * len(keys)) if kind == "batch" else 0
 
         return call
@@ -537,3 +544,37 @@ def test_two_asyncio_runs_in_a_row() -> None:
         assert run(burst(limiter)) == ["redis"] * 50
     assert [(kind, n) for _, kind, n in fake.calls] == [("one", 1), ("batch", 49)] * 2
     assert len(limiter._coalescers) == 1  # the queue of the closed loop is forgotten
+
+
+def test_a_loop_that_ends_with_a_batch_in_flight_leaves_the_limiter_working() -> None:
+    fake = FakeClient()
+    fake.hold_batches_only = True
+    limiter = nbr.AsyncRedisTokenBucket(fake, rate=SLOW, capacity=10, timeout=PHASE)
+
+    async def leave() -> None:
+        fake.hold_loop = asyncio.get_running_loop()
+        tasks = [asyncio.ensure_future(limiter.check("k")) for _ in range(5)]
+        while len(fake.calls) < 2:  # the lone call, then the batch of 4, held
+            await asyncio.sleep(0.005)
+        assert not any(t.done() for t in tasks[1:])
+        # asyncio.run cancels the pump and the callers as it ends
+
+    asyncio.run(leave())
+    assert [(kind, n) for _, kind, n in fake.calls] == [("one", 1), ("batch", 4)]
+    ds = run(together([lambda: limiter.check("k")] * 3))  # a new loop: a new queue
+    assert [d.source for d in ds] == ["redis"] * 3
+
+
+def test_an_error_that_is_no_redis_error_reaches_every_caller_of_the_batch() -> None:
+    fake = FakeClient()
+    fake.broken = ValueError("a bug")
+    limiter = nbr.AsyncRedisTokenBucket(fake, rate=SLOW, capacity=10, timeout=PHASE)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(limiter.check("k") for _ in range(5)), return_exceptions=True)
+
+    got = run(main())
+    assert isinstance(got[0], nbr.RedisDecision)  # alone: the single script
+    assert [type(e) for e in got[1:]] == [ValueError] * 4
+    fake.broken = None
+    assert [d.source for d in run(together([lambda: limiter.check("k")] * 3))] == ["redis"] * 3
