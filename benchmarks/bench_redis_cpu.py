@@ -129,6 +129,17 @@ def bench(url: str, n: int) -> None:
         owed.check(k, cost=i + 1)
     u, s, _ = script_usec(client, lambda: owed.allow_many(keys), nb)
     report("RedisTokenBucket.allow_many (100 keys, distinct)", u, s, 100, fm)
+    # The coalesced batch (AsyncRedisTokenBucket's concurrent decisions): a cost
+    # per key, the single script's reply per key (see _redis_gcra_batch.lua).
+    batch = client.register_script(nbr._GCRA_BATCH)
+    for label, lim in (("full", limiter), ("distinct", owed)):
+        bkeys = [lim.key(k) for k in keys]
+        for form, args in (
+            ("one cost", [lim._head[1], b"", 0, lim._interval_us]),
+            ("a cost each", [lim._head[1], b"", 0, b""] + [lim._interval_us] * len(bkeys)),
+        ):
+            u, s, _ = script_usec(client, lambda a=args, k=bkeys: batch(keys=k, args=a), nb)
+            report(f"coalesced batch (100 keys, {label}, {form})", u, s, 100, fm)
     client.flushdb()
     client.close()
 

@@ -50,6 +50,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
 RATE = 10_000_000  # far above what one client reaches: nothing is refused
 NOOP = "return 0"  # the limiter's script also returns one integer
+#: The async peers hold one connection per task in flight: redis-py's default
+#: pool of 100 raises "Too many connections" at 256 tasks, so they get more.
+#: nanobucket coalesces a loop's decisions onto one connection and keeps the
+#: default.
+PEER_POOL = 1024
 
 # The single script's arguments: tau and cost in us, no explicit time, consume, no TTL slack.
 BARE_ARGS = (b"10000000", 1, b"", b"1", b"0")
@@ -152,7 +157,7 @@ def async_cases(url: str) -> dict[str, AsyncCase]:
         return limiter.allow
 
     def bare() -> Callable[[str], Awaitable[object]]:
-        c = redis.asyncio.Redis.from_url(url)
+        c = redis.asyncio.Redis.from_url(url, max_connections=PEER_POOL)
         sha: list[str] = []
 
         async def call(key: str) -> object:
@@ -172,7 +177,9 @@ def async_cases(url: str) -> dict[str, AsyncCase]:
 
         def limits_aio() -> Callable[[str], Awaitable[object]]:
             limiter = limits.aio.strategies.FixedWindowRateLimiter(
-                limits.aio.storage.RedisStorage("async+" + url, implementation="redispy")
+                limits.aio.storage.RedisStorage(
+                    "async+" + url, implementation="redispy", max_connections=PEER_POOL
+                )
             )
             return lambda key: limiter.hit(item, key)
 

@@ -80,10 +80,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     NoScriptError,
+    RedisError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from . import _coalesce
 from . import _redis_clients as _clients
 from . import waiting as _waiting
 from ._bucket_py import Decision
@@ -120,6 +122,12 @@ EXPLICIT_TTL_SLACK_MS = 86_400_000
 #: Compare-and-swap attempts per key when reconfigure migrates a busy bucket.
 SWAP_TRIES = 100
 DEFAULT_SOCKET_TIMEOUT = 0.1
+#: ``asyncio.timeout_at`` (Python >= 3.11): one deadline around a round trip,
+#: instead of redis.asyncio's costly socket timeout. On 3.10 the asyncio
+#: limiter keeps the socket timeout.
+_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = getattr(
+    asyncio, "timeout_at", None
+)
 #: Errors that mean "Redis could not decide": everything redis-py raises,
 #: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
 #: CLUSTERDOWN, TRYAGAIN, MOVED, ...), and its cluster client's own errors
@@ -141,6 +149,7 @@ _POOL_OWNED = frozenset(
 
 _GCRA = files(__package__).joinpath("_redis_gcra.lua").read_text(encoding="utf-8")
 _GCRA_MANY = files(__package__).joinpath("_redis_gcra_many.lua").read_text(encoding="utf-8")
+_GCRA_BATCH = files(__package__).joinpath("_redis_gcra_batch.lua").read_text(encoding="utf-8")
 _LEASE = files(__package__).joinpath("_redis_lease.lua").read_text(encoding="utf-8")
 _RESERVE = files(__package__).joinpath("_redis_reserve.lua").read_text(encoding="utf-8")
 _SWAP = files(__package__).joinpath("_redis_swap.lua").read_text(encoding="utf-8")
@@ -371,15 +380,18 @@ def _check_timeout(timeout: object) -> float:
     return float(timeout)
 
 
-def _bounded(kwargs: dict[str, Any], timeout: float) -> bool:
-    """True if connections built from *kwargs* wait at most *timeout* and never retry."""
+def _bounded(kwargs: dict[str, Any], timeout: float, deadline: bool = False) -> bool:
+    """True if connections built from *kwargs* wait at most *timeout* and never retry.
+
+    With *deadline*, reads must have no timeout of their own instead (the
+    caller bounds each call by a deadline, see `_deadline_client`).
+    """
     retry = kwargs.get("retry")
     read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
     return (
         retry is not None
         and _retries(retry) == 0
-        and read is not None
-        and read <= timeout
+        and ((read is None) if deadline else (read is not None and read <= timeout))
         and connect is not None
         and connect <= timeout
         and not kwargs.get("decode_responses")
@@ -420,13 +432,36 @@ def bounded_client(client: Any, timeout: float) -> Any:
         return _bounded_cluster(lib, client, timeout)
     if not isinstance(client, lib.plain):
         return client
+    return _bounded_plain(lib, client, timeout, timeout)
+
+
+def _deadline_client(client: Any, timeout: float) -> Any:
+    """For an asyncio client: `bounded_client`, but reads without a timeout of their own.
+
+    redis.asyncio spends about 20 us of CPU per call on a socket timeout (a
+    task for ``wait_for`` around the write, a timeout around the read);
+    :class:`AsyncRedisTokenBucket` bounds each of its decision round trips
+    by one deadline of its own instead (``asyncio.timeout_at``). Connecting
+    still waits at most *timeout*, and nothing retries. Any other client:
+    `bounded_client`.
+    """
+    lib = _clients.library_of(client)
+    if lib is None or not isinstance(client, lib.async_client):
+        return bounded_client(client, timeout)
+    return _bounded_plain(lib, client, timeout, None)
+
+
+def _bounded_plain(
+    lib: _clients.Library, client: Any, timeout: float, read_timeout: float | None
+) -> Any:
+    """`bounded_client` for a plain client; reads wait at most *read_timeout* (None: no bound)."""
     pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict) or _bounded(kwargs, timeout):
+    if not isinstance(kwargs, dict) or _bounded(kwargs, timeout, read_timeout is None):
         return client
     kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_OWNED}
     kwargs.update(
-        socket_timeout=timeout,
+        socket_timeout=read_timeout,
         socket_connect_timeout=timeout,
         retry_on_error=[],
         decode_responses=False,
@@ -827,6 +862,11 @@ class _RedisLimits:
     def _pattern(self) -> bytes:
         # SCAN's glob: every byte of the prefix literal, then the key.
         return b"".join(b"\\" + bytes([c]) for c in self._prefix) + b"*"
+
+
+def _late() -> RedisTimeoutError:
+    """The error of a decision past its deadline (its reason: ``"timeout"``)."""
+    return RedisTimeoutError("Timeout: no reply within the limiter's timeout")
 
 
 async def _sleep_reserved(
@@ -1329,6 +1369,29 @@ class RedisTokenBucket(_RedisLimits):
 class AsyncRedisTokenBucket(_RedisLimits):
     """:class:`RedisTokenBucket` on ``redis.asyncio.Redis``: the same verbs, awaited.
 
+    Decisions coalesce (``coalesce=True``, the default): one that finds no
+    round trip of the loop in flight is sent at once, alone; those that
+    arrive while one is in flight are sent together when it completes, as one
+    script call (``_redis_gcra_batch.lua``, at most 512 per call), each
+    caller getting the very decision it would have got alone at that Redis
+    time, in arrival order. So hundreds of tasks deciding at once make one
+    round trip per batch, on one connection. ``allow``, ``check``, ``peek``
+    and their ``_at`` forms coalesce (a batch holds one clock: Redis's, or
+    one explicit ``now``); ``allow_many`` and the other verbs do not. A
+    caller cancelled while queued spends nothing; one cancelled while its
+    batch is in flight does not cancel the batch. On a Redis Cluster
+    decisions are not coalesced (keys of different slots cannot share a
+    script), and ``coalesce=False`` turns it off.
+
+    Each decision round trip is bounded by one deadline (``timeout`` after
+    the oldest caller of the batch queued) instead of a socket timeout
+    (Python >= 3.11; on 3.10, and on a cluster, the socket timeout). A caller
+    that waited past its deadline behind a slow round trip gets the policy
+    (reason ``"timeout"``) without being sent. When
+    Redis cannot decide a batch, every caller in it gets the policy's (or the
+    fallback's) answer, and the breaker counts one failure: one round trip
+    failed, however many callers it carried.
+
     >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
     >>> await limiter.allow("alice")                                           # doctest: +SKIP
     True
@@ -1352,15 +1415,29 @@ class AsyncRedisTokenBucket(_RedisLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        coalesce: bool = True,
     ) -> None:
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         if not hasattr(client, "register_script"):
             raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
+        if not isinstance(coalesce, bool):
+            raise TypeError(f"coalesce must be a bool, not {type(coalesce).__name__}")
         self._user_client = client
         self._client = bounded_client(client, self._timeout)
-        self._script = self._client.register_script(_GCRA)
-        self._many_script = self._client.register_script(_GCRA_MANY)
         self._cluster = _clients.is_cluster(self._client)
+        # Decisions go through a client whose reads have no timeout of their
+        # own, each round trip under one deadline (`_deadline`); the other
+        # verbs keep the socket timeout. A cluster, or Python 3.10: as they are.
+        deadline = _timeout_at is not None and not self._cluster
+        self._fast = _deadline_client(client, self._timeout) if deadline else self._client
+        self._script = self._fast.register_script(_GCRA)
+        self._many_script = self._fast.register_script(_GCRA_MANY)
+        self._batch_script = self._fast.register_script(_GCRA_BATCH)
+        self._coalesce = coalesce and not self._cluster
+        # The queue of the loop last used, and of every loop not closed (a
+        # limiter shared by loops in several threads keeps one queue per loop).
+        self._coalescer: _coalesce.Coalescer | None = None
+        self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
         self._give_script = self._client.register_script(_LEASE)
         self._reserve_script = self._client.register_script(_RESERVE)
         self._swap_script = self._client.register_script(_SWAP)
@@ -1395,20 +1472,118 @@ class AsyncRedisTokenBucket(_RedisLimits):
         """
         return self._user_client
 
+    def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
+        if _timeout_at is None or self._cluster:
+            return contextlib.nullcontext()  # the client's socket timeout bounds it
+        if at is None:
+            at = asyncio.get_running_loop().time() + self._timeout
+        return _timeout_at(at)
+
     async def _call(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool
     ) -> RedisDecision:
-        rkey = self.key(key)
+        result: RedisDecision = await self._submit(
+            _coalesce.Call(self.key(key), key, cost, now_ns, consume)
+        )
+        return result
+
+    async def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        """`_call` for `allow`: a decision Redis made is answered as a bool, not built."""
+        d = await self._submit(_coalesce.Call(self.key(key), key, cost, now_ns, True, False))
+        return d if d.__class__ is bool else d.allowed
+
+    def _submit(self, call: _coalesce.Call) -> Awaitable[Any]:
+        if not self._coalesce:
+            return self._one(call)
+        loop = asyncio.get_running_loop()
+        coalescer = self._coalescer
+        if coalescer is None or coalescer.loop is not loop:  # each loop its own queue
+            coalescer = self._coalescers.get(loop)
+            if coalescer is None:
+                for lp in list(self._coalescers):  # forget the queues of closed loops
+                    if lp.is_closed():
+                        self._coalescers.pop(lp, None)
+                coalescer = self._coalescers[loop] = _coalesce.Coalescer(
+                    loop, self._timeout, self._one, self._send_batch, self._expired
+                )
+            self._coalescer = coalescer
+        return coalescer.decide(call)
+
+    async def _one(self, call: _coalesce.Call) -> Any:
+        """One decision alone: the single script, as without coalescing."""
+        key, cost, now_ns, consume = call.key, call.cost, call.now_ns, call.consume
         breaker = self._breaker
         if not breaker.allow_request():
             return self._policy(key, cost, now_ns, consume, None)
         try:
-            owed_us = await self._script(keys=(rkey,), args=self._args(cost, now_ns, consume))
+            async with self._deadline():
+                owed_us = await self._script(
+                    keys=(call.rkey,), args=self._args(cost, now_ns, consume)
+                )
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy(key, cost, now_ns, consume, err)
+        except TimeoutError:  # the deadline
+            breaker.record_failure()
+            return self._policy(key, cost, now_ns, consume, _late())
         breaker.record_success()
-        return self._decision(owed_us, cost)
+        if call.full:
+            return self._decision(owed_us, cost)
+        return owed_us <= self._tau_us - cost * self._interval_us
+
+    async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
+        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
+
+        Answers every call, raising nothing: a decision each, or when Redis
+        cannot decide, the policy's answer each (its exception, for "raise").
+        """
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return [self._policy_answer(c, None) for c in calls]
+        now_ns = calls[0].now_ns
+        interval = self._interval_us
+        args: list[bytes | int] = (
+            [self._head[1], b"", 0]
+            if now_ns is None
+            else [self._head[1], now_ns // NS_PER_US, EXPLICIT_TTL_SLACK_MS]
+        )
+        # A peek goes as -cost_us - 1; one code for all when they share it (see the script).
+        codes = [c.cost * interval if c.consume else -c.cost * interval - 1 for c in calls]
+        first = codes[0]
+        if codes.count(first) == len(codes):
+            args.append(first)
+        else:
+            args.append(b"")
+            args += codes
+        err: BaseException
+        try:
+            async with self._deadline(deadline):
+                replies = await self._batch_script(keys=[c.rkey for c in calls], args=args)
+        except UNAVAILABLE as e:
+            err = e
+        except TimeoutError:
+            err = _late()
+        else:
+            breaker.record_success()
+            decision, tau = self._decision, self._tau_us
+            return [
+                decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
+                for c, owed in zip(calls, map(int, replies.split(b",")))
+            ]
+        breaker.record_failure()  # once: one round trip failed, whatever it carried
+        return [self._policy_answer(c, err) for c in calls]
+
+    def _policy_answer(self, call: _coalesce.Call, err: BaseException | None) -> Any:
+        try:
+            return self._policy(call.key, call.cost, call.now_ns, call.consume, err)
+        except RedisUnavailable as exc:  # on_error="raise": each caller gets its own
+            return exc
+
+    def _expired(self, call: _coalesce.Call) -> RedisDecision:
+        """A call that waited past its deadline: the policy answers, the breaker is not told
+        (the round trip before it was slow and counted already)."""
+        return self._policy(call.key, call.cost, call.now_ns, call.consume, _late())
 
     async def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
@@ -1420,7 +1595,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.allow("alice"))
         False
         """
-        return (await self._call(key, self._cost(cost), None, True)).allowed
+        return await self._allowed(key, self._cost(cost), None)
 
     async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns).
@@ -1432,7 +1607,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.allow_at("alice", 0))
         True
         """
-        return (await self._call(key, self._cost(cost), check_now(now), True)).allowed
+        return await self._allowed(key, self._cost(cost), check_now(now))
 
     async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
@@ -1524,12 +1699,15 @@ class AsyncRedisTokenBucket(_RedisLimits):
                 )
                 result = bytearray([self._admits(owed, cost) for owed in replies])
             else:
-                result = bytearray(
-                    await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))
-                )
+                async with self._deadline():
+                    reply = await self._many_script(keys=rkeys, args=self._many_args(cost, now_ns))
+                result = bytearray(reply)
         except UNAVAILABLE as err:
             breaker.record_failure()
             return self._policy_many(keys, cost, now_ns, err)
+        except TimeoutError:
+            breaker.record_failure()
+            return self._policy_many(keys, cost, now_ns, _late())
         breaker.record_success()
         return result
 
@@ -1541,7 +1719,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
         >>> asyncio.run(limiter.aclose())   # at shutdown
         """
-        for client in {id(c): c for c in (self._client, self._user_client)}.values():
+        clients = (self._fast, self._client, self._user_client)
+        for client in {id(c): c for c in clients}.values():
             close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
             await close()
 
