@@ -212,9 +212,7 @@ class RateLimit:
         self.counters = check_counters(counters)
         self._policy = Policy(limiter, name, keyed)
         self._settler = (
-            None
-            if charge is None
-            else Settler(limiter, self._policy.keyed, self._policy.capacity)
+            None if charge is None else Settler(limiter, self._policy.keyed, self._policy.capacity)
         )
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._key = None if self._key_fn is not None else key_func(key)
