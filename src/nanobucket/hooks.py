@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ("LimitEvent",)
 
@@ -38,8 +38,8 @@ logger = logging.getLogger("nanobucket")
 Hook = Callable[["LimitEvent"], Any]
 
 
-class LimitEvent:
-    """One decision of an integration, as hooks see it. Read-only.
+class LimitEvent(NamedTuple):
+    """One decision of an integration, as hooks see it: a read-only named tuple.
 
     * ``key``: the key the limiter was asked about (None for an unkeyed limiter
       under the decorator);
@@ -49,8 +49,7 @@ class LimitEvent:
     * ``cost``: the tokens asked for up front;
     * ``decision``: the limiter's `Decision` (a ``RedisDecision`` carries
       ``source``; an ``all_of`` one, ``layer``);
-    * ``shadow``: the integration runs in shadow mode (it never refuses);
-    * ``plan``: the decision's ``plan`` when the limiter names one, else None.
+    * ``shadow``: the integration runs in shadow mode (it never refuses).
 
     >>> import nanobucket as nb
     >>> d = nb.TokenBucket(rate=1, capacity=1, clock=lambda: 0).check()
@@ -59,34 +58,24 @@ class LimitEvent:
     ('admitted', False, None)
     """
 
-    __slots__ = ("cost", "decision", "key", "plan", "route", "shadow")
-
+    # A named tuple: built in one step on the request path (a hook hears of
+    # every request), read-only, and cheap to pass to another thread.
     key: Hashable
     route: str
     cost: int
     decision: Any
-    shadow: bool
-    plan: str | None
+    shadow: bool = False
 
-    def __init__(
-        self,
-        key: Hashable,
-        route: str,
-        cost: int,
-        decision: Any,
-        shadow: bool = False,
-        plan: str | None = None,
-    ) -> None:
-        set_ = object.__setattr__
-        set_(self, "key", key)
-        set_(self, "route", route)
-        set_(self, "cost", cost)
-        set_(self, "decision", decision)
-        set_(self, "shadow", shadow)
-        set_(self, "plan", plan if plan is not None else getattr(decision, "plan", None))
+    @property
+    def plan(self) -> str | None:
+        """The decision's ``plan`` when the limiter names the caller's plan, else None.
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a LimitEvent is read-only")
+        >>> import nanobucket as nb
+        >>> LimitEvent("alice", "*", 1, nb.TokenBucket(1, 1).check_at(0)).plan is None
+        True
+        """
+        plan = getattr(self.decision, "plan", None)
+        return plan if isinstance(plan, str) else None
 
     @property
     def limited(self) -> bool:
@@ -116,12 +105,6 @@ class LimitEvent:
             return "admitted"
         return "shadow-limited" if self.shadow else "limited"
 
-    def __repr__(self) -> str:
-        return (
-            f"LimitEvent(key={self.key!r}, route={self.route!r}, cost={self.cost}, "
-            f"outcome={self.outcome!r}, plan={self.plan!r})"
-        )
-
 
 def _check_hook(hook: object, name: str, allow_async: bool) -> bool:
     """Whether *hook* is awaited; TypeError when it is not a usable hook."""
@@ -149,27 +132,31 @@ class Hooks:
 
     def emit(self, event: LimitEvent) -> None:
         """Call the hooks that apply to *event*; log what they raise."""
-        for hook in self._for(event):
+        if self.on_decision is not None:
             try:
-                hook(event)
+                self.on_decision(event)
+            except Exception:
+                logger.exception("nanobucket: a hook raised on %r; the request goes on", event)
+        if self.on_limited is not None and not event.decision.allowed:
+            try:
+                self.on_limited(event)
             except Exception:
                 logger.exception("nanobucket: a hook raised on %r; the request goes on", event)
 
     async def emit_async(self, event: LimitEvent) -> None:
         """`emit`, awaiting what the hooks return when they are coroutines."""
-        for hook in self._for(event):
+        hooks = [self.on_decision]
+        if not event.decision.allowed:
+            hooks.append(self.on_limited)
+        for hook in hooks:
+            if hook is None:
+                continue
             try:
                 result = hook(event)
                 if inspect.isawaitable(result):
                     await result
             except Exception:
                 logger.exception("nanobucket: a hook raised on %r; the request goes on", event)
-
-    def _for(self, event: LimitEvent) -> tuple[Hook, ...]:
-        first = () if self.on_decision is None else (self.on_decision,)
-        if self.on_limited is not None and not event.decision.allowed:
-            return (*first, self.on_limited)
-        return first
 
 
 def make_hooks(on_decision: object, on_limited: object, *, allow_async: bool) -> Hooks | None:

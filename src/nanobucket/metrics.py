@@ -102,6 +102,8 @@ class PrometheusMetrics:
             ["route", "source", "reason"],
             registry=self.registry,
         )
+        # Bounded like the labels: route patterns x outcomes x plans.
+        self._children: dict[tuple[str, str, str], Any] = {}
         self._breaker = Gauge(
             f"{namespace}_breaker_state",
             "1 for the Redis circuit breaker's current state, 0 for the others.",
@@ -119,7 +121,11 @@ class PrometheusMetrics:
         >>> m.hook(nb.LimitEvent("alice", "/api/*", 1, d)); m.value("/api/*", "admitted")
         1.0
         """
-        self._decisions.labels(event.route, event.outcome, event.plan or "").inc()
+        labels = (event.route, event.outcome, event.plan or "")
+        child = self._children.get(labels)
+        if child is None:  # labels() costs more than inc(): once per label set
+            child = self._children.setdefault(labels, self._decisions.labels(*labels))
+        child.inc()
         fallback = _fallback(event)
         if fallback is not None:
             self._fallbacks.labels(event.route, *fallback).inc()
