@@ -3,6 +3,7 @@
     python benchmarks/bench_http.py inprocess [--n 200000]
     python benchmarks/bench_http.py uvicorn [--seconds 3 --connections 8]
     python benchmarks/bench_http.py fastapi [--n 50000]
+    python benchmarks/bench_http.py hooks [--n 100000 --rounds 7] [--before OLD/src/nanobucket]
 
 ``inprocess`` awaits a bare ASGI app and the same app behind
 `RateLimitMiddleware` (in-process `KeyedTokenBucket`, every request
@@ -224,6 +225,94 @@ def uvicorn_rps(seconds: float, connections: int) -> None:
             proc.wait(10)
 
 
+def _load_before(src: str, module: str) -> Any:
+    """*module* (``asgi`` or ``wsgi``) as another checkout has it, beside this one.
+
+    Loaded inside this ``nanobucket`` package, so its relative imports take
+    this checkout's ``_http``: only the middleware's own code differs.
+    """
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"nanobucket._before_{module}", os.path.join(src, f"{module}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _wsgi_loop(app: Any, n: int) -> float:
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "REMOTE_ADDR": "127.0.0.1"}
+
+    def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
+        pass
+
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        body = app(environ, start_response)
+        for _chunk in body:
+            pass
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
+    return (time.perf_counter_ns() - t0) / n
+
+
+def _wsgi_bare(environ: Any, start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]
+
+
+def hooks_inprocess(n: int, before: str | None, rounds: int = 5) -> None:
+    """The middlewares with no hook (this checkout, and *before*'s), a no-op hook,
+    the Prometheus hook and a charge=: interleaved rounds, the median of each."""
+    import statistics
+
+    from prometheus_client import CollectorRegistry
+
+    from nanobucket import wsgi
+    from nanobucket.metrics import PrometheusMetrics
+
+    limiter = nb.KeyedTokenBucket(rate=BIG, capacity=BIG)
+    prom = PrometheusMetrics(registry=CollectorRegistry())
+    asgi_apps: dict[str, Any] = {
+        "bare": bare,
+        "no hook": RateLimitMiddleware(bare, limiter),
+        "no-op hook": RateLimitMiddleware(bare, limiter, on_decision=lambda e: None),
+        "prometheus": RateLimitMiddleware(bare, limiter, on_decision=prom.hook),
+        "charge=": RateLimitMiddleware(bare, limiter, charge=lambda scope, status: 1),
+    }
+    wsgi_apps: dict[str, Any] = {
+        "bare": _wsgi_bare,
+        "no hook": wsgi.RateLimitMiddleware(_wsgi_bare, limiter),
+        "no-op hook": wsgi.RateLimitMiddleware(_wsgi_bare, limiter, on_decision=lambda e: None),
+        "prometheus": wsgi.RateLimitMiddleware(_wsgi_bare, limiter, on_decision=prom.hook),
+        "charge=": wsgi.RateLimitMiddleware(_wsgi_bare, limiter, charge=lambda env, status: 1),
+    }
+    if before is not None:
+        old_asgi, old_wsgi = _load_before(before, "asgi"), _load_before(before, "wsgi")
+        asgi_apps["no hook, before"] = old_asgi.RateLimitMiddleware(bare, limiter)
+        wsgi_apps["no hook, before"] = old_wsgi.RateLimitMiddleware(_wsgi_bare, limiter)
+    times: dict[str, list[float]] = {}
+    for r in range(rounds):  # the order reversed every other round: no variant always first
+        for v, app in list(asgi_apps.items())[:: 1 if r % 2 else -1]:
+            times.setdefault("asgi " + v, []).append(asyncio.run(_loop(app, n)))
+        for v, app in list(wsgi_apps.items())[:: 1 if r % 2 else -1]:
+            times.setdefault("wsgi " + v, []).append(_wsgi_loop(app, n))
+    print(f"implementation: {nb.IMPLEMENTATION}, {n} requests per round, {rounds} rounds")
+    for v, ts in sorted(times.items(), key=lambda item: not item[0].endswith("bare")):
+        median, best = statistics.median(ts), min(ts)
+        bare_ts = times[v[:5] + "bare"]
+        extra = (
+            ""
+            if v.endswith("bare")
+            else f"   added: median {median - statistics.median(bare_ts):6.0f} ns,"
+            f" best {best - min(bare_ts):6.0f} ns"
+        )
+        print(f"  {v:22s} median {median:6.0f} ns/request{extra}")
+
+
 def __getattr__(name: str) -> Any:  # uvicorn's "bench_http:server_app"
     if name == "server_app":
         return make_app(os.environ.get("BENCH_VARIANT", "bare"))
@@ -232,13 +321,17 @@ def __getattr__(name: str) -> Any:  # uvicorn's "bench_http:server_app"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["inprocess", "uvicorn", "fastapi"])
+    parser.add_argument("what", choices=["inprocess", "uvicorn", "fastapi", "hooks"])
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--before", help="hooks: another checkout's src/nanobucket to compare")
     args = parser.parse_args()
     if args.what == "inprocess":
         inprocess(args.n)
+    elif args.what == "hooks":
+        hooks_inprocess(args.n, args.before, args.rounds)
     elif args.what == "fastapi":
         fastapi_inprocess(args.n)
     else:

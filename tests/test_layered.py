@@ -167,28 +167,64 @@ def test_refund_reaches_every_layer(impl: ModuleType) -> None:
     assert (a.tokens_at("k", 0), b.tokens_at(0)) == (3.0, 3.0)
 
 
+class _NoRefund:
+    """A keyed limiter without refund(): the kind all_of charges last."""
+
+    keyed = True
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.capacity, self.rate = inner.capacity, inner.rate
+
+    def allow(self, key: str, cost: int = 1) -> bool:
+        return bool(self._inner.allow(key, cost))
+
+    def allow_at(self, key: str, now: int, cost: int = 1) -> bool:
+        return bool(self._inner.allow_at(key, now, cost))
+
+    def check(self, key: str, cost: int = 1) -> Any:
+        return self._inner.check(key, cost)
+
+    def check_at(self, key: str, now: int, cost: int = 1) -> Any:
+        return self._inner.check_at(key, now, cost)
+
+    def peek(self, key: str, cost: int = 1) -> Any:
+        return self._inner.peek(key, cost)
+
+    def peek_at(self, key: str, now: int, cost: int = 1) -> Any:
+        return self._inner.peek_at(key, now, cost)
+
+
+def test_a_layer_without_refund_is_charged_last(impl: ModuleType) -> None:
+    stubborn = _NoRefund(impl.KeyedTokenBucket(rate=1, capacity=2))
+    local = impl.TokenBucket(rate=1, capacity=10)
+    limit = all_of(stubborn, local)  # given first, but charged last
+    assert [limit.allow_at("k", 0) for _ in range(3)] == [True, True, False]
+    assert local.tokens_at(0) == 8.0  # the third was refunded
+    d = limit.check_at("k", 0)
+    assert (d.allowed, d.layer, d.retry_after_ns) == (False, 0, S)
+    with pytest.raises(TypeError, match="at most one layer without refund"):
+        all_of(stubborn, stubborn)
+    with pytest.raises(TypeError, match="no refund"):
+        limit.refund("k")
+
+
 @pytest.mark.c_extension
-def test_a_layer_without_refund_is_charged_last(tmp_path: Path) -> None:
-    _bucket_c = pytest.importorskip("nanobucket._bucket_c")
+def test_shared_layers_refund(tmp_path: Path) -> None:
     pytest.importorskip("nanobucket._shared_c")
     from nanobucket.shared import SharedKeyedTokenBucket
 
-    shared = SharedKeyedTokenBucket.create(
-        path=tmp_path / f"t-{uuid.uuid4().hex}", rate=1, capacity=2
-    )
+    a = SharedKeyedTokenBucket.create(path=tmp_path / f"a-{uuid.uuid4().hex}", rate=1, capacity=2)
+    b = SharedKeyedTokenBucket.create(path=tmp_path / f"b-{uuid.uuid4().hex}", rate=1, capacity=3)
     try:
-        local = _bucket_c.TokenBucket(rate=1, capacity=10)
-        limit = all_of(shared, local)  # shared is given first, but charged last
+        limit = all_of(a, b)  # two shared tables: both refund, all or nothing
         assert [limit.allow_at("k", 0) for _ in range(3)] == [True, True, False]
-        assert local.tokens_at(0) == 8.0  # the third was refunded
-        d = limit.check_at("k", 0)
-        assert (d.allowed, d.layer, d.retry_after_ns) == (False, 0, S)
-        with pytest.raises(TypeError, match="at most one layer without refund"):
-            all_of(shared, shared)
-        with pytest.raises(TypeError, match="no refund"):
-            limit.refund("k")
+        assert (a.tokens_at("k", 0), b.tokens_at("k", 0)) == (0.0, 1.0)  # b got its 1 back
+        limit.refund_at("k", 0, cost=2)
+        assert (a.tokens_at("k", 0), b.tokens_at("k", 0)) == (2.0, 3.0)
     finally:
-        shared.unlink()
+        a.unlink()
+        b.unlink()
 
 
 def test_bad_layers(impl: ModuleType) -> None:

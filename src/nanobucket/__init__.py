@@ -8,6 +8,7 @@ True
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
 from .decorator import RateLimited, limit
+from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
 from .shared import SharedKeyedTokenBucket
 from .waiting import LeakyBucket, Waiting
@@ -21,6 +22,7 @@ __all__ = (
     "KeyedTokenBucket",
     "LayeredDecision",
     "LeakyBucket",
+    "LimitEvent",
     "RateLimited",
     "SharedKeyedTokenBucket",
     "TokenBucket",

@@ -521,7 +521,9 @@ class Policy:
         "check",
         "ietf_extra",
         "is_async",
+        "keyed",
         "layer_headers",
+        "limiter",
         "name",
         "policy_header",
         "r_prefix",
@@ -533,7 +535,9 @@ class Policy:
                 f"policy name must be a non-empty string of printable ASCII "
                 f"without '\"' or '\\', got {name!r}"
             )
-        self.check = checker(limiter, keyed)
+        self.limiter = limiter  # for charge= (refund and debit after the response)
+        self.keyed = is_keyed(limiter) if keyed is None else keyed
+        self.check = checker(limiter, self.keyed)
         self.is_async = is_async(limiter)
         self.name = name
         capacity = getattr(limiter, "capacity", None)
@@ -778,6 +782,13 @@ class Router:
         for rules in self.exact.values():
             rules.sort(key=lambda p: p[0] is None)
         self.prefixes = prefixes
+
+    def policies(self) -> list[Policy]:
+        """The policy of every rule that is not exempt, the default's first."""
+        rules = [self.default]
+        rules += [rule for group in self.exact.values() for _, rule in group]
+        rules += [rule for _, _, rule in self.prefixes]
+        return [rule.policy for rule in rules if rule.policy is not None]
 
     def match(self, path: str, method: str) -> Rule:
         """The rule for *path* and *method*."""

@@ -881,6 +881,116 @@ cdef class SharedTable:
         # Capped: see _bucket_c._Limits._tokens.
         return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
 
+    # -- refund and reserve: what charging after a response needs -------------
+
+    def refund(self, key, cost=1):
+        """Give back *cost* tokens to *key*'s bucket (never above capacity).
+
+        A key not in the table (a full bucket) gets nothing; a bucket taken
+        over by another key meanwhile is left alone.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     clock = lambda: 0   # frozen: the same answers on every run
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
+        ...         t.allow("alice", cost=2), t.refund("alice"), t.tokens("alice")
+        (True, None, 1.0)
+        """
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        self._give(self._fingerprint(key), self._now(), c)
+
+    def refund_at(self, key, now, cost=1):
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t.allow_at("alice", 0, cost=2), t.refund_at("alice", 0, cost=2)
+        ...         t.tokens_at("alice", 0)
+        (True, None)
+        2.0
+        """
+        self._open_check()
+        cdef int64_t t = as_now(now)
+        cdef int64_t c = self._cost(cost)
+        self._give(self._fingerprint(key), t, c)
+
+    cdef int _give(self, uint64_t fp, int64_t now, int64_t cost) except -1:
+        cdef int64_t cost_t = cost * self.interval_ns
+        cdef int64_t tat, new_tat, soonest
+        cdef Found found
+        cdef int64_t *slot
+        if cost_t == 0:
+            return 0
+        slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
+        while True:  # again if the slot changed between reading and the CAS
+            if slot == NULL:
+                slot = self._find(fp, now, False, &found, &soonest)
+                if slot == NULL:
+                    return 0  # not in the table: a full bucket has nothing to take back
+            tat = nb_load_sc(slot + 1)
+            if nb_load_sc(slot) != <int64_t>fp:
+                slot = NULL
+                continue
+            if tat < 0:  # read while the slot was a claim: look again
+                continue
+            if tat <= now:
+                return 0
+            new_tat = tat - cost_t
+            if new_tat < now:
+                new_tat = now
+            if nb_cas16(slot, <int64_t>fp, tat, <int64_t>fp, new_tat):
+                return 0
+
+    def _reserve(self, key, now, cost, max_wait, shape):
+        """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
+
+        As ``KeyedTokenBucket._reserve``: the bucket may go past empty (into
+        debt), by at most *max_wait* ns of waiting; with *shape* the wait
+        ends at the start of the slot.
+
+        >>> import os, tempfile
+        >>> from nanobucket import SharedKeyedTokenBucket
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "api")
+        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+        ...         t._reserve("alice", 0, 2, 0, False), t._reserve("alice", 0, 2, 10**9, False)
+        ...         t._reserve("alice", 0, 1, 10**10, False), t.check_at("alice", 0).retry_after
+        (0, -1)
+        (1000000000, 2.0)
+        """
+        self._open_check()
+        cdef int64_t c = self._cost(cost)
+        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef uint64_t fp = self._fingerprint(key)
+        cdef int64_t cost_t = c * self.interval_ns
+        cdef int64_t lead = cost_t if shape else self.tau
+        # take()'s bound on base - now; never past what an int64 tat can hold.
+        cdef int64_t slack = min(max(<object>max_wait, 0) + lead - cost_t,
+                                 INT64_MAX - t - cost_t)
+        cdef int64_t tat, base, soonest
+        cdef int r
+        cdef Found found
+        cdef int64_t *slot = lookup(self.slots, self.mask, self.probe, <int64_t>fp)
+        while True:  # again if the slot changed owner between finding and spending
+            if slot == NULL:
+                slot = self._find(fp, t, cost_t != 0, &found, &soonest)
+            if slot == NULL:
+                if found == ABSENT or self.admit_when_full:
+                    return 0  # a full bucket (cost 0), or untracked on a full window
+                return -1
+            r = take(slot, <int64_t>fp, t, cost_t, slack, &tat, &base)
+            if r == 0:
+                return -1
+            if r > 0:
+                return max(base - t - (lead - cost_t), 0)
+            slot = NULL
+
     def __len__(self):
         """Keys whose buckets are not full (still owing tokens) now.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from ._charge import Charge, check_charge, settlers
 from ._http import (
     Counters,
     Route,
@@ -27,6 +28,7 @@ from ._http import (
     rejection,
     route,
 )
+from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
@@ -57,6 +59,12 @@ class RateLimitMiddleware:
       a limit and watch ``counters.shadow_limited`` first).
     * *counters*: a `Counters` to count into (default: a new one, at
       ``.counters``).
+    * *on_decision*, *on_limited*: hooks called with a `LimitEvent` for every
+      decision / for refused ones (`nanobucket.hooks`); ``async def`` ones
+      are awaited.
+    * *charge*: ``charge(scope, status) -> int``, the request's real cost,
+      settled against *cost* once the app has sent its response (a debit
+      that may go into debt, or a refund; see the README).
 
     The decision is left in ``scope["nanobucket.decision"]`` for the app.
     Only ``http`` requests are limited; websocket and lifespan pass through.
@@ -89,6 +97,9 @@ class RateLimitMiddleware:
         shadow: bool = False,
         counters: Counters | None = None,
         keyed: bool | None = None,
+        on_decision: Hook | None = None,
+        on_limited: Hook | None = None,
+        charge: Charge | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI callable, not {type(app).__name__}")
@@ -103,6 +114,9 @@ class RateLimitMiddleware:
         self._simple = not self._router.exact and not self._router.prefixes
         self._quiet = shadow or self.headers == "off"
         self._ietf = self.headers == "ietf"
+        self._hooks = make_hooks(on_decision, on_limited, allow_async=True)
+        self._charge = check_charge(charge)
+        self._settlers = settlers(self._router) if charge is not None else {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,9 +145,18 @@ class RateLimitMiddleware:
         if policy.is_async:
             decision = await decision
         scope["nanobucket.decision"] = decision
+        if self._hooks is not None:
+            event = LimitEvent(key, rule.pattern, cost, decision, self.shadow)
+            if self._hooks.awaited:
+                await self._hooks.emit_async(event)
+            else:
+                self._hooks.emit(event)
         if decision.allowed:
             self.counters.admitted += 1
             if self._quiet:
+                if self._charge is not None:
+                    await self._charged(scope, receive, send, policy, key, cost)
+                    return
                 await self.app(scope, receive, send)
                 return
             if self._ietf and policy.layer_headers is None:  # inlined limit_headers()
@@ -151,6 +174,9 @@ class RateLimitMiddleware:
                     message["headers"] = [*message.get("headers", ()), *extra]
                 await send(message)
 
+            if self._charge is not None:
+                await self._charged(scope, receive, send_with_headers, policy, key, cost)
+                return
             await self.app(scope, receive, send_with_headers)
             return
         if self.shadow:
@@ -161,6 +187,28 @@ class RateLimitMiddleware:
         response_headers, body = rejection(self.headers, policy, decision)
         await send({"type": "http.response.start", "status": 429, "headers": response_headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _charged(
+        self, scope: Scope, receive: Receive, send: Send, policy: Any, key: Any, cost: int
+    ) -> None:
+        """Run the app, then settle ``charge(scope, status)`` against *cost*."""
+        status = 500  # the app failed before it started a response
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            settler = self._settlers[id(policy)]
+            assert self._charge is not None
+            if settler.awaited:
+                await settler.settle_async(self._charge, key, cost, scope, status)
+            else:
+                settler.settle(self._charge, key, cost, scope, status)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

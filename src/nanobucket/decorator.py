@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from . import waiting as _waiting
 from ._params import NS_PER_S, RateLike
+from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("RateLimited", "limit")
 
@@ -67,6 +68,8 @@ def limit(
     cost: int | Callable[..., int] = 1,
     wait: bool = False,
     timeout: float | None = None,
+    on_decision: Hook | None = None,
+    on_limited: Hook | None = None,
 ) -> Callable[[F], F]:
     """Decorate a sync or async function so that each call spends *cost* tokens of *limiter*.
 
@@ -77,6 +80,11 @@ def limit(
     `RateLimited`; with ``wait=True`` it waits (at most *timeout* seconds,
     in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
     `RateLimited` only if it still is not admitted.
+
+    *on_decision* / *on_limited* are hooks (`nanobucket.hooks`) called with
+    a `LimitEvent` whose ``route`` is the function's qualified name; an
+    ``async def`` hook only for an ``async def`` function. They need
+    ``wait=False``: a call that waits has no single decision to report.
 
     >>> @limit(rate=1, capacity=2, key=lambda user, body: user)   # a bucket per user
     ... def upload(user: str, body: bytes) -> int:
@@ -100,6 +108,9 @@ def limit(
         raise TypeError(f"{type(limiter).__name__} cannot wait (no acquire())")
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):
         raise TypeError(f"cost must be an int or a callable, not {type(cost).__name__}")
+    hooks = make_hooks(on_decision, on_limited, allow_async=True)
+    if hooks is not None and wait:
+        raise TypeError("on_decision/on_limited need wait=False (a wait has no one decision)")
 
     def prefix(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], Any]:
         k = () if not keyed else ((key(*args, **kwargs) if key is not None else None),)
@@ -111,6 +122,7 @@ def limit(
         return RateLimited(d.retry_after_ns, d)
 
     def decorate(fn: F) -> F:
+        name = getattr(fn, "__qualname__", None) or repr(fn)
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -121,12 +133,21 @@ def limit(
                         raise refused(k, c)
                 else:
                     d = limiter.check(*k, c)
+                    if hooks is not None:
+                        event = LimitEvent(k[0] if k else None, name, c, d)
+                        if hooks.awaited:
+                            await hooks.emit_async(event)
+                        else:
+                            hooks.emit(event)
                     if not d.allowed:
                         raise RateLimited(d.retry_after_ns, d)
                 return await fn(*args, **kwargs)
 
             async_wrapper.limiter = limiter  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
+
+        if hooks is not None and hooks.awaited:
+            raise TypeError(f"{name} is not async: its hooks must be plain functions")
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -136,6 +157,8 @@ def limit(
                     raise refused(k, c)
             else:
                 d = limiter.check(*k, c)
+                if hooks is not None:
+                    hooks.emit(LimitEvent(k[0] if k else None, name, c, d))
                 if not d.allowed:
                     raise RateLimited(d.retry_after_ns, d)
             return fn(*args, **kwargs)

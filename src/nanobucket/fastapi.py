@@ -25,12 +25,13 @@ route returns itself alone); a refused one raises `RateLimited`, a 429
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
+from ._charge import Charge, Settler, check_charge
 from ._http import (
     Counters,
     KeyFunc,
@@ -44,6 +45,7 @@ from ._http import (
     rejection,
     route,
 )
+from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = (
     "Counters",
@@ -157,7 +159,15 @@ class RateLimit:
       filled by FastAPI (``user=Depends(current_user)``, a query, a header).
     * *cost*: tokens per request, an int or such a function.
     * *headers* (``"ietf"``, ``"legacy"``, ``"off"``), *name*, *shadow*,
-      *counters*, *keyed*: as for the middleware.
+      *counters*, *keyed*, *on_decision*, *on_limited*: as for the
+      middleware; a `LimitEvent`'s ``route`` is the route's path pattern.
+    * *charge*: ``charge(request, status) -> int``, the request's real
+      cost, settled against *cost* when the route has answered (the
+      dependency then has a ``yield``). *status* is the ``HTTPException``'s
+      status code when the route raised one, 500 for another exception,
+      else the status the route set on the ``Response`` parameter or its
+      declared ``status_code`` (200 by default); a ``Response`` object the
+      route returns itself is not seen.
 
     The decision is left in ``request.scope["nanobucket.decision"]`` (the
     last one, when a route has several limits), and is the dependency's value.
@@ -173,6 +183,11 @@ class RateLimit:
     ['nanobucket_request', 'nanobucket_response', 'user']
     """
 
+    def __new__(cls, *args: Any, charge: Charge | None = None, **kwargs: Any) -> RateLimit:
+        # With charge= FastAPI must see a dependency with yield (code after the route).
+        made = _ChargingRateLimit if charge is not None and cls is RateLimit else cls
+        return object.__new__(made)
+
     def __init__(
         self,
         limiter: object,
@@ -184,13 +199,21 @@ class RateLimit:
         shadow: bool = False,
         counters: Counters | None = None,
         keyed: bool | None = None,
+        on_decision: Hook | None = None,
+        on_limited: Hook | None = None,
+        charge: Charge | None = None,
     ) -> None:
         if not isinstance(shadow, bool):
             raise TypeError("shadow must be a bool")
+        self._hooks = make_hooks(on_decision, on_limited, allow_async=True)
+        self._charge = check_charge(charge)
         self.headers = check_headers_mode(headers)
         self.shadow = shadow
         self.counters = check_counters(counters)
         self._policy = Policy(limiter, name, keyed)
+        self._settler = (
+            None if charge is None else Settler(limiter, self._policy.keyed, self._policy.capacity)
+        )
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._key = None if self._key_fn is not None else key_func(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
@@ -214,7 +237,12 @@ class RateLimit:
     async def __call__(
         self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
     ) -> Any:
-        request, response = nanobucket_request, nanobucket_response
+        return (await self._decide(nanobucket_request, nanobucket_response, deps))[0]
+
+    async def _decide(
+        self, request: Request, response: Response, deps: dict[str, Any]
+    ) -> tuple[Any, Any, int]:
+        """Decide one request: ``(decision, key, cost)``, or raise `RateLimited`."""
         key_kw = {name: deps[name] for name in self._key_names}
         cost_kw = {name: deps[name] for name in self._cost_names}
         if self._key_fn is not None:
@@ -237,18 +265,54 @@ class RateLimit:
         if policy.is_async:
             decision = await decision
         request.scope["nanobucket.decision"] = decision
+        if self._hooks is not None:
+            pattern = getattr(request.scope.get("route"), "path", None) or "*"
+            event = LimitEvent(key, pattern, cost, decision, self.shadow)
+            if self._hooks.awaited:
+                await self._hooks.emit_async(event)
+            else:
+                self._hooks.emit(event)
         if decision.allowed:
             self.counters.admitted += 1
             if not self.shadow:
                 for field, value in limit_headers(self.headers, policy, decision):
                     response.headers.append(field.decode("latin-1"), value.decode("latin-1"))
-            return decision
+            return decision, key, cost
         if self.shadow:
             self.counters.shadow_limited += 1
-            return decision
+            return decision, key, cost
         self.counters.limited += 1
         fields, body = rejection(self.headers, policy, decision)
         raise RateLimited(decision, fields, body)
 
     def __repr__(self) -> str:
         return f"RateLimit(headers={self.headers!r}, shadow={self.shadow})"
+
+
+class _ChargingRateLimit(RateLimit):
+    """`RateLimit` with ``charge=``: a dependency with yield, settling after the route."""
+
+    async def __call__(  # type: ignore[override]
+        self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
+    ) -> AsyncIterator[Any]:
+        request, response = nanobucket_request, nanobucket_response
+        decision, key, cost = await self._decide(request, response, deps)
+        if not decision.allowed:  # shadow-limited: it was never charged
+            yield decision
+            return
+        status: int | None = None
+        try:
+            yield decision
+        except HTTPException as exc:
+            status = exc.status_code
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            if status is None:
+                declared = getattr(request.scope.get("route"), "status_code", None)
+                status = response.status_code or declared or 200
+            settler = self._settler
+            assert settler is not None and self._charge is not None
+            await settler.settle_async(self._charge, key, cost, request, status)

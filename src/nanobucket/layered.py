@@ -19,7 +19,7 @@ its own limit (each charge is that bucket's own atomic ``allow``). While a
 rejected request is being undone, a concurrent caller may briefly see an
 earlier layer a few tokens poorer (it may be refused, never over-admitted).
 
-A layer without ``refund`` (``SharedKeyedTokenBucket`` today) is accepted
+A layer without ``refund`` (a limiter of your own) is accepted
 once: it is charged last, so a rejection from it needs no undo on it. Two
 such layers cannot be made all-or-nothing: ``TypeError``.
 The Redis limiters refund (each refund one atomic script), so any number of

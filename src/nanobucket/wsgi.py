@@ -10,9 +10,10 @@ Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ._charge import Charge, Settler, check_charge, settlers
 from ._http import (
     Counters,
     Route,
@@ -27,6 +28,7 @@ from ._http import (
     route,
     wsgi_path,
 )
+from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
@@ -44,7 +46,9 @@ class RateLimitMiddleware:
 
     The arguments are those of `nanobucket.asgi.RateLimitMiddleware`, with
     callables (``key``, ``cost``) taking the WSGI ``environ``. The limiter
-    must be synchronous. The decision is left in
+    must be synchronous, and so must the hooks (*on_decision*,
+    *on_limited*). *charge* (``charge(environ, status) -> int``) is settled
+    when the server closes the response body. The decision is left in
     ``environ["nanobucket.decision"]``; counting is thread-safe.
 
     >>> import nanobucket as nb
@@ -74,6 +78,9 @@ class RateLimitMiddleware:
         shadow: bool = False,
         counters: Counters | None = None,
         keyed: bool | None = None,
+        on_decision: Hook | None = None,
+        on_limited: Hook | None = None,
+        charge: Charge | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
@@ -84,17 +91,14 @@ class RateLimitMiddleware:
         self.shadow = shadow
         self.counters = check_counters(counters)
         self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
-        for policy in self._policies():
+        for policy in self._router.policies():
             if policy.is_async:
                 raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
         self._simple = not self._router.exact and not self._router.prefixes
         self._quiet = shadow or self.headers == "off"
-
-    def _policies(self) -> list[Any]:
-        rules = [self._router.default]
-        rules += [rule for group in self._router.exact.values() for _, rule in group]
-        rules += [rule for _, _, rule in self._router.prefixes]
-        return [rule.policy for rule in rules if rule.policy is not None]
+        self._hooks = make_hooks(on_decision, on_limited, allow_async=False)
+        self._charge = check_charge(charge)
+        self._settlers = settlers(self._router) if charge is not None else {}
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         counters = self.counters
@@ -111,12 +115,17 @@ class RateLimitMiddleware:
         policy = rule.policy
         assert policy is not None
         cost = rule.cost if rule.cost_fn is None else rule.cost_fn(environ)
-        decision = policy.check(rule.key.wsgi(environ), cost)  # type: ignore[union-attr]
+        key = rule.key.wsgi(environ)  # type: ignore[union-attr]
+        decision = policy.check(key, cost)
         environ["nanobucket.decision"] = decision
+        if self._hooks is not None:
+            self._hooks.emit(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
         if decision.allowed:
             with counters._lock:
                 counters.admitted += 1
             if self._quiet:
+                if self._charge is not None:
+                    return self._charged(environ, start_response, policy, key, cost)
                 return self.app(environ, start_response)
             extra = _str_headers(limit_headers(self.headers, policy, decision))
 
@@ -126,6 +135,8 @@ class RateLimitMiddleware:
                     return start_response(status, headers)
                 return start_response(status, headers, exc_info)
 
+            if self._charge is not None:
+                return self._charged(environ, start_with_headers, policy, key, cost)
             return self.app(environ, start_with_headers)
         if self.shadow:
             with counters._lock:
@@ -137,5 +148,60 @@ class RateLimitMiddleware:
         start_response("429 Too Many Requests", _str_headers(response_headers))
         return [body]
 
+    def _charged(
+        self, environ: Environ, start_response: StartResponse, policy: Any, key: Any, cost: int
+    ) -> Iterable[bytes]:
+        """Run the app; settle ``charge(environ, status)`` when its body is closed."""
+        assert self._charge is not None
+        body = _Settling(self._charge, self._settlers[id(policy)], environ, key, cost)
+
+        def watch(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+            body.status = _status_code(status)
+            if exc_info is None:
+                return start_response(status, headers)
+            return start_response(status, headers, exc_info)
+
+        try:
+            body.inner = self.app(environ, watch)
+        except BaseException:
+            body.close()  # the app failed before returning a body: settle now
+            raise
+        return body
+
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"
+
+
+def _status_code(status: str) -> int:
+    """``"404 Not Found"`` -> 404 (500 for a status line that is not one)."""
+    head = status[:3]
+    return int(head) if head.isdigit() else 500
+
+
+class _Settling:
+    """The app's body, passed through; closing it settles the charge (PEP 3333 close())."""
+
+    __slots__ = ("charge", "cost", "environ", "inner", "key", "settled", "settler", "status")
+
+    def __init__(self, charge: Charge, settler: Settler, environ: Environ, key: Any, cost: int):
+        self.charge = charge
+        self.settler = settler
+        self.environ = environ
+        self.key = key
+        self.cost = cost
+        self.status = 500  # no response started (the app raised)
+        self.inner: Iterable[bytes] = ()
+        self.settled = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.inner)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if not self.settled:
+                self.settled = True
+                self.settler.settle(self.charge, self.key, self.cost, self.environ, self.status)
