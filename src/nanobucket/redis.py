@@ -80,7 +80,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     NoScriptError,
-    RedisError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
