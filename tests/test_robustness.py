@@ -202,6 +202,9 @@ SHARED_VERBS = [
     "o.peek_at('k', 0)",
     "o.tokens('k')",
     "o.tokens_at('k', 0)",
+    "o.refund('k')",
+    "o.refund_at('k', 0)",
+    "o._reserve('k', 0, 1, 0, False)",
     "len(o)",
     "o.__enter__()",
 ]
