@@ -7,6 +7,7 @@ True
 """
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
 from .layered import AllOf, LayeredDecision, all_of
 from .shared import SharedKeyedTokenBucket
@@ -17,7 +18,9 @@ __version__ = "0.1.0"
 __all__ = (
     "IMPLEMENTATION",
     "AllOf",
+    "Concurrency",
     "Decision",
+    "KeyedConcurrency",
     "KeyedTokenBucket",
     "LayeredDecision",
     "LeakyBucket",
