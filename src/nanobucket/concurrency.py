@@ -69,12 +69,13 @@ def _seconds(timeout: object) -> float:
 class _Waiter:
     """One caller in line: its cost, how to wake it, and whether it was handed its slots."""
 
-    __slots__ = ("cost", "granted", "wake")
+    __slots__ = ("cost", "granted", "queued", "wake")
 
     def __init__(self, cost: int, wake: Callable[[], bool]) -> None:
         self.cost = cost
         self.wake: Callable[[], bool] = wake  # False if nobody is left to wake
         self.granted = False
+        self.queued = True  # in line (neither granted nor dropped)
 
 
 class _Count:
@@ -163,6 +164,7 @@ class _InFlight:
         line = count.line
         while line and count.held + line[0].cost <= self._max:
             w = line.popleft()
+            w.queued = False
             self._waiting -= 1
             count.held += w.cost
             w.granted = True
@@ -226,10 +228,12 @@ class _InFlight:
                     return True
                 assert count is not None  # it holds slots there
                 count.held -= w.cost
-            else:
+            elif w.queued:
                 assert count is not None  # it is in the line there
                 count.line.remove(w)
                 self._waiting -= 1
+            else:
+                return False  # dropped: its loop closed before it could be handed anything
             self._serve(key, count)  # the waiters behind it may fit now
             return False
 
