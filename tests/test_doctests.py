@@ -21,6 +21,7 @@ MODULES = [
     "nanobucket.reference",
     "nanobucket.decorator",
     "nanobucket.layered",
+    "nanobucket.concurrency",
     "nanobucket.waiting",
     "nanobucket.explain",
     "nanobucket.simulate",
@@ -41,6 +42,7 @@ MODULES = [
 PUBLIC = [
     "nanobucket",
     "nanobucket.layered",
+    "nanobucket.concurrency",
     "nanobucket.decorator",
     "nanobucket.waiting",
     "nanobucket.redis",

@@ -7,6 +7,7 @@ True
 """
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
 from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
@@ -18,7 +19,9 @@ __version__ = "0.1.0"
 __all__ = (
     "IMPLEMENTATION",
     "AllOf",
+    "Concurrency",
     "Decision",
+    "KeyedConcurrency",
     "KeyedTokenBucket",
     "LayeredDecision",
     "LeakyBucket",

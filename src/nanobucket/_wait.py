@@ -27,7 +27,6 @@ task on a future that its timer or its `Alarm` settles.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
@@ -285,9 +284,13 @@ class Alarm:
         self.rung = False
         self.fut: asyncio.Future[bool] | None = None
 
-    def ring(self) -> None:
-        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is left to wake
+    def ring(self) -> bool:
+        """Wake the task (from any thread); False if its loop is closed: nobody is left."""
+        try:
             self.loop.call_soon_threadsafe(self._ring)
+        except RuntimeError:
+            return False
+        return True
 
     def _ring(self) -> None:
         self.rung = True

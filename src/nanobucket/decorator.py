@@ -79,7 +79,9 @@ def limit(
     callables, get the call's arguments. By default a refused call raises
     `RateLimited`; with ``wait=True`` it waits (at most *timeout* seconds,
     in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
-    `RateLimited` only if it still is not admitted.
+    `RateLimited` only if it still is not admitted. An in-flight limit
+    (``Concurrency``, or an ``all_of`` with one) is released when the call
+    returns or raises.
 
     *on_decision* / *on_limited* are hooks (`nanobucket.hooks`) called with
     a `LimitEvent` whose ``route`` is the function's qualified name; an
@@ -117,6 +119,8 @@ def limit(
         c = cost(*args, **kwargs) if callable(cost) else cost
         return k, c
 
+    holds = getattr(limiter, "releases", False) is True  # slots to give back after the call
+
     def refused(k: tuple[Any, ...], c: Any) -> RateLimited:
         d = limiter.peek(*k, c)
         return RateLimited(d.retry_after_ns, d)
@@ -141,7 +145,12 @@ def limit(
                             hooks.emit(event)
                     if not d.allowed:
                         raise RateLimited(d.retry_after_ns, d)
-                return await fn(*args, **kwargs)
+                if not holds:
+                    return await fn(*args, **kwargs)
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    limiter.release(*k, c)
 
             async_wrapper.limiter = limiter  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
@@ -161,7 +170,12 @@ def limit(
                     hooks.emit(LimitEvent(k[0] if k else None, name, c, d))
                 if not d.allowed:
                     raise RateLimited(d.retry_after_ns, d)
-            return fn(*args, **kwargs)
+            if not holds:
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                limiter.release(*k, c)
 
         wrapper.limiter = limiter  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]

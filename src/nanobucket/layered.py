@@ -25,15 +25,28 @@ such layers cannot be made all-or-nothing: ``TypeError``.
 The Redis limiters refund (each refund one atomic script), so any number of
 them, with in-process layers or not, are all-or-nothing, and wait in
 ``acquire`` (reserved in Redis, given back when a later layer refuses).
+
+In-flight layers (``Concurrency``, ``KeyedConcurrency``) hold their slots
+after the request is admitted: ``release`` gives them back when it is done
+(the tokens stay spent), and ``slot()`` does so at the end of a ``with``
+block. ``acquire`` first waits for the in-flight layers' slots, in the
+order given, then for the other layers' tokens with what is left of the
+timeout; a caller refused or cancelled on the way holds nothing::
+
+    db = all_of(Concurrency(10), TokenBucket(rate=100, capacity=20))
+    with db.slot(timeout=1.0):       # 10 at once, 100/s, bursts of 20
+        run_query()
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from . import waiting as _waiting
 from ._params import NS_PER_S
+from .concurrency import Slot
 
 try:  # the one-call fast path for layers that are all Cython buckets on one clock
     from ._bucket_c import AllowAll as _AllowAll
@@ -176,6 +189,13 @@ class AllOf:
             (layers[i].allow, styles[i], layers[i].refund if undoable[i] else None) for i in order
         )
         self._styles = styles
+        # In-flight layers hold slots until release(); acquire waits for them
+        # first, then for the other layers' tokens (an all_of of those).
+        holds = [getattr(layer, "releases", False) is True for layer in layers]
+        self.releases = any(holds)
+        self._holding = tuple(i for i in range(len(layers)) if holds[i])
+        rates = [layer for layer, held in zip(layers, holds) if not held]
+        self._rates = AllOf(*rates) if self.releases and rates else None
         # The hot path: in one Cython call when every layer is a Cython bucket
         # on the same clock (one clock reading for all); else Python code
         # unrolled for these layers (no loop, no per-layer branch).
@@ -439,7 +459,46 @@ class AllOf:
             _waiting.check_timeout(timeout)
         if self.allow(key, cost):
             return True
+        if self.releases:
+            return self._hold(key, cost, timeout)
         return _waiting.acquire_slow(self, (key,), cost, timeout)
+
+    def _hold(self, key: Hashable | None, cost: int, timeout: float | None) -> bool:
+        """`acquire` with in-flight layers: their slots in order, then the tokens."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        held: list[int] = []
+        try:
+            for i in self._holding:
+                if not self._call(i, "acquire", key, (cost, _left(deadline))):
+                    return False
+                held.append(i)
+            if self._rates is None or self._rates.acquire(key, cost, _left(deadline)):
+                held = []  # the request holds them now
+                return True
+            return False
+        finally:
+            for i in held:
+                self._call(i, "release", key, (cost,))
+
+    async def _hold_async(self, key: Hashable | None, cost: int, timeout: float | None) -> bool:
+        """`_hold` for asyncio: a cancelled waiter releases what it held."""
+        _waiting.check_timeout(timeout)
+        if self.allow(key, cost):
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        held: list[int] = []
+        try:
+            for i in self._holding:
+                if not await self._call(i, "acquire_async", key, (cost, _left(deadline))):
+                    return False
+                held.append(i)
+            if self._rates is None or await self._rates.acquire_async(key, cost, _left(deadline)):
+                held = []
+                return True
+            return False
+        finally:
+            for i in held:
+                self._call(i, "release", key, (cost,))
 
     def acquire_async(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
@@ -453,7 +512,49 @@ class AllOf:
         [True, False]
         """
         self._key(key)
+        if self.releases:
+            return self._hold_async(key, cost, timeout)
         return _waiting.acquire_async(self, (key,), cost, timeout)
+
+    def _in_flight(self) -> None:
+        if not self.releases:
+            raise TypeError(
+                "this all_of has no in-flight layer (Concurrency, KeyedConcurrency): "
+                "it holds nothing to release"
+            )
+
+    def release(self, key: Hashable | None = None, cost: int = 1) -> None:
+        """Give back the slots of a finished request to every in-flight layer (tokens stay spent).
+
+        >>> from nanobucket import Concurrency, TokenBucket
+        >>> limit = all_of(Concurrency(1), TokenBucket(rate=1, capacity=2))
+        >>> limit.allow(), limit.allow(), limit.release(), limit.allow(), limit.allow()
+        (True, False, None, True, False)
+        """
+        self._key(key)
+        self._in_flight()
+        for i in self._holding:
+            self._call(i, "release", key, (cost,))
+
+    def slot(
+        self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
+    ) -> Slot:
+        """`acquire` for a ``with`` / ``async with`` block, `release` at its end.
+
+        Entering raises `nanobucket.RateLimited` when refused (after at most
+        *timeout* seconds).
+
+        >>> from nanobucket import Concurrency, TokenBucket
+        >>> limit = all_of(Concurrency(10), TokenBucket(rate=100, capacity=20))
+        >>> with limit.slot(timeout=1.0):
+        ...     limit.layers[0].in_flight, limit.layers[1].tokens() < 20
+        (1, True)
+        >>> limit.layers[0].in_flight
+        0
+        """
+        self._key(key)
+        self._in_flight()
+        return Slot(self, (key,), cost, timeout)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -496,6 +597,11 @@ def _compile_allow(steps: tuple[Any, ...], needs_key: bool) -> Callable[..., boo
     fn: Callable[..., bool] = env["allow"]
     fn.__doc__ = AllOf.allow.__doc__
     return fn
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left until *deadline* (a `time.monotonic` reading), or None for no limit."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _missing_key() -> None:
