@@ -10,6 +10,7 @@ from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
 from .decorator import RateLimited, limit
 from .layered import AllOf, LayeredDecision, all_of
 from .shared import SharedKeyedTokenBucket
+from .tiered import AsyncTiered, Tiered, TieredDecision, tiered
 from .waiting import LeakyBucket, Waiting
 
 __version__ = "0.1.0"
@@ -17,15 +18,19 @@ __version__ = "0.1.0"
 __all__ = (
     "IMPLEMENTATION",
     "AllOf",
+    "AsyncTiered",
     "Decision",
     "KeyedTokenBucket",
     "LayeredDecision",
     "LeakyBucket",
     "RateLimited",
     "SharedKeyedTokenBucket",
+    "Tiered",
+    "TieredDecision",
     "TokenBucket",
     "Waiting",
     "__version__",
     "all_of",
     "limit",
+    "tiered",
 )
