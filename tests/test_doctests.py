@@ -21,6 +21,7 @@ MODULES = [
     "nanobucket.reference",
     "nanobucket.decorator",
     "nanobucket.layered",
+    "nanobucket.tiered",
     "nanobucket.waiting",
     "nanobucket.explain",
     "nanobucket.simulate",
@@ -39,6 +40,7 @@ MODULES = [
 PUBLIC = [
     "nanobucket",
     "nanobucket.layered",
+    "nanobucket.tiered",
     "nanobucket.decorator",
     "nanobucket.waiting",
     "nanobucket.redis",

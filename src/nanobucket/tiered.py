@@ -240,7 +240,7 @@ class _Plans:
     def __init__(
         self,
         plans: Mapping[str, Any],
-        tier: Callable[[Any], str],
+        tier: Callable[[Any], Any],
         *,
         default: str | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
@@ -382,7 +382,7 @@ class Tiered(_Plans):
     def __init__(
         self,
         plans: Mapping[str, Any],
-        tier: Callable[[Any], str],
+        tier: Callable[[Any], Any],
         *,
         default: str | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
@@ -632,7 +632,7 @@ class AsyncTiered(_Plans):
     def __init__(
         self,
         plans: Mapping[str, Any],
-        tier: Callable[[Any], str],
+        tier: Callable[[Any], Any],
         *,
         default: str | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
@@ -841,11 +841,11 @@ def _example_plan() -> Any:
 
 def tiered(
     plans: Mapping[str, Any],
-    tier: Callable[[Any], str],
+    tier: Callable[[Any], Any],
     *,
     default: str | None = None,
     max_keys: int = DEFAULT_MAX_KEYS,
-) -> Tiered | AsyncTiered:
+) -> Any:  # a Tiered or an AsyncTiered: which one depends on the plans
     """One keyed limiter over *plans* (name -> keyed limiter), each key decided by ``tier(key)``'s.
 
     A `Tiered`, or an `AsyncTiered` when the plans are asyncio ones.
