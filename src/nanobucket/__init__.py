@@ -12,6 +12,7 @@ from .decorator import RateLimited, limit
 from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
 from .shared import SharedKeyedTokenBucket
+from .tiered import AsyncTiered, Tiered, TieredDecision, tiered
 from .waiting import LeakyBucket, Waiting
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = (
     "IMPLEMENTATION",
     "AllOf",
     "Concurrency",
+    "AsyncTiered",
     "Decision",
     "KeyedConcurrency",
     "KeyedTokenBucket",
@@ -28,9 +30,12 @@ __all__ = (
     "LimitEvent",
     "RateLimited",
     "SharedKeyedTokenBucket",
+    "Tiered",
+    "TieredDecision",
     "TokenBucket",
     "Waiting",
     "__version__",
     "all_of",
     "limit",
+    "tiered",
 )

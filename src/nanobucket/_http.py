@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from ._params import NS_PER_S, check_cost, rate_fraction
+from .tiered import AsyncTiered, Tiered
 
 __all__ = (
     "Counters",
@@ -509,11 +510,38 @@ def _policy_header(name: str, limiter: object) -> tuple[bytes, bytes] | None:
     return (b"ratelimit-policy", f'"{name}";q={quota};w={window}'.encode("ascii"))
 
 
+# The RateLimit field up to "r=", and the RateLimit-Policy field (None: no policy to name).
+Fields = tuple[bytes, tuple[bytes, bytes] | None]
+Varying = dict[str, Fields] | tuple[Fields | dict[str, Fields], ...]
+
+
+def _plan_fields(limiter: object) -> dict[str, Fields] | None:
+    """A tiered limiter's fields for each plan, named by the plan; None for any other."""
+    if not isinstance(limiter, (Tiered, AsyncTiered)):
+        return None
+    return {
+        name: (f'"{name}";r='.encode("ascii"), _policy_header(name, plan))
+        for name, plan in limiter.plans.items()
+    }
+
+
+def _varying(fields: Varying, decision: Any) -> Fields:
+    """The fields of the policy that made *decision*: its plan's, or its binding layer's."""
+    if type(fields) is dict:  # a tiered limiter
+        return fields[decision.plan]
+    layer = fields[decision.layer]
+    if type(layer) is dict:  # a tiered layer of an all_of
+        return layer[decision.decisions[decision.layer].plan]  # type: ignore[no-any-return]
+    return layer
+
+
 class Policy:
     """One limiter as the middleware uses it: check function and header text.
 
-    For an ``all_of``, ``layer_headers`` holds each layer's policy field and
-    the one sent is the binding layer's (``decision.layer``).
+    ``layer_headers`` is None when one policy serves every decision. For a
+    tiered limiter it holds each plan's fields, named by the plan (the one
+    sent is ``decision.plan``'s); for an ``all_of``, each layer's (the one
+    sent is the binding layer's, ``decision.layer``; a tiered layer's by its plan).
     """
 
     __slots__ = (
@@ -545,10 +573,12 @@ class Policy:
         self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
         self.policy_header = _policy_header(name, limiter)
         layers = getattr(limiter, "layers", None)
-        self.layer_headers: tuple[tuple[bytes, bytes] | None, ...] | None = (
-            None if layers is None else tuple(_policy_header(name, lr) for lr in layers)
-        )
-        # The fields that never change (none for an all_of: its binding layer does).
+        self.layer_headers: Varying | None = _plan_fields(limiter)
+        if layers is not None:
+            self.layer_headers = tuple(
+                _plan_fields(lr) or (self.r_prefix, _policy_header(name, lr)) for lr in layers
+            )
+        # The fields that never change (none for an all_of or tiered: a layer or plan does).
         self.ietf_extra: list[tuple[bytes, bytes]] = (
             [self.policy_header] if self.policy_header is not None else []
         )
@@ -565,13 +595,13 @@ class Policy:
 def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
     """The rate-limit fields for one decision (empty when *mode* is "off")."""
     if mode == "ietf":
-        value = policy.r_prefix + b"%d;t=%d" % (
+        r_prefix, header = policy.r_prefix, policy.policy_header
+        if policy.layer_headers is not None:
+            r_prefix, header = _varying(policy.layer_headers, decision)
+        value = r_prefix + b"%d;t=%d" % (
             decision.remaining,
             -(-decision.reset_after_ns // _NS),
         )
-        header = policy.policy_header
-        if policy.layer_headers is not None:
-            header = policy.layer_headers[decision.layer]
         if header is None:
             return [(b"ratelimit", value)]
         return [header, (b"ratelimit", value)]

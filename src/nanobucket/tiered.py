@@ -1,0 +1,867 @@
+"""Per-plan limits: one keyed limiter whose rate and capacity come from each caller's plan.
+
+``tiered(plans, tier=...)`` takes one keyed limiter per plan, all of one
+backend kind (in-process, shared memory, Redis; sync or asyncio), and a
+``tier(key) -> plan name`` function called on every request::
+
+    limiter = tiered(
+        {"free": KeyedTokenBucket(rate=10, capacity=20),
+         "pro": KeyedTokenBucket(rate=100, capacity=200)},
+        tier=lambda user: plan_of_user[user],
+    )
+    limiter.allow("alice")        # decided by alice's plan's bucket
+
+It is keyed like its plans, so it goes wherever they go: ``all_of``,
+``Waiting``, ``@limit``, the middlewares and the FastAPI dependency. Its
+decisions are `TieredDecision`: the plan's own, naming the ``plan``; the
+``RateLimit-Policy`` header names it (``"free";q=20;w=2``). A name ``tier``
+returns that is no plan raises ``ValueError``, unless a ``default`` plan is
+given (then it is that plan: anonymous or unknown callers).
+
+**Moving between plans keeps what was spent.** The limiter remembers the
+plan it last served each key on. When ``tier`` names another one, the key's
+spent tokens there (``capacity - remaining``, whole tokens, a fraction
+refilled counts as spent) are carried: the new plan's bucket is charged
+until it has spent as many, at most its capacity. An upgrade of a key with
+15 of 20 spent leaves 185 of 200; a downgrade with 150 of 200 spent leaves
+an empty bucket of 20, the next token one interval away. The plan left keeps
+its bucket, which refills on its own: going back later carries the larger
+of the two, so a key that hops between plans never gains a token (and a
+backend needs no verb but ``peek`` and ``allow`` for it). A key this limiter
+has not seen (or has forgotten) is carried from every other plan.
+
+Bounds and races. At most ``max_keys`` plans are remembered; past it the
+oldest eighth is forgotten, which costs each of those keys one ``peek`` per
+other plan at its next request, never a token. Moves are one at a time per
+limiter (a lock; per key in asyncio), so two callers switching one key at
+once carry it once. A request another thread or process decides on the
+plan left while the move reads it is not carried; with shared memory or
+Redis each process remembers what it saw, so a key whose plan changes and
+changes back while this process does not see it is not carried here (its
+bucket of that plan is as this process left it, refilled since). A plan
+whose backend cannot answer (Redis down: a fallback or policy decision) is
+not read: the move is tried again on the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import threading
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from ._bucket_py import Decision
+from ._params import check_max_keys
+
+__all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
+
+DEFAULT_MAX_KEYS = 1_000_000
+# A plan's name names a policy in header fields: printable ASCII but '"' and '\\'.
+_NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+_VERBS = ("allow", "allow_at", "check", "check_at", "peek", "peek_at")
+# What a plan needs for refund, reset and waiting to be offered.
+_WAIT_VERBS = ("refund", "refund_at", "reset", "_reserve", "acquire", "acquire_async")
+# Decisions that are not the stored bucket's (the Redis limiters' failure path).
+_NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
+_TRIES = 8  # charges of a move that a concurrent spender may make fail
+
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class TieredDecision(Decision):
+    """The `Decision` of a tiered limiter: the plan's own fields, and the plan's name.
+
+    ``decision`` is the plan's own decision (a Redis one keeps its ``source``
+    and ``reason``, read through this one too). Equality compares the five
+    Decision fields only, as for every decision.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda key: "free")
+    >>> d = t.check_at("alice", 0, cost=5)
+    >>> d.plan, d.allowed, d.remaining, d.limit
+    ('free', True, 15, 20)
+    """
+
+    __slots__ = {
+        "decision": """The plan's own decision.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1, capacity=2)}, tier=lambda key: "free")
+        >>> t.check_at("alice", 0).decision
+        Decision(allowed=True, remaining=1, retry_after_ns=0, reset_after_ns=1000000000, limit=2)
+        """,
+        "plan": """The name of the plan that decided.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"pro": KeyedTokenBucket(rate=1, capacity=2)}, tier=lambda key: "pro")
+        >>> t.peek_at("alice", 0).plan
+        'pro'
+        """,
+    }
+
+    plan: str
+    decision: Any
+
+    def __init__(self, decision: Any, plan: str) -> None:
+        d = decision
+        super().__init__(d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
+        self.decision = decision
+        self.plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("decision", "plan") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.decision, name)  # a Redis decision's source, reason
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, plan={self.plan!r})"
+
+
+def _is_async(limiter: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(limiter, "check", None))
+
+
+def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
+    """Validated plans: each name to ``(name, limiter)``, the name kept as one object."""
+    if not isinstance(plans, Mapping):
+        raise TypeError(f"plans must be a mapping of plan name to limiter, not {plans!r}")
+    if not plans:
+        raise ValueError("tiered() needs at least one plan")
+    found: dict[str, tuple[str, Any]] = {}
+    seen: dict[int, str] = {}
+    for name, limiter in plans.items():
+        if not isinstance(name, str) or not name or any(c not in _NAME_CHARS for c in name):
+            raise ValueError(
+                f"a plan name must be a non-empty string of printable ASCII without '\"' "
+                f"or '\\' (it names the RateLimit-Policy), got {name!r}"
+            )
+        keyed = getattr(limiter, "keyed", None)
+        capacity = getattr(limiter, "capacity", None)
+        missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
+        if keyed is not True or type(capacity) is not int or missing or hasattr(limiter, "layers"):
+            raise TypeError(
+                f"plan {name!r} is {type(limiter).__name__}: a plan must be one keyed table "
+                "(KeyedTokenBucket, SharedKeyedTokenBucket, RedisTokenBucket...), "
+                "not an unkeyed bucket, an all_of or a tiered limiter"
+            )
+        if id(limiter) in seen:
+            raise ValueError(f"plans {seen[id(limiter)]!r} and {name!r} are the same limiter")
+        seen[id(limiter)] = name
+        found[name] = (name, limiter)
+    kinds = {name: _is_async(lr) for name, (_, lr) in found.items()}
+    if len(set(kinds.values())) > 1:
+        sync = [n for n, a in kinds.items() if not a]
+        asyncio_ = [n for n, a in kinds.items() if a]
+        raise TypeError(
+            f"plans must be all sync or all asyncio: {sync} are sync, {asyncio_} asyncio"
+        )
+    _check_redis_keys(found)
+    return found
+
+
+def _check_redis_keys(plans: dict[str, tuple[str, Any]]) -> None:
+    """Plans in one Redis must not share a prefix: each is its own bucket of a key."""
+    owner: dict[object, str] = {}
+    for name, (_, limiter) in plans.items():
+        to_key = getattr(limiter, "key", None)
+        if not callable(to_key):
+            continue
+        stored = to_key("k")
+        if stored in owner:
+            raise ValueError(
+                f"plans {owner[stored]!r} and {name!r} share the Redis prefix: "
+                "give each plan its own prefix="
+            )
+        owner[stored] = name
+
+
+def _peek(plan: Any, key: Hashable, now: int | None) -> Call:
+    return (plan.peek, (key, 0)) if now is None else (plan.peek_at, (key, now, 0))
+
+
+def _stored(decision: Any) -> bool:
+    return getattr(decision, "source", None) not in _NOT_STORED
+
+
+def _carry(
+    key: Hashable, now: int | None, plan: Any, sources: list[Any]
+) -> Generator[Call, Any, bool]:
+    """The move of *key* onto *plan*, as the calls it makes (the driver calls or
+    awaits each and sends back its result): True once carried, False when a
+    plan could not be read (nothing charged; try again later)."""
+    spent = 0
+    for source in sources:
+        d = yield _peek(source, key, now)
+        if not _stored(d):
+            return False
+        spent = max(spent, source.capacity - d.remaining)
+    if not spent:
+        return True  # nothing to carry (a new key's common case: one peek per other plan)
+    target = min(spent, plan.capacity)
+    for _ in range(_TRIES):
+        d = yield _peek(plan, key, now)
+        if not _stored(d):
+            return False
+        charge = target - (plan.capacity - d.remaining)
+        if charge <= 0:
+            return True
+        allow = (plan.allow, (key, charge)) if now is None else (plan.allow_at, (key, now, charge))
+        if (yield allow):
+            return True
+    return True  # spent meanwhile by others each time: it holds at least as much now
+
+
+def _drive(steps: Generator[Call, Any, bool]) -> bool:
+    try:
+        fn, args = next(steps)
+        while True:
+            fn, args = steps.send(fn(*args))
+    except StopIteration as done:
+        return bool(done.value)
+
+
+async def _drive_async(steps: Generator[Call, Any, bool]) -> bool:
+    try:
+        fn, args = next(steps)
+        while True:
+            fn, args = steps.send(await fn(*args))
+    except StopIteration as done:
+        return bool(done.value)
+
+
+class _Plans:
+    """What the sync and asyncio tiered limiters share: plans, the choice, the memory."""
+
+    keyed = True  # the verbs take the key first
+
+    def __init__(
+        self,
+        plans: Mapping[str, Any],
+        tier: Callable[[Any], Any],
+        *,
+        default: str | None = None,
+        max_keys: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        found = _check_plans(plans)
+        if not callable(tier):
+            raise TypeError(f"tier must be a callable key -> plan name, not {tier!r}")
+        if default is not None and default not in found:
+            raise ValueError(f"default {default!r} is not a plan (plans: {list(found)})")
+        self._max_keys = check_max_keys(max_keys)
+        self._plans = found
+        self._view = MappingProxyType({name: lr for name, (_, lr) in found.items()})
+        self._tier = tier
+        self._default = None if default is None else found[default]
+        self._last: dict[Hashable, str] = {}  # key -> the plan it was last served on
+        self._lock = threading.Lock()
+
+    @property
+    def plans(self) -> Mapping[str, Any]:
+        """The plans by name (read-only).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20)}, tier=lambda key: "free")
+        >>> list(t.plans), t.plans["free"].capacity
+        (['free'], 20)
+        """
+        return self._view
+
+    @property
+    def default(self) -> str | None:
+        """The plan of a key whose ``tier`` names no plan, or None (then that raises).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20)}, tier=lambda key: None, default="free")
+        >>> t.default, t.plan("anonymous")
+        ('free', 'free')
+        """
+        return None if self._default is None else self._default[0]
+
+    @property
+    def max_keys(self) -> int:
+        """The most keys whose plan is remembered (the oldest eighth is then forgotten).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> tiered({"free": KeyedTokenBucket(10, 20)}, tier=lambda k: "free", max_keys=8).max_keys
+        8
+        """
+        return self._max_keys
+
+    def plan(self, key: Hashable) -> str:
+        """The name of the plan ``tier`` picks for *key* now (``default`` applied).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> plans = {"free": KeyedTokenBucket(10, 20), "pro": KeyedTokenBucket(100, 200)}
+        >>> t = tiered(plans, tier=lambda user: "pro" if user == "alice" else "free")
+        >>> t.plan("alice"), t.plan("bob")
+        ('pro', 'free')
+        """
+        return self._choose(key)[0]
+
+    def _choose(self, key: Hashable) -> tuple[str, Any]:
+        name = self._tier(key)
+        try:
+            found = self._plans.get(name)
+        except TypeError:  # an unhashable name
+            found = None
+        if found is None:
+            if self._default is None:
+                raise ValueError(
+                    f"tier({key!r}) returned {name!r}, which is not a plan "
+                    f"(plans: {list(self._plans)}; or give default=)"
+                )
+            return self._default
+        return found
+
+    def _sources(self, last: str | None, name: str) -> list[Any]:
+        """The plans to carry from: the one left, or every other for a key not known."""
+        if last is not None:
+            return [self._plans[last][1]]
+        return [lr for n, (_, lr) in self._plans.items() if n != name]
+
+    def _remember(self, key: Hashable, name: str) -> None:
+        last = self._last
+        with self._lock:
+            if key in last:
+                del last[key]  # inserted again: the newest
+            elif len(last) >= self._max_keys:
+                for old in list(itertools.islice(last, max(1, self._max_keys // 8))):
+                    del last[old]
+            last[key] = name
+
+    def __len__(self) -> int:
+        """Keys whose plan this limiter remembers now.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20)}, tier=lambda key: "free")
+        >>> t.allow_at("alice", 0), t.allow_at("bob", 0), len(t)
+        (True, True, 2)
+        """
+        return len(self._last)
+
+    def __repr__(self) -> str:
+        plans = ", ".join(f"{n!r}: {lr!r}" for n, lr in self._view.items())
+        return f"tiered({{{plans}}}, tier={self._tier!r})"
+
+
+class Tiered(_Plans):
+    """A keyed limiter whose buckets come from each key's plan; build it with `tiered`.
+
+    The verbs of a keyed table, each forwarded to the plan ``tier(key)``
+    names, after carrying the key's spent tokens if its plan changed:
+    ``allow``, ``allow_at``, ``check``, ``check_at``, ``peek``, ``peek_at``,
+    ``tokens``, ``tokens_at``, ``allow_many``, ``allow_many_at``; and, when
+    every plan has them (not shared memory), ``refund``, ``refund_at``,
+    ``reset``, ``acquire`` and ``acquire_async``.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> plan_of = {"alice": "free"}
+    >>> t = Tiered({"free": KeyedTokenBucket(rate=10, capacity=20),
+    ...             "pro": KeyedTokenBucket(rate=100, capacity=200)}, tier=plan_of.get)
+    >>> t.allow_at("alice", 0, cost=15)
+    True
+    >>> plan_of["alice"] = "pro"        # an upgrade keeps the 15 spent
+    >>> t.check_at("alice", 0, cost=0).remaining
+    185
+    """
+
+    def __new__(cls, plans: Mapping[str, Any], *args: Any, **kwargs: Any) -> Tiered:
+        # The verbs for refund and waiting exist only when every plan has them,
+        # so that all_of and Waiting can tell (by hasattr) what this one offers.
+        waits = (
+            cls is Tiered
+            and isinstance(plans, Mapping)
+            and bool(plans)
+            and all(callable(getattr(lr, v, None)) for lr in plans.values() for v in _WAIT_VERBS)
+        )
+        return super().__new__(_WaitingTiered if waits else cls)
+
+    def __init__(
+        self,
+        plans: Mapping[str, Any],
+        tier: Callable[[Any], Any],
+        *,
+        default: str | None = None,
+        max_keys: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        super().__init__(plans, tier, default=default, max_keys=max_keys)
+        if any(_is_async(lr) for lr in self._view.values()):
+            raise TypeError("asyncio plans: use AsyncTiered (tiered() picks it)")
+        self._move_lock = threading.Lock()
+
+    def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
+        found = self._choose(key)
+        if self._last.get(key) is not found[0]:
+            self._move(key, found, now)
+        return found
+
+    def _move(self, key: Hashable, found: tuple[str, Any], now: int | None) -> None:
+        name, plan = found
+        with self._move_lock:  # one move at a time: a second caller finds it done
+            last = self._last.get(key)
+            if last is not name and _drive(_carry(key, now, plan, self._sources(last, name))):
+                self._remember(key, name)
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> plans = {"free": KeyedTokenBucket(1, 1, clock=lambda: 0),
+        ...          "pro": KeyedTokenBucket(1, 3, clock=lambda: 0)}
+        >>> t = tiered(plans, tier=lambda user: "pro" if user == "alice" else "free")
+        >>> [t.allow("alice") for _ in range(4)], [t.allow("bob") for _ in range(2)]
+        ([True, True, True, False], [True, False])
+        """
+        return bool(self._pick(key)[1].allow(key, cost))
+
+    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1, capacity=1)}, tier=lambda key: "free")
+        >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
+        (True, False, True)
+        """
+        return bool(self._pick(key, now)[1].allow_at(key, now, cost))
+
+    def check(self, key: Hashable, cost: int = 1) -> TieredDecision:
+        """Like `allow`, but return the `TieredDecision` (naming the plan).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
+        >>> t.check("alice", cost=5)
+        TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
+limit=20, plan='free')
+        """
+        name, plan = self._pick(key)
+        return TieredDecision(plan.check(key, cost), name)
+
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
+        """`check` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
+        >>> t.allow_at("alice", 0, cost=20), t.check_at("alice", 0).retry_after_ns
+        (True, 100000000)
+        """
+        name, plan = self._pick(key, now)
+        return TieredDecision(plan.check_at(key, now, cost), name)
+
+    def peek(self, key: Hashable, cost: int = 1) -> TieredDecision:
+        """The `TieredDecision` `check` would return now, without spending anything.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
+        >>> t.peek("alice", cost=5).remaining, t.peek("alice", cost=5).remaining
+        (15, 15)
+        """
+        name, plan = self._pick(key)
+        return TieredDecision(plan.peek(key, cost), name)
+
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
+        >>> t.allow_at("alice", 0, cost=20), t.peek_at("alice", 50_000_000).retry_after_ns
+        (True, 50000000)
+        """
+        name, plan = self._pick(key, now)
+        return TieredDecision(plan.peek_at(key, now, cost), name)
+
+    def tokens(self, key: Hashable) -> float:
+        """Tokens in *key*'s bucket of its plan now.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
+        >>> t.allow("alice", cost=5), t.tokens("alice")
+        (True, 15.0)
+        """
+        return float(self._pick(key)[1].tokens(key))
+
+    def tokens_at(self, key: Hashable, now: int) -> float:
+        """Tokens in *key*'s bucket of its plan at *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
+        >>> t.allow_at("alice", 0, cost=20), t.tokens_at("alice", 250_000_000)
+        (True, 2.5)
+        """
+        return float(self._pick(key, now)[1].tokens_at(key, now))
+
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, each key by its plan; ``bytearray`` of 1 / 0.
+
+        One ``allow_many`` per plan, on the keys of that plan (in order).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> plans = {"free": KeyedTokenBucket(1, 1, clock=lambda: 0),
+        ...          "pro": KeyedTokenBucket(1, 2, clock=lambda: 0)}
+        >>> t = tiered(plans, tier=lambda user: "pro" if user == "alice" else "free")
+        >>> list(t.allow_many(["alice", "bob", "alice", "bob", "alice"]))
+        [1, 1, 1, 0, 0]
+        """
+        return self._many(keys, cost, None)
+
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(1, 1)}, tier=lambda user: "free")
+        >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
+        [1, 1, 0]
+        """
+        return self._many(keys, cost, now)
+
+    def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        keys = list(keys)
+        picked: dict[Hashable, tuple[str, Any]] = {}  # one tier() per distinct key
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            found = picked.get(key)
+            if found is None:
+                found = picked[key] = self._pick(key, now)
+            groups.setdefault(found[0], []).append(i)
+        out = bytearray(len(keys))
+        for name, where in groups.items():
+            plan = self._plans[name][1]
+            batch = [keys[i] for i in where]
+            got = (
+                plan.allow_many(batch, cost)
+                if now is None
+                else plan.allow_many_at(batch, now, cost)
+            )
+            for i, admitted in zip(where, got):
+                out[i] = admitted
+        return out
+
+
+class _WaitingTiered(Tiered):
+    """A `Tiered` whose plans all refund, reset and wait (every backend but shared memory)."""
+
+    def refund(self, key: Hashable, cost: int = 1) -> Any:
+        """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
+        >>> t.allow("alice", cost=5), t.refund("alice", cost=5), t.tokens("alice")
+        (True, None, 20.0)
+        """
+        return self._pick(key)[1].refund(key, cost)
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> Any:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
+        >>> t.allow_at("alice", 0, cost=5), t.refund_at("alice", 0, cost=2), t.tokens_at("alice", 0)
+        (True, None, 17.0)
+        """
+        return self._pick(key, now)[1].refund_at(key, now, cost)
+
+    def reset(self, key: Hashable) -> None:
+        """Forget *key*'s bucket in every plan: the next decision sees it full.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
+        >>> t.allow_at("alice", 0, cost=20), t.reset("alice"), t.tokens_at("alice", 0)
+        (True, None, 20.0)
+        """
+        for _, plan in self._plans.values():
+            plan.reset(key)
+
+    def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """The plan's `_reserve` (what `Waiting` calls)."""
+        plan = self._pick(key, now)[1]
+        wait: int = plan._reserve(key, now, cost, max_wait, shape)
+        return wait
+
+    def _places(self, key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
+        """The bucket *key* waits on: its plan's (waiting's lines)."""
+        return ((self._pick(key)[1], (key,)),)
+
+    def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
+        """Wait (block the thread) until *key*'s plan admits *cost*, or refuse: its own line.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1000, capacity=1)}, tier=lambda k: "free")
+        >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
+        (True, False, True)
+        """
+        return bool(self._pick(key)[1].acquire(key, cost, timeout))
+
+    def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> Awaitable[bool]:
+        """`acquire` for asyncio: ``await t.acquire_async(key)``.
+
+        >>> import asyncio
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1000, capacity=1)}, tier=lambda k: "free")
+        >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
+        (True, False)
+        """
+        result: Awaitable[bool] = self._pick(key)[1].acquire_async(key, cost, timeout)
+        return result
+
+
+class AsyncTiered(_Plans):
+    """`Tiered` over asyncio plans (``AsyncRedisTokenBucket``): the same verbs, awaited.
+
+    ``allow``, ``allow_at``, ``check``, ``check_at``, ``peek``, ``peek_at``,
+    ``allow_many``, ``allow_many_at``, ``refund``, ``refund_at``, ``reset``
+    and ``acquire_async``; two tasks switching one key at once carry it once.
+
+    >>> import asyncio
+    >>> from nanobucket.redis import AsyncRedisTokenBucket
+    >>> url = "redis://127.0.0.1:6379/0"   # no connection is made until a verb runs
+    >>> t = tiered({"free": AsyncRedisTokenBucket.from_url(url, 10, 20, prefix="free"),
+    ...             "pro": AsyncRedisTokenBucket.from_url(url, 100, 200, prefix="pro")},
+    ...            tier=lambda user: "free")
+    >>> type(t).__name__, t.plan("alice")
+    ('AsyncTiered', 'free')
+    """
+
+    def __init__(
+        self,
+        plans: Mapping[str, Any],
+        tier: Callable[[Any], Any],
+        *,
+        default: str | None = None,
+        max_keys: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        super().__init__(plans, tier, default=default, max_keys=max_keys)
+        if not all(_is_async(lr) for lr in self._view.values()):
+            raise TypeError("sync plans: use Tiered (tiered() picks it)")
+        self._moves: dict[Hashable, asyncio.Future[None]] = {}
+
+    async def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
+        found = self._choose(key)
+        if self._last.get(key) is not found[0]:
+            await self._move(key, found, now)
+        return found
+
+    async def _move(self, key: Hashable, found: tuple[str, Any], now: int | None) -> None:
+        name, plan = found
+        while (pending := self._moves.get(key)) is not None:
+            await asyncio.shield(pending)  # another task is moving this key
+        if self._last.get(key) is name:
+            return
+        done = self._moves[key] = asyncio.get_running_loop().create_future()
+        try:
+            if await _drive_async(_carry(key, now, plan, self._sources(self._last.get(key), name))):
+                self._remember(key, name)
+        finally:
+            del self._moves[key]
+            done.set_result(None)
+
+    async def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.allow("alice"))   # Redis is not reached: the policy admits
+        True
+        """
+        plan = (await self._pick(key))[1]
+        return bool(await plan.allow(key, cost))
+
+    async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.allow_at("alice", 0))
+        True
+        """
+        plan = (await self._pick(key, now))[1]
+        return bool(await plan.allow_at(key, now, cost))
+
+    async def check(self, key: Hashable, cost: int = 1) -> TieredDecision:
+        """Like `allow`, but return the `TieredDecision` (naming the plan).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> d = asyncio.run(t.check("alice"))
+        >>> d.plan, d.allowed, d.source
+        ('free', True, 'policy:open')
+        """
+        name, plan = await self._pick(key)
+        return TieredDecision(await plan.check(key, cost), name)
+
+    async def check_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
+        """`check` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.check_at("alice", 0, cost=5)).remaining
+        15
+        """
+        name, plan = await self._pick(key, now)
+        return TieredDecision(await plan.check_at(key, now, cost), name)
+
+    async def peek(self, key: Hashable, cost: int = 1) -> TieredDecision:
+        """The `TieredDecision` `check` would return now, without spending anything.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.peek("alice")).plan
+        'free'
+        """
+        name, plan = await self._pick(key)
+        return TieredDecision(await plan.peek(key, cost), name)
+
+    async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.peek_at("alice", 0, cost=2)).remaining
+        18
+        """
+        name, plan = await self._pick(key, now)
+        return TieredDecision(await plan.peek_at(key, now, cost), name)
+
+    async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, each key by its plan; ``bytearray`` of 1 / 0.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
+        [1, 1]
+        """
+        return await self._many(keys, cost, None)
+
+    async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
+        [1]
+        """
+        return await self._many(keys, cost, now)
+
+    async def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        keys = list(keys)
+        picked: dict[Hashable, tuple[str, Any]] = {}
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            found = picked.get(key)
+            if found is None:
+                found = picked[key] = await self._pick(key, now)
+            groups.setdefault(found[0], []).append(i)
+        out = bytearray(len(keys))
+        for name, where in groups.items():
+            plan = self._plans[name][1]
+            batch = [keys[i] for i in where]
+            got = await (
+                plan.allow_many(batch, cost)
+                if now is None
+                else plan.allow_many_at(batch, now, cost)
+            )
+            for i, admitted in zip(where, got):
+                out[i] = admitted
+        return out
+
+    async def refund(self, key: Hashable, cost: int = 1) -> Any:
+        """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.refund("alice"))   # Redis is not reached: not delivered
+        False
+        """
+        plan = (await self._pick(key))[1]
+        return await plan.refund(key, cost)
+
+    async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> Any:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.refund_at("alice", 0))
+        False
+        """
+        plan = (await self._pick(key, now))[1]
+        return await plan.refund_at(key, now, cost)
+
+    async def reset(self, key: Hashable) -> None:
+        """Forget *key*'s bucket in every plan: the next decision sees it full.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.reset("alice"))
+        """
+        for _, plan in self._plans.values():
+            await plan.reset(key)
+
+    async def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """The plan's `_reserve`."""
+        plan = (await self._pick(key, now))[1]
+        wait: int = await plan._reserve(key, now, cost, max_wait, shape)
+        return wait
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """Wait until *key*'s plan admits *cost*, or refuse: the plan's own ``acquire_async``.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.acquire_async("alice"))
+        True
+        """
+        plan = (await self._pick(key))[1]
+        return bool(await plan.acquire_async(key, cost, timeout))
+
+
+def _example_plan() -> Any:
+    """An asyncio Redis plan whose Redis has just failed (the examples run offline)."""
+    import redis.asyncio
+
+    from .redis import AsyncRedisTokenBucket, CircuitBreaker
+
+    down = CircuitBreaker(clock=lambda: 0)
+    down.record_failure()
+    client = redis.asyncio.Redis()
+    return AsyncRedisTokenBucket(client, 10, 20, on_error="open", breaker=down)
+
+
+def tiered(
+    plans: Mapping[str, Any],
+    tier: Callable[[Any], Any],
+    *,
+    default: str | None = None,
+    max_keys: int = DEFAULT_MAX_KEYS,
+) -> Any:  # a Tiered or an AsyncTiered: which one depends on the plans
+    """One keyed limiter over *plans* (name -> keyed limiter), each key decided by ``tier(key)``'s.
+
+    A `Tiered`, or an `AsyncTiered` when the plans are asyncio ones.
+    *default* names the plan of keys whose ``tier`` names none (else
+    ``ValueError``); *max_keys* bounds the plans remembered (see the module).
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> plan_of = {"alice": "pro"}
+    >>> limiter = tiered(
+    ...     {"free": KeyedTokenBucket(rate=10, capacity=20),
+    ...      "pro": KeyedTokenBucket(rate=100, capacity=200)},
+    ...     tier=plan_of.get, default="free")
+    >>> sum(limiter.allow_at("alice", 0) for _ in range(300)), sum(
+    ...     limiter.allow_at("bob", 0) for _ in range(300))
+    (200, 20)
+    """
+    if isinstance(plans, Mapping) and any(_is_async(lr) for lr in plans.values()):
+        return AsyncTiered(plans, tier, default=default, max_keys=max_keys)
+    return Tiered(plans, tier, default=default, max_keys=max_keys)
