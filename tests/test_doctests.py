@@ -31,6 +31,9 @@ MODULES = [
     "nanobucket.fastapi",
     "nanobucket.redis",
     "nanobucket._redis_clients",
+    "nanobucket._outbound",
+    "nanobucket.httpx",
+    "nanobucket.requests",
 ]
 
 # The public modules whose names (and the methods of their classes) must
@@ -50,6 +53,8 @@ PUBLIC = [
     "nanobucket.explain",
     "nanobucket.simulate",
     "nanobucket.size",
+    "nanobucket.httpx",
+    "nanobucket.requests",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).

@@ -211,8 +211,10 @@ def parse_limits(get: Get) -> Announced | None:
     True
     """
     policies = {
-        (item if isinstance(item, str) else ""): (p.get("q", item if isinstance(item, int) else 0),
-                                                  p.get("w", 0))
+        (item if isinstance(item, str) else ""): (
+            p.get("q", item if isinstance(item, int) else 0),
+            p.get("w", 0),
+        )
         for item, p in _items(get("ratelimit-policy"))
     }
     policies = {name: (q, w) for name, (q, w) in policies.items() if q >= 1 and w >= 1}
@@ -256,7 +258,11 @@ def _first_int(field: str | None) -> int | None:
 
 
 class KeyLimit(NamedTuple):
-    """A key's limit now: the rate and capacity its bucket has, and the pause left (s)."""
+    """A key's limit now: the rate and capacity its bucket has, and the pause left (s).
+
+    >>> KeyLimit(rate=50, capacity=10, paused_for=0.0).capacity
+    10
+    """
 
     rate: RateLike
     capacity: int
@@ -283,7 +289,7 @@ class _Key:
         self.seen = 0  # the most tokens the server was seen to hold (r + 1)
 
 
-class WaitTooLong(Exception):  # noqa: N818 - internal: each adapter raises its own error
+class WaitTooLong(Exception):
     """Raised by `Pacer.start`: the wait would pass the timeout (or the line is full)."""
 
     def __init__(self, message: str, key: Hashable, retry_after_ns: int) -> None:
@@ -433,7 +439,8 @@ class Pacer:
                 _lower(bucket, now, 0)
             if pause is not None and now + pause > state.paused_until:
                 state.paused_until = now + pause
-                _lower(bucket, now + pause, 1)
+                # Empty one token's time before the end: the first token is due at it.
+                _lower(bucket, max(now, now + pause - bucket.interval_ns), 0)
             return max(0, state.paused_until - now)
 
     def _follow(self, state: _Key, announced: Announced, now: int) -> None:

@@ -133,9 +133,14 @@ class _Limited:
         )
 
     def _again(
-        self, request: httpx.Request, response: httpx.Response, tries: int, pause: int, end: int
+        self,
+        request: httpx.Request,
+        response: httpx.Response,
+        replayable: bool,
+        tries: int,
+        pause: int,
+        end: int,
     ) -> bool:
-        replayable = isinstance(request.stream, httpx.ByteStream)
         return self.retry.again(
             self.pacer, response.status_code, request.method, replayable, tries, pause, end
         )
@@ -201,6 +206,7 @@ class RateLimitedTransport(_Limited, httpx.BaseTransport):
         key = self._key(request)
         pacer = self.pacer
         end = self.retry.deadline(pacer)
+        replayable = isinstance(request.stream, httpx.ByteStream)  # a stream cannot go twice
         tries = 0
         while True:
             try:
@@ -213,7 +219,7 @@ class RateLimitedTransport(_Limited, httpx.BaseTransport):
                 pacer.failed(state)
                 raise
             pause = pacer.done(state, response.status_code, response.headers.get)
-            if not self._again(request, response, tries, pause, end):
+            if not self._again(request, response, replayable, tries, pause, end):
                 return response
             response.close()
             tries += 1
@@ -279,6 +285,7 @@ class AsyncRateLimitedTransport(_Limited, httpx.AsyncBaseTransport):
         key = self._key(request)
         pacer = self.pacer
         end = self.retry.deadline(pacer)
+        replayable = isinstance(request.stream, httpx.ByteStream)  # a stream cannot go twice
         tries = 0
         while True:
             try:
@@ -291,7 +298,7 @@ class AsyncRateLimitedTransport(_Limited, httpx.AsyncBaseTransport):
                 pacer.failed(state)
                 raise
             pause = pacer.done(state, response.status_code, response.headers.get)
-            if not self._again(request, response, tries, pause, end):
+            if not self._again(request, response, replayable, tries, pause, end):
                 return response
             await response.aclose()
             tries += 1

@@ -125,7 +125,7 @@ class RateLimitedAdapter(requests.adapters.HTTPAdapter):
         """
         return self.pacer.limit(key)
 
-    def send(  # type: ignore[override]
+    def send(
         self, request: requests.PreparedRequest, *args: Any, **kwargs: Any
     ) -> requests.Response:
         """Wait for the key's token, send, learn from the answer (and maybe retry).
