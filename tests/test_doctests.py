@@ -35,6 +35,9 @@ MODULES = [
     "nanobucket._redis_clients",
     "nanobucket.hooks",
     "nanobucket.metrics",
+    "nanobucket._outbound",
+    "nanobucket.httpx",
+    "nanobucket.requests",
 ]
 
 # The public modules whose names (and the methods of their classes) must
@@ -58,6 +61,8 @@ PUBLIC = [
     "nanobucket.size",
     "nanobucket.hooks",
     "nanobucket.metrics",
+    "nanobucket.httpx",
+    "nanobucket.requests",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).

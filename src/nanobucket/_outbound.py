@@ -1,0 +1,507 @@
+"""What the outbound adapters share: reading a server's limits, and pacing each key by them.
+
+``Pacer`` holds one `TokenBucket` per key (a host, by default), at the
+rate and capacity the user configured, and lowers them to what the server
+announces; `nanobucket.httpx` and `nanobucket.requests` call it before and
+after each request. Nothing here imports an HTTP client.
+
+What a response teaches, per key:
+
+* ``Retry-After`` on a 429 or 503 (seconds, or an HTTP date read against the
+  response's ``Date``): no request to the key starts before then, and the
+  bucket holds one token at that moment, so the requests that waited leave
+  at the rate, not in one burst.
+* ``RateLimit-Policy: "name";q=<quota>;w=<window>`` (IETF httpapi draft): the
+  rate becomes ``q / w`` and the capacity at most ``q``. With several
+  policies, the one the ``RateLimit`` field names with the least remaining
+  (the binding one), else the slowest.
+* ``RateLimit: "name";r=<remaining>;t=<reset>``, or ``X-RateLimit-Remaining``
+  / ``-Limit`` / ``-Reset`` (also without the ``X-``): the bucket never holds
+  more tokens than the server has left (less the requests still in flight),
+  and never more capacity than ``Limit`` nor than the most the server has
+  been seen to hold. When the remaining is 0 and no policy gave a rate, the
+  key waits for the reset. A reset above 10**9 is a Unix time (as some APIs
+  send), else seconds.
+
+The bucket's rate and capacity never exceed the user's and follow the
+server up and down again. A 429 forgets what the server was seen to hold.
+Fields that do not parse are ignored, as if absent.
+
+Memory: at most *max_keys* keys (default 1024) are remembered, least
+recently used dropped first, a paused one last; a dropped key starts again
+from the user's limits.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from ._bucket import TokenBucket
+from ._params import NS_PER_S, RateLike, bucket_params, check_max_keys, public_rate
+from .waiting import DEFAULT_MAX_WAITERS, Waiting, check_max_waiters, check_timeout
+
+__all__ = (
+    "IDEMPOTENT",
+    "Announced",
+    "KeyLimit",
+    "Pacer",
+    "Retries",
+    "parse_limits",
+    "parse_retry_after",
+)
+
+Get = Callable[[str], "str | None"]  # a response's header by name, case-insensitive
+Clock = Callable[[], int]
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+MAX_FIELD = 4096  # longer fields are not read
+MAX_WAIT_S = 86_400  # a server asking for longer is heard as one day
+_EPOCH = 10**9  # a reset above this is a Unix time (2001-09-09), not a delta
+_MAX_DIGITS = 15
+
+
+# --------------------------------------------------------------------------
+# Reading the fields
+
+
+def _number(text: str) -> Fraction | None:
+    """A non-negative decimal (``"2"``, ``"1.5"``) as an exact Fraction, else None."""
+    text = text.strip()
+    whole, _, frac = text.partition(".")
+    if not whole.isdigit() or not whole.isascii() or len(whole) > _MAX_DIGITS:
+        return None
+    if frac and (not frac.isdigit() or not frac.isascii() or len(frac) > 9):
+        return None
+    return Fraction(int(whole)) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
+
+
+def _whole(text: str) -> int | None:
+    value = _number(text)
+    return value.numerator if value is not None and value.denominator == 1 else None
+
+
+def _split(text: str, sep: str) -> list[str] | None:
+    """*text* split at *sep* outside double quotes; None if a quote is left open."""
+    parts, start, quoted, escaped = [], 0, False, False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == sep and not quoted:
+            parts.append(text[start:i])
+            start = i + 1
+    if quoted:
+        return None
+    parts.append(text[start:])
+    return parts
+
+
+def _items(field: str | None) -> list[tuple[str | int, dict[str, int]]]:
+    """The members of a structured-field list: ``(name or integer, integer parameters)``.
+
+    A member that does not parse is left out; a quoted name keeps its text.
+    """
+    if not field or len(field) > MAX_FIELD:
+        return []
+    members = _split(field, ",")
+    out: list[tuple[str | int, dict[str, int]]] = []
+    for member in members or []:
+        parts = _split(member, ";")
+        if not parts or not parts[0].strip():
+            continue
+        head = parts[0].strip()
+        item: str | int
+        if len(head) >= 2 and head[0] == head[-1] == '"':
+            item = head[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        elif (number := _whole(head)) is not None:
+            item = number
+        elif head.replace("_", "").replace("-", "").isalnum():
+            item = head
+        else:
+            continue
+        params: dict[str, int] = {}
+        for param in parts[1:]:
+            name, eq, value = param.partition("=")
+            number = _whole(value) if eq else None
+            if number is not None:
+                params[name.strip().lower()] = number
+        out.append((item, params))
+    return out
+
+
+def _wall_now(get: Get) -> float:
+    """The server's time of the response: its ``Date``, else this machine's clock."""
+    date = get("date")
+    if date and len(date) < 64:
+        try:
+            return email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            pass
+    return time.time()
+
+
+def _seconds_ns(seconds: Fraction) -> int:
+    return min(math.ceil(seconds * NS_PER_S), MAX_WAIT_S * NS_PER_S)
+
+
+def parse_retry_after(get: Get) -> int | None:
+    """``Retry-After`` in ns from now (seconds or an HTTP date), else None.
+
+    A date is read against the response's ``Date`` (the server's clock), or
+    this machine's clock when there is none; a date in the past is 0.
+
+    >>> parse_retry_after({"retry-after": "2"}.get)
+    2000000000
+    >>> parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT",
+    ...                    "date": "Wed, 21 Oct 2015 07:28:00 GMT"}.get)
+    5000000000
+    >>> parse_retry_after({"retry-after": "soon"}.get) is None
+    True
+    """
+    value = get("retry-after")
+    if not value or len(value) > 64:
+        return None
+    seconds = _number(value)
+    if seconds is not None:
+        return _seconds_ns(seconds)
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    delta = Fraction(when) - Fraction(_wall_now(get))
+    return _seconds_ns(max(delta, Fraction(0)))
+
+
+class Announced(NamedTuple):
+    """What a response says of its key's limit; None where it says nothing."""
+
+    rate: Fraction | None  # tokens per second (a policy's q / w)
+    limit: int | None  # the most the capacity may be (q, or X-RateLimit-Limit)
+    remaining: int | None  # tokens the server has left
+    reset_ns: int | None  # ns until the reset
+    policy: tuple[int, int] | None  # (q, w) of the policy followed
+
+
+def _reset_ns(value: int, get: Get) -> int:
+    if value > _EPOCH:
+        return _seconds_ns(max(Fraction(value) - Fraction(_wall_now(get)), Fraction(0)))
+    return _seconds_ns(Fraction(value))
+
+
+def parse_limits(get: Get) -> Announced | None:
+    """The limit a response announces (IETF fields first, then ``X-RateLimit-*``), or None.
+
+    >>> a = parse_limits({"ratelimit-policy": '"default";q=50;w=1',
+    ...                   "ratelimit": '"default";r=7;t=1'}.get)
+    >>> a.rate, a.limit, a.remaining, a.reset_ns
+    (Fraction(50, 1), 50, 7, 1000000000)
+    >>> parse_limits({"x-ratelimit-limit": "10", "x-ratelimit-remaining": "0"}.get).remaining
+    0
+    >>> parse_limits({"ratelimit-policy": "q=oops"}.get) is None
+    True
+    """
+    policies = {
+        (item if isinstance(item, str) else ""): (
+            p.get("q", item if isinstance(item, int) else 0),
+            p.get("w", 0),
+        )
+        for item, p in _items(get("ratelimit-policy"))
+    }
+    policies = {name: (q, w) for name, (q, w) in policies.items() if q >= 1 and w >= 1}
+    states = [(item, p) for item, p in _items(get("ratelimit")) if "r" in p]
+    policy: tuple[int, int] | None = None
+    remaining = reset = None
+    if states:
+        item, p = min(states, key=lambda s: s[1]["r"])
+        remaining, reset = p["r"], p.get("t")
+        policy = policies.get(item if isinstance(item, str) else "")
+    if policy is None and policies:
+        policy = min(policies.values(), key=lambda qw: Fraction(qw[0], qw[1]))
+    limit = policy[0] if policy is not None else None
+    if remaining is None:
+        for prefix in ("ratelimit-", "x-ratelimit-"):
+            found = [_first_int(get(prefix + name)) for name in ("limit", "remaining", "reset")]
+            if any(v is not None for v in found):
+                if limit is None and found[0] is not None and found[0] >= 1:
+                    limit = found[0]
+                remaining, reset = found[1], found[2]
+                break
+    if policy is None and limit is None and remaining is None:
+        return None
+    return Announced(
+        Fraction(policy[0], policy[1]) if policy is not None else None,
+        limit,
+        remaining,
+        _reset_ns(reset, get) if reset is not None else None,
+        policy,
+    )
+
+
+def _first_int(field: str | None) -> int | None:
+    """The first member of *field* when it is a whole number (``"100"``, ``"100, 100;w=60"``)."""
+    items = _items(field)
+    return items[0][0] if items and isinstance(items[0][0], int) else None
+
+
+# --------------------------------------------------------------------------
+# Pacing
+
+
+class KeyLimit(NamedTuple):
+    """A key's limit now: the rate and capacity its bucket has, and the pause left (s).
+
+    >>> KeyLimit(rate=50, capacity=10, paused_for=0.0).capacity
+    10
+    """
+
+    rate: RateLike
+    capacity: int
+    paused_for: float
+
+
+class _Key:
+    """One key's bucket, its line of waiters, and what the server said."""
+
+    __slots__ = ("bucket", "inflight", "lock", "paused_until", "policy", "seen", "waiting")
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.bucket = TokenBucket(pacer.rate, pacer.capacity, clock=pacer.clock)
+        self.waiting = Waiting(
+            self.bucket,
+            max_waiters=pacer.max_waiters,
+            sleep=pacer.sleep,
+            async_sleep=pacer.async_sleep,
+        )
+        self.lock = threading.Lock()
+        self.paused_until = 0  # ns of the clock: no request starts before it
+        self.inflight = 0  # requests sent and not yet answered
+        self.policy: tuple[int, int] | None = None  # the last (q, w) announced
+        self.seen = 0  # the most tokens the server was seen to hold (r + 1)
+
+
+class WaitTooLong(Exception):
+    """Raised by `Pacer.start`: the wait would pass the timeout (or the line is full)."""
+
+    def __init__(self, message: str, key: Hashable, retry_after_ns: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.retry_after_ns = retry_after_ns
+
+
+class Pacer:
+    """Buckets per key at the user's limits, lowered to the server's; see the module."""
+
+    def __init__(
+        self,
+        rate: RateLike,
+        capacity: int,
+        *,
+        timeout: float | None = 30.0,
+        max_keys: int = 1024,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
+        clock: Clock | None = None,
+        sleep: Callable[[float], object] | None = None,
+        async_sleep: Callable[[float], Any] | None = None,
+    ) -> None:
+        exact, self.capacity, _, _ = bucket_params(rate, capacity)
+        self.rate: RateLike = public_rate(rate, exact)
+        self._exact = exact
+        self.timeout = check_timeout(timeout)
+        self.max_keys = check_max_keys(max_keys)
+        self.max_waiters = check_max_waiters(max_waiters)
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a callable returning int ns, not {clock!r}")
+        self.clock: Clock = clock if clock is not None else time.monotonic_ns
+        self.sleep = sleep
+        self.async_sleep = async_sleep
+        self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
+        self._lock = threading.Lock()
+        Waiting(TokenBucket(1, 1), sleep=sleep, async_sleep=async_sleep)  # checks them now
+
+    def _state(self, key: Hashable) -> _Key:
+        with self._lock:
+            state = self._keys.get(key)
+            if state is not None:
+                self._keys.move_to_end(key)
+                return state
+            if len(self._keys) >= self.max_keys:
+                now = self.clock()
+                victim = next(
+                    (k for k, s in self._keys.items() if s.paused_until <= now),
+                    next(iter(self._keys)),
+                )
+                del self._keys[victim]
+            state = self._keys[key] = _Key(self)
+            return state
+
+    def limit(self, key: Hashable) -> KeyLimit:
+        """*key*'s rate, capacity and pause left now (the user's limits for a new key)."""
+        with self._lock:
+            state = self._keys.get(key)
+        if state is None:
+            return KeyLimit(self.rate, self.capacity, 0.0)
+        left = max(0, state.paused_until - self.clock())
+        return KeyLimit(state.bucket.rate, state.bucket.capacity, left / NS_PER_S)
+
+    def _deadline(self) -> int | None:
+        if self.timeout is None:
+            return None
+        return self.clock() + min(int(self.timeout * NS_PER_S), MAX_WAIT_S * NS_PER_S)
+
+    def _left(self, deadline: int | None) -> float | None:
+        return None if deadline is None else max(0, deadline - self.clock()) / NS_PER_S
+
+    def _sent(self, state: _Key) -> bool:
+        """Count the request as sent, unless a pause began while it waited."""
+        with state.lock:
+            if self.clock() < state.paused_until:
+                return False  # its token predates the pause: it queues again behind it
+            state.inflight += 1
+            return True
+
+    def _refused(self, key: Hashable, state: _Key, timeout: float | None) -> WaitTooLong:
+        now = self.clock()
+        wait = max(state.bucket.peek().retry_after_ns, state.paused_until - now, 0)
+        if timeout is not None and wait <= timeout * NS_PER_S:
+            reason = f"{self.max_waiters} requests are already waiting for it"
+        else:
+            reason = f"that is more than the timeout of {self.timeout} s"
+        return WaitTooLong(
+            f"rate limit of {key!r}: the next request may start in {wait / NS_PER_S:.3f} s; "
+            + reason,
+            key,
+            wait,
+        )
+
+    def start(self, key: Hashable) -> _Key:
+        """Wait (block the thread) for *key*'s token; the ticket for `done`."""
+        deadline = self._deadline()
+        while True:
+            state = self._state(key)
+            left = self._left(deadline)
+            if not state.waiting.acquire(timeout=left):
+                raise self._refused(key, state, left)
+            if self._sent(state):
+                return state
+
+    async def start_async(self, key: Hashable) -> _Key:
+        """`start` for asyncio."""
+        deadline = self._deadline()
+        while True:
+            state = self._state(key)
+            left = self._left(deadline)
+            if not await state.waiting.acquire_async(timeout=left):
+                raise self._refused(key, state, left)
+            if self._sent(state):
+                return state
+
+    def failed(self, state: _Key) -> None:
+        """The request of *state* raised before an answer: nothing is learned."""
+        with state.lock:
+            state.inflight -= 1
+
+    def done(self, state: _Key, status: int, get: Get) -> int:
+        """Learn from the answer of a request `start` let go; ns until the key's pause ends."""
+        announced = parse_limits(get)
+        pause = parse_retry_after(get) if status in (429, 503) else None
+        now = self.clock()
+        with state.lock:
+            state.inflight -= 1
+            bucket = state.bucket
+            if status == 429:
+                state.seen = 0  # our picture was too generous: relearn it
+            if announced is not None:
+                if announced.policy != state.policy:
+                    state.policy, state.seen = announced.policy, 0
+                if announced.remaining is not None:
+                    state.seen = max(state.seen, announced.remaining + 1)
+                self._follow(state, announced, now)
+                if announced.remaining is not None:
+                    _lower(bucket, now, announced.remaining - state.inflight)
+                    if (
+                        not announced.remaining
+                        and announced.rate is None
+                        and announced.reset_ns is not None
+                        and pause is None
+                    ):
+                        pause = announced.reset_ns
+            elif status == 429:
+                _lower(bucket, now, 0)
+            if pause is not None and now + pause > state.paused_until:
+                state.paused_until = now + pause
+                # Empty one token's time before the end: the first token is due at it.
+                _lower(bucket, max(now, now + pause - bucket.interval_ns), 0)
+            return max(0, state.paused_until - now)
+
+    def _follow(self, state: _Key, announced: Announced, now: int) -> None:
+        """Set the bucket's rate and capacity to the server's, within the user's."""
+        rate: RateLike = self.rate
+        if announced.rate is not None and announced.rate < self._exact:
+            rate = announced.rate
+        capacity = self.capacity
+        for bound in (announced.limit, state.seen or None):
+            if bound is not None:
+                capacity = max(1, min(capacity, bound))
+        bucket = state.bucket
+        if rate != bucket.rate or capacity != bucket.capacity:
+            bucket.reconfigure(rate, capacity, now=now)
+
+
+class Retries:
+    """When a 429 is sent again: at most *retries* times, for *methods*, within *budget* s."""
+
+    def __init__(self, retries: int, budget: float, methods: Iterable[str] | None) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        seconds = check_timeout(budget)
+        if seconds is None:
+            raise ValueError("retry_budget must be a number of seconds, not None")
+        methods = IDEMPOTENT if methods is None else methods
+        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
+            raise TypeError("retry_methods must be an iterable of method names")
+        self.retries = retries
+        self.budget = seconds
+        self.methods = frozenset(m.upper() for m in methods)
+        self._budget_ns = int(min(seconds, MAX_WAIT_S) * NS_PER_S)
+
+    def deadline(self, pacer: Pacer) -> int:
+        """The clock's ns by which every retry of a request must have started."""
+        return pacer.clock() + self._budget_ns
+
+    def again(
+        self,
+        pacer: Pacer,
+        status: int,
+        method: str,
+        replayable: bool,
+        tries: int,
+        pause: int,
+        end: int,
+    ) -> bool:
+        """Whether to send the request again, *pause* ns from now, after *tries* retries."""
+        if status != 429 or tries >= self.retries or method.upper() not in self.methods:
+            return False
+        if not replayable:
+            return False  # a streamed body cannot be sent twice
+        if pacer.timeout is not None and pause > pacer.timeout * NS_PER_S:
+            return False
+        return pacer.clock() + pause <= end
+
+
+def _lower(bucket: TokenBucket, at: int, most: int) -> None:
+    """Spend what *bucket* holds at *at* (ns) beyond *most* tokens (never below none)."""
+    most = max(most, 0)
+    for _ in range(8):  # a waiter may take tokens in between: look again
+        excess = math.ceil(bucket.tokens_at(at) - most)
+        if excess <= 0 or bucket.allow_at(at, excess):
+            return
