@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 __all__ = (
     "IMPLEMENTATION",
     "AllOf",
-    "Concurrency",
     "AsyncTiered",
+    "Concurrency",
     "Decision",
     "KeyedConcurrency",
     "KeyedTokenBucket",
