@@ -798,3 +798,19 @@ def test_the_decorator_releases_after_the_call() -> None:
     with pytest.raises(RateLimited):
         work()
     assert pool.in_flight == 1
+
+
+def test_the_middlewares_refuse_an_in_flight_limit_they_would_never_release() -> None:
+    from nanobucket.asgi import RateLimitMiddleware as AsgiMiddleware
+    from nanobucket.wsgi import RateLimitMiddleware as WsgiMiddleware
+
+    def app(*args: Any) -> Any:  # never called
+        raise AssertionError
+
+    for limiter in (
+        nb.KeyedConcurrency(2),
+        nb.all_of(nb.KeyedConcurrency(2), nb.TokenBucket(1, 1)),
+    ):
+        for middleware in (AsgiMiddleware, WsgiMiddleware):
+            with pytest.raises(TypeError, match="keeps its slots until released"):
+                middleware(app, limiter)

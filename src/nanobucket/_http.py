@@ -563,6 +563,12 @@ class Policy:
                 f"policy name must be a non-empty string of printable ASCII "
                 f"without '\"' or '\\', got {name!r}"
             )
+        if getattr(limiter, "releases", False) is True:
+            raise TypeError(
+                "an in-flight limit (Concurrency, or an all_of holding one) keeps its slots "
+                "until released, and a decision per request never releases them: hold the "
+                "slot around the handler instead (with limiter.slot(key): ...)"
+            )
         self.limiter = limiter  # for charge= (refund and debit after the response)
         self.keyed = is_keyed(limiter) if keyed is None else keyed
         self.check = checker(limiter, self.keyed)
