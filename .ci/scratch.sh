@@ -6,7 +6,7 @@
 
 new_scratch() {
   work=$(mktemp -d "${TMPDIR:-/tmp}/nanobucket-$1.XXXXXX")
-  if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$work"' EXIT; fi
+  if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$work" 2>/dev/null || true' EXIT; fi
 }
 
 copy_tracked() {
