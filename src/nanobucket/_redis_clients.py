@@ -154,3 +154,61 @@ def is_cluster(client: object) -> bool:
     """
     lib = library_of(client)
     return lib is not None and isinstance(client, lib.clusters)
+
+
+_one_pass: dict[type, type] = {}
+
+
+def one_pass_async_cluster(cls: type) -> type:
+    """valkey-py's asyncio cluster client *cls*, whose pipelines make one attempt and never pause.
+
+    Its pipeline retries as many times as ``cluster_error_retry_attempts``
+    (0 makes no attempt at all) and pauses 0.25 s after each lost or
+    timed-out node, even the last, so a batch on a lost shard took
+    ``timeout + 0.25`` s; and its commands retry on the same count. With
+    this class, the count is 0 (one attempt) and a pipeline fails at once:
+    the topology is still marked for a refresh before the next call, as the
+    library does. *cls* as it is when its pipeline is not the one expected.
+    """
+    made = _one_pass.get(cls)
+    if made is not None:
+        return made
+    pipeline_cls: Any = importlib.import_module(cls.__module__).ClusterPipeline
+    if not all(hasattr(pipeline_cls, n) for n in ("_execute", "ERRORS_ALLOW_RETRY")):
+        return cls
+
+    class OnePassPipeline(pipeline_cls):  # type: ignore[misc]
+        async def execute(
+            self, raise_on_error: bool = True, allow_redirections: bool = True
+        ) -> list[Any]:
+            stack: list[Any] = self._command_stack
+            if not stack:
+                return []
+            try:
+                if self._client._initialize:
+                    await self._client.initialize()
+                try:
+                    return await self._execute(  # type: ignore[no-any-return]
+                        self._client,
+                        stack,
+                        raise_on_error=raise_on_error,
+                        allow_redirections=allow_redirections,
+                    )
+                except BaseException as e:
+                    if type(e) in self.ERRORS_ALLOW_RETRY:
+                        await self._client._reset_for_reinitialize()
+                    raise
+            finally:
+                self._command_stack: list[Any] = []
+
+    class OnePassCluster(cls):  # type: ignore[misc]
+        def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+            super().pipeline(transaction, shard_hint)  # its checks of the arguments
+            return OnePassPipeline(self)
+
+    # Named as the library's class, in its module: `library_of` (and a
+    # reader of a repr) knows it by that.
+    OnePassCluster.__name__ = OnePassCluster.__qualname__ = cls.__name__
+    OnePassCluster.__module__ = cls.__module__
+    _one_pass[cls] = OnePassCluster
+    return OnePassCluster

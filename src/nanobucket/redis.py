@@ -500,8 +500,12 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
     named = inspect.signature(cls).parameters
     counts = {name: 0 for name in lib.cluster_retry_counts if name in named}
     if not sync and "cluster_error_retry_attempts" in counts:
-        # valkey-py's asyncio pipeline makes this many attempts in all (0: none).
-        counts["cluster_error_retry_attempts"] = 1
+        # valkey-py's asyncio pipeline makes this many attempts in all (0:
+        # none) and pauses after each: the copy's pipeline makes one, at once.
+        one_pass = _clients.one_pass_async_cluster(cls)
+        if one_pass is cls:
+            counts["cluster_error_retry_attempts"] = 1
+        cls = one_pass
     kwargs = client.get_connection_kwargs() if sync else client.connection_kwargs
     retry = getattr(client, "retry", None)
     if (
