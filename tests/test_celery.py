@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ celery = pytest.importorskip("celery")
 from celery import signals  # noqa: E402
 
 import nanobucket as nb  # noqa: E402
-from nanobucket.celery import RateLimitedTask  # noqa: E402
+from nanobucket.celery import RateLimitedTask, countdown  # noqa: E402
 
 from conftest import ManualClock  # noqa: E402
 from redis_server import RedisServer, own_redis_server  # noqa: E402,F401  (fixture)
@@ -115,6 +116,42 @@ def test_a_task_without_a_limiter_is_refused(eager: Any) -> None:
 
     with pytest.raises(TypeError, match="give it a limiter"):
         bare.delay().get()
+
+
+def test_the_countdown_is_rounded_up_to_celerys_microseconds(
+    eager: Any, refusals: Refusals
+) -> None:
+    """At 3/s a token is 333,333,334 ns away; Celery turns a countdown into a timedelta
+    (microseconds, rounded to nearest): 0.333333334 would become 333,333 us, early."""
+    clock = refusals.clock
+
+    @eager.task(base=RateLimitedTask, limiter=nb.TokenBucket(rate=3, capacity=1, clock=clock))
+    def call(n: int) -> int:
+        return n
+
+    assert [call.delay(n).get() for n in range(2)] == [0, 1]
+    assert refusals.seen == [(1, 0, 0.333334)]
+    assert timedelta(seconds=0.333334) == timedelta(microseconds=333_334)
+    assert countdown(nb.Decision(False, 0, 1, 1, 1)) == 0.000001  # 1 ns: one microsecond
+
+
+def test_max_retries_is_respected(eager: Any, refusals: Refusals) -> None:
+    """A task with max_retries=2 refused every time (its bucket's clock stands still):
+    retried twice at the limiter's countdown, then MaxRetriesExceededError; never run."""
+    still = ManualClock()
+    ran: list[int] = []
+
+    @eager.task(
+        base=RateLimitedTask, limiter=nb.TokenBucket(rate=2, capacity=1, clock=still), max_retries=2
+    )
+    def call(n: int) -> None:
+        ran.append(n)
+
+    call.delay(0).get()
+    with pytest.raises(celery.exceptions.MaxRetriesExceededError):
+        call.delay(1).get()
+    assert ran == [0]
+    assert refusals.seen == [(1, 0, 0.5), (1, 1, 0.5)]
 
 
 def _worker(server: RedisServer, prefix: str) -> subprocess.Popen[bytes]:

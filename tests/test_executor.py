@@ -9,6 +9,7 @@ times are exact, whatever the machine's load.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures as cf
 import multiprocessing
 import os
@@ -589,3 +590,151 @@ def test_bad_arguments_are_refused_at_construction(impl: ModuleType) -> None:
     ex = LimitedExecutor(pool, bucket, cost=2, max_pending=7)
     assert ex.max_pending == 7 and "max_pending=7, pending=0" in repr(ex)
     ex.shutdown()
+
+
+# Attacks: what a caller can do to a pool that waits for its start times.
+
+
+@pytest.mark.parametrize("seconds", [0.001, 0.01, 0.1, 1.0])
+def test_at_1000_per_s_with_8_threads_the_fullest_window_holds_exactly_the_bound(
+    impl: ModuleType, seconds: float
+) -> None:
+    """A queue never empty, 1,000/s, capacity 10, 8 threads: the most starts in any window
+    of T is exactly capacity + rate*T (the bound is reached, never passed)."""
+    clock = ManualClock()
+    sleep = Advance(clock)
+    rec = Recording(clock, workers=8)
+    bucket = nb.Waiting(impl.TokenBucket(rate=1000, capacity=10, clock=clock), sleep_or_wake=sleep)
+    with LimitedExecutor(rec, bucket, max_pending=64) as pool:
+        for _ in range(1100):
+            pool.submit(int)
+    starts = [t for t, _ in rec.starts]
+    assert len(starts) == 1100 and starts[:11] == [0] * 10 + [MS]
+    window = round(seconds * S)
+    most = max(bisect.bisect_right(starts, s + window) - i for i, s in enumerate(starts))
+    assert most == 10 + round(1000 * seconds)
+
+
+def test_a_task_that_raises_does_not_stall_the_queue(impl: ModuleType) -> None:
+    clock = ManualClock()
+    pool, rec, _ = paced_pool(
+        impl.TokenBucket(rate=10, capacity=1, clock=clock), clock, max_in_flight=1
+    )
+
+    def task(n: int) -> int:
+        if n % 2:
+            raise ValueError(n)
+        return n
+
+    with pool:
+        futures = [pool.submit(task, n) for n in range(6)]
+    for n, f in enumerate(futures):
+        if n % 2:
+            error = f.exception()
+            assert isinstance(error, ValueError) and error.args == (n,)
+        else:
+            assert f.result() == n
+    assert [t for t, _ in rec.starts] == [n * 100 * MS for n in range(6)]  # none late
+
+
+def test_a_submitter_blocked_at_max_pending_is_released_by_shutdown(impl: ModuleType) -> None:
+    """max_pending=2 and the head waits for a token: a third submit blocks (no timeout);
+    shutdown(cancel_futures=True) refuses it at once, cancels both, and the pacer exits."""
+    clock = ManualClock()
+    gate = Gate(clock)
+    pool, rec, _ = paced_pool(
+        impl.TokenBucket(rate=1, capacity=1, clock=clock), clock, gate, max_pending=2
+    )
+    pool.submit(int).result(timeout=5)
+    queued = [pool.submit(int) for _ in range(2)]
+    assert gate.sleeping.wait(5) and pool.pending == 2
+    outcome: list[BaseException] = []
+
+    def blocked() -> None:
+        try:
+            pool.submit(int)
+        except BaseException as e:
+            outcome.append(e)
+
+    submitter = threading.Thread(target=blocked)
+    submitter.start()
+    time.sleep(0.02)
+    assert submitter.is_alive() and pool.pending == 2  # blocked: the queue did not grow
+    pool.shutdown(wait=False, cancel_futures=True)
+    submitter.join(5)
+    assert not submitter.is_alive()
+    assert isinstance(outcome[0], RuntimeError) and "after shutdown" in str(outcome[0])
+    assert all(f.cancelled() for f in queued)
+    deadline = time.monotonic() + 5
+    while pacer_threads() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not pacer_threads() and len(rec.starts) == 1  # nothing started after shutdown
+
+
+def test_shutdown_cancel_futures_as_the_token_comes_starts_nothing(impl: ModuleType) -> None:
+    """shutdown(cancel_futures=True) lands while the pacer takes the head's token (the
+    token is at hand): the head never runs and the token is refunded."""
+    clock = HookClock()
+    bucket = impl.TokenBucket(rate=1, capacity=2, clock=clock)
+    pool, rec, _ = paced_pool(bucket, clock)
+    clock.hook = lambda: pool.shutdown(wait=False, cancel_futures=True)
+    clock.at = clock.reads + 1  # the pacer's reservation for the head
+    victim = pool.submit(int, 1)
+    deadline = time.monotonic() + 5
+    while pacer_threads() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert victim.cancelled() and rec.starts == [] and not pacer_threads()
+    assert bucket.tokens() == 2
+    pool.shutdown()
+
+
+def test_map_timeout_cancels_the_calls_not_started(impl: ModuleType) -> None:
+    """map(timeout=...) while a call waits for its token: TimeoutError, and neither that
+    call nor the ones behind it start later."""
+    clock = ManualClock()
+    gate = Gate(clock)
+    pool, rec, _ = paced_pool(impl.TokenBucket(rate=1, capacity=1, clock=clock), clock, gate)
+    results = pool.map(int, range(4), timeout=0.2)
+    assert next(results) == 0
+    with pytest.raises(cf.TimeoutError):
+        next(results)
+    assert pool.pending == 0
+    gate.open.set()
+    pool.shutdown()
+    assert [a for _, a in rec.starts] == [(0,)]
+
+
+def test_map_over_a_process_pool_with_a_timeout() -> None:
+    context = multiprocessing.get_context("spawn")
+    inner = cf.ProcessPoolExecutor(2, mp_context=context)
+    with LimitedExecutor(inner, nb.TokenBucket(rate=1000, capacity=2), max_pending=3) as pool:
+        assert list(pool.map(abs, range(-8, 0), timeout=60)) == list(range(8, 0, -1))
+        with pytest.raises(ZeroDivisionError):  # an error in the child reaches the caller
+            list(pool.map(divmod, [1, 2], [1, 0], timeout=60))
+
+
+def test_shutdown_cancel_futures_cancels_the_tasks_queued_in_the_wrapped_pool(
+    impl: ModuleType,
+) -> None:
+    """Tasks already handed over but still queued in the wrapped pool: shutdown with
+    cancel_futures cancels them too (the wrapped pool's callbacks must not deadlock the
+    pacing thread), and the pacer is gone."""
+    inner = ThreadPoolExecutor(1)
+    pool = LimitedExecutor(inner, impl.TokenBucket(rate=1000, capacity=5))
+    release = threading.Event()
+    running = pool.submit(release.wait, 5)
+    queued = [pool.submit(int, n) for n in range(3)]
+    deadline = time.monotonic() + 5
+    while pool._in_flight < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 5
+    while pacer_threads() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not pacer_threads()  # gone, the wrapped pool's queue cancelled on its way out
+    release.set()
+    for f in queued:
+        with pytest.raises(cf.CancelledError):
+            f.result(timeout=5)
+    assert running.result(timeout=5) is True
+    pool.shutdown()

@@ -3,9 +3,10 @@
 ``RateLimitedTask`` is a task base class. Before the task's body runs it
 spends a token of its *limiter* -- a ``RedisTokenBucket`` for one limit
 shared by every worker on every machine. Refused, the task is not run: it is
-retried with ``self.retry(countdown=decision.retry_after)``, the exact time
-until the token exists, and the worker moves on to other work meanwhile.
-Celery's broker holds the retried message until then.
+retried with ``self.retry(countdown=decision.retry_after)`` (rounded up to
+the microsecond, Celery's precision), the time until the token exists, and
+the worker moves on to other work meanwhile. Celery's broker holds the
+retried message until then.
 
 >>> import celery
 >>> import nanobucket as nb
@@ -28,7 +29,23 @@ import celery
 from .executor import checked_cost
 from .waiting import is_keyed
 
-__all__ = ("RateLimitedTask",)
+__all__ = ("RateLimitedTask", "countdown")
+
+
+def countdown(decision: Any) -> float:
+    """*decision*'s ``retry_after`` in seconds, rounded up to Celery's microseconds.
+
+    Celery turns a countdown into an ETA with microsecond precision (a
+    ``timedelta``, which rounds to the nearest microsecond): rounded up, the
+    retried task never arrives before its token exists.
+
+    >>> import nanobucket as nb
+    >>> b = nb.TokenBucket(rate=3, capacity=1)
+    >>> first, second = b.check_at(0), b.check_at(0)
+    >>> second.retry_after_ns, countdown(second)
+    (333333334, 0.333334)
+    """
+    return -(-int(decision.retry_after_ns) // 1000) / 1e6
 
 
 class RateLimitedTask(celery.Task):  # type: ignore[misc]
@@ -90,5 +107,5 @@ class RateLimitedTask(celery.Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         d = self.limit_decision(*args, **kwargs)
         if not d.allowed:
-            raise self.retry(countdown=d.retry_after)
+            raise self.retry(countdown=countdown(d))
         return super().__call__(*args, **kwargs)

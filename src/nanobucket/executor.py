@@ -274,21 +274,27 @@ class LimitedExecutor(Executor):
                 raise _Abandoned
         return result
 
+    def _has_room(self) -> bool:
+        return self._max_in_flight is None or self._in_flight < self._max_in_flight
+
     def _run(self) -> None:
         """The pacing thread: the head's tokens, then the head to the wrapped executor."""
         cond, pending = self._cond, self._pending
         while True:
+            task: _Task | None = None
             with cond:
-                while not pending or (
-                    self._max_in_flight is not None and self._in_flight >= self._max_in_flight
-                ):
+                while not (pending and self._has_room()):
                     if not pending and self._shutdown:
-                        self._thread_exit()
-                        return
+                        break
                     cond.wait()
-                task = self._head = pending[0]
-                self._abandon = False
-                self._bell = None
+                else:
+                    task = self._head = pending[0]
+                    self._abandon = False
+                    self._bell = None
+            if task is None:  # shut down, nothing left to start
+                # Outside the lock: the wrapped pool's cancellations call back into _finished.
+                self._thread_exit()
+                return
             error: BaseException | None = None
             try:
                 started = _wait.wait_sync(
@@ -303,10 +309,16 @@ class LimitedExecutor(Executor):
                 if pending and pending[0] is task:
                     pending.popleft()
                     cond.notify_all()
-                if started:
+                # Decided under the lock: once shutdown(cancel_futures=True) began, nothing starts.
+                run = started and not self._cancel_futures
+                run = run and task.future.set_running_or_notify_cancel()
+                if run:
                     self._in_flight += 1
-            if started:
+            if run:
                 self._hand_over(task)
+            elif started:  # cancelled as its tokens came: they go back
+                self._limiter.refund(*self._key, self._cost)
+                task.future.cancel()
             elif error is not None and task.future.set_running_or_notify_cancel():
                 task.future.set_exception(error)
             elif not task.future.cancelled() and task.future.set_running_or_notify_cancel():
@@ -315,10 +327,6 @@ class LimitedExecutor(Executor):
 
     def _hand_over(self, task: _Task) -> None:
         outer = task.future
-        if not outer.set_running_or_notify_cancel():  # cancelled as its tokens came
-            self._finished(None)
-            self._limiter.refund(*self._key, self._cost)
-            return
         try:
             inner = self._executor.submit(task.fn, *task.args, **task.kwargs)
         except BaseException as e:
@@ -385,7 +393,12 @@ class LimitedExecutor(Executor):
             try:
                 while window:
                     future = window.popleft()
-                    yield future.result(None if end is None else end - time.monotonic())
+                    try:
+                        result = future.result(None if end is None else end - time.monotonic())
+                    except BaseException:  # timed out (or failed): it must not start later
+                        future.cancel()
+                        raise
+                    yield result
                     if len(window) < self._max_pending:
                         fill()
             finally:
