@@ -38,6 +38,9 @@ MODULES = [
     "nanobucket._outbound",
     "nanobucket.httpx",
     "nanobucket.requests",
+    "nanobucket.executor",
+    "nanobucket.pacing",
+    "nanobucket.celery",
 ]
 
 # The public modules whose names (and the methods of their classes) must
@@ -63,6 +66,9 @@ PUBLIC = [
     "nanobucket.metrics",
     "nanobucket.httpx",
     "nanobucket.requests",
+    "nanobucket.executor",
+    "nanobucket.pacing",
+    "nanobucket.celery",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).

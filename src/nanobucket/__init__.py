@@ -9,8 +9,10 @@ True
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
 from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
+from .executor import LimitedExecutor
 from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
+from .pacing import paced, paced_gather
 from .shared import SharedKeyedTokenBucket
 from .tiered import AsyncTiered, Tiered, TieredDecision, tiered
 from .waiting import LeakyBucket, Waiting
@@ -28,6 +30,7 @@ __all__ = (
     "LayeredDecision",
     "LeakyBucket",
     "LimitEvent",
+    "LimitedExecutor",
     "RateLimited",
     "SharedKeyedTokenBucket",
     "Tiered",
@@ -37,5 +40,7 @@ __all__ = (
     "__version__",
     "all_of",
     "limit",
+    "paced",
+    "paced_gather",
     "tiered",
 )
