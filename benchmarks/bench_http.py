@@ -263,7 +263,13 @@ def _start_server(variant: str, before: str | None = None) -> tuple[subprocess.P
 UVICORN_VARIANTS = ["bare", "static", "off", "off+static", "ietf"]
 
 
-def uvicorn_rps(seconds: float, connections: int, rounds: int, before: str | None) -> None:
+def uvicorn_rps(
+    seconds: float,
+    connections: int,
+    rounds: int,
+    before: str | None,
+    only: list[str] | None = None,
+) -> None:
     """One uvicorn per variant, driven in interleaved rounds: requests/s and the
     server's CPU per request (from ``/proc``), medians over the rounds.
 
@@ -275,7 +281,8 @@ def uvicorn_rps(seconds: float, connections: int, rounds: int, before: str | Non
     """
     import statistics
 
-    variants = UVICORN_VARIANTS + (["ietf, before"] if before is not None else [])
+    variants = ["bare", *(v for v in only if v != "bare")] if only else list(UVICORN_VARIANTS)
+    variants += ["ietf, before"] if before is not None else []
     servers = {v: _start_server(v.split(",")[0], before if "," in v else None) for v in variants}
     rps: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
@@ -414,6 +421,7 @@ def main() -> None:
     parser.add_argument(
         "--before", help="hooks, uvicorn: another checkout's src/nanobucket to compare"
     )
+    parser.add_argument("--variants", help="uvicorn: a comma list of them (bare is always run)")
     args = parser.parse_args()
     if args.what == "inprocess":
         inprocess(args.n)
@@ -422,7 +430,8 @@ def main() -> None:
     elif args.what == "fastapi":
         fastapi_inprocess(args.n)
     else:
-        uvicorn_rps(args.seconds, args.connections, args.rounds, args.before)
+        only = args.variants.split(",") if args.variants else None
+        uvicorn_rps(args.seconds, args.connections, args.rounds, args.before, only)
 
 
 if __name__ == "__main__":
