@@ -1,7 +1,8 @@
 """HTTP middleware overhead: in-process per request, and uvicorn requests/s.
 
     python benchmarks/bench_http.py inprocess [--n 200000]
-    python benchmarks/bench_http.py uvicorn [--seconds 3 --connections 8]
+    python benchmarks/bench_http.py uvicorn [--seconds 3 --connections 8 --rounds 7]
+        [--before OLD/src/nanobucket]
     python benchmarks/bench_http.py fastapi [--n 50000]
     python benchmarks/bench_http.py hooks [--n 100000 --rounds 7] [--before OLD/src/nanobucket]
 
@@ -9,14 +10,18 @@
 `RateLimitMiddleware` (in-process `KeyedTokenBucket`, every request
 admitted, IETF headers on) in one loop, best of 5 rounds, and prints the
 difference per request. ``uvicorn`` starts a real uvicorn (1 process) on a
-loopback port for each variant and drives it with keep-alive connections
-from this process; it prints requests/s for each.
+loopback port for each variant (bare; ``static``, the bare app answering
+the IETF fields as constant bytes; the middleware with IETF headers and
+with ``headers="off"``) and drives them in interleaved rounds with
+keep-alive connections from this process; it prints requests/s and the
+server's CPU time per request (``/proc/<pid>/stat``), medians of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -49,12 +54,43 @@ def make_app(variant: str) -> Any:
     """The ASGI app for *variant*: bare, ietf, legacy, off or limited."""
     if variant == "bare":
         return bare
+    if variant == "static":
+        return _static(_ietf_fields())
+    if variant == "off+static":  # the middleware adding nothing over an app sending the fields
+        return RateLimitMiddleware(
+            _static(_ietf_fields()), nb.KeyedTokenBucket(rate=BIG, capacity=BIG), headers="off"
+        )
     if variant == "limited":  # every request answered 429
         limiter = nb.KeyedTokenBucket(rate=1e-6, capacity=1)
         limiter.allow("127.0.0.1")
         return RateLimitMiddleware(bare, limiter)
     limiter = nb.KeyedTokenBucket(rate=BIG, capacity=BIG)
     return RateLimitMiddleware(bare, limiter, headers=variant)
+
+
+def _ietf_fields() -> list[tuple[bytes, bytes]]:
+    """The fields the middleware adds with IETF headers, as it sends them for one request."""
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    coro = make_app("ietf")(dict(SCOPE), _noop_receive, send)
+    # It never suspends (an in-process limiter), and uvicorn's loop may be running.
+    with contextlib.suppress(StopIteration):
+        coro.send(None)
+    return [h for h in sent[0]["headers"] if h[0] != b"content-length"]
+
+
+def _static(fields: list[tuple[bytes, bytes]]) -> Any:
+    """The bare app answering *fields* as constant bytes: uvicorn's own cost for them."""
+    headers = [(b"content-length", b"2"), *fields]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
 
 
 async def _noop_send(message: Any) -> None:
@@ -187,42 +223,98 @@ async def _drive(port: int, seconds: float, connections: int) -> int:
     return done
 
 
-def uvicorn_rps(seconds: float, connections: int) -> None:
-    for variant in ["bare", "ietf", "bare", "ietf"]:
-        port = _free_port()
-        env = dict(os.environ, BENCH_VARIANT=variant)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "bench_http:server_app",
-                "--app-dir",
-                HERE,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-            ],
-            env=env,
-        )
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of process *pid*, in clock ticks (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+
+
+def _start_server(variant: str, before: str | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    env = dict(os.environ, BENCH_VARIANT=variant)
+    if before is not None:  # another checkout's nanobucket package, imported first
+        env["PYTHONPATH"] = os.path.dirname(os.path.abspath(before))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench_http:server_app",
+            "--app-dir",
+            HERE,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        env=env,
+    )
+    for _ in range(100):
         try:
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.1).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return proc, port
+
+
+UVICORN_VARIANTS = ["bare", "static", "off", "off+static", "ietf"]
+
+
+def uvicorn_rps(
+    seconds: float,
+    connections: int,
+    rounds: int,
+    before: str | None,
+    only: list[str] | None = None,
+) -> None:
+    """One uvicorn per variant, driven in interleaved rounds: requests/s and the
+    server's CPU per request (from ``/proc``), medians over the rounds.
+
+    ``static`` is the bare app answering the IETF fields as constant bytes: the
+    floor, what uvicorn itself costs for two more header fields; ``off+static``,
+    the middleware with ``headers="off"`` in front of it, the floor of
+    ``ietf`` (what is left is the cost of making the fields). With *before*
+    (another checkout's ``src/nanobucket``), ``ietf, before`` runs its middleware.
+    """
+    import statistics
+
+    variants = ["bare", *(v for v in only if v != "bare")] if only else list(UVICORN_VARIANTS)
+    variants += ["ietf, before"] if before is not None else []
+    servers = {v: _start_server(v.split(",")[0], before if "," in v else None) for v in variants}
+    rps: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    try:
+        for _proc, port in servers.values():
             asyncio.run(_drive(port, 0.5, connections))  # warm up
-            n = asyncio.run(_drive(port, seconds, connections))
-            print(
-                f"  uvicorn {variant:5s} {n / seconds:8.0f} requests/s "
-                f"({connections} keep-alive connections, {seconds} s)"
-            )
-        finally:
+        for r in range(rounds):  # the order reversed every other round
+            for v in variants[:: 1 if r % 2 else -1]:
+                proc, port = servers[v]
+                before = _cpu_ticks(proc.pid)
+                n = asyncio.run(_drive(port, seconds, connections))
+                rps[v].append(n / seconds)
+                cpu[v].append((_cpu_ticks(proc.pid) - before) * tick_us / n)
+    finally:
+        for proc, _port in servers.values():
             proc.terminate()
             proc.wait(10)
+    print(
+        f"uvicorn, {connections} keep-alive connections, {seconds} s x {rounds} rounds "
+        f"(medians; server CPU from /proc)"
+    )
+    for v in variants:
+        # Added: the median over rounds of the difference to bare in the same
+        # round (run back to back), so a drift of the machine's load cancels.
+        added = statistics.median(c - b for c, b in zip(cpu[v], cpu["bare"], strict=True))
+        extra = "" if v == "bare" else f"   added {added:5.2f} us"
+        print(
+            f"  {v:12s} {statistics.median(rps[v]):7.0f} requests/s "
+            f"{statistics.median(cpu[v]):6.2f} us server CPU/request{extra}  "
+            f"(per round: {' '.join(f'{x:.2f}' for x in cpu[v])})"
+        )
 
 
 def _load_before(src: str, module: str) -> Any:
@@ -326,7 +418,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--before", help="hooks: another checkout's src/nanobucket to compare")
+    parser.add_argument(
+        "--before", help="hooks, uvicorn: another checkout's src/nanobucket to compare"
+    )
+    parser.add_argument("--variants", help="uvicorn: a comma list of them (bare is always run)")
     args = parser.parse_args()
     if args.what == "inprocess":
         inprocess(args.n)
@@ -335,7 +430,8 @@ def main() -> None:
     elif args.what == "fastapi":
         fastapi_inprocess(args.n)
     else:
-        uvicorn_rps(args.seconds, args.connections)
+        only = args.variants.split(",") if args.variants else None
+        uvicorn_rps(args.seconds, args.connections, args.rounds, args.before, only)
 
 
 if __name__ == "__main__":

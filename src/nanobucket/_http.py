@@ -525,6 +525,23 @@ def _plan_fields(limiter: object) -> dict[str, Fields] | None:
     }
 
 
+def _leaves(limiter: object) -> tuple[object, ...]:
+    """The buckets with a rate and capacity behind *limiter*: itself, its layers', its plans'."""
+    layers = getattr(limiter, "layers", None)
+    parts: Iterable[object] = (limiter,) if layers is None else layers
+    leaves: list[object] = []
+    for part in parts:
+        if isinstance(part, (Tiered, AsyncTiered)):
+            leaves.extend(part.plans.values())
+        elif isinstance(getattr(part, "capacity", None), int) and hasattr(part, "rate"):
+            leaves.append(part)
+    return tuple(leaves)
+
+
+def _snapshot(leaves: tuple[object, ...]) -> tuple[tuple[object, object], ...]:
+    return tuple((getattr(b, "rate", None), getattr(b, "capacity", None)) for b in leaves)
+
+
 def _varying(fields: Varying, decision: Any) -> Fields:
     """The fields of the policy that made *decision*: its plan's, or its binding layer's."""
     if type(fields) is dict:  # a tiered limiter
@@ -546,15 +563,20 @@ class Policy:
 
     __slots__ = (
         "capacity",
+        "capacity_seen",
         "check",
         "ietf_extra",
         "is_async",
         "keyed",
         "layer_headers",
+        "leaves",
         "limiter",
         "name",
         "policy_header",
         "r_prefix",
+        "rate_seen",
+        "seen",
+        "watched",
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
@@ -577,7 +599,20 @@ class Policy:
         capacity = getattr(limiter, "capacity", None)
         self.capacity: int | None = capacity if isinstance(capacity, int) else None
         self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
+        # The buckets whose rate and capacity the header fields show: the
+        # fields are built once, and again only when one is reconfigured.
+        self.leaves = _leaves(limiter)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Build the header fields from the limiter's rate and capacity as they are now."""
+        limiter, name = self.limiter, self.name
+        self.seen = _snapshot(self.leaves)
         self.policy_header = _policy_header(name, limiter)
+        # One bucket: the hot path compares its rate (by identity) and capacity inline.
+        self.watched: Any = limiter if self.policy_header is not None else None
+        self.rate_seen = getattr(limiter, "rate", None)
+        self.capacity_seen = getattr(limiter, "capacity", None)
         layers = getattr(limiter, "layers", None)
         self.layer_headers: Varying | None = _plan_fields(limiter)
         if layers is not None:
@@ -585,9 +620,16 @@ class Policy:
                 _plan_fields(lr) or (self.r_prefix, _policy_header(name, lr)) for lr in layers
             )
         # The fields that never change (none for an all_of or tiered: a layer or plan does).
-        self.ietf_extra: list[tuple[bytes, bytes]] = (
-            [self.policy_header] if self.policy_header is not None else []
+        self.ietf_extra: tuple[tuple[bytes, bytes], ...] = (
+            (self.policy_header,) if self.policy_header is not None else ()
         )
+
+    def stale(self) -> bool:
+        """Whether a bucket behind the fields was reconfigured since they were built."""
+        w = self.watched
+        if w is not None:
+            return bool(w.rate is not self.rate_seen or w.capacity != self.capacity_seen)
+        return bool(self.leaves) and _snapshot(self.leaves) != self.seen
 
     def validate_cost(self, cost: object) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
@@ -598,24 +640,35 @@ class Policy:
         return cost
 
 
+def ietf_field(policy: Policy, decision: Any) -> tuple[bytes, bytes]:
+    """The ``RateLimit`` field of one decision of a single-bucket policy."""
+    return (
+        b"ratelimit",
+        b"%b%d;t=%d" % (policy.r_prefix, decision.remaining, -(-decision.reset_after_ns // _NS)),
+    )
+
+
 def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
     """The rate-limit fields for one decision (empty when *mode* is "off")."""
     if mode == "ietf":
-        r_prefix, header = policy.r_prefix, policy.policy_header
-        if policy.layer_headers is not None:
-            r_prefix, header = _varying(policy.layer_headers, decision)
-        value = r_prefix + b"%d;t=%d" % (
-            decision.remaining,
-            -(-decision.reset_after_ns // _NS),
-        )
+        w = policy.watched  # policy.stale(), inlined for the one-bucket case
+        if w is not None:
+            if w.rate is not policy.rate_seen or w.capacity != policy.capacity_seen:
+                policy.refresh()
+        elif policy.leaves and policy.stale():
+            policy.refresh()
+        if policy.layer_headers is None:
+            return [*policy.ietf_extra, ietf_field(policy, decision)]
+        r_prefix, header = _varying(policy.layer_headers, decision)
+        value = b"%b%d;t=%d" % (r_prefix, decision.remaining, -(-decision.reset_after_ns // _NS))
         if header is None:
             return [(b"ratelimit", value)]
         return [header, (b"ratelimit", value)]
     if mode == "legacy":
         return [
-            (b"x-ratelimit-limit", str(decision.limit).encode("ascii")),
-            (b"x-ratelimit-remaining", str(decision.remaining).encode("ascii")),
-            (b"x-ratelimit-reset", str(-(-decision.reset_after_ns // _NS)).encode("ascii")),
+            (b"x-ratelimit-limit", b"%d" % decision.limit),
+            (b"x-ratelimit-remaining", b"%d" % decision.remaining),
+            (b"x-ratelimit-reset", b"%d" % -(-decision.reset_after_ns // _NS)),
         ]
     return []
 
@@ -645,8 +698,8 @@ def rejection(mode: str, policy: Policy, decision: Any) -> tuple[Headers, bytes]
     body = problem_body(seconds, policy.name)
     headers = [
         (b"content-type", b"application/problem+json"),
-        (b"content-length", str(len(body)).encode("ascii")),
-        (b"retry-after", str(seconds).encode("ascii")),
+        (b"content-length", b"%d" % len(body)),
+        (b"retry-after", b"%d" % seconds),
     ]
     headers.extend(limit_headers(mode, policy, decision))
     return headers, body

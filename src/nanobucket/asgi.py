@@ -160,19 +160,33 @@ class RateLimitMiddleware:
                 await self.app(scope, receive, send)
                 return
             if self._ietf and policy.layer_headers is None:  # inlined limit_headers()
-                value = policy.r_prefix + b"%d;t=%d" % (
-                    decision.remaining,
-                    -(-decision.reset_after_ns // 1_000_000_000),
+                w = policy.watched
+                if w is not None and (
+                    w.rate is not policy.rate_seen or w.capacity != policy.capacity_seen
+                ):
+                    policy.refresh()  # the limiter was reconfigured: new RateLimit-Policy
+                extra: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]] = (
+                    *policy.ietf_extra,
+                    (
+                        b"ratelimit",
+                        b"%b%d;t=%d"
+                        % (
+                            policy.r_prefix,
+                            decision.remaining,
+                            -(-decision.reset_after_ns // 1_000_000_000),
+                        ),
+                    ),
                 )
-                extra = [*policy.ietf_extra, (b"ratelimit", value)]
             else:
                 extra = limit_headers(self.headers, policy, decision)
 
-            async def send_with_headers(message: Message) -> None:
+            # Not a coroutine function: it hands back send's own awaitable, so
+            # each message costs one call, not one more coroutine.
+            def send_with_headers(message: Message) -> Awaitable[None]:
                 if message["type"] == "http.response.start":
                     # A new list: the app may reuse its own headers list.
                     message["headers"] = [*message.get("headers", ()), *extra]
-                await send(message)
+                return send(message)
 
             if self._charge is not None:
                 await self._charged(scope, receive, send_with_headers, policy, key, cost)
