@@ -267,7 +267,8 @@ def bench_cluster(runs: int, seconds: float) -> None:
 
     from redis_server import running_cluster
 
-    with running_cluster() as cluster:
+    # running_cluster is a fixture's generator (start, yield, stop): one step in.
+    with contextlib.contextmanager(running_cluster)() as cluster:
         ports = cluster.ports
         startup = [redis.cluster.ClusterNode("127.0.0.1", p) for p in ports]
         client = redis.cluster.RedisCluster(startup_nodes=startup)
@@ -287,6 +288,7 @@ def bench_cluster(runs: int, seconds: float) -> None:
                 try:
                     return await async_rate(alimiter.allow, 256, seconds)
                 finally:
+                    await alimiter.aclose()  # its own bounded copy of the client
                     await aclient.aclose()
 
             results.append({"sync, one thread": sync, "async, 256 tasks": asyncio.run(many())})
