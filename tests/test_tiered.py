@@ -285,6 +285,7 @@ def test_asgi_middleware_headers_name_the_plan(
     assert (refused.status_code, refused.headers["retry-after"]) == (429, "1")
     assert refused.headers["ratelimit-policy"] == '"free";q=20;w=2'
     assert refused.headers["ratelimit"] == '"free";r=0;t=2'
+    assert refused.json()["detail"] == "Rate limit 'free' exceeded; retry after 1 s."
     plan_of["header:k-alice"] = "pro"  # 20 spent, carried: 180 left, one of them spent now
     up = c.get("/", headers=alice)
     assert up.status_code == 200

@@ -695,7 +695,8 @@ def problem_body(retry_after: int, name: str) -> bytes:
 def rejection(mode: str, policy: Policy, decision: Any) -> tuple[Headers, bytes]:
     """Headers and body of the 429 answer."""
     seconds = retry_after_seconds(decision.retry_after_ns)
-    body = problem_body(seconds, policy.name)
+    # A per-plan limit names the plan that refused, as its header fields do.
+    body = problem_body(seconds, getattr(decision, "plan", None) or policy.name)
     headers = [
         (b"content-type", b"application/problem+json"),
         (b"content-length", b"%d" % len(body)),
