@@ -555,11 +555,10 @@ def client_from_url(
     apply its failure policy after one ``socket_timeout``.
     """
     module = redis.asyncio if asyncio else redis
+    # redis-py >= 8.2 warns when an asyncio client is given the sync Retry.
+    retry = (redis.asyncio.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
     return module.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 0),
+        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout, retry=retry
     )
 
 
