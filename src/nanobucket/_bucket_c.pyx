@@ -26,17 +26,13 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
+from nanobucket cimport _gcra as gcra
+from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns, nb_prefetch, nb_store
+
 import os
 
 from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
 
-cdef extern from "_atomic.h":
-    int64_t nb_load(int64_t *p) noexcept nogil
-    bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
-    int64_t nb_monotonic_ns() noexcept nogil
-    void nb_prefetch(const void *p) noexcept nogil
-    void nb_store(int64_t *p, int64_t v) noexcept nogil
-    const bint NB_GIL_SERIALISES
 
 cdef extern from *:
     """
@@ -179,6 +175,7 @@ cdef extern from "Python.h":
 DEF_MAX_KEYS = 1_000_000
 cdef int64_t NOW_MAX = (1 << 62) - 1
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
+cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
@@ -240,7 +237,6 @@ del _secret
 
 
 @cython.freelist(64)
-@cython.final
 cdef class Decision:
     """The outcome of ``check`` or ``peek``, with exact integer times.
 
@@ -255,37 +251,51 @@ cdef class Decision:
     True
     """
 
-    cdef readonly bint allowed
-    """True if the request was admitted (for ``peek``: would be).
+    @property
+    def allowed(self):
+        """True if the request was admitted (for ``peek``: would be).
 
-    >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
-    True
-    """
-    cdef readonly int64_t remaining
-    """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
+        >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
+        True
+        """
+        return self._allowed
 
-    >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
-    3
-    """
-    cdef readonly int64_t retry_after_ns
-    """Nanoseconds until the same request would be admitted (0 if it was).
+    @property
+    def remaining(self):
+        """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
 
-    >>> b = TokenBucket(rate=2, capacity=1)
-    >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
-    (0, 500000000)
-    """
-    cdef readonly int64_t reset_after_ns
-    """Nanoseconds until the bucket is full again.
+        >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
+        3
+        """
+        return self._remaining
 
-    >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
-    1500000000
-    """
-    cdef readonly int64_t limit
-    """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+    @property
+    def retry_after_ns(self):
+        """Nanoseconds until the same request would be admitted (0 if it was).
 
-    >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
-    5
-    """
+        >>> b = TokenBucket(rate=2, capacity=1)
+        >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
+        (0, 500000000)
+        """
+        return self._retry_after_ns
+
+    @property
+    def reset_after_ns(self):
+        """Nanoseconds until the bucket is full again.
+
+        >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
+        1500000000
+        """
+        return self._reset_after_ns
+
+    @property
+    def limit(self):
+        """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+
+        >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
+        5
+        """
+        return self._limit
 
     @property
     def retry_after(self):
@@ -295,7 +305,7 @@ cdef class Decision:
         >>> b.check_at(0).retry_after, b.check_at(0).retry_after
         (0.0, 0.25)
         """
-        return self.retry_after_ns / 1e9
+        return self._retry_after_ns / 1e9
 
     @property
     def reset_after(self):
@@ -304,24 +314,24 @@ cdef class Decision:
         >>> TokenBucket(rate=4, capacity=2).check_at(0).reset_after
         0.25
         """
-        return self.reset_after_ns / 1e9
+        return self._reset_after_ns / 1e9
 
     def __init__(self, allowed, remaining, retry_after_ns, reset_after_ns, limit):
         # For callers (the twin's signature). The limiters never call it: they
         # make a Decision with __new__ and set its fields, which costs less.
         # The fields are C ints, which Cython would fill from a float by
         # truncating it: ints only (TypeError otherwise), as __index__ says.
-        self.allowed = allowed
-        self.remaining = PyNumber_Index(remaining)
-        self.retry_after_ns = PyNumber_Index(retry_after_ns)
-        self.reset_after_ns = PyNumber_Index(reset_after_ns)
-        self.limit = PyNumber_Index(limit)
+        self._allowed = allowed
+        self._remaining = PyNumber_Index(remaining)
+        self._retry_after_ns = PyNumber_Index(retry_after_ns)
+        self._reset_after_ns = PyNumber_Index(reset_after_ns)
+        self._limit = PyNumber_Index(limit)
 
     def __bool__(self):
-        return self.allowed
+        return self._allowed
 
     def _fields(self):
-        return (self.allowed, self.remaining, self.retry_after_ns, self.reset_after_ns, self.limit)
+        return (self._allowed, self._remaining, self._retry_after_ns, self._reset_after_ns, self._limit)
 
     def __eq__(self, other):
         if not hasattr(other, "retry_after_ns"):
@@ -333,48 +343,9 @@ cdef class Decision:
         return hash(self._fields())
 
     def __repr__(self):
-        return (f"{type(self).__name__}(allowed={self.allowed}, remaining={self.remaining}, "
-                f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
-                f"limit={self.limit})")
-
-
-cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                      int64_t *tat_out, int64_t *base_out, bint alone) noexcept nogil:
-    """GCRA on one word: admit iff max(tat, now) - now <= tau - cost*T, by CAS.
-
-    On return *tat_out is the word's value after the decision and *base_out
-    max(tat, now) as seen by it. cost 0 is a probe and writes nothing.
-    *alone*: the caller is the word's only writer until this returns (it
-    holds the GIL and every writer does, or the keyed table's critical
-    section with no batch deciding outside it), so a plain store will do.
-    """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base
-    while True:
-        base = old if old > now else now
-        base_out[0] = base
-        if base - now > slack:
-            tat_out[0] = old
-            return False
-        if cost_t == 0:
-            tat_out[0] = old
-            return True
-        if alone:
-            nb_store(word, base + cost_t)
-        elif not nb_cas(word, &old, base + cost_t):
-            continue  # another thread moved the word: `old` now holds its value; retry
-        tat_out[0] = base + cost_t
-        return True
-
-
-cdef inline bint take_gil(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                          int64_t *tat_out, int64_t *base_out) noexcept nogil:
-    """`take` by a caller holding the GIL on a word only changed with it held.
-
-    With a GIL nothing else can write the word meanwhile, so no CAS (the C
-    compiler keeps one branch: the condition is a build constant).
-    """
-    return take(word, now, cost_t, slack, tat_out, base_out, NB_GIL_SERIALISES)
+        return (f"{type(self).__name__}(allowed={self._allowed}, remaining={self._remaining}, "
+                f"retry_after_ns={self._retry_after_ns}, reset_after_ns={self._reset_after_ns}, "
+                f"limit={self._limit})")
 
 
 cdef class _Limits:
@@ -474,26 +445,15 @@ cdef class _Limits:
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:
             return nb_monotonic_ns()
-        return as_now(self.clock())
+        return gcra.as_now(self.clock(), parse_now)
 
     cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
                             int64_t base):
-        cdef Decision d = Decision.__new__(Decision)
-        cdef int64_t debt = tat - now if tat > now else 0
-        d.allowed = allowed
-        d.remaining = (self.tau - debt) // self.interval_ns if debt <= self.tau else 0
-        d.retry_after_ns = 0 if allowed else base - now - (self.tau - cost_t)
-        d.reset_after_ns = debt
-        d.limit = self.capacity
-        return d
+        return new_decision(allowed, tat, now, base, self.tau, self.interval_ns, cost_t,
+                            self.capacity)
 
     cdef double _tokens(self, int64_t tat, int64_t now):
-        cdef int64_t debt = tat - now if tat > now else 0
-        if debt >= self.tau:
-            return 0.0
-        # Past 2**53 ns, (tau - debt) rounds on its way to a double and the
-        # quotient could exceed capacity: cap it (below, the same as Python's).
-        return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
+        return gcra.tokens(tat, now, self.tau, self.interval_ns, self.capacity)
 
     cdef tuple _new_params(self, object rate, object capacity):
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
@@ -501,16 +461,6 @@ cdef class _Limits:
         capacity = self.capacity if capacity is None else capacity
         exact, cap, interval, tau = bucket_params(rate, capacity)
         return public_rate(rate, exact), cap, interval, tau
-
-
-cdef inline int64_t as_now(object now) except -1:
-    cdef int overflow = 0
-    cdef long long value
-    if type(now) is int:
-        value = PyLong_AsLongLongAndOverflow(now, &overflow)
-        if not overflow and 0 <= value <= NOW_MAX:
-            return value
-    return check_now(now)
 
 
 @cython.final
@@ -538,7 +488,7 @@ cdef class TokenBucket(_Limits):
         cdef int64_t c = self._cost(cost)
         cdef int64_t now = self._now()
         cdef int64_t tat, base
-        return take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+        return gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                         &tat, &base)
 
     def allow_at(self, now, cost=1):
@@ -548,10 +498,10 @@ cdef class TokenBucket(_Limits):
         >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
         (True, False, True)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         cdef int64_t tat, base
-        return take_gil(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
+        return gcra.take_exclusive(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
                         &tat, &base)
 
     def check(self, cost=1):
@@ -573,7 +523,7 @@ cdef class TokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(t, self._cost(cost), True)
 
     def peek(self, cost=1):
@@ -593,7 +543,7 @@ cdef class TokenBucket(_Limits):
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(t, self._cost(cost), False)
 
     cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
@@ -601,13 +551,9 @@ cdef class TokenBucket(_Limits):
         cdef int64_t tat, base
         cdef bint allowed
         if consume:
-            allowed = take_gil(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            allowed = gcra.take_exclusive(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
         else:
-            tat = nb_load(&self.tat)
-            base = tat if tat > now else now
-            allowed = base - now <= self.tau - cost_t
-            if allowed:
-                tat = base + cost_t if cost_t else tat
+            allowed = gcra.step(nb_load(&self.tat), now, cost_t, self.tau - cost_t, &tat, &base)
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self):
@@ -628,7 +574,7 @@ cdef class TokenBucket(_Limits):
         (True, 0.0, 0.5)
         """
         self._ready()
-        return self._tokens(nb_load(&self.tat), as_now(now))
+        return self._tokens(nb_load(&self.tat), gcra.as_now(now, parse_now))
 
     def __repr__(self):
         if self.one == NULL:
@@ -651,7 +597,7 @@ cdef class TokenBucket(_Limits):
         2.0
         """
         cdef int64_t c = self._cost(cost)
-        give_back(&self.tat, self._now(), c * self.interval_ns)
+        gcra.give_back(&self.tat, self._now(), c * self.interval_ns)
 
     def refund_at(self, now, cost=1):
         """`refund` at an explicit time *now* (int ns).
@@ -662,8 +608,8 @@ cdef class TokenBucket(_Limits):
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        cdef int64_t t = as_now(now)
-        give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
+        cdef int64_t t = gcra.as_now(now, parse_now)
+        gcra.give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
 
     def reset(self):
         """Forget the bucket's state: it is full again.
@@ -678,10 +624,10 @@ cdef class TokenBucket(_Limits):
     def _reserve(self, now, cost, max_wait, bint shape):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (see ``_bucket_py``)."""
         cdef int64_t c = self._cost(cost)
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t mw = max_wait
         cdef int64_t cost_t = c * self.interval_ns
-        return reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
+        return gcra.reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
 
     def _clock_ns(self):
         """The bucket's clock now (int ns): the time ``_reserve`` waits are counted on."""
@@ -705,7 +651,7 @@ cdef class TokenBucket(_Limits):
         (10, 2, 1.0, 2.0)
         """
         self._ready()
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         with cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
@@ -734,7 +680,7 @@ cdef class TokenBucket(_Limits):
         if timeout is not None:
             waiting_module().check_timeout(timeout)
         now = self._now()
-        if take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+        if gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                     &tat, &base):
             return True
         return waiting_module().acquire_slow(self, (), c, timeout)
@@ -1099,7 +1045,7 @@ cdef class KeyedTokenBucket(_Limits):
         """`take` on slot *s* by a caller holding the table's critical section."""
         # The section excludes every other writer, unless a batch is deciding
         # outside it (pinned): then only CAS is safe.
-        return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base, self.pins == 0)
+        return gcra.take(&s.tat, now, cost_t, self.tau - cost_t, tat, base, self.pins == 0)
 
     def allow(self, key, cost=1):
         """Spend *cost* tokens from *key*'s bucket now; True if admitted.
@@ -1118,7 +1064,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
         (True, False, True)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._allow(key, t, self._cost(cost))
 
     cdef bint _allow(self, object key, int64_t now, int64_t cost) except -1:
@@ -1135,9 +1081,7 @@ cdef class KeyedTokenBucket(_Limits):
             if s == NULL:
                 # A missing key is a full bucket (from `floor`); only a key
                 # that is charged takes a place in the table.
-                tat = self.floor
-                base = tat if tat > now else now
-                if base - now > self.tau - cost_t:
+                if not gcra.step(self.floor, now, cost_t, self.tau - cost_t, &tat, &base):
                     return False
                 if cost_t == 0:
                     return True
@@ -1171,7 +1115,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._allow_many(keys, t, self._cost(cost))
 
     cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
@@ -1266,7 +1210,7 @@ cdef class KeyedTokenBucket(_Limits):
                     self.pins += 1
                 with nogil:
                     for i in range(start, end):
-                        res[i] = take(&found[i - start].tat, now, cost_t, slack, &tat, &base, False)
+                        res[i] = gcra.take(&found[i - start].tat, now, cost_t, slack, &tat, &base, False)
                 with cython.critical_section(self):
                     self.pins -= 1
                 start = end
@@ -1336,7 +1280,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(key, t, self._cost(cost), True)
 
     def peek(self, key, cost=1):
@@ -1356,7 +1300,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
         (1, 3.0)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(key, t, self._cost(cost), False)
 
     cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
@@ -1371,16 +1315,12 @@ cdef class KeyedTokenBucket(_Limits):
             if consume and s != NULL:
                 allowed = self._take(s, now, cost_t, &tat, &base)
             else:
-                tat = nb_load(&s.tat) if s != NULL else self.floor
-                base = tat if tat > now else now
-                allowed = base - now <= self.tau - cost_t
-                if allowed and cost_t:
-                    if consume:  # a missing key, charged: it takes a place
-                        self._note_key(key)
-                        s = self._find(key, h, now, True)
-                        allowed = self._take(s, now, cost_t, &tat, &base)
-                    else:
-                        tat = base + cost_t
+                allowed = gcra.step(nb_load(&s.tat) if s != NULL else self.floor, now, cost_t,
+                                    self.tau - cost_t, &tat, &base)
+                if allowed and cost_t and consume:  # a missing key, charged: it takes a place
+                    self._note_key(key)
+                    s = self._find(key, h, now, True)
+                    allowed = self._take(s, now, cost_t, &tat, &base)
             return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self, key):
@@ -1401,7 +1341,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.tokens_at("alice", 0), t.tokens_at("alice", 125_000_000), t.tokens_at("bob", 0)
         (0.0, 0.5, 2.0)
         """
-        return self._tokens_at(key, as_now(now))
+        return self._tokens_at(key, gcra.as_now(now, parse_now))
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
         self._ready()
@@ -1462,7 +1402,7 @@ cdef class KeyedTokenBucket(_Limits):
         >>> t.refund_at("alice", 0); t.tokens_at("alice", 0)
         1.0
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         self._refund(key, t, self._cost(cost))
 
     cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
@@ -1471,7 +1411,7 @@ cdef class KeyedTokenBucket(_Limits):
         with cython.critical_section(self):
             s = self._find(key, h, now, False)
             if s != NULL:
-                give_back(&s.tat, now, cost * self.interval_ns)
+                gcra.give_back(&s.tat, now, cost * self.interval_ns)
         return 0
 
     def reset(self, key):
@@ -1495,7 +1435,7 @@ cdef class KeyedTokenBucket(_Limits):
     def _reserve(self, key, now, cost, max_wait, bint shape):
         """`TokenBucket._reserve` for *key*'s bucket."""
         cdef int64_t c = self._cost(cost)
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t mw = max_wait
         cdef Py_hash_t h = key_hash(key)
         cdef int64_t cost_t, wait
@@ -1504,7 +1444,7 @@ cdef class KeyedTokenBucket(_Limits):
             cost_t = c * self.interval_ns
             self._note_key(key)
             s = self._find(key, h, t, True)
-            wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
+            wait = gcra.reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
         return wait
 
     def _clock_ns(self):
@@ -1529,7 +1469,7 @@ cdef class KeyedTokenBucket(_Limits):
         (1.0, 2.0, 2.0)
         """
         self._ready()
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         cdef Py_ssize_t i
         with cython.critical_section(self):
@@ -1664,38 +1604,6 @@ cdef object waiting_module():
     return _waiting
 
 
-cdef inline int64_t reserve(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                            int64_t max_wait) noexcept nogil:
-    """Move the word past empty if need be: the ns to wait, or -1 (nothing written).
-
-    The wait ends when max(tat, now) + cost*T - now <= slack: slack = tau
-    waits for the tokens, slack = cost*T for the slot's start (shaping).
-    """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base, wait
-    while True:
-        base = old if old > now else now
-        wait = base - now - (slack - cost_t)
-        if wait < 0:
-            wait = 0
-        if wait > max_wait or base > INT64_MAX - cost_t:
-            return -1
-        if cost_t == 0 or nb_cas(word, &old, base + cost_t):
-            return wait
-
-
-cdef inline void give_back(int64_t *word, int64_t now, int64_t cost_t) noexcept nogil:
-    """tat = max(now, tat - cost*T) by CAS; a full bucket (tat <= now) is left alone."""
-    cdef int64_t old = nb_load(word)
-    cdef int64_t new
-    while old > now:
-        new = old - cost_t
-        if new < now:
-            new = now
-        if nb_cas(word, &old, new):
-            return
-
-
 cdef int64_t carry_over(int64_t tat, int64_t now, object interval, object tau,
                         object new_interval, object new_tau) except? -1:
     """*tat* under new parameters with the same tokens at *now*, capped (see ``_bucket_py``)."""
@@ -1788,7 +1696,7 @@ cdef class AllowAll:
                 self._undo(i, key, now, c)
                 layer._cost(cost)  # raises the error this layer's allow would
             if type(layer) is TokenBucket:
-                ok = take_gil(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
+                ok = gcra.take_exclusive(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
                               layer.tau - c * layer.interval_ns, &tat, &base)
             else:
                 try:
@@ -1811,7 +1719,7 @@ cdef class AllowAll:
         for j in range(charged - 1, -1, -1):
             layer = <_Limits>self.layers[j]
             if type(layer) is TokenBucket:
-                give_back(&(<TokenBucket>layer).tat, now, c * layer.interval_ns)
+                gcra.give_back(&(<TokenBucket>layer).tat, now, c * layer.interval_ns)
             else:
                 (<KeyedTokenBucket>layer)._refund(key, now, c)
         return 0
