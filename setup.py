@@ -51,7 +51,9 @@ def extensions():
         )
         for name in MODULES
     ]
-    directives = {"embedsignature": True, "binding": False, "linetrace": TRACE}
+    # "clinic": signatures as __text_signature__, which inspect.signature and help() read.
+    directives = {"embedsignature": True, "embedsignature.format": "clinic", "binding": False,
+                  "linetrace": TRACE}
     return cythonize(exts, compiler_directives=directives, language_level=3)
 
 

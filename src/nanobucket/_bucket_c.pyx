@@ -172,8 +172,7 @@ cdef extern from "Python.h":
     object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
     char* PyByteArray_AS_STRING(object o)
 
-DEF_MAX_KEYS = 1_000_000
-cdef int64_t NOW_MAX = (1 << 62) - 1
+DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
@@ -238,7 +237,10 @@ del _secret
 
 @cython.freelist(64)
 cdef class Decision:
-    """The outcome of ``check`` or ``peek``, with exact integer times.
+    """Decision(allowed, remaining, retry_after_ns, reset_after_ns, limit)
+--
+
+The outcome of ``check`` or ``peek``, with exact integer times.
 
     >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
     >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
@@ -465,7 +467,10 @@ cdef class _Limits:
 
 @cython.final
 cdef class TokenBucket(_Limits):
-    """One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
+    """TokenBucket(rate, capacity, *, clock=None)
+--
+
+One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
 
     >>> b = TokenBucket(rate=100, capacity=200)
     >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
@@ -779,7 +784,10 @@ cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng)
 
 @cython.final
 cdef class KeyedTokenBucket(_Limits):
-    """A token bucket per key, in a table of at most ``max_keys`` buckets.
+    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None)
+--
+
+A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     A full bucket and a missing key are the same state, so full buckets are
     dropped without loss. When a new key arrives at a table holding
@@ -840,7 +848,7 @@ cdef class KeyedTokenBucket(_Limits):
         self.slots = NULL
         self.index = NULL
 
-    def __init__(self, rate, capacity, *, max_keys=DEF_MAX_KEYS, clock=None):
+    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None):
         limits = self._new_limits(rate, capacity, clock)
         keys = check_max_keys(max_keys)
         cdef Slot *slots
