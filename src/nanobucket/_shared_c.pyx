@@ -89,6 +89,11 @@ from posix.mman cimport (
 
 from nanobucket cimport _gcra as gcra
 from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns
+from nanobucket._capi cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyUnicode_AsUTF8AndSize,
+)
 from nanobucket._bucket_c cimport Decision, new_decision
 
 from fractions import Fraction
@@ -166,11 +171,6 @@ cdef extern from "_siphash.h":
                           uint64_t tweak) noexcept nogil
     uint64_t nb_siphash24(const void *data, size_t n, uint64_t k0, uint64_t k1,
                           uint64_t tweak) noexcept nogil
-
-cdef extern from "Python.h":
-    const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
-    object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
-    char *PyByteArray_AS_STRING(object o)
 
 cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1
