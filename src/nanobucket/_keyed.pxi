@@ -344,7 +344,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
                            int64_t *tat, int64_t *base) noexcept:
-        """`take` on slot *s* by a caller holding the table's critical section."""
+        """`gcra.take` on slot *s* by a caller holding the table's critical section."""
         # The section excludes every other writer, unless a batch is deciding
         # outside it (pinned): then only CAS is safe.
         return gcra.take(&s.tat, now, cost_t, self.tau - cost_t, tat, base, self.pins == 0)
