@@ -448,8 +448,8 @@ cdef class _Limits:
 
     cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
                             int64_t base):
-        return new_decision(allowed, tat, now, base, self.tau, self.interval_ns, cost_t,
-                            self.capacity)
+        return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, self.tau,
+                             self.interval_ns, cost_t, self.capacity)
 
     cdef double _tokens(self, int64_t tat, int64_t now):
         return gcra.tokens(tat, now, self.tau, self.interval_ns, self.capacity)

@@ -134,6 +134,6 @@ cdef inline int64_t as_now(object now, object parse) except -1:
     cdef long long value
     if type(now) is int:
         value = PyLong_AsLongLongAndOverflow(now, &overflow)
-        if not overflow and 0 <= value <= (1 << 62) - 1:
+        if not overflow and 0 <= value <= <long long>0x3FFFFFFFFFFFFFFF:  # 2**62 - 1
             return value
     return parse(now)

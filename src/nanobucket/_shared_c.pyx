@@ -94,7 +94,7 @@ from nanobucket._capi cimport (
     PyByteArray_FromStringAndSize,
     PyUnicode_AsUTF8AndSize,
 )
-from nanobucket._bucket_c cimport Decision, new_decision
+from nanobucket._bucket_c cimport Decision, fill_decision
 
 from fractions import Fraction
 
@@ -813,8 +813,8 @@ cdef class SharedTable:
             allowed = gcra.step(nb_load(slot + 1) if slot != NULL else 0, now, cost_t,
                                 self.tau - cost_t, &tat, &base)
         if CYTHON_DECISION:
-            return new_decision(allowed, tat, now, base, self.tau, self.interval_ns, cost_t,
-                                self.capacity)
+            return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, self.tau,
+                                 self.interval_ns, cost_t, self.capacity)
         return SelectedDecision(
             allowed,
             gcra.remaining(tat, now, self.tau, self.interval_ns),
