@@ -7,6 +7,7 @@ NANOBUCKET_REQUIRE_EXTENSIONS=1  fail when the extensions cannot be compiled
 NANOBUCKET_DEBUG_BUILD=1    -O0 -g and C asserts, for gdb and sanitizers
 NANOBUCKET_SANITIZE=1       -fsanitize=address,undefined (implies the debug build)
 NANOBUCKET_CYTHON_TRACE=1   Cython line tracing, so coverage can see the .pyx
+NANOBUCKET_WERROR=1         compiler warnings (-Wall, always on) are errors (CI)
 """
 
 import os
@@ -21,6 +22,7 @@ SANITIZE = os.environ.get("NANOBUCKET_SANITIZE", "") not in ("", "0")
 DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0")
 TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
 REQUIRE = os.environ.get("NANOBUCKET_REQUIRE_EXTENSIONS", "") not in ("", "0")
+WERROR = os.environ.get("NANOBUCKET_WERROR", "") not in ("", "0")
 MODULES = ["_bucket_c", "_floor", "_shared_c"]
 if sys.platform == "win32":
     MODULES.remove("_shared_c")  # POSIX mmap; shared.py raises a clear error without it
@@ -32,6 +34,7 @@ def extensions():
     compile_args, link_args, macros = [], [], []
     if sys.platform != "win32":
         compile_args = ["-O0", "-g3", "-UNDEBUG"] if DEBUG else ["-O3"]
+        compile_args += ["-Wall", "-Werror"] if WERROR else ["-Wall"]
     if SANITIZE:
         compile_args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
         link_args += ["-fsanitize=address,undefined"]
@@ -48,7 +51,9 @@ def extensions():
         )
         for name in MODULES
     ]
-    directives = {"embedsignature": True, "binding": False, "linetrace": TRACE}
+    # "clinic": signatures as __text_signature__, which inspect.signature and help() read.
+    directives = {"embedsignature": True, "embedsignature.format": "clinic", "binding": False,
+                  "linetrace": TRACE}
     return cythonize(exts, compiler_directives=directives, language_level=3)
 
 

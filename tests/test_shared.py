@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import nanobucket
 from nanobucket import _bucket_py, shared
 from nanobucket._params import RateLike
 from nanobucket.shared import BadTableError, SharedKeyedTokenBucket
@@ -173,7 +174,7 @@ def test_same_decisions_as_keyed_token_bucket(
                 assert t.allow_many_at(batch, now, cost) == ref.allow_many_at(batch, now, cost)
             else:
                 d = t.check_at(key, now, cost)
-                assert type(d) is _bucket_py.Decision and d == ref.check_at(key, now, cost)
+                assert type(d) is nanobucket.Decision and d == ref.check_at(key, now, cost)
 
 
 def test_time_going_backwards_matches_and_creates_nothing(path: Path) -> None:

@@ -26,17 +26,26 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
+from nanobucket cimport _gcra as gcra
+from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns, nb_prefetch, nb_store
+from nanobucket._capi cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyComplex_Check,
+    PyFloat_AS_DOUBLE,
+    PyFloat_CheckExact,
+    PyLong_Check,
+    PyLong_FromDouble,
+    PyNumber_Check,
+    PySequence_Fast_GET_SIZE,
+    PySequence_Fast_ITEMS,
+    PyUnicode_CheckExact,
+)
+
 import os
 
 from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
 
-cdef extern from "_atomic.h":
-    int64_t nb_load(int64_t *p) noexcept nogil
-    bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
-    int64_t nb_monotonic_ns() noexcept nogil
-    void nb_prefetch(const void *p) noexcept nogil
-    void nb_store(int64_t *p, int64_t v) noexcept nogil
-    const bint NB_GIL_SERIALISES
 
 cdef extern from *:
     """
@@ -112,16 +121,6 @@ cdef extern from *:
     uint64_t nb_mix(uint64_t kh, uint64_t s1, uint64_t s2) noexcept nogil
 
 
-cdef extern from "Python.h":
-    bint PyUnicode_CheckExact(object o)
-    bint PyFloat_CheckExact(object o)
-    bint PyLong_Check(object o)
-    bint PyComplex_Check(object o)
-    bint PyNumber_Check(object o)
-    double PyFloat_AS_DOUBLE(object o)
-    object PyLong_FromDouble(double v)
-
-
 cdef inline Py_hash_t key_hash(object key) except? -1:
     """The key hash `kh` the keyed table places and matches *key* by (see nb_mix)."""
     if PyUnicode_CheckExact(key):
@@ -170,15 +169,9 @@ cdef Py_hash_t other_key_hash(object key) except? -1:
 cdef extern from "<sched.h>":
     int sched_yield() nogil
 
-cdef extern from "Python.h":
-    Py_ssize_t PySequence_Fast_GET_SIZE(object o)
-    PyObject** PySequence_Fast_ITEMS(object o)
-    object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
-    char* PyByteArray_AS_STRING(object o)
-
-DEF_MAX_KEYS = 1_000_000
-cdef int64_t NOW_MAX = (1 << 62) - 1
+DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
+cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
@@ -240,9 +233,11 @@ del _secret
 
 
 @cython.freelist(64)
-@cython.final
 cdef class Decision:
-    """The outcome of ``check`` or ``peek``, with exact integer times.
+    """Decision(allowed, remaining, retry_after_ns, reset_after_ns, limit)
+--
+
+The outcome of ``check`` or ``peek``, with exact integer times.
 
     >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
     >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
@@ -255,37 +250,51 @@ cdef class Decision:
     True
     """
 
-    cdef readonly bint allowed
-    """True if the request was admitted (for ``peek``: would be).
+    @property
+    def allowed(self):
+        """True if the request was admitted (for ``peek``: would be).
 
-    >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
-    True
-    """
-    cdef readonly int64_t remaining
-    """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
+        >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
+        True
+        """
+        return self._allowed
 
-    >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
-    3
-    """
-    cdef readonly int64_t retry_after_ns
-    """Nanoseconds until the same request would be admitted (0 if it was).
+    @property
+    def remaining(self):
+        """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
 
-    >>> b = TokenBucket(rate=2, capacity=1)
-    >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
-    (0, 500000000)
-    """
-    cdef readonly int64_t reset_after_ns
-    """Nanoseconds until the bucket is full again.
+        >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
+        3
+        """
+        return self._remaining
 
-    >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
-    1500000000
-    """
-    cdef readonly int64_t limit
-    """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+    @property
+    def retry_after_ns(self):
+        """Nanoseconds until the same request would be admitted (0 if it was).
 
-    >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
-    5
-    """
+        >>> b = TokenBucket(rate=2, capacity=1)
+        >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
+        (0, 500000000)
+        """
+        return self._retry_after_ns
+
+    @property
+    def reset_after_ns(self):
+        """Nanoseconds until the bucket is full again.
+
+        >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
+        1500000000
+        """
+        return self._reset_after_ns
+
+    @property
+    def limit(self):
+        """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
+
+        >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
+        5
+        """
+        return self._limit
 
     @property
     def retry_after(self):
@@ -295,7 +304,7 @@ cdef class Decision:
         >>> b.check_at(0).retry_after, b.check_at(0).retry_after
         (0.0, 0.25)
         """
-        return self.retry_after_ns / 1e9
+        return self._retry_after_ns / 1e9
 
     @property
     def reset_after(self):
@@ -304,24 +313,24 @@ cdef class Decision:
         >>> TokenBucket(rate=4, capacity=2).check_at(0).reset_after
         0.25
         """
-        return self.reset_after_ns / 1e9
+        return self._reset_after_ns / 1e9
 
     def __init__(self, allowed, remaining, retry_after_ns, reset_after_ns, limit):
         # For callers (the twin's signature). The limiters never call it: they
         # make a Decision with __new__ and set its fields, which costs less.
         # The fields are C ints, which Cython would fill from a float by
         # truncating it: ints only (TypeError otherwise), as __index__ says.
-        self.allowed = allowed
-        self.remaining = PyNumber_Index(remaining)
-        self.retry_after_ns = PyNumber_Index(retry_after_ns)
-        self.reset_after_ns = PyNumber_Index(reset_after_ns)
-        self.limit = PyNumber_Index(limit)
+        self._allowed = allowed
+        self._remaining = PyNumber_Index(remaining)
+        self._retry_after_ns = PyNumber_Index(retry_after_ns)
+        self._reset_after_ns = PyNumber_Index(reset_after_ns)
+        self._limit = PyNumber_Index(limit)
 
     def __bool__(self):
-        return self.allowed
+        return self._allowed
 
     def _fields(self):
-        return (self.allowed, self.remaining, self.retry_after_ns, self.reset_after_ns, self.limit)
+        return (self._allowed, self._remaining, self._retry_after_ns, self._reset_after_ns, self._limit)
 
     def __eq__(self, other):
         if not hasattr(other, "retry_after_ns"):
@@ -333,48 +342,9 @@ cdef class Decision:
         return hash(self._fields())
 
     def __repr__(self):
-        return (f"{type(self).__name__}(allowed={self.allowed}, remaining={self.remaining}, "
-                f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
-                f"limit={self.limit})")
-
-
-cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                      int64_t *tat_out, int64_t *base_out, bint alone) noexcept nogil:
-    """GCRA on one word: admit iff max(tat, now) - now <= tau - cost*T, by CAS.
-
-    On return *tat_out is the word's value after the decision and *base_out
-    max(tat, now) as seen by it. cost 0 is a probe and writes nothing.
-    *alone*: the caller is the word's only writer until this returns (it
-    holds the GIL and every writer does, or the keyed table's critical
-    section with no batch deciding outside it), so a plain store will do.
-    """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base
-    while True:
-        base = old if old > now else now
-        base_out[0] = base
-        if base - now > slack:
-            tat_out[0] = old
-            return False
-        if cost_t == 0:
-            tat_out[0] = old
-            return True
-        if alone:
-            nb_store(word, base + cost_t)
-        elif not nb_cas(word, &old, base + cost_t):
-            continue  # another thread moved the word: `old` now holds its value; retry
-        tat_out[0] = base + cost_t
-        return True
-
-
-cdef inline bint take_gil(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                          int64_t *tat_out, int64_t *base_out) noexcept nogil:
-    """`take` by a caller holding the GIL on a word only changed with it held.
-
-    With a GIL nothing else can write the word meanwhile, so no CAS (the C
-    compiler keeps one branch: the condition is a build constant).
-    """
-    return take(word, now, cost_t, slack, tat_out, base_out, NB_GIL_SERIALISES)
+        return (f"{type(self).__name__}(allowed={self._allowed}, remaining={self._remaining}, "
+                f"retry_after_ns={self._retry_after_ns}, reset_after_ns={self._reset_after_ns}, "
+                f"limit={self._limit})")
 
 
 cdef class _Limits:
@@ -474,26 +444,15 @@ cdef class _Limits:
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:
             return nb_monotonic_ns()
-        return as_now(self.clock())
+        return gcra.as_now(self.clock(), parse_now)
 
     cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
                             int64_t base):
-        cdef Decision d = Decision.__new__(Decision)
-        cdef int64_t debt = tat - now if tat > now else 0
-        d.allowed = allowed
-        d.remaining = (self.tau - debt) // self.interval_ns if debt <= self.tau else 0
-        d.retry_after_ns = 0 if allowed else base - now - (self.tau - cost_t)
-        d.reset_after_ns = debt
-        d.limit = self.capacity
-        return d
+        return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, self.tau,
+                             self.interval_ns, cost_t, self.capacity)
 
     cdef double _tokens(self, int64_t tat, int64_t now):
-        cdef int64_t debt = tat - now if tat > now else 0
-        if debt >= self.tau:
-            return 0.0
-        # Past 2**53 ns, (tau - debt) rounds on its way to a double and the
-        # quotient could exceed capacity: cap it (below, the same as Python's).
-        return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
+        return gcra.tokens(tat, now, self.tau, self.interval_ns, self.capacity)
 
     cdef tuple _new_params(self, object rate, object capacity):
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
@@ -503,19 +462,12 @@ cdef class _Limits:
         return public_rate(rate, exact), cap, interval, tau
 
 
-cdef inline int64_t as_now(object now) except -1:
-    cdef int overflow = 0
-    cdef long long value
-    if type(now) is int:
-        value = PyLong_AsLongLongAndOverflow(now, &overflow)
-        if not overflow and 0 <= value <= NOW_MAX:
-            return value
-    return check_now(now)
-
-
 @cython.final
 cdef class TokenBucket(_Limits):
-    """One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
+    """TokenBucket(rate, capacity, *, clock=None)
+--
+
+One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
 
     >>> b = TokenBucket(rate=100, capacity=200)
     >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
@@ -538,7 +490,7 @@ cdef class TokenBucket(_Limits):
         cdef int64_t c = self._cost(cost)
         cdef int64_t now = self._now()
         cdef int64_t tat, base
-        return take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+        return gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                         &tat, &base)
 
     def allow_at(self, now, cost=1):
@@ -548,10 +500,10 @@ cdef class TokenBucket(_Limits):
         >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
         (True, False, True)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         cdef int64_t tat, base
-        return take_gil(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
+        return gcra.take_exclusive(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
                         &tat, &base)
 
     def check(self, cost=1):
@@ -573,7 +525,7 @@ cdef class TokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(t, self._cost(cost), True)
 
     def peek(self, cost=1):
@@ -593,7 +545,7 @@ cdef class TokenBucket(_Limits):
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._check(t, self._cost(cost), False)
 
     cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
@@ -601,13 +553,9 @@ cdef class TokenBucket(_Limits):
         cdef int64_t tat, base
         cdef bint allowed
         if consume:
-            allowed = take_gil(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            allowed = gcra.take_exclusive(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
         else:
-            tat = nb_load(&self.tat)
-            base = tat if tat > now else now
-            allowed = base - now <= self.tau - cost_t
-            if allowed:
-                tat = base + cost_t if cost_t else tat
+            allowed = gcra.step(nb_load(&self.tat), now, cost_t, self.tau - cost_t, &tat, &base)
         return self._decision(allowed, tat, now, cost_t, base)
 
     def tokens(self):
@@ -628,7 +576,7 @@ cdef class TokenBucket(_Limits):
         (True, 0.0, 0.5)
         """
         self._ready()
-        return self._tokens(nb_load(&self.tat), as_now(now))
+        return self._tokens(nb_load(&self.tat), gcra.as_now(now, parse_now))
 
     def __repr__(self):
         if self.one == NULL:
@@ -651,7 +599,7 @@ cdef class TokenBucket(_Limits):
         2.0
         """
         cdef int64_t c = self._cost(cost)
-        give_back(&self.tat, self._now(), c * self.interval_ns)
+        gcra.give_back(&self.tat, self._now(), c * self.interval_ns)
 
     def refund_at(self, now, cost=1):
         """`refund` at an explicit time *now* (int ns).
@@ -662,8 +610,8 @@ cdef class TokenBucket(_Limits):
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        cdef int64_t t = as_now(now)
-        give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
+        cdef int64_t t = gcra.as_now(now, parse_now)
+        gcra.give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
 
     def reset(self):
         """Forget the bucket's state: it is full again.
@@ -678,10 +626,10 @@ cdef class TokenBucket(_Limits):
     def _reserve(self, now, cost, max_wait, bint shape):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (see ``_bucket_py``)."""
         cdef int64_t c = self._cost(cost)
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t mw = max_wait
         cdef int64_t cost_t = c * self.interval_ns
-        return reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
+        return gcra.reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
 
     def _clock_ns(self):
         """The bucket's clock now (int ns): the time ``_reserve`` waits are counted on."""
@@ -705,7 +653,7 @@ cdef class TokenBucket(_Limits):
         (10, 2, 1.0, 2.0)
         """
         self._ready()
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         with cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
@@ -734,7 +682,7 @@ cdef class TokenBucket(_Limits):
         if timeout is not None:
             waiting_module().check_timeout(timeout)
         now = self._now()
-        if take_gil(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
+        if gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                     &tat, &base):
             return True
         return waiting_module().acquire_slow(self, (), c, timeout)
@@ -757,895 +705,7 @@ def _restore_token_bucket(rate, capacity, clock, int64_t tat):
     return b
 
 
-ctypedef struct Slot:
-    int64_t tat         # the bucket's word (see `take`)
-    uint64_t hv         # the key's `key_hash`: for an int key in [0, 2**64), its value
-    uintptr_t key       # a strong reference, | INT_KEY for such an int (0 in the stand-ins below)
-
-
-cdef int32_t TAG_MASK = 0x7F000000  # an index value's tag bits, when entries fit in the rest
-cdef int32_t TAG_MASK_IX = 0x00FFFFFF
-cdef uintptr_t INT_KEY = 1  # `Slot.key`'s low bit (objects are aligned): `hv` holds the int
-
-
-cdef inline PyObject *key_of(const Slot *s) noexcept nogil:
-    return <PyObject *>(s.key & ~INT_KEY)
-
-
-cdef inline void slot_set(Slot *s, object key, Py_hash_t kh) noexcept:
-    """Store *key* (a new strong reference) and its `key_hash`, with `INT_KEY`
-    set for an int in [0, 2**64), whose key hash is its value: a uint64
-    batch then matches int keys by value without reading the key objects,
-    each a cache miss in a large table, and the slot stays 24 bytes."""
-    cdef int overflow = 0
-    cdef long long value
-    Py_INCREF(key)
-    s.key = <uintptr_t><PyObject *>key
-    s.hv = <uint64_t>kh
-    if PyLong_CheckExact(key):
-        value = PyLong_AsLongLongAndOverflow(key, &overflow)
-        if (overflow == 0 and value >= 0) or nb_is_uint64(key, overflow):
-            s.key |= INT_KEY
-
-
-cdef Slot REJECTING  # a stand-in slot no request fits (tat set at import)
-REJECTING.tat = 0x7FFFFFFFFFFFFFFF
-cdef Slot NEEDS_ROOM  # a stand-in: this key's insertion may sweep the table
-
-
-cdef inline Py_ssize_t slots_for(Py_ssize_t keys) noexcept nogil:
-    """The smallest power-of-two slot count that holds *keys* at 2/3 load."""
-    cdef Py_ssize_t n = 8
-    while n * 2 // 3 < keys:
-        n *= 2
-    return n
-
-
-cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng) noexcept nogil:
-    """Quickselect: the k-th smallest (0-based) of a[0:n], reordering a.
-
-    Random pivots (from *rng*): clients choose their costs, hence the tats,
-    and a fixed pivot rule has inputs that make it quadratic.
-    """
-    cdef Py_ssize_t lo = 0, hi = n - 1, i, j
-    cdef int64_t pivot, tmp
-    while lo < hi:
-        pivot = a[lo + <Py_ssize_t>(splitmix64(rng) % <uint64_t>(hi - lo + 1))]
-        i = lo
-        j = hi
-        while i <= j:
-            while a[i] < pivot:
-                i += 1
-            while a[j] > pivot:
-                j -= 1
-            if i <= j:
-                tmp = a[i]; a[i] = a[j]; a[j] = tmp
-                i += 1
-                j -= 1
-        if k <= j:
-            hi = j
-        elif k >= i:
-            lo = i
-        else:
-            return a[k]
-    return a[k]
-
-
-@cython.final
-cdef class KeyedTokenBucket(_Limits):
-    """A token bucket per key, in a table of at most ``max_keys`` buckets.
-
-    A full bucket and a missing key are the same state, so full buckets are
-    dropped without loss. When a new key arrives at a table holding
-    ``max_keys`` buckets, the full ones are dropped; if fewer than an eighth
-    were full, the buckets closest to full are forgiven (dropped: their
-    clients get back the few tokens they still owed) until an eighth of the
-    table is free. Memory never grows past the bound.
-
-    >>> t = KeyedTokenBucket(rate=1, capacity=2)
-    >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
-    [True, True, False]
-    >>> t.allow_at("bob", 0)
-    True
-    """
-
-    # A compact hash table, as CPython's dict: `slots` holds the entries in
-    # the order they came, `index` maps a hash position to an entry (-1:
-    # empty). Keys met in the order they came hit neighbouring memory, and
-    # the table costs 24 bytes an entry plus 4 per position. A key's home
-    # position is nb_mix of its `key_hash` under the table's secret words,
-    # so keys chosen to share CPython hash bits (ints are their own hash)
-    # do not share a position; probing is linear from there. Below 2**24
-    # entries a position also holds 7 more bits of that mix (`tag_mask`):
-    # a probe passes other keys without reading their entries, each a
-    # cache miss when keys come in random order.
-    cdef Slot *slots            # `room` entries, the first `used` hold keys
-    cdef int32_t *index         # `mask + 1` positions, linear probing: entry | tag, or -1
-    cdef int32_t tag_mask       # the bits of an index value that hold a tag (0: none)
-    cdef Py_ssize_t mask        # positions - 1 (a power of two)
-    cdef Py_ssize_t used        # entries holding a key
-    cdef Py_ssize_t room        # `used` may grow to this before a sweep
-    cdef Py_ssize_t max_slots
-    cdef readonly Py_ssize_t max_keys
-    """The most buckets the table holds.
-
-    >>> KeyedTokenBucket(rate=1, capacity=2, max_keys=1000).max_keys
-    1000
-    """
-    # The latest tat of a full bucket dropped so far: a missing key starts
-    # from it, so an explicit time older than a dropped state cannot find a
-    # fresh bucket (time going backwards never creates tokens).
-    cdef int64_t floor
-    cdef uint64_t version       # bumped whenever `slots` is replaced
-    # Batches deciding without the GIL hold slot pointers: while pinned, the
-    # slot array must not be replaced (see `_make_room`).
-    cdef int pins
-    # Whether a key that can be in a reference cycle (a GC object: not a str
-    # or an int) was ever inserted: until then the collector's traverse has
-    # nothing to visit and skips reading a million keys (`keyed_traverse`).
-    cdef bint gc_keys
-    cdef uint64_t seed1, seed2  # the table's secret (see nb_mix)
-    cdef uint64_t rng           # pivots of the sweep's quickselect
-    cdef readonly uint64_t _probes
-    """Entries examined by lookups and index positions by rebuilds (for tests)."""
-    keyed = True  # the verbs take the key first
-
-    def __cinit__(self):
-        self.slots = NULL
-        self.index = NULL
-
-    def __init__(self, rate, capacity, *, max_keys=DEF_MAX_KEYS, clock=None):
-        limits = self._new_limits(rate, capacity, clock)
-        keys = check_max_keys(max_keys)
-        cdef Slot *slots
-        cdef int32_t *index
-        # Every argument is checked: from here nothing fails but the
-        # allocation, and `_set_limits` makes the table usable last.
-        self.max_keys = keys
-        self.max_slots = slots_for(self.max_keys)
-        self.tag_mask = TAG_MASK if self.max_keys <= TAG_MASK_IX else 0
-        self.seed1 = splitmix64(&_secret_state)
-        self.seed2 = splitmix64(&_secret_state) | 1
-        self.rng = splitmix64(&_secret_state)
-        if self.slots == NULL:
-            self._alloc(8, &slots, &index)
-            self._install(slots, index, 8)
-        self._set_limits(limits, clock)
-
-    def __dealloc__(self):
-        cdef Py_ssize_t i
-        if self.slots != NULL:
-            for i in range(self.used):
-                Py_DECREF(<object>key_of(&self.slots[i]))
-        PyMem_RawFree(self.slots)
-        PyMem_RawFree(self.index)
-
-    cdef inline Py_ssize_t _room_of(self, Py_ssize_t n) noexcept:
-        return min(n * 2 // 3, self.max_keys)
-
-    cdef int _alloc(self, Py_ssize_t n, Slot **slots, int32_t **index) except -1:
-        """Entries and an empty index for *n* positions (all or nothing)."""
-        slots[0] = <Slot *>PyMem_RawCalloc(self._room_of(n), sizeof(Slot))
-        index[0] = <int32_t *>PyMem_RawMalloc(n * sizeof(int32_t))
-        if slots[0] == NULL or index[0] == NULL:
-            PyMem_RawFree(slots[0])
-            PyMem_RawFree(index[0])
-            raise MemoryError()
-        memset(index[0], 0xFF, n * sizeof(int32_t))  # -1: empty
-        return 0
-
-    cdef int _install(self, Slot *slots, int32_t *index, Py_ssize_t n) except -1:
-        self.slots = slots
-        self.index = index
-        self.mask = n - 1
-        self.room = self._room_of(n)
-        self.version += 1
-        return 0
-
-    cdef inline uint64_t _mix(self, Py_hash_t kh) noexcept nogil:
-        """The position hash of a key hash: its low bits the home, its top bits the tag."""
-        return nb_mix(<uint64_t>kh, self.seed1, self.seed2)
-
-    cdef inline int32_t _tag(self, uint64_t ph) noexcept nogil:
-        return <int32_t>(ph >> 32) & self.tag_mask
-
-    cdef Slot *_find(self, object key, Py_hash_t h, int64_t now, bint insert) except? NULL:
-        """The slot of *key* (`key_hash` *h*); a new one (tat = floor) if *insert*, else NULL if missing."""
-        cdef Py_ssize_t i
-        cdef int32_t ix, tag
-        cdef Slot *s
-        cdef uint64_t version, ph = self._mix(h)
-        cdef int eq
-        cdef object other
-        cdef int restarts = 0
-        while True:  # restarts when a comparison ran code that changed the table
-            i = <Py_ssize_t>(ph & <uint64_t>self.mask)
-            tag = self._tag(ph)
-            version = self.version
-            while True:
-                self._probes += 1
-                ix = self.index[i]
-                if ix < 0:
-                    if not insert:
-                        return NULL
-                    if self.used >= self.room:
-                        self._make_room(now)
-                        break
-                    s = &self.slots[self.used]
-                    slot_set(s, key, h)
-                    s.tat = self.floor
-                    self.index[i] = <int32_t>self.used | tag
-                    self.used += 1
-                    return s
-                if ix & self.tag_mask != tag:
-                    i = (i + 1) & self.mask
-                    continue  # another key: its entry need not be read
-                s = &self.slots[ix & ~self.tag_mask]
-                if key_of(s) == <PyObject *>key:
-                    return s
-                if s.hv == <uint64_t>h:
-                    other = <object>key_of(s)  # a strong reference for the comparison
-                    eq = PyObject_RichCompareBool(other, key, Py_EQ)
-                    if self.version != version:
-                        # A key whose __eq__ rebuilds the table every time
-                        # would restart forever: give up after a few tries.
-                        restarts += 1
-                        if restarts > MAX_RESTARTS:
-                            raise RuntimeError(
-                                "a key's __eq__ keeps changing this KeyedTokenBucket: "
-                                "lookup abandoned")
-                        break
-                    if eq:
-                        return s
-                i = (i + 1) & self.mask
-
-    cdef int _make_room(self, int64_t now) except -1:
-        """Sweep full buckets out; grow, or forgive the least indebted, as needed.
-
-        The caller looks its key up again afterwards: the table may have
-        changed, here or (while waiting) in another thread.
-        """
-        while self.pins:
-            # A batch is deciding without the GIL on pointers into `slots`:
-            # let it finish (it never waits on us) before replacing them.
-            with nogil:
-                sched_yield()
-        return self._sweep(now)
-
-    cdef int _sweep(self, int64_t now) except -1:
-        cdef Py_ssize_t n = self.used, i, j, live = 0, forgive = 0, size, new_n
-        cdef Slot *old = self.slots
-        cdef int32_t *old_index = self.index
-        cdef Slot *new
-        cdef int32_t *new_index
-        cdef int64_t cut = -1, floor = self.floor
-        cdef Py_ssize_t ties = 0
-        cdef int64_t *tats
-        cdef uint64_t probes = 0, ph
-        for i in range(n):
-            if old[i].tat > now:
-                live += 1
-        # At the bound: forgive the buckets closest to full (smallest tat)
-        # until an eighth of max_keys is free, so this sweep runs once per
-        # max_keys/8 new keys, not once per key.
-        forgive = live - (self.max_keys - max(1, self.max_keys // 8))
-        if forgive > 0:
-            tats = <int64_t *>PyMem_RawMalloc(live * sizeof(int64_t))
-            if tats == NULL:
-                raise MemoryError()
-            j = 0
-            for i in range(n):
-                if old[i].tat > now:
-                    tats[j] = old[i].tat
-                    j += 1
-            cut = kth_smallest(tats, live, forgive - 1, &self.rng)
-            # Forgive every tat below the cut, then as many equal to it as
-            # needed, earliest arrival first (the pure-Python twin's order:
-            # a dict's, which `slots` keeps).
-            ties = forgive
-            for i in range(live):
-                if tats[i] < cut:
-                    ties -= 1
-            PyMem_RawFree(tats)
-        else:
-            forgive = 0
-        new_n = self.mask + 1
-        if live - forgive > self.room // 2 and new_n < self.max_slots:
-            new_n *= 2
-        self._alloc(new_n, &new, &new_index)
-        # Move the survivors, in order; dropped keys keep their entry in
-        # `old` and are released only after the new table is in place, since
-        # releasing a key can run arbitrary code (a __del__) that uses it.
-        size = 0
-        for i in range(n):
-            if old[i].tat <= now:
-                if old[i].tat > floor:
-                    floor = old[i].tat
-                continue
-            if forgive > 0 and old[i].tat <= cut:
-                if old[i].tat < cut:
-                    continue
-                if ties > 0:
-                    ties -= 1
-                    continue
-            ph = self._mix(<Py_hash_t>old[i].hv)
-            j = <Py_ssize_t>(ph & <uint64_t>(new_n - 1))
-            probes += 1
-            while new_index[j] >= 0:
-                j = (j + 1) & (new_n - 1)
-                probes += 1
-            new[size] = old[i]
-            new_index[j] = <int32_t>size | self._tag(ph)
-            old[i].key = 0  # moved, not dropped
-            size += 1
-        self._probes += probes
-        self.floor = floor
-        self.used = size
-        self._install(new, new_index, new_n)
-        for i in range(n):
-            if old[i].key:
-                Py_DECREF(<object>key_of(&old[i]))
-        PyMem_RawFree(old)
-        PyMem_RawFree(old_index)
-        return 0
-
-    cdef inline void _note_key(self, object key) noexcept:
-        """Before *key* may be inserted: see `gc_keys`."""
-        if not self.gc_keys and is_gc(<PyObject *>key):
-            self.gc_keys = True
-
-    cdef inline bint _take(self, Slot *s, int64_t now, int64_t cost_t,
-                           int64_t *tat, int64_t *base) noexcept:
-        """`take` on slot *s* by a caller holding the table's critical section."""
-        # The section excludes every other writer, unless a batch is deciding
-        # outside it (pinned): then only CAS is safe.
-        return take(&s.tat, now, cost_t, self.tau - cost_t, tat, base, self.pins == 0)
-
-    def allow(self, key, cost=1):
-        """Spend *cost* tokens from *key*'s bucket now; True if admitted.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
-        >>> t.allow("alice"), t.allow("alice"), t.allow("bob")
-        (True, False, True)
-        """
-        cdef int64_t c = self._cost(cost)
-        return self._allow(key, self._now(), c)
-
-    def allow_at(self, key, now, cost=1):
-        """`allow` at an explicit time *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=1)
-        >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
-        (True, False, True)
-        """
-        cdef int64_t t = as_now(now)
-        return self._allow(key, t, self._cost(cost))
-
-    cdef bint _allow(self, object key, int64_t now, int64_t cost) except -1:
-        return self._allow_hashed(key, key_hash(key), now, cost)
-
-    cdef bint _allow_hashed(self, object key, Py_hash_t h, int64_t now, int64_t cost) except -1:
-        cdef int64_t cost_t
-        cdef int64_t tat, base
-        cdef Slot *s
-        with cython.critical_section(self):
-            # interval_ns and tau inside: reconfigure changes them under this section.
-            cost_t = cost * self.interval_ns
-            s = self._find(key, h, now, False)
-            if s == NULL:
-                # A missing key is a full bucket (from `floor`); only a key
-                # that is charged takes a place in the table.
-                tat = self.floor
-                base = tat if tat > now else now
-                if base - now > self.tau - cost_t:
-                    return False
-                if cost_t == 0:
-                    return True
-                self._note_key(key)
-                s = self._find(key, h, now, True)
-            return self._take(s, now, cost_t, &tat, &base)
-
-    def allow_many(self, keys, cost=1):
-        """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
-
-        The same as ``allow_at(key, now, cost)`` for each key in turn, with one
-        clock reading for the whole batch. *keys* is any iterable of keys; a
-        buffer of unsigned 64-bit ints (``array('Q')``, numpy ``uint64``)
-        means those ints, and the Cython table decides it without building
-        an int object per key and with the GIL released while it charges.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
-        >>> list(t.allow_many(["alice", "alice", "alice", "bob"]))
-        [1, 1, 0, 1]
-        >>> from array import array
-        >>> list(t.allow_many(array("Q", [7, 7, 7, 8])))   # uint64: the buckets of ints 7, 8
-        [1, 1, 0, 1]
-        """
-        cdef int64_t c = self._cost(cost)
-        return self._allow_many(keys, self._now(), c)
-
-    def allow_many_at(self, keys, now, cost=1):
-        """`allow_many` at an explicit time *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=1)
-        >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
-        [1, 1, 0]
-        """
-        cdef int64_t t = as_now(now)
-        return self._allow_many(keys, t, self._cost(cost))
-
-    cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
-        cdef const uint64_t[::1] ints
-        if isinstance(keys, (str, bytes, bytearray)):
-            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
-        if cost and PyObject_CheckBuffer(keys):
-            try:
-                ints = keys
-            except (ValueError, TypeError, BufferError):
-                pass  # not a buffer of uint64: decided as a sequence below
-            else:
-                return self._allow_many_uint64(ints, now, cost)
-        cdef object seq = PySequence_Fast(keys, "keys must be an iterable of keys")
-        if type(seq) is not tuple:
-            # A list is returned as itself: a key's __hash__ or __eq__ (or,
-            # free-threaded, another thread) could change it while its item
-            # pointers are in use. Decide a snapshot, as the Python twin does.
-            seq = tuple(seq)
-        cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i
-        cdef object out = PyByteArray_FromStringAndSize(NULL, n)
-        cdef char *res = PyByteArray_AS_STRING(out)
-        cdef PyObject **items = PySequence_Fast_ITEMS(seq)
-        # Hash every key first, so an unhashable one fails the batch before
-        # any token is spent.
-        cdef Py_hash_t *hashes = <Py_hash_t *>PyMem_RawMalloc(max(n, 1) * sizeof(Py_hash_t))
-        if hashes == NULL:
-            raise MemoryError()
-        try:
-            for i in range(n):
-                if i + AHEAD < n:  # the key objects are scattered in memory
-                    nb_prefetch(items[i + AHEAD])
-                hashes[i] = key_hash(<object>items[i])
-            for i in range(n):
-                if i + AHEAD < n:  # as in `_allow_many_uint64`
-                    self._prefetch(self._mix(hashes[i + AHEAD]), self._mix(hashes[i + AHEAD // 2]))
-                res[i] = self._allow_hashed(<object>items[i], hashes[i], now, cost)
-        finally:
-            PyMem_RawFree(hashes)
-        return out
-
-    @cython.boundscheck(False)
-    @cython.wraparound(False)
-    cdef object _allow_many_uint64(self, const uint64_t[::1] keys, int64_t now, int64_t cost):
-        """`_allow_many` for a buffer of uint64 keys: the same buckets as the ints.
-
-        Chunk by chunk: with the GIL, find each key's slot (prefetched, no
-        Python object made unless the key is new); then, pinned, charge the
-        slots in order with the GIL released.
-        """
-        cdef Py_ssize_t n = keys.shape[0], start, end, i
-        cdef object out = PyByteArray_FromStringAndSize(NULL, n)
-        cdef char *res = PyByteArray_AS_STRING(out)
-        cdef int64_t cost_t = cost * self.interval_ns
-        cdef int64_t slack = self.tau - cost_t
-        cdef int64_t tat, base
-        cdef uint64_t version
-        cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
-        cdef uint64_t *phs = <uint64_t *>PyMem_RawMalloc(BATCH * sizeof(uint64_t))
-        try:
-            if found == NULL or phs == NULL:
-                raise MemoryError()
-            start = 0
-            while start < n:
-                end = min(start + BATCH, n)
-                with cython.critical_section(self):
-                    # A uint64's key hash is itself (see `key_hash`): mix
-                    # it here, once, for the prefetch and the probe.
-                    for i in range(start, end):
-                        phs[i - start] = self._mix(<Py_hash_t>keys[i])
-                    version = self.version
-                    i = start
-                    while i < end:
-                        # Prefetch the index AHEAD keys on and the entry
-                        # AHEAD/2 on, so the probe below rarely waits.
-                        if i + AHEAD < end:
-                            self._prefetch(phs[i + AHEAD - start], phs[i + AHEAD // 2 - start])
-                        found[i - start] = self._find_uint64(
-                            keys[i], phs[i - start], now, slack, i == start)
-                        if found[i - start] == &NEEDS_ROOM:
-                            # Inserting this key may sweep the table, and the
-                            # keys found so far are not charged yet: charge
-                            # them first, then start the next chunk with it.
-                            end = i
-                            break
-                        if self.version != version:
-                            version = self.version
-                            if i > start:  # a key's __eq__ changed the table: look again
-                                i = start
-                                continue
-                        i += 1
-                    self.pins += 1
-                with nogil:
-                    for i in range(start, end):
-                        res[i] = take(&found[i - start].tat, now, cost_t, slack, &tat, &base, False)
-                with cython.critical_section(self):
-                    self.pins -= 1
-                start = end
-        finally:
-            PyMem_RawFree(found)
-            PyMem_RawFree(phs)
-        return out
-
-    cdef inline void _prefetch(self, uint64_t far, uint64_t near) noexcept:
-        """Two-stage prefetch for batches, by position hash: *far*'s index
-        position, *near*'s entry (its position was prefetched earlier, so
-        reading it is cheap)."""
-        cdef int32_t ix = self.index[near & <uint64_t>self.mask]
-        nb_prefetch(&self.index[far & <uint64_t>self.mask])
-        if ix >= 0:
-            nb_prefetch(&self.slots[ix & ~self.tag_mask])
-
-    cdef Slot *_find_uint64(self, uint64_t value, uint64_t ph, int64_t now,
-                            int64_t slack, bint may_sweep) except NULL:
-        """The slot of the int *value* (position hash *ph*), comparing without objects.
-
-        A missing key is inserted if it will be charged (as `_allow_hashed`
-        does); if not, the result is `REJECTING`, a slot no request fits. If
-        inserting it could sweep the table and not *may_sweep*: `NEEDS_ROOM`.
-        """
-        cdef Py_ssize_t i = <Py_ssize_t>(ph & <uint64_t>self.mask)
-        cdef int32_t ix, tag = self._tag(ph)
-        cdef Slot *s = NULL
-        while True:
-            self._probes += 1
-            ix = self.index[i]
-            if ix < 0:
-                break
-            if ix & self.tag_mask != tag:
-                i = (i + 1) & self.mask
-                continue  # another key (see `_find`)
-            s = &self.slots[ix & ~self.tag_mask]
-            if s.key & INT_KEY:
-                if s.hv == value:
-                    return s  # this very int (see `slot_set`); the object is not read
-            elif s.hv == value and not PyLong_CheckExact(<object>key_of(s)):
-                break  # maybe an equal key of another type (1.0 == 1): the general path
-            # else another key: an int out of uint64 range cannot equal *value*
-            i = (i + 1) & self.mask
-        if ix < 0 and (self.floor if self.floor > now else now) - now > slack:
-            return &REJECTING
-        if ix < 0 and self.used >= self.room and not may_sweep:
-            return &NEEDS_ROOM
-        return self._find(PyLong_FromUnsignedLongLong(value), <Py_hash_t>value, now, True)
-
-    def check(self, key, cost=1):
-        """Like `allow`, but return the whole `Decision`.
-
-        >>> KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0).check("alice", cost=2)
-        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
-        """
-        cdef int64_t c = self._cost(cost)
-        return self._check(key, self._now(), c, True)
-
-    def check_at(self, key, now, cost=1):
-        """`check` at an explicit time *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2)
-        >>> t.check_at("alice", 0, cost=2)
-        Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
-        >>> d = t.check_at("alice", 500_000_000)   # half a token back: half a second to wait
-        >>> d.allowed, d.remaining, d.retry_after, d.reset_after
-        (False, 0, 0.5, 1.5)
-        """
-        cdef int64_t t = as_now(now)
-        return self._check(key, t, self._cost(cost), True)
-
-    def peek(self, key, cost=1):
-        """The `Decision` `check` would return now, without spending anything.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
-        >>> t.peek("alice").allowed, t.peek("alice").allowed, len(t)
-        (True, True, 0)
-        """
-        cdef int64_t c = self._cost(cost)
-        return self._check(key, self._now(), c, False)
-
-    def peek_at(self, key, now, cost=1):
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=3)
-        >>> t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
-        (1, 3.0)
-        """
-        cdef int64_t t = as_now(now)
-        return self._check(key, t, self._cost(cost), False)
-
-    cdef Decision _check(self, object key, int64_t now, int64_t cost, bint consume):
-        cdef Py_hash_t h = key_hash(key)
-        cdef int64_t cost_t
-        cdef int64_t tat, base
-        cdef bint allowed
-        cdef Slot *s
-        with cython.critical_section(self):
-            cost_t = cost * self.interval_ns  # inside: see _allow_hashed
-            s = self._find(key, h, now, False)
-            if consume and s != NULL:
-                allowed = self._take(s, now, cost_t, &tat, &base)
-            else:
-                tat = nb_load(&s.tat) if s != NULL else self.floor
-                base = tat if tat > now else now
-                allowed = base - now <= self.tau - cost_t
-                if allowed and cost_t:
-                    if consume:  # a missing key, charged: it takes a place
-                        self._note_key(key)
-                        s = self._find(key, h, now, True)
-                        allowed = self._take(s, now, cost_t, &tat, &base)
-                    else:
-                        tat = base + cost_t
-            return self._decision(allowed, tat, now, cost_t, base)
-
-    def tokens(self, key):
-        """Tokens in *key*'s bucket now.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
-        >>> t.allow("alice"), t.tokens("alice"), t.tokens("bob")
-        (True, 1.0, 2.0)
-        """
-        return self._tokens_at(key, self._now())
-
-    def tokens_at(self, key, now):
-        """Tokens in *key*'s bucket at *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=4, capacity=2)
-        >>> t.allow_at("alice", 0, cost=2)
-        True
-        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 125_000_000), t.tokens_at("bob", 0)
-        (0.0, 0.5, 2.0)
-        """
-        return self._tokens_at(key, as_now(now))
-
-    cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
-        self._ready()
-        cdef Py_hash_t h = key_hash(key)
-        cdef Slot *s
-        cdef int64_t tat
-        with cython.critical_section(self):
-            s = self._find(key, h, now, False)
-            tat = nb_load(&s.tat) if s != NULL else self.floor
-            return self._tokens(tat, now)
-
-    def __len__(self):
-        """Keys whose buckets are not full (still owing tokens) now.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
-        >>> t.allow("alice"), t.allow("bob", cost=0), len(t)   # a cost-0 probe takes no place
-        (True, True, 1)
-        """
-        self._ready()
-        cdef int64_t now = self._now()
-        cdef Py_ssize_t i, count = 0
-        with cython.critical_section(self):
-            for i in range(self.used):
-                if nb_load(&self.slots[i].tat) > now:
-                    count += 1
-        return count
-
-    def __sizeof__(self):
-        return (object.__sizeof__(self) + self.room * sizeof(Slot)
-                + (self.mask + 1) * sizeof(int32_t))
-
-    def __repr__(self):
-        if self.one == NULL:
-            return "<KeyedTokenBucket, not initialised>"
-        return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
-                f"max_keys={self.max_keys})")
-
-    def refund(self, key, cost=1):
-        """Give back *cost* tokens to *key*'s bucket.
-
-        Never above capacity; a key not in the table gets nothing.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0)
-        >>> t.allow("alice", cost=2)   # then the work fails before it starts
-        True
-        >>> t.refund("alice", cost=2); t.tokens("alice")
-        2.0
-        """
-        cdef int64_t c = self._cost(cost)
-        self._refund(key, self._now(), c)
-
-    def refund_at(self, key, now, cost=1):
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2)
-        >>> t.allow_at("alice", 0, cost=2)
-        True
-        >>> t.refund_at("alice", 0); t.tokens_at("alice", 0)
-        1.0
-        """
-        cdef int64_t t = as_now(now)
-        self._refund(key, t, self._cost(cost))
-
-    cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
-        cdef Py_hash_t h = key_hash(key)
-        cdef Slot *s
-        with cython.critical_section(self):
-            s = self._find(key, h, now, False)
-            if s != NULL:
-                give_back(&s.tat, now, cost * self.interval_ns)
-        return 0
-
-    def reset(self, key):
-        """Forget *key*'s bucket: the next decision sees it full.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=2)
-        >>> t.allow_at("alice", 0, cost=2), t.reset("alice"), t.tokens_at("alice", 0)
-        (True, None, 2.0)
-        """
-        self._ready()
-        cdef Py_hash_t h = key_hash(key)
-        cdef int64_t now = self._now()
-        cdef Slot *s
-        with cython.critical_section(self):
-            # A missing key reads `floor`, not full after a reconfigure: give it a slot.
-            s = self._find(key, h, now, self.floor > 0)
-            if s != NULL:
-                nb_store(&s.tat, 0)  # no time is earlier: full at every now
-        return None
-
-    def _reserve(self, key, now, cost, max_wait, bint shape):
-        """`TokenBucket._reserve` for *key*'s bucket."""
-        cdef int64_t c = self._cost(cost)
-        cdef int64_t t = self._now() if now is None else as_now(now)
-        cdef int64_t mw = max_wait
-        cdef Py_hash_t h = key_hash(key)
-        cdef int64_t cost_t, wait
-        cdef Slot *s
-        with cython.critical_section(self):
-            cost_t = c * self.interval_ns
-            self._note_key(key)
-            s = self._find(key, h, t, True)
-            wait = reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
-        return wait
-
-    def _clock_ns(self):
-        """`TokenBucket._clock_ns`."""
-        return self._now()
-
-    def reconfigure(self, rate=None, capacity=None, *, now=None):
-        """Change the rate and/or the capacity of every bucket, keeping their state.
-
-        Each bucket's tokens at *now* (default: the clock) carry over as they
-        are, capped at the new capacity -- keys not in the table too (they
-        were full: with a larger capacity they keep the old capacity's tokens
-        and refill the rest). Takes time in proportion to the table's size.
-        It holds the table's critical section, as every keyed verb does, so
-        it is atomic with respect to them on every build.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=4)
-        >>> t.allow_at("alice", 0, cost=3)
-        True
-        >>> t.reconfigure(rate=10, capacity=2, now=0)   # alice's 1 token stays; bob is full
-        >>> t.tokens_at("alice", 0), t.tokens_at("alice", 100_000_000), t.tokens_at("bob", 0)
-        (1.0, 2.0, 2.0)
-        """
-        self._ready()
-        cdef int64_t t = self._now() if now is None else as_now(now)
-        cdef int64_t old, new
-        cdef Py_ssize_t i
-        with cython.critical_section(self):
-            new_rate, cap, interval, tau = self._new_params(rate, capacity)
-            for i in range(self.used):
-                old = nb_load(&self.slots[i].tat)
-                while True:
-                    new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
-                    if nb_cas(&self.slots[i].tat, &old, new):
-                        break
-            self.floor = carry_over(self.floor, t, self.interval_ns, self.tau, interval, tau)
-            self._rate = new_rate
-            self.capacity = cap
-            self.interval_ns = interval
-            self.tau = tau
-
-    def acquire(self, key, cost=1, timeout=None):
-        """Wait (block the thread) until *cost* tokens of *key* are spent, or *timeout* s pass.
-
-        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
-        >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
-        (True, False, True)
-        """
-        cdef int64_t c = self._cost(cost)
-        if timeout is not None:
-            waiting_module().check_timeout(timeout)
-        if self._allow(key, self._now(), c):
-            return True
-        return waiting_module().acquire_slow(self, (key,), c, timeout)
-
-    def acquire_async(self, key, cost=1, timeout=None):
-        """`acquire` for asyncio: ``await t.acquire_async(key)``.
-
-        >>> import asyncio
-        >>> t = KeyedTokenBucket(rate=1000, capacity=1, clock=lambda: 0)
-        >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
-        (True, False)
-        """
-        return waiting_module().acquire_async(self, (key,), cost, timeout)
-
-
-# -- the keyed table and the garbage collector -----------------------------------
-#
-# The table holds strong references to its keys in C memory, which the
-# traverse Cython generates does not see: a key that refers back to the table
-# (an object holding it, a tuple containing it) would keep both alive for
-# ever. Cython lets no class define tp_traverse, so at import the type's
-# slots are wrapped: Cython's own (the Python fields), then every key.
-
-cdef extern from *:
-    """
-    typedef int (*nb_visitproc)(PyObject *, void *);
-    typedef int (*nb_traverseproc)(PyObject *, nb_visitproc, void *);
-    typedef int (*nb_inquiry)(PyObject *);
-    """
-    ctypedef int (*nb_visitproc)(PyObject *, void *) noexcept
-    ctypedef int (*nb_traverseproc)(PyObject *, nb_visitproc, void *) noexcept
-    ctypedef int (*nb_inquiry)(PyObject *) noexcept
-    ctypedef struct nb_type "PyTypeObject":
-        nb_traverseproc tp_traverse
-        nb_inquiry tp_clear
-
-
-cdef nb_traverseproc keyed_traverse_cython = NULL
-cdef nb_inquiry keyed_clear_cython = NULL
-
-
-cdef int keyed_traverse(KeyedTokenBucket self, nb_visitproc visit, void *arg) noexcept:
-    cdef int err = 0
-    cdef Py_ssize_t i
-    cdef PyObject *key
-    cdef bint tracked = False
-    if keyed_traverse_cython != NULL:
-        err = keyed_traverse_cython(<PyObject *>self, visit, arg)
-    if err or self.slots == NULL or not self.gc_keys:
-        return err
-    for i in range(self.used):
-        if i + AHEAD < self.used:  # the keys are scattered: a full collection waits on each
-            nb_prefetch(key_of(&self.slots[i + AHEAD]))
-        key = key_of(&self.slots[i])
-        # Only a tracked GC object can be in a cycle (visiting any other is
-        # a no-op for the collector).
-        if key != NULL and is_gc(key) and is_tracked(key):
-            tracked = True
-            err = visit(key, arg)
-            if err:
-                return err
-    if not tracked:
-        # Every key is untracked now: tuples of atomic values, which the
-        # collector untracked for good. Skip the loop until a GC key comes.
-        self.gc_keys = False
-    return 0
-
-
-cdef int keyed_clear(KeyedTokenBucket self) noexcept:
-    """Release every key (breaking any cycle through one); the table is unusable after.
-
-    The verbs then raise (`one` NULL, capacity 0: see `_Limits.one`), so
-    code that runs while the keys are released (a finaliser) and reaches the
-    table meets a clear error, never a key already released.
-    """
-    cdef Py_ssize_t i, n = self.used
-    self.one = NULL
-    self.capacity = 0
-    self.gc_keys = False
-    self.used = 0  # released below: neither a verb nor __dealloc__ reads them again
-    if self.slots != NULL:
-        for i in range(n):
-            Py_XDECREF(key_of(&self.slots[i]))
-    return keyed_clear_cython(<PyObject *>self) if keyed_clear_cython != NULL else 0
-
-
-keyed_traverse_cython = (<nb_type *><PyObject *>KeyedTokenBucket).tp_traverse
-keyed_clear_cython = (<nb_type *><PyObject *>KeyedTokenBucket).tp_clear
-(<nb_type *><PyObject *>KeyedTokenBucket).tp_traverse = <nb_traverseproc>keyed_traverse
-(<nb_type *><PyObject *>KeyedTokenBucket).tp_clear = <nb_inquiry>keyed_clear
+include "_keyed.pxi"
 
 
 # -- refund, reserve (waiting) and reconfigure: off the hot path ---------------
@@ -1664,38 +724,6 @@ cdef object waiting_module():
     return _waiting
 
 
-cdef inline int64_t reserve(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                            int64_t max_wait) noexcept nogil:
-    """Move the word past empty if need be: the ns to wait, or -1 (nothing written).
-
-    The wait ends when max(tat, now) + cost*T - now <= slack: slack = tau
-    waits for the tokens, slack = cost*T for the slot's start (shaping).
-    """
-    cdef int64_t old = nb_load(word)
-    cdef int64_t base, wait
-    while True:
-        base = old if old > now else now
-        wait = base - now - (slack - cost_t)
-        if wait < 0:
-            wait = 0
-        if wait > max_wait or base > INT64_MAX - cost_t:
-            return -1
-        if cost_t == 0 or nb_cas(word, &old, base + cost_t):
-            return wait
-
-
-cdef inline void give_back(int64_t *word, int64_t now, int64_t cost_t) noexcept nogil:
-    """tat = max(now, tat - cost*T) by CAS; a full bucket (tat <= now) is left alone."""
-    cdef int64_t old = nb_load(word)
-    cdef int64_t new
-    while old > now:
-        new = old - cost_t
-        if new < now:
-            new = now
-        if nb_cas(word, &old, new):
-            return
-
-
 cdef int64_t carry_over(int64_t tat, int64_t now, object interval, object tau,
                         object new_interval, object new_tau) except? -1:
     """*tat* under new parameters with the same tokens at *now*, capped (see ``_bucket_py``)."""
@@ -1707,111 +735,4 @@ cdef int64_t carry_over(int64_t tat, int64_t now, object interval, object tau,
     return min(now + new_debt, INT64_MAX)
 
 
-# -- all_of(...).allow for this module's buckets ----------------------------------
-
-@cython.final
-cdef class AllowAll:
-    """`nanobucket.layered.AllOf.allow` for layers that are all this module's
-    `TokenBucket` and `KeyedTokenBucket` on one clock: the same decision,
-    made at one clock reading with no Python frame in between.
-
-    Layer i is charged only if layers 0..i-1 admitted; on a refusal the
-    layers already charged get *cost* back at the same instant, latest
-    first, so a refused request leaves every layer as it found it.
-
-    >>> a, b = TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=1)
-    >>> allow = AllowAll.of((a, b), None).allow
-    >>> allow(), allow(), a.tokens() >= 1.0   # b is empty: a was not charged
-    (True, False, True)
-    """
-
-    cdef tuple layers
-    cdef _Limits first
-    cdef bint needs_key
-    cdef object missing_key
-
-    @staticmethod
-    def of(layers, missing_key):
-        """An `AllowAll` for *layers* (charging order), or None if they do not qualify.
-
-        *missing_key* is called (it raises) when a keyed layer gets key None.
-
-        >>> AllowAll.of((TokenBucket(1, 1), KeyedTokenBucket(1, 1)), None) is not None
-        True
-        >>> AllowAll.of((TokenBucket(1, 1), TokenBucket(1, 1, clock=lambda: 0)), None) is None
-        True
-        """
-        cdef AllowAll self
-        layers = tuple(layers)
-        if not layers:
-            return None
-        for layer in layers:
-            if type(layer) is not TokenBucket and type(layer) is not KeyedTokenBucket:
-                return None
-            if (<_Limits>layer).one == NULL:
-                return None  # not usable: AllOf's general path lets its verbs say so
-            if (<_Limits>layer).clock is not (<_Limits>layers[0]).clock:
-                return None  # each layer reads its own clock: AllOf's general path
-        self = AllowAll.__new__(AllowAll)
-        self.layers = layers
-        self.first = <_Limits>layers[0]
-        self.needs_key = any(type(layer) is KeyedTokenBucket for layer in layers)
-        self.missing_key = missing_key
-        return self
-
-    def allow(self, key=None, cost=1):
-        """Admit (True) only if every layer admits *cost*; a refusal charges no layer.
-
-        >>> t = KeyedTokenBucket(rate=1, capacity=1)
-        >>> allow = AllowAll.of((t, TokenBucket(rate=1, capacity=5)), None).allow
-        >>> allow("alice"), allow("alice"), allow("bob")
-        (True, False, True)
-        """
-        cdef Py_ssize_t n, i
-        cdef int64_t c = 0, now = 0, tat, base
-        cdef Py_hash_t h = 0
-        cdef bint hashed = False, ok
-        cdef _Limits layer
-        if self.layers is None:  # made with __new__, not `of` (or cleared by the collector)
-            raise RuntimeError("this AllowAll is not usable: make one with AllowAll.of")
-        n = PyTuple_GET_SIZE(self.layers)
-        if key is None and self.needs_key:
-            self.missing_key()
-        # Errors come in the order the layers' own verbs would raise them,
-        # and always after the layers already charged got their cost back.
-        for i in range(n):
-            layer = <_Limits>self.layers[i]
-            if i == 0:
-                c = layer._cost(cost)
-                now = layer._now()
-            elif c > layer.capacity or layer.one == NULL:
-                self._undo(i, key, now, c)
-                layer._cost(cost)  # raises the error this layer's allow would
-            if type(layer) is TokenBucket:
-                ok = take_gil(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
-                              layer.tau - c * layer.interval_ns, &tat, &base)
-            else:
-                try:
-                    if not hashed:
-                        h = key_hash(key)
-                        hashed = True
-                    ok = (<KeyedTokenBucket>layer)._allow_hashed(key, h, now, c)
-                except BaseException:
-                    self._undo(i, key, now, c)  # an unhashable key, or its __eq__ raised
-                    raise
-            if not ok:
-                self._undo(i, key, now, c)
-                return False
-        return True
-
-    cdef int _undo(self, Py_ssize_t charged, object key, int64_t now, int64_t c) except -1:
-        """Give *c* back to layers charged-1 .. 0 at *now*."""
-        cdef Py_ssize_t j
-        cdef _Limits layer
-        for j in range(charged - 1, -1, -1):
-            layer = <_Limits>self.layers[j]
-            if type(layer) is TokenBucket:
-                give_back(&(<TokenBucket>layer).tat, now, c * layer.interval_ns)
-            else:
-                (<KeyedTokenBucket>layer)._refund(key, now, c)
-        return 0
+include "_allow_all.pxi"

@@ -6,7 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import TypeVar
 
-from ._bucket_py import Decision
+from ._bucket import Decision
 
 _T = TypeVar("_T", bound=SharedTable)
 

@@ -87,15 +87,20 @@ from posix.mman cimport (
     munmap,
 )
 
+from nanobucket cimport _gcra as gcra
+from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns
+from nanobucket._capi cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyUnicode_AsUTF8AndSize,
+)
+from nanobucket._bucket_c cimport Decision, fill_decision
+
 from fractions import Fraction
 
-from ._bucket_py import Decision
+from ._bucket import Decision as SelectedDecision
 from ._params import check_cost, check_now
 
-cdef extern from "_atomic.h":
-    int64_t nb_load(int64_t *p) noexcept nogil
-    bint nb_cas(int64_t *p, int64_t *expected, int64_t desired) noexcept nogil
-    int64_t nb_monotonic_ns() noexcept nogil
 
 cdef extern from *:
     """
@@ -167,13 +172,10 @@ cdef extern from "_siphash.h":
     uint64_t nb_siphash24(const void *data, size_t n, uint64_t k0, uint64_t k1,
                           uint64_t tweak) noexcept nogil
 
-cdef extern from "Python.h":
-    const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
-    object PyByteArray_FromStringAndSize(char *s, Py_ssize_t n)
-    char *PyByteArray_AS_STRING(object o)
-
-cdef int64_t NOW_MAX = (1 << 62) - 1
+cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1
+# The Cython Decision, unless the pure-Python twin is selected (NANOBUCKET_NO_EXTENSIONS=1).
+cdef bint CYTHON_DECISION = SelectedDecision is Decision
 
 # Domain separators (see _siphash.h): one per key encoding.
 cdef uint64_t TAG_STR = 0x73    # UTF-8 of the str
@@ -207,8 +209,8 @@ cdef inline int take(int64_t *slot, int64_t key, int64_t now, int64_t cost_t, in
                      int64_t *tat_out, int64_t *base_out) noexcept nogil:
     """GCRA on *key*'s slot: 1 admitted, 0 rejected, -1 the slot is no longer the key's.
 
-    The rule of ``_bucket_c.take`` (keep them identical), applied by a
-    16-byte CAS of the whole slot, so that a spend lands only while the slot
+    ``gcra.step`` (the rule of every bucket) applied by a 16-byte CAS of the
+    whole slot, so that a spend lands only while the slot
     still belongs to *key*: a process that stalled after finding its slot
     cannot spend from a bucket another key has taken over since.
     """
@@ -223,16 +225,9 @@ cdef inline int take(int64_t *slot, int64_t key, int64_t now, int64_t cost_t, in
         # slot's owner before it, which is never later than the key's start
         # (the horizon): a rejection decided on it is one the key's own tat
         # also makes. An admission is decided by the CAS on both words.
-        base = tat if tat > now else now
-        base_out[0] = base
-        if base - now > slack:
-            tat_out[0] = tat
+        if not gcra.step(tat, now, cost_t, slack, tat_out, base_out):
             return 0
-        if cost_t == 0:
-            tat_out[0] = tat
-            return 1
-        if nb_cas16(slot, key, tat, key, base + cost_t):
-            tat_out[0] = base + cost_t
+        if cost_t == 0 or nb_cas16(slot, key, tat, key, tat_out[0]):
             return 1
 
 
@@ -255,16 +250,6 @@ cdef inline int64_t *lookup(int64_t *slots, uint64_t mask, int64_t probe,
             return NULL
         n += 1
     return NULL
-
-
-cdef inline int64_t as_now(object now) except -1:
-    cdef int overflow = 0
-    cdef long long value
-    if type(now) is int:
-        value = PyLong_AsLongLongAndOverflow(now, &overflow)
-        if not overflow and 0 <= value <= NOW_MAX:
-            return value
-    return check_now(now)
 
 
 cdef class SharedTable:
@@ -489,7 +474,7 @@ cdef class SharedTable:
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:
             return nb_monotonic_ns()
-        return as_now(self.clock())
+        return gcra.as_now(self.clock(), parse_now)
 
     cdef uint64_t _fingerprint(self, object key) except 0:
         """The key's keyed hash, 63 bits and never 0 (0 marks an empty slot, the 64th a claim)."""
@@ -666,7 +651,7 @@ cdef class SharedTable:
         (True, True)
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         return self._allow(self._fingerprint(key), t, c)
 
@@ -719,7 +704,7 @@ cdef class SharedTable:
         [1, 1, 0]
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._allow_many(keys, t, self._cost(cost))
 
     cdef object _allow_many(self, object keys, int64_t now, int64_t cost):
@@ -766,7 +751,7 @@ cdef class SharedTable:
         (False, 0, 0.5, 1.5)
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         return self._check(self._fingerprint(key), t, c, True)
 
@@ -798,13 +783,13 @@ cdef class SharedTable:
         (1, 3.0)
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         return self._check(self._fingerprint(key), t, c, False)
 
     cdef object _check(self, uint64_t fp, int64_t now, int64_t cost, bint consume):
         cdef int64_t cost_t = cost * self.interval_ns
-        cdef int64_t tat, base, soonest, debt
+        cdef int64_t tat, base, soonest
         cdef bint allowed
         cdef Found found
         cdef int r = -1
@@ -819,24 +804,22 @@ cdef class SharedTable:
                 slot = NULL
         if slot == NULL and found == NO_ROOM and not self.admit_when_full:
             # Fail closed: nothing to spend from; retry when a probed slot frees.
-            return Decision(False, 0, soonest - now, soonest - now, self.capacity)
+            return SelectedDecision(False, 0, soonest - now, soonest - now, self.capacity)
         if slot != NULL and consume:
             allowed = r
         else:
             # A peek, or a missing key (a full bucket; untracked when admitted
             # on a full window): the decision `take` would make, written nowhere.
-            tat = nb_load(slot + 1) if slot != NULL else 0
-            base = tat if tat > now else now
-            allowed = base - now <= self.tau - cost_t
-            if allowed and cost_t:
-                tat = base + cost_t
-        # The same arithmetic as _bucket_c._Limits._decision.
-        debt = tat - now if tat > now else 0
-        return Decision(
+            allowed = gcra.step(nb_load(slot + 1) if slot != NULL else 0, now, cost_t,
+                                self.tau - cost_t, &tat, &base)
+        if CYTHON_DECISION:
+            return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, self.tau,
+                                 self.interval_ns, cost_t, self.capacity)
+        return SelectedDecision(
             allowed,
-            (self.tau - debt) // self.interval_ns if debt <= self.tau else 0,
-            0 if allowed else base - now - (self.tau - cost_t),
-            debt,
+            gcra.remaining(tat, now, self.tau, self.interval_ns),
+            gcra.retry_after_ns(allowed, base, now, self.tau - cost_t),
+            gcra.reset_after_ns(tat, now),
             self.capacity,
         )
 
@@ -867,7 +850,7 @@ cdef class SharedTable:
         (True, 0.5)
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         return self._tokens_at(self._fingerprint(key), t)
 
     cdef double _tokens_at(self, uint64_t fp, int64_t now):
@@ -875,11 +858,7 @@ cdef class SharedTable:
         cdef Found found
         cdef int64_t *slot = self._find(fp, now, False, &found, &soonest)
         cdef int64_t tat = nb_load(slot + 1) if slot != NULL else 0
-        cdef int64_t debt = tat - now if tat > now else 0
-        if debt >= self.tau:
-            return 0.0
-        # Capped: see _bucket_c._Limits._tokens.
-        return min(<double>(self.tau - debt) / <double>self.interval_ns, <double>self.capacity)
+        return gcra.tokens(tat, now, self.tau, self.interval_ns, self.capacity)
 
     # -- refund and reserve: what charging after a response needs -------------
 
@@ -916,7 +895,7 @@ cdef class SharedTable:
         2.0
         """
         self._open_check()
-        cdef int64_t t = as_now(now)
+        cdef int64_t t = gcra.as_now(now, parse_now)
         cdef int64_t c = self._cost(cost)
         self._give(self._fingerprint(key), t, c)
 
@@ -966,7 +945,7 @@ cdef class SharedTable:
         """
         self._open_check()
         cdef int64_t c = self._cost(cost)
-        cdef int64_t t = self._now() if now is None else as_now(now)
+        cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef uint64_t fp = self._fingerprint(key)
         cdef int64_t cost_t = c * self.interval_ns
         cdef int64_t lead = cost_t if shape else self.tau

@@ -1,0 +1,110 @@
+# AllowAll: all_of(...).allow for _bucket_c's own buckets, with no Python frame between layers.
+# Included by _bucket_c.pyx (one extension module).
+
+
+@cython.final
+cdef class AllowAll:
+    """`nanobucket.layered.AllOf.allow` for layers that are all this module's
+    `TokenBucket` and `KeyedTokenBucket` on one clock: the same decision,
+    made at one clock reading with no Python frame in between.
+
+    Layer i is charged only if layers 0..i-1 admitted; on a refusal the
+    layers already charged get *cost* back at the same instant, latest
+    first, so a refused request leaves every layer as it found it.
+
+    >>> a, b = TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=1)
+    >>> allow = AllowAll.of((a, b), None).allow
+    >>> allow(), allow(), a.tokens() >= 1.0   # b is empty: a was not charged
+    (True, False, True)
+    """
+
+    cdef tuple layers
+    cdef _Limits first
+    cdef bint needs_key
+    cdef object missing_key
+
+    @staticmethod
+    def of(layers, missing_key):
+        """An `AllowAll` for *layers* (charging order), or None if they do not qualify.
+
+        *missing_key* is called (it raises) when a keyed layer gets key None.
+
+        >>> AllowAll.of((TokenBucket(1, 1), KeyedTokenBucket(1, 1)), None) is not None
+        True
+        >>> AllowAll.of((TokenBucket(1, 1), TokenBucket(1, 1, clock=lambda: 0)), None) is None
+        True
+        """
+        cdef AllowAll self
+        layers = tuple(layers)
+        if not layers:
+            return None
+        for layer in layers:
+            if type(layer) is not TokenBucket and type(layer) is not KeyedTokenBucket:
+                return None
+            if (<_Limits>layer).one == NULL:
+                return None  # not usable: AllOf's general path lets its verbs say so
+            if (<_Limits>layer).clock is not (<_Limits>layers[0]).clock:
+                return None  # each layer reads its own clock: AllOf's general path
+        self = AllowAll.__new__(AllowAll)
+        self.layers = layers
+        self.first = <_Limits>layers[0]
+        self.needs_key = any(type(layer) is KeyedTokenBucket for layer in layers)
+        self.missing_key = missing_key
+        return self
+
+    def allow(self, key=None, cost=1):
+        """Admit (True) only if every layer admits *cost*; a refusal charges no layer.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> allow = AllowAll.of((t, TokenBucket(rate=1, capacity=5)), None).allow
+        >>> allow("alice"), allow("alice"), allow("bob")
+        (True, False, True)
+        """
+        cdef Py_ssize_t n, i
+        cdef int64_t c = 0, now = 0, tat, base
+        cdef Py_hash_t h = 0
+        cdef bint hashed = False, ok
+        cdef _Limits layer
+        if self.layers is None:  # made with __new__, not `of` (or cleared by the collector)
+            raise RuntimeError("this AllowAll is not usable: make one with AllowAll.of")
+        n = PyTuple_GET_SIZE(self.layers)
+        if key is None and self.needs_key:
+            self.missing_key()
+        # Errors come in the order the layers' own verbs would raise them,
+        # and always after the layers already charged got their cost back.
+        for i in range(n):
+            layer = <_Limits>self.layers[i]
+            if i == 0:
+                c = layer._cost(cost)
+                now = layer._now()
+            elif c > layer.capacity or layer.one == NULL:
+                self._undo(i, key, now, c)
+                layer._cost(cost)  # raises the error this layer's allow would
+            if type(layer) is TokenBucket:
+                ok = gcra.take_exclusive(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
+                              layer.tau - c * layer.interval_ns, &tat, &base)
+            else:
+                try:
+                    if not hashed:
+                        h = key_hash(key)
+                        hashed = True
+                    ok = (<KeyedTokenBucket>layer)._allow_hashed(key, h, now, c)
+                except BaseException:
+                    self._undo(i, key, now, c)  # an unhashable key, or its __eq__ raised
+                    raise
+            if not ok:
+                self._undo(i, key, now, c)
+                return False
+        return True
+
+    cdef int _undo(self, Py_ssize_t charged, object key, int64_t now, int64_t c) except -1:
+        """Give *c* back to layers charged-1 .. 0 at *now*."""
+        cdef Py_ssize_t j
+        cdef _Limits layer
+        for j in range(charged - 1, -1, -1):
+            layer = <_Limits>self.layers[j]
+            if type(layer) is TokenBucket:
+                gcra.give_back(&(<TokenBucket>layer).tat, now, c * layer.interval_ns)
+            else:
+                (<KeyedTokenBucket>layer)._refund(key, now, c)
+        return 0
