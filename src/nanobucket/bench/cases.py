@@ -28,14 +28,14 @@ from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
-from . import _bucket_py
-from .reference import MonotonicNaiveBucket
+from .. import _bucket_py
+from ..reference import MonotonicNaiveBucket
 
 
 def _optional(name: str) -> Any:
     """The extension module *name*, or None in a pure-Python install."""
     try:
-        return importlib.import_module(f"nanobucket.{name}")
+        return importlib.import_module(name)
     except ImportError:  # pragma: no cover - a pure-Python install
         return None
 
@@ -60,8 +60,8 @@ class _PyFloor:
         return None
 
 
-_bucket_c: Any = _optional("_bucket_c")
-_floor: Any = _optional("_floor")
+_bucket_c: Any = _optional("nanobucket._bucket_c")
+_floor: Any = _optional("nanobucket.bench._floor")
 Floor: Any = _PyFloor if _floor is None else _floor.Floor
 FLOOR_IS_CYTHON = _floor is not None
 
@@ -895,7 +895,7 @@ def memory_per_key(kind: str, n: int) -> float:
 
 
 def _memory_main(argv: Sequence[str]) -> None:
-    """``python -m nanobucket._bench_cases KIND N``: print bytes per key (for bench)."""
+    """``python -m nanobucket.bench.cases KIND N``: print bytes per key (for bench)."""
     print(f"{memory_per_key(argv[0], int(argv[1])):.2f}")
 
 
