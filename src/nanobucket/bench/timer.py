@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .cases import Trial
@@ -86,3 +86,13 @@ def summarize(ns: Sequence[float]) -> dict[str, float]:
 def median_ns(ns: Sequence[float]) -> float:
     """The reported figure of a case: the median of its per-round figures."""
     return statistics.median(ns)
+
+
+def median_of_rounds(run: Callable[[], object], calls: int, rounds: int = 5) -> float:
+    """ns per call of *run* (one round of *calls* calls): `time_trial`, *rounds* rounds.
+
+    For the stand-alone scripts in ``benchmarks/``, which time a round they
+    build themselves rather than a case of `nanobucket.bench.cases`.
+    """
+    ns, _ = time_trial(Trial(run, calls), Budget(0.0, rounds, rounds, lo_slow=rounds))
+    return median_ns(ns)
