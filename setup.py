@@ -23,7 +23,7 @@ DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0"
 TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
 REQUIRE = os.environ.get("NANOBUCKET_REQUIRE_EXTENSIONS", "") not in ("", "0")
 WERROR = os.environ.get("NANOBUCKET_WERROR", "") not in ("", "0")
-MODULES = ["_bucket_c", "_floor", "_shared_c"]
+MODULES = ["_bucket_c", "bench._floor", "_shared_c"]
 if sys.platform == "win32":
     MODULES.remove("_shared_c")  # POSIX mmap; shared.py raises a clear error without it
 
@@ -43,7 +43,7 @@ def extensions():
     exts = [
         Extension(
             f"nanobucket.{name}",
-            [f"src/nanobucket/{name}.pyx"],
+            [f"src/nanobucket/{name.replace('.', '/')}.pyx"],
             include_dirs=["src/nanobucket"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,

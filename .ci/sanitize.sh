@@ -46,7 +46,8 @@ export NANOBUCKET_NO_EXTENSIONS=            # the extensions must be the ones un
 
 "$python" - "$work" <<'PY'
 import sys
-from nanobucket import _bucket_c, _floor, _shared_c
+from nanobucket import _bucket_c, _shared_c
+from nanobucket.bench import _floor
 for module in (_bucket_c, _floor, _shared_c):
     assert module.__file__.startswith(sys.argv[1]), f"{module.__file__} is not the sanitized build"
     with open(module.__file__, "rb") as f:

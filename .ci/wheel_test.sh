@@ -31,7 +31,7 @@ echo "wheel: $(basename "$wheel")"
 # The sdist must carry what a build from it needs, and the wheel the
 # compiled extensions (a wheel without them would pass the pure-Python half).
 tar -tzf "$sdist" >"$work/sdist.txt"
-for f in _bucket_c.pyx _floor.pyx _shared_c.pyx _atomic.h _siphash.h py.typed; do
+for f in _bucket_c.pyx bench/_floor.pyx _shared_c.pyx _atomic.h _siphash.h py.typed; do
   grep -q "/src/nanobucket/$f\$" "$work/sdist.txt" || { echo "the sdist lacks $f" >&2; exit 1; }
 done
 "$work/build-env/bin/python" - "$wheel" <<'EOF'
@@ -39,7 +39,7 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 exts = sorted(n for n in names if n.endswith((".so", ".pyd")))
 print("wheel extensions:", ", ".join(exts) or "none")
-missing = [m for m in ("_bucket_c", "_floor") if not any(m + "." in n for n in exts)]
+missing = [m for m in ("nanobucket/_bucket_c", "nanobucket/bench/_floor") if not any(m + "." in n for n in exts)]
 if missing or "nanobucket/py.typed" not in names:
     sys.exit(f"wheel lacks {missing or 'py.typed'}")
 EOF

@@ -8,7 +8,7 @@
 
 ``inprocess`` awaits a bare ASGI app and the same app behind
 `RateLimitMiddleware` (in-process `KeyedTokenBucket`, every request
-admitted, IETF headers on) in one loop, best of 5 rounds, and prints the
+admitted, IETF headers on) in one loop, median of 5 rounds, and prints the
 difference per request. ``uvicorn`` starts a real uvicorn (1 process) on a
 loopback port for each variant (bare; ``static``, the bare app answering
 the IETF fields as constant bytes; the middleware with IETF headers and
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -134,17 +135,24 @@ async def _loop(app: Any, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
+def _interleaved(apps: dict[str, Any], n: int, title: str, added: str, width: int) -> None:
+    """Print ns per request of each app, the median of 5 interleaved rounds, and its
+    difference to "bare"; interleaved, so a noisy neighbour hits every app alike."""
+    times: dict[str, list[float]] = {v: [] for v in apps}
+    for _ in range(5):
+        for v, app in apps.items():
+            times[v].append(asyncio.run(_loop(app, n)))
+    median = {v: statistics.median(ts) for v, ts in times.items()}
+    print(f"{title}implementation: {nb.IMPLEMENTATION}, {n} requests per round, median of 5")
+    for v in apps:
+        extra = "" if v == "bare" else f"   {added} {median[v] - median['bare']:7.0f} ns"
+        print(f"  {v:{width}s} {median[v]:7.0f} ns/request{extra}")
+
+
 def inprocess(n: int) -> None:
     variants = ["bare", "ietf", "legacy", "off", "limited"]
     apps = {v: make_app(v) for v in variants}
-    best = {v: float("inf") for v in variants}
-    for _ in range(5):  # interleaved rounds, best of each: less noise from neighbours
-        for v in variants:
-            best[v] = min(best[v], asyncio.run(_loop(apps[v], n)))
-    print(f"implementation: {nb.IMPLEMENTATION}, {n} requests per round, best of 5")
-    for v in variants:
-        extra = "" if v == "bare" else f"   overhead {best[v] - best['bare']:7.0f} ns"
-        print(f"  {v:8s} {best[v]:7.0f} ns/request{extra}")
+    _interleaved(apps, n, "", "overhead", 8)
 
 
 def make_fastapi(variant: str) -> Any:
@@ -187,14 +195,7 @@ def fastapi_inprocess(n: int) -> None:
         status = asyncio.run(_status(apps[v]))
         if status != 200:
             raise SystemExit(f"{v}: the app answers {status}, not 200")
-    best = {v: float("inf") for v in variants}
-    for _ in range(5):
-        for v in variants:
-            best[v] = min(best[v], asyncio.run(_loop(apps[v], n)))
-    print(f"FastAPI, implementation: {nb.IMPLEMENTATION}, {n} requests per round, best of 5")
-    for v in variants:
-        extra = "" if v == "bare" else f"   added {best[v] - best['bare']:7.0f} ns"
-        print(f"  {v:13s} {best[v]:7.0f} ns/request{extra}")
+    _interleaved(apps, n, "FastAPI, ", "added", 13)
 
 
 def _free_port() -> int:
@@ -279,8 +280,6 @@ def uvicorn_rps(
     ``ietf`` (what is left is the cost of making the fields). With *before*
     (another checkout's ``src/nanobucket``), ``ietf, before`` runs its middleware.
     """
-    import statistics
-
     variants = ["bare", *(v for v in only if v != "bare")] if only else list(UVICORN_VARIANTS)
     variants += ["ietf, before"] if before is not None else []
     servers = {v: _start_server(v.split(",")[0], before if "," in v else None) for v in variants}
@@ -359,8 +358,6 @@ def _wsgi_bare(environ: Any, start_response: Any) -> list[bytes]:
 def hooks_inprocess(n: int, before: str | None, rounds: int = 5) -> None:
     """The middlewares with no hook (this checkout, and *before*'s), a no-op hook,
     the Prometheus hook and a charge=: interleaved rounds, the median of each."""
-    import statistics
-
     from prometheus_client import CollectorRegistry
 
     from nanobucket import wsgi
@@ -394,13 +391,12 @@ def hooks_inprocess(n: int, before: str | None, rounds: int = 5) -> None:
             times.setdefault("wsgi " + v, []).append(_wsgi_loop(app, n))
     print(f"implementation: {nb.IMPLEMENTATION}, {n} requests per round, {rounds} rounds")
     for v, ts in sorted(times.items(), key=lambda item: not item[0].endswith("bare")):
-        median, best = statistics.median(ts), min(ts)
+        median = statistics.median(ts)
         bare_ts = times[v[:5] + "bare"]
         extra = (
             ""
             if v.endswith("bare")
-            else f"   added: median {median - statistics.median(bare_ts):6.0f} ns,"
-            f" best {best - min(bare_ts):6.0f} ns"
+            else f"   added: median {median - statistics.median(bare_ts):6.0f} ns"
         )
         print(f"  {v:22s} median {median:6.0f} ns/request{extra}")
 

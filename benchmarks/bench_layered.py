@@ -2,7 +2,7 @@
 
     python benchmarks/bench_layered.py [--n 200000]
 
-Every call is admitted (the common path). Best of 5 rounds of ``--n``
+Every call is admitted (the common path). Median of 5 rounds of ``--n``
 calls, in ns/call, for the Cython and the pure-Python classes in the same
 run; the ratio is against one ``allow`` of the same implementation. Goals:
 ``all_of`` of two layers < 2.5x, ``acquire`` < 2x.
@@ -11,26 +11,17 @@ run; the ratio is against one ``allow`` of the same implementation. Goals:
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from functools import partial
 from types import ModuleType
 
 from nanobucket import _bucket_c, _bucket_py
+from nanobucket.bench.cases import loop_calls
+from nanobucket.bench.timer import median_of_rounds
 from nanobucket.layered import all_of
 
 RATE = 10**9  # every call admitted
 CAPACITY = 10**9
-
-
-def best_ns(call: Callable[[], object], n: int) -> float:
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            call()
-        rounds.append((time.perf_counter_ns() - t0) / n)
-    return min(rounds)
 
 
 def cases(m: ModuleType) -> list[tuple[str, str, Callable[[], object]]]:
@@ -63,7 +54,7 @@ def main() -> None:
     for name, m in (("cython", _bucket_c), ("python", _bucket_py)):
         results: dict[str, float] = {}
         for label, base, call in cases(m):
-            results[label] = ns = best_ns(call, args.n)
+            results[label] = ns = median_of_rounds(loop_calls(call, args.n).run, args.n)
             ratio = "" if base == "base" else f"  {ns / results[base]:.2f}x {base}"
             print(f"{name:7} {label:34} {ns:8.1f} ns{ratio}")
 

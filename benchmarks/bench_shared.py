@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import time
 import uuid
 from collections.abc import Callable
 
 from nanobucket import _bucket_c, _bucket_py
+from nanobucket.bench.timer import median_of_rounds
 from nanobucket.shared import SharedKeyedTokenBucket
 
 # percall: each call spends 1 s of a bucket holding 10**9 s, so every
@@ -39,17 +39,15 @@ FAST_CAPACITY = 10**9
 
 
 def median_ns_per_call(allow: Callable[[object], object], keys: list[str], n: int) -> float:
-    for k in keys:  # insert every key first: the rounds measure lookups
-        allow(k)
-    rounds = []
-    reps = max(1, n // len(keys))
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        for _ in range(reps):
+    # The untimed warm-up round inserts every key: the rounds measure lookups.
+    reps = range(max(1, n // len(keys)))
+
+    def run() -> None:
+        for _ in reps:
             for k in keys:
                 allow(k)
-        rounds.append((time.perf_counter_ns() - t0) / (reps * len(keys)))
-    return statistics.median(rounds)
+
+    return median_of_rounds(run, len(reps) * len(keys))
 
 
 def percall(args: argparse.Namespace) -> None:

@@ -29,7 +29,7 @@ KEYS = 100_000
 SINGLE = """
 import sys
 from nanobucket import _bucket_c, _bucket_py
-from nanobucket._floor import Floor
+from nanobucket.bench._floor import Floor
 from nanobucket.reference import MonotonicNaiveBucket
 n = int(sys.argv[1])
 f = {make}
@@ -41,7 +41,7 @@ for _ in r:
 KEYED = """
 import sys
 from nanobucket import _bucket_c, _bucket_py
-from nanobucket._floor import Floor
+from nanobucket.bench._floor import Floor
 passes = int(sys.argv[1]) // {keys}
 keys = [f"user:{{i:07d}}" for i in range({keys})]
 f = {make}

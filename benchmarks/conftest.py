@@ -1,4 +1,4 @@
-"""pytest-benchmark suite: every group of `nanobucket._bench_cases`, one test per case.
+"""pytest-benchmark suite: every group of `nanobucket.bench.cases`, one test per case.
 
     pytest benchmarks/ --benchmark-only
     NANOBUCKET_BENCH_QUICK=1 pytest benchmarks/ --benchmark-only   # small sizes, 3 rounds

@@ -4,7 +4,7 @@ Tests are generated per case (``test_allow_many_u64__nanobucket_c_array_Q``,
 ...). A buffer case skips, with the reason, if ``allow_many`` rejects it.
 """
 
-from nanobucket._bench_cases import pytest_functions
+from nanobucket.bench.cases import pytest_functions
 
 globals().update(pytest_functions("allow_many_str"))
 globals().update(pytest_functions("allow_many_u64"))

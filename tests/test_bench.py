@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from nanobucket import _bench_cases as cases
 from nanobucket import bench
+from nanobucket.bench import cases
 
 GROUP_IDS = [
     "allow_allowing",

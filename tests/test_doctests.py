@@ -76,7 +76,7 @@ COLLECTED = [
     pytest.param("nanobucket._bucket_py", id="_bucket_py"),
     pytest.param("nanobucket._bucket_c", marks=pytest.mark.c_extension, id="_bucket_c"),
     pytest.param("nanobucket._shared_c", marks=pytest.mark.c_extension, id="_shared_c"),
-    pytest.param("nanobucket._floor", marks=pytest.mark.c_extension, id="_floor"),
+    pytest.param("nanobucket.bench._floor", marks=pytest.mark.c_extension, id="_floor"),
 ]
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -62,7 +62,8 @@ PROBE = textwrap.dedent(
     import asyncio, ctypes, json, sys
     from array import array
     import nanobucket as nb
-    from nanobucket import _bucket_c as C, _floor as F, _shared_c as S, shared
+    from nanobucket import _bucket_c as C, _shared_c as S, shared
+    from nanobucket.bench import _floor as F
     from nanobucket.shared import SharedKeyedTokenBucket
 
     subject, name = sys.argv[1], sys.argv[2]
@@ -311,7 +312,7 @@ def probe(subject: str, name: str, exprs: dict[str, str]) -> dict[str, str]:
 def test_every_extension_type_and_public_name_is_probed() -> None:
     from nanobucket.shared import SharedKeyedTokenBucket
 
-    _floor = importlib.import_module("nanobucket._floor")
+    _floor = importlib.import_module("nanobucket.bench._floor")
     _shared_c = importlib.import_module("nanobucket._shared_c")
 
     types: dict[str, type] = {"SharedKeyedTokenBucket": SharedKeyedTokenBucket}

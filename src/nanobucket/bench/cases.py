@@ -28,14 +28,14 @@ from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
-from . import _bucket_py
-from .reference import MonotonicNaiveBucket
+from .. import _bucket_py
+from ..reference import MonotonicNaiveBucket
 
 
 def _optional(name: str) -> Any:
     """The extension module *name*, or None in a pure-Python install."""
     try:
-        return importlib.import_module(f"nanobucket.{name}")
+        return importlib.import_module(name)
     except ImportError:  # pragma: no cover - a pure-Python install
         return None
 
@@ -60,8 +60,8 @@ class _PyFloor:
         return None
 
 
-_bucket_c: Any = _optional("_bucket_c")
-_floor: Any = _optional("_floor")
+_bucket_c: Any = _optional("nanobucket._bucket_c")
+_floor: Any = _optional("nanobucket.bench._floor")
 Floor: Any = _PyFloor if _floor is None else _floor.Floor
 FLOOR_IS_CYTHON = _floor is not None
 
@@ -569,6 +569,23 @@ def eviction_cases(keys: Keys, max_keys: int, stream: int) -> tuple[Case, ...]:
     )  # the only peer with a bounded table
 
 
+def _between_loops(
+    keys: Callable[[], list[Any]], n: int, *batched: Case, loop: str
+) -> tuple[Case, ...]:
+    """*batched* (``allow_many``) cases between the floor and the ``allow(key)`` loop they
+    replace, both over the same *n* keys."""
+
+    def c_loop() -> Trial:
+        t = _impl("c").KeyedTokenBucket(*KEYED, max_keys=max(n, 1))
+        return loop_keys(t.allow, [keys()])
+
+    return (
+        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [keys()])),
+        *batched,
+        Case(loop, "ours", c_loop),
+    )
+
+
 def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
     """``allow_many(list of n str keys)`` beside the per-key loop it replaces.
 
@@ -588,15 +605,12 @@ def many_str_cases(keys: Keys, n: int) -> tuple[Case, ...]:
 
         return build
 
-    def c_loop() -> Trial:
-        t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
-        return loop_keys(t.allow, [ks])
-
-    return (
-        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [ks])),
+    return _between_loops(
+        lambda: ks,
+        n,
         Case("nanobucket-c", "ours", ours("c")),
         Case("nanobucket-py", "twin", ours("py")),
-        Case("nanobucket-c allow(key) loop", "ours", c_loop),
+        loop="nanobucket-c allow(key) loop",
     )
 
 
@@ -655,18 +669,15 @@ def many_u64_cases(n: int) -> tuple[Case, ...]:
 
         return build
 
-    def c_loop() -> Trial:
-        t = _impl("c").KeyedTokenBucket(rate, capacity, max_keys=max(n, 1))
-        return loop_keys(t.allow, [u64_keys(n)])
-
-    return (
-        Case("floor", "floor", lambda: loop_keys(Floor().allow_key, [u64_keys(n)])),
+    return _between_loops(
+        lambda: u64_keys(n),
+        n,
         Case("nanobucket-c array('Q')", "ours", ours("c", "array")),
         Case("nanobucket-c numpy.uint64", "ours", ours("c", "numpy")),
         Case("nanobucket-c array('Q') 0..n-1", "ours", ours("c", "sequential")),
         Case("nanobucket-c array('Q') random", "ours", ours("c", "random")),
         Case("nanobucket-py array('Q')", "twin", ours("py", "array")),
-        Case("nanobucket-c allow(int) loop", "ours", c_loop),
+        loop="nanobucket-c allow(int) loop",
     )
 
 
@@ -895,7 +906,7 @@ def memory_per_key(kind: str, n: int) -> float:
 
 
 def _memory_main(argv: Sequence[str]) -> None:
-    """``python -m nanobucket._bench_cases KIND N``: print bytes per key (for bench)."""
+    """``python -m nanobucket.bench.cases KIND N``: print bytes per key (for bench)."""
     print(f"{memory_per_key(argv[0], int(argv[1])):.2f}")
 
 

@@ -1,11 +1,15 @@
 """``python -m nanobucket bench``: nanobucket beside the floor, the naive bucket and its peers.
 
-Runs every group of `nanobucket._bench_cases` without pytest, prints a table
+Runs every group of `nanobucket.bench.cases` without pytest, prints a table
 (ns per call: median of the rounds and the spread between their quartiles;
 the multiple of the floor; the multiple of nanobucket-c) and the resident
 bytes per key at 1M keys, then checks the project's speed goals. ``--json
 FILE`` writes the same figures for machines; ``--quick`` is a few-second
 smoke run with small sizes (its figures are not the published ones).
+
+Every case is timed by `timer.time_trial` and reported as the median of its
+rounds (`timer.median_ns`), the one statistic of the table, the JSON and the
+goals; the goals themselves are the table `goals.GOALS`.
 
     python -m nanobucket bench
     python -m nanobucket bench --quick --json bench.json
@@ -14,43 +18,35 @@ smoke run with small sizes (its figures are not the published ones).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
-from . import __version__
-from . import _bench_cases as cases
+from .. import __version__
+from . import cases
+from .goals import GOALS, goals
+from .timer import FULL_BUDGET, QUICK_BUDGET, Budget, summarize, time_trial
 
 SCHEMA = 1
 
-
-@dataclass(frozen=True)
-class Budget:
-    """Timing effort per case: rounds run until *seconds* pass, within [lo, hi].
-
-    A case whose rounds take over ``seconds / lo`` each (a slow peer, a
-    million keys) runs ``lo_slow`` rounds instead of ``lo``.
-    """
-
-    seconds: float
-    lo: int
-    hi: int
-    lo_slow: int = 3
-    # A round longer than this is a pathology to report, not to repeat: the
-    # case stops after it (and is marked "capped") so the run stays bounded.
-    cap: float = 5.0
-
-
-FULL_BUDGET = Budget(0.25, 5, 101)
-QUICK_BUDGET = Budget(0.03, 3, 9, cap=2.0)
+__all__ = [
+    "FULL_BUDGET",
+    "GOALS",
+    "QUICK_BUDGET",
+    "Budget",
+    "build_parser",
+    "format_table",
+    "goals",
+    "main",
+    "run",
+    "summarize",
+    "time_trial",
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,53 +86,6 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
         "(adds ~10-20 s)",
     )
     return p
-
-
-# --- timing ----------------------------------------------------------------
-
-
-def time_trial(trial: cases.Trial, budget: Budget) -> tuple[list[float], bool]:
-    """ns per call (or key) of each round, after one untimed warm-up round.
-
-    The collector is off for the whole case, as in `timeit`: it would charge
-    one contender for another's garbage, and collecting between rounds would
-    evict the caches the rounds are meant to find warm. Returns the figures
-    and whether a round over ``budget.cap`` cut the case short.
-    """
-    out: list[float] = []
-    spent = 0.0
-    # Unless set-up already did the work once, the first round warms caches
-    # and the branch predictor, and is dropped.
-    rounds = 0 if trial.warmed else -1
-    lo = budget.lo
-    gc.collect()
-    gc.disable()
-    try:
-        while rounds < lo or (spent < budget.seconds and rounds < budget.hi):
-            if trial.reset is not None:
-                trial.reset()
-            t0 = time.perf_counter_ns()
-            trial.run()
-            elapsed = time.perf_counter_ns() - t0
-            if elapsed / 1e9 > budget.seconds / budget.lo:
-                lo = min(lo, budget.lo_slow)
-            if rounds >= 0:
-                out.append(elapsed / trial.calls)
-                spent += elapsed / 1e9
-            rounds += 1
-            if elapsed / 1e9 > budget.cap and out:
-                return out, True
-    finally:
-        gc.enable()
-    return out, False
-
-
-def summarize(ns: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles and extremes of per-round figures."""
-    q1, _, q3 = (
-        statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else (ns[0], ns[0], ns[0])
-    )
-    return {"median": statistics.median(ns), "p25": q1, "p75": q3, "min": min(ns), "max": max(ns)}
 
 
 # --- progress ----------------------------------------------------------------
@@ -237,7 +186,7 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
         progress.start(label)
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "nanobucket._bench_cases", kind, str(n)],
+            [sys.executable, "-m", "nanobucket.bench.cases", kind, str(n)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -260,143 +209,6 @@ def memory_kinds(peers: dict[str, str | None], every: bool) -> list[str]:
     """What the memory measurement covers: ours and a bare dict, or also the others."""
     kinds = list(cases.MEMORY_KINDS) + (list(cases.MEMORY_MORE) if every else [])
     return [k for k in kinds if k not in peers or peers[k] is not None]
-
-
-# --- goals -----------------------------------------------------------------
-
-
-def _median(groups: dict[str, dict[str, Any]], gid: str, name: str) -> float | None:
-    for r in groups.get(gid, {}).get("results", ()):
-        if r["name"] == name:
-            return float(r["ns"]["median"])
-    return None
-
-
-def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The speed goals, each with its measured value (None if not measured)."""
-    g = {grp["id"]: grp for grp in report["groups"]}
-
-    def ratio(gid: str, a: str, b: str) -> float | None:
-        x, y = _median(g, gid, a), _median(g, gid, b)
-        return None if x is None or y is None else x / y
-
-    # One read of CLOCK_MONOTONIC, which every allow() must make:
-    # on a VM it costs as much as the call itself, and no limiter can be
-    # under 1.2x a floor that leaves it out. The goals are also stated
-    # against the floor plus that read; both are printed.
-    floor, clocked = (
-        _median(g, "allow_allowing", "floor"),
-        _median(g, "allow_allowing", "floor+clock"),
-    )
-    clock_ns = None if floor is None or clocked is None else max(clocked - floor, 0.0)
-    clock_note = None
-    if floor and clock_ns is not None and clocked is not None and clocked / floor > 1.2:
-        clock_note = f"out of reach: one clock read alone makes the floor {clocked / floor:.2f}x"
-
-    def plus_clock(gid: str, a: str, b: str) -> float | None:
-        x, y = _median(g, gid, a), _median(g, gid, b)
-        return None if x is None or y is None or clock_ns is None else x / (y + clock_ns)
-
-    def worst_aimed() -> float | None:
-        # Aimed over random keys of the same kind, the largest of the kinds.
-        names = [r["name"] for r in g.get("aimed", {}).get("results", ())]
-        ratios = [
-            ratio("aimed", n, n[: -len("aimed")] + "random") for n in names if n.endswith(": aimed")
-        ]
-        return max((x for x in ratios if x is not None), default=None)
-
-    mem = report.get("memory") or {}
-    rows = [
-        (
-            "single allow(): x floor",
-            ratio("allow_allowing", "nanobucket-c", "floor"),
-            "<=",
-            1.2,
-        ),
-        (
-            "single allow(): x (floor + one clock read)",
-            ratio("allow_allowing", "nanobucket-c", "floor+clock"),
-            "<=",
-            1.2,
-        ),
-        (
-            "single allow(): times faster than the naive bucket",
-            ratio("allow_allowing", "naive", "nanobucket-c"),
-            ">=",
-            6,
-        ),
-        (
-            "single allow(): times faster than token-bucket",
-            ratio("allow_allowing", "token-bucket", "nanobucket-c"),
-            ">=",
-            8,
-        ),
-        (
-            "keyed allow(key), small table: x dict.get",
-            ratio("keyed_small", "nanobucket-c", "dict.get"),
-            "<=",
-            1.3,
-        ),
-        (
-            "keyed allow(key), small table: x (dict.get + one clock read)",
-            plus_clock("keyed_small", "nanobucket-c", "dict.get"),
-            "<=",
-            1.3,
-        ),
-        (
-            "keyed allow(key), small table: times faster than token-bucket",
-            ratio("keyed_small", "token-bucket", "nanobucket-c"),
-            ">=",
-            5,
-        ),
-        (
-            "keyed allow(key), 1M keys in random order: x (dict.get + one clock read)",
-            plus_clock("keyed_shuffled", "nanobucket-c", "dict.get"),
-            "<=",
-            1.3,
-        ),
-        ("hash flooding: aimed keys x random keys, worst kind", worst_aimed(), "<=", 2.0),
-        ("first touch of a new key: ns", _median(g, "first_touch", "nanobucket-c"), "<=", 250),
-        (
-            "allow_many, uint64 buffer: ns per key",
-            _median(g, "allow_many_u64", "nanobucket-c array('Q')"),
-            "<=",
-            25,
-        ),
-        (
-            "allow_many, list of str: ns per key",
-            _median(g, "allow_many_str", "nanobucket-c"),
-            "<=",
-            60,
-        ),
-        (
-            f"resident bytes per key at {mem.get('keys', 0):,} keys",
-            (mem.get("bytes_per_key") or {}).get("nanobucket-c"),
-            "<=",
-            80,
-        ),
-        (
-            "pure-Python twin allow(): x the naive bucket",
-            ratio("allow_allowing", "nanobucket-py", "naive"),
-            "<=",
-            1.0,
-        ),
-    ]
-    notes = {"single allow(): x floor": clock_note}
-    dict_get = _median(g, "keyed_small", "dict.get")
-    if dict_get and clock_ns is not None and (dict_get + clock_ns) / dict_get > 1.3:
-        notes["keyed allow(key), small table: x dict.get"] = (
-            f"out of reach: one clock read alone is {clock_ns / dict_get:.2f}x dict.get"
-        )
-    out = []
-    for text, value, op, limit in rows:
-        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
-        goal = {"goal": f"{text} {op} {limit}", "op": op, "limit": limit}
-        goal.update(value=value, met=met)
-        if notes.get(text):
-            goal["note"] = notes[text]
-        out.append(goal)
-    return out
 
 
 # --- output ----------------------------------------------------------------
@@ -494,7 +306,7 @@ def run(
         mem = run_memory(sizes.memory_keys, kinds, progress) if kinds else None
     finally:
         progress.close()
-    from ._bucket import IMPLEMENTATION
+    from .._bucket import IMPLEMENTATION
 
     report: dict[str, Any] = {
         "schema": SCHEMA,
@@ -550,7 +362,3 @@ def main(argv: Sequence[str] | None = None, prog: str = "nanobucket bench") -> i
             out.close()
     print(format_table(report))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
