@@ -1,0 +1,1 @@
+-- nanobucket: the shared Lua library (placeholder)
