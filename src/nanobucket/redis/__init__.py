@@ -58,6 +58,15 @@ first consuming call. Never an error, never a token it did not have.
 >>> limiter = nbr.RedisTokenBucket.from_url("redis://127.0.0.1:6379", rate=100, capacity=200)
 >>> limiter.allow("client-42")                                 # doctest: +SKIP
 True
+
+The examples of this package's classes need no Redis: they use ``down``, a
+breaker that has just seen Redis fail, so no call reaches the network and the
+failure policy (or the fallback) decides; and they take ``redis``,
+``asyncio``, ``KeyedTokenBucket`` and this package's names as imported:
+
+>>> down = nbr.CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
+>>> nbr.RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).check("a").source
+'policy:open'
 """
 
 from __future__ import annotations

@@ -72,7 +72,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     Outside a running loop, ``asyncio.run`` it:
 
-    >>> import asyncio
     >>> limiter = AsyncRedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
     >>> limiter.interval_ns, asyncio.run(limiter.aclose())
     (10000000, None)
@@ -257,8 +256,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 on_error="closed", breaker=down)
         >>> asyncio.run(limiter.allow("alice"))
@@ -269,8 +266,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns).
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 on_error="open", breaker=down)
         >>> asyncio.run(limiter.allow_at("alice", 0))
@@ -281,8 +276,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 on_error="open", breaker=down)
         >>> asyncio.run(limiter.check("alice")).source
@@ -293,9 +286,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
         """`check` at an explicit time *now* (int ns).
 
-        >>> import asyncio
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
         >>> asyncio.run(limiter.check_at("alice", 0)).remaining   # the fallback's bucket
@@ -306,8 +296,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """The decision `check` would return now, without spending anything.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 on_error="closed", breaker=down)
         >>> asyncio.run(limiter.peek("alice")).retry_after   # when the breaker next tries Redis
@@ -318,9 +306,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
         """`peek` at an explicit time *now* (int ns).
 
-        >>> import asyncio
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
         >>> [asyncio.run(limiter.peek_at("alice", 0)).remaining for _ in range(2)]   # nothing spent
@@ -331,8 +316,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
         """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 on_error="closed", breaker=down)
         >>> list(asyncio.run(limiter.allow_many(["alice", "bob"])))
@@ -343,9 +326,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
 
-        >>> import asyncio
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
         ...                                 fallback=KeyedTokenBucket(1, 1), breaker=down)
         >>> list(asyncio.run(limiter.allow_many_at(["alice", "alice", "bob"], 0)))
@@ -364,7 +344,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def aclose(self) -> None:
         """Close the client's connections and the limiter's own.
 
-        >>> import asyncio
         >>> url = "redis://127.0.0.1:6379/0"
         >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
         >>> asyncio.run(limiter.aclose())   # at shutdown
@@ -379,8 +358,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def refund(self, key: Hashable, cost: int = 1) -> bool:
         """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
         ...                                 breaker=down)
         >>> asyncio.run(limiter.refund("alice"))   # not delivered: lost, never queued
@@ -391,8 +368,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`refund` at an explicit time *now* (int ns).
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
         ...                                 breaker=down)
         >>> asyncio.run(limiter.refund_at("alice", 0))
@@ -409,8 +384,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     async def reset(self, key: Hashable) -> bool:
         """`RedisTokenBucket.reset`, awaited: forget *key*'s bucket (next decision: full).
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
         ...                                 breaker=down)
         >>> asyncio.run(limiter.reset("alice"))
@@ -438,8 +411,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
         A cancelled waiter gives its reservation back.
 
-        >>> import asyncio
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
         ...                                 breaker=down)
         >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
@@ -462,7 +433,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
     ) -> None:
         """`RedisTokenBucket.reconfigure`, awaited.
 
-        >>> import asyncio
         >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=100, capacity=200)
         >>> asyncio.run(limiter.reconfigure(capacity=50, migrate=False)); limiter.capacity
         50

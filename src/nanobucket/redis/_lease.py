@@ -140,7 +140,6 @@ class LeasedTokenBucket(_SyncLimits):
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
         >>> limiter.allow("alice")   # no lease could be taken: the policy admits
         True
@@ -156,8 +155,6 @@ class LeasedTokenBucket(_SyncLimits):
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation.
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=1, capacity=1)
         >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
@@ -168,7 +165,6 @@ class LeasedTokenBucket(_SyncLimits):
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
         >>> d = limiter.check("alice")
         >>> d.allowed, d.source
@@ -179,8 +175,6 @@ class LeasedTokenBucket(_SyncLimits):
     def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
         """`check` at an explicit time *now* (int ns).
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=1, capacity=2)
         >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> d = limiter.check_at("alice", 0)
@@ -347,7 +341,6 @@ class LeasedTokenBucket(_SyncLimits):
         ``max_lease`` unspent (the bound holds), the rest to Redis as
         `RedisTokenBucket.refund` does. False if a part for Redis was lost.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
         >>> limiter.refund("alice")   # no lease held, Redis down: lost
         False
@@ -357,7 +350,6 @@ class LeasedTokenBucket(_SyncLimits):
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`refund` at an explicit time *now* (int ns).
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
         >>> limiter.refund_at("alice", 0)
         False
@@ -384,7 +376,6 @@ class LeasedTokenBucket(_SyncLimits):
         The next decision sees a full bucket. False if Redis could not take it
         (the lease is dropped all the same; see `RedisTokenBucket.reset`).
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
         >>> limiter.reset("alice"), limiter.held("alice")
         (False, 0)

@@ -46,13 +46,16 @@ class RedisUnavailable(RedisConnectionError):
 
     A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
 
-    >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
     >>> try:
     ...     RedisTokenBucket(redis.Redis(), rate=100, capacity=200, breaker=down).check("alice")
     ... except redis.ConnectionError as e:
     ...     print(type(e).__name__, "-", e)
     RedisUnavailable - Redis unavailable: circuit breaker open
     """
+
+
+# Named where users import it from, as tracebacks print it.
+RedisUnavailable.__module__ = "nanobucket.redis"
 
 
 class RedisDecision(_Decision):
@@ -70,7 +73,6 @@ class RedisDecision(_Decision):
     Equality compares the five Decision fields only, so a Redis decision
     equals the in-process one for the same trace.
 
-    >>> from nanobucket import KeyedTokenBucket
     >>> d = RedisDecision(True, 199, 0, 10_000_000, 200)   # Redis's answer to a first request
     >>> d.source, d.reason, d == KeyedTokenBucket(rate=100, capacity=200).check_at("alice", 0)
     ('redis', None, True)
@@ -103,7 +105,7 @@ class RedisDecision(_Decision):
 def failure_reason(err: BaseException | None) -> str:
     """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
 
-    >>> from redis.exceptions import OutOfMemoryError, ResponseError
+    >>> from redis.exceptions import OutOfMemoryError, ResponseError, TimeoutError as RedisTimeoutError
     >>> failure_reason(None), failure_reason(RedisTimeoutError("Timeout reading"))
     ('breaker-open', 'timeout')
     >>> failure_reason(OutOfMemoryError("command not allowed", status_code="OOM"))

@@ -142,7 +142,6 @@ class RedisTokenBucket(_SyncLimits):
 
     While Redis is unreachable, the failure policy (or ``fallback``) decides:
 
-    >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
     >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
     >>> limiter.check("alice").source
     'policy:open'
@@ -212,7 +211,6 @@ class RedisTokenBucket(_SyncLimits):
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
         >>> limiter.allow("alice")
         False
@@ -222,8 +220,6 @@ class RedisTokenBucket(_SyncLimits):
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=1, capacity=1)
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
@@ -234,7 +230,6 @@ class RedisTokenBucket(_SyncLimits):
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
         >>> d = limiter.check("alice")
         >>> d.allowed, d.remaining, d.source
@@ -245,8 +240,6 @@ class RedisTokenBucket(_SyncLimits):
     def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
         """`check` at an explicit time *now* (int ns).
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=10, capacity=20)
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> d = limiter.check_at("alice", 0)
@@ -258,7 +251,6 @@ class RedisTokenBucket(_SyncLimits):
     def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """The decision `check` would return now, without spending anything.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
         >>> d = limiter.peek("alice")
         >>> d.allowed, d.retry_after, d.source   # retry when the breaker next tries Redis
@@ -269,8 +261,6 @@ class RedisTokenBucket(_SyncLimits):
     def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
         """`peek` at an explicit time *now* (int ns).
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=10, capacity=20)
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> [limiter.peek_at("alice", 0, cost=5).remaining for _ in range(2)]   # nothing spent
@@ -281,7 +271,6 @@ class RedisTokenBucket(_SyncLimits):
     def tokens_at(self, key: Hashable, now: int) -> float:
         """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
         >>> limiter.tokens_at("alice", 0)
         Traceback (most recent call last):
@@ -297,7 +286,6 @@ class RedisTokenBucket(_SyncLimits):
         Only Redis knows: with Redis unreachable it raises `RedisUnavailable`,
         whatever ``on_error`` and ``fallback`` say.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).tokens("alice")
         Traceback (most recent call last):
         ...
@@ -313,7 +301,6 @@ class RedisTokenBucket(_SyncLimits):
         client (keys of different slots cannot share a script) it is one
         script call per key, pipelined, each reading the clock itself.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
         >>> list(limiter.allow_many(["alice", "bob"]))
         [1, 1]
@@ -323,8 +310,6 @@ class RedisTokenBucket(_SyncLimits):
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> local = KeyedTokenBucket(rate=1, capacity=1)
         >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
         >>> list(limiter.allow_many_at(["alice", "alice", "bob"], 0))
@@ -350,7 +335,6 @@ class RedisTokenBucket(_SyncLimits):
         it has ``refund``) or is lost -- never queued, never raised except
         under ``on_error="raise"`` -- and the result is False.
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).refund("alice")
         False
         """
@@ -359,7 +343,6 @@ class RedisTokenBucket(_SyncLimits):
     def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`refund` at an explicit time *now* (int ns).
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
         >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
         False
@@ -376,7 +359,6 @@ class RedisTokenBucket(_SyncLimits):
 
         A failed Redis is handled as for `refund` (the fallback's ``reset``, or lost).
 
-        >>> down = CircuitBreaker(clock=lambda: 0); down.record_failure()   # Redis has just failed
         >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).reset("alice")
         False
         """
