@@ -73,27 +73,27 @@ from __future__ import annotations
 
 from typing import Any
 
-# Re-exported: the names users, tests and benchmarks import from nanobucket.redis.
+# The names users, tests and benchmarks import from nanobucket.redis (as X: re-exported).
 from . import _clients
-from ._async import AsyncRedisTokenBucket
-from ._bounded import (  # noqa: F401
-    DEFAULT_SOCKET_TIMEOUT,
-    _retries,
-    bounded_client,
-    client_from_url,
-)
-from ._breaker import CircuitBreaker
-from ._lease import LeasedTokenBucket
-from ._limits import _GCRA, _GCRA_BATCH, _GCRA_MANY, EXPLICIT_TTL_SLACK_MS, TAU_US_MAX  # noqa: F401
-from ._policy import (  # noqa: F401
-    Fallback,
-    Policy,
-    RedisDecision,
-    RedisUnavailable,
-    Source,
-    failure_reason,
-)
-from ._sync import RedisTokenBucket
+from ._async import AsyncRedisTokenBucket as AsyncRedisTokenBucket
+from ._bounded import DEFAULT_SOCKET_TIMEOUT as DEFAULT_SOCKET_TIMEOUT
+from ._bounded import _retries as _retries
+from ._bounded import bounded_client as bounded_client
+from ._bounded import client_from_url as client_from_url
+from ._breaker import CircuitBreaker as CircuitBreaker
+from ._lease import LeasedTokenBucket as LeasedTokenBucket
+from ._limits import _GCRA as _GCRA
+from ._limits import _GCRA_BATCH as _GCRA_BATCH
+from ._limits import _GCRA_MANY as _GCRA_MANY
+from ._limits import EXPLICIT_TTL_SLACK_MS as EXPLICIT_TTL_SLACK_MS
+from ._limits import TAU_US_MAX as TAU_US_MAX
+from ._policy import Fallback as Fallback
+from ._policy import Policy as Policy
+from ._policy import RedisDecision as RedisDecision
+from ._policy import RedisUnavailable as RedisUnavailable
+from ._policy import Source as Source
+from ._policy import failure_reason as failure_reason
+from ._sync import RedisTokenBucket as RedisTokenBucket
 
 __all__ = (
     "AsyncRedisTokenBucket",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from importlib.resources import files
 from typing import Any
@@ -36,13 +37,20 @@ EXPLICIT_TTL_SLACK_MS = 86_400_000
 SWAP_TRIES = 100
 
 _LUA = files(__package__).joinpath("lua")
-#: The shared Lua library (lua/lib.lua), prepended to each script that uses it.
-_LIB = _LUA.joinpath("lib.lua").read_text(encoding="utf-8")
+#: The shared Lua library (lua/lib.lua): its head (locals every part uses)
+#: and its parts by name, each starting with a line ``--- name``.
+_LIB_HEAD, *_parts = re.split(r"(?m)^--- ", _LUA.joinpath("lib.lua").read_text(encoding="utf-8"))
+_LIB_PARTS = {part.partition("\n")[0]: "--- " + part for part in _parts}
 
 
-def _script(name: str, lib: bool = True) -> str:
+def _script(name: str) -> str:
+    """A script's text: the library's head and the parts its first line names
+    (``-- lib: clock digits``), then the script; a script without that line as it is."""
     text = _LUA.joinpath(name).read_text(encoding="utf-8")
-    return _LIB + text if lib else text
+    first = text.partition("\n")[0]
+    if not first.startswith("-- lib:"):
+        return text
+    return "".join([_LIB_HEAD, *(_LIB_PARTS[part] for part in first[7:].split())]) + text
 
 
 _GCRA = _script("gcra.lua")
@@ -50,7 +58,7 @@ _GCRA_MANY = _script("gcra_many.lua")
 _GCRA_BATCH = _script("gcra_batch.lua")
 _LEASE = _script("lease.lua")
 _RESERVE = _script("reserve.lua")
-_SWAP = _script("swap.lua", lib=False)
+_SWAP = _script("swap.lua")
 
 Steps = Generator[Any, Any, Any]
 

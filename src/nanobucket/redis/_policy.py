@@ -105,8 +105,8 @@ class RedisDecision(_Decision):
 def failure_reason(err: BaseException | None) -> str:
     """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
 
-    >>> from redis.exceptions import OutOfMemoryError, ResponseError, TimeoutError as RedisTimeoutError
-    >>> failure_reason(None), failure_reason(RedisTimeoutError("Timeout reading"))
+    >>> from redis.exceptions import OutOfMemoryError, ResponseError, TimeoutError
+    >>> failure_reason(None), failure_reason(TimeoutError("Timeout reading"))
     ('breaker-open', 'timeout')
     >>> failure_reason(OutOfMemoryError("command not allowed", status_code="OOM"))
     'oom'
