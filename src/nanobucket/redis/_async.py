@@ -46,7 +46,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
     Decisions coalesce (``coalesce=True``, the default): one that finds no
     round trip of the loop in flight is sent at once, alone; those that
     arrive while one is in flight are sent together when it completes, as one
-    script call (``_redis_gcra_batch.lua``, at most 512 per call), each
+    script call (``lua/gcra_batch.lua``, at most 512 per call), each
     caller getting the very decision it would have got alone at that Redis
     time, in arrival order. So hundreds of tasks deciding at once make one
     round trip per batch, on one connection. ``allow``, ``check``, ``peek``
