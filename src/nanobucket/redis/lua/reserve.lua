@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry store
+-- lib: clock read_tat digits expiry
 -- nanobucket: reserve tokens on one key, possibly past empty (see acquire);
 -- lib.lua comes first. Same state and units as gcra.lua. A reservation is a
 -- place in line: the tat moves past "empty" and every later caller sees it owed.
@@ -23,5 +23,8 @@ if ARGV[5] == '1' then lead = cost_t end
 local wait = base - now - (lead - cost_t)
 if wait < 0 then wait = 0 end
 if wait > tonumber(ARGV[4]) or base + cost_t > 9007199254740991 then return -1 end
-if cost_t > 0 then store(KEYS[1], base + cost_t, now, slack) end
+if cost_t > 0 then
+  tat = base + cost_t
+  call('SET', KEYS[1], digits(tat), 'PX', digits(expiry(tat, now, slack)))
+end
 return wait
