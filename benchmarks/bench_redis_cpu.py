@@ -40,12 +40,12 @@ from nanobucket import redis as nbr
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
-#: Same keys, arguments and reply (one integer) as _redis_gcra.lua, no work.
+#: Same keys, arguments and reply (one integer) as lua/gcra.lua, no work.
 FLOOR_ONE = "return 0"
 #: What the floor was for the script's earlier form: six arguments, a reply of four integers.
 FLOOR_ONE_OLD = "return {1, 0, 0, 0}"
 OLD_ARGS = (b"1", b"1000000", 1, b"", b"1", b"0")
-#: Same keys, arguments and reply as _redis_gcra_many.lua, no work.
+#: Same keys, arguments and reply as lua/gcra_many.lua, no work.
 FLOOR_MANY = "return string.rep('\\1', #KEYS)"
 #: The Redis calls one consuming decision makes, at constant values.
 CALLS_ONE = (
@@ -130,7 +130,7 @@ def bench(url: str, n: int) -> None:
     u, s, _ = script_usec(client, lambda: owed.allow_many(keys), nb)
     report("RedisTokenBucket.allow_many (100 keys, distinct)", u, s, 100, fm)
     # The coalesced batch (AsyncRedisTokenBucket's concurrent decisions): a cost
-    # per key, the single script's reply per key (see _redis_gcra_batch.lua).
+    # per key, the single script's reply per key (see lua/gcra_batch.lua).
     batch = client.register_script(nbr._GCRA_BATCH)
     for label, lim in (("full", limiter), ("distinct", owed)):
         bkeys = [lim.key(k) for k in keys]
@@ -197,11 +197,11 @@ def bench_callgrind(binary: str, n: int) -> None:
         ("floor (single)", FLOOR_ONE, one, limiter._args(1, None, True), 1),
         ("floor, earlier form (single)", FLOOR_ONE_OLD, one, OLD_ARGS, 1),
         ("TIME + GET + SET PX only (single)", CALLS_ONE, one, limiter._args(1, None, True), 1),
-        ("_redis_gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
+        ("lua/gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
         ("floor (batch of 100)", FLOOR_MANY, many, limiter._many_args(1, None), 100),
         ("TIME + 100 x (GET + SET PX) only", CALLS_MANY, many, limiter._many_args(1, None), 100),
         (
-            "_redis_gcra_many.lua (100 full keys)",
+            "lua/gcra_many.lua (100 full keys)",
             nbr._GCRA_MANY,
             many,
             limiter._many_args(1, None),

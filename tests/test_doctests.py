@@ -7,6 +7,7 @@ every attribute too), and the README's API reference names every public name.
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import importlib
 import inspect
@@ -16,6 +17,18 @@ from types import MemberDescriptorType, ModuleType
 
 import pytest
 
+#: The Redis package's modules: their examples share one set-up (`_redis_globals`).
+REDIS_MODULES = [
+    "nanobucket.redis",
+    "nanobucket.redis._breaker",
+    "nanobucket.redis._policy",
+    "nanobucket.redis._bounded",
+    "nanobucket.redis._clients",
+    "nanobucket.redis._limits",
+    "nanobucket.redis._sync",
+    "nanobucket.redis._async",
+    "nanobucket.redis._lease",
+]
 MODULES = [
     "nanobucket",
     "nanobucket.reference",
@@ -31,8 +44,7 @@ MODULES = [
     "nanobucket.asgi",
     "nanobucket.wsgi",
     "nanobucket.fastapi",
-    "nanobucket.redis",
-    "nanobucket._redis_clients",
+    *REDIS_MODULES,
     "nanobucket.hooks",
     "nanobucket.metrics",
     "nanobucket._outbound",
@@ -82,8 +94,31 @@ COLLECTED = [
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+def _redis_globals() -> dict[str, object]:
+    """What the Redis examples take as given (the package docstring says so): the
+    package's names, redis-py, asyncio, KeyedTokenBucket, and ``down``, a breaker
+    Redis has just failed (no example then reaches the network)."""
+    import redis
+    import redis.asyncio
+
+    import nanobucket
+    import nanobucket.redis as nbr
+
+    down = nbr.CircuitBreaker(clock=lambda: 0)
+    down.record_failure()
+    names = {name: getattr(nbr, name) for name in (*nbr.__all__, "failure_reason")}
+    return {
+        **names,
+        "redis": redis,
+        "asyncio": asyncio,
+        "KeyedTokenBucket": nanobucket.KeyedTokenBucket,
+        "down": down,
+    }
+
+
 def _doctest(module: ModuleType) -> doctest.TestResults:
-    return doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    extra = _redis_globals() if module.__name__ in REDIS_MODULES else None
+    return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)
 
 
 @pytest.mark.parametrize("name", MODULES)

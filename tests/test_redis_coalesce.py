@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from nanobucket import _coalesce
 from nanobucket import redis as nbr
+from nanobucket.redis import _coalesce
 
 from redis_server import RedisServer, own_redis_server
 

@@ -112,6 +112,12 @@ def _library(
 
 REDIS = _library("redis", "Redis", redis.exceptions)
 _libraries: dict[str, Library] = {"redis": REDIS}
+#: Errors that mean "Redis could not decide": everything redis-py raises,
+#: down, timed out, and every error reply (OOM, READONLY, BUSY, MASTERDOWN,
+#: CLUSTERDOWN, TRYAGAIN, MOVED, ...), and its cluster client's own errors
+#: (no node serves the slot): the policy answers instead. valkey-py's errors
+#: join when a limiter is given a valkey client (`note_errors`).
+UNAVAILABLE: tuple[type[BaseException], ...] = REDIS.errors
 
 
 def library_of(obj: object) -> Library | None:
@@ -134,6 +140,12 @@ def library_of(obj: object) -> Library | None:
 def loaded_errors() -> tuple[type[BaseException], ...]:
     """The "cannot decide" errors of every library loaded so far."""
     return tuple(cls for lib in _libraries.values() for cls in lib.errors)
+
+
+def note_errors() -> None:
+    """Make `UNAVAILABLE` the errors of every library loaded so far (a limiter was given one)."""
+    global UNAVAILABLE  # noqa: PLW0603 -- grows once, when valkey-py is first given
+    UNAVAILABLE = loaded_errors()
 
 
 def class_reason(err: BaseException) -> str | None:

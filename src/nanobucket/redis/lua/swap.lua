@@ -1,5 +1,5 @@
 -- nanobucket: replace one bucket's value only if it is still the one read
--- (see nanobucket/redis.py, reconfigure): a compare-and-swap, so a decision
+-- (see reconfigure): a compare-and-swap, so a decision
 -- made between the read and the write is never overwritten.
 --
 -- KEYS[1]  the bucket

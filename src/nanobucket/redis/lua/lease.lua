@@ -1,6 +1,6 @@
+-- lib: clock read_tat digits expiry store
 -- nanobucket: take or give back a lease of tokens on one key (see
--- nanobucket/redis.py, LeasedTokenBucket). Same state and units as
--- _redis_gcra.lua: tat in microseconds, every value below 2^53.
+-- LeasedTokenBucket); lib.lua comes first. Same state and units as gcra.lua.
 --
 -- KEYS[1]  the bucket
 -- ARGV[1]  interval_us
@@ -12,49 +12,25 @@
 -- ARGV[7]  extra ms of TTL for explicit times
 -- take returns {granted, retry_after_us, reset_after_us}; give returns {given, 0, reset_after_us}
 -- A key that does not hold a bucket counts as an empty one and is replaced
--- by one (see _redis_gcra.lua).
+-- by one (see read_tat).
+local key = KEYS[1]
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local n = tonumber(ARGV[4])
-local now
-local slack = 0
-if ARGV[6] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[6])
-  slack = tonumber(ARGV[7])
-end
-local raw = redis.pcall('GET', KEYS[1])
-local tat = 0
-local bad = false
-if raw then
-  tat = tonumber(raw)
-  if not (tat and tat >= 0 and tat <= 9007199254740991) then
-    tat = now + tau
-    bad = true
-  end
-end
+local now, slack = clock(ARGV[6], ARGV[7])
+local tat, bad = read_tat(key, now, tau)
+if not tat then tat = 0 end
 local base = tat
 if now > base then base = now end
 
-local function store(t)
-  if t <= now then
-    redis.call('DEL', KEYS[1])  -- full again: a missing key is a full bucket
-  else
-    local ttl = math.floor((t - now) / 1000) + 1 + slack
-    redis.call('SET', KEYS[1], string.format('%.0f', t), 'PX', string.format('%.0f', ttl))
-  end
-end
-
-if bad then store(tat) end
+if bad then store(key, tat, now, slack) end
 if ARGV[3] == 'give' then
   -- Unspent tokens go back, but never past full (tat >= now): the bucket
   -- ends where it would be had they never been taken, or full.
   if tat > now then
     tat = tat - n * interval
     if tat < now then tat = now end
-    store(tat)
+    store(key, tat, now, slack)
   end
   local debt = tat - now
   if debt < 0 then debt = 0 end
@@ -72,7 +48,7 @@ local grant = n
 if available < grant then grant = available end
 if grant > 0 then
   tat = base + grant * interval
-  store(tat)
+  store(key, tat, now, slack)
 end
 local debt = tat - now
 if debt < 0 then debt = 0 end

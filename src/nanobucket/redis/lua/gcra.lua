@@ -1,10 +1,7 @@
--- nanobucket: one GCRA decision on one key (see nanobucket/redis.py).
--- Integers in microseconds; every value stays below 2^53, so Lua's doubles
--- hold them exactly. Numbers go back to Redis as strings made with '%d'
--- (Lua's tostring keeps 14 digits, '%.0f' costs twice as much). '%d' formats
--- a C long, 32 bits on some platforms: tat (above 2^31) goes as two halves
--- below 10^8, and so does a TTL past 2^31 ms. Inline, not a function: a
--- closure per call costs more than the formatting saves.
+-- nanobucket: one GCRA decision on one key. The hottest script: it takes
+-- no part of lib.lua and keeps its own inline copy of the clock, the tat
+-- read, the expiry and the digits (see lib.lua's header for the cost
+-- measured; what they do is said there once). Integers in microseconds.
 --
 -- KEYS[1]  the bucket: a string holding tat (theoretical arrival time, us)
 -- ARGV[1]  tau_us        capacity * interval_us

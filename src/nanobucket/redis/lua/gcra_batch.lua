@@ -1,9 +1,9 @@
--- nanobucket: single decisions coalesced into one call (see the coalescing in
--- nanobucket/redis.py): decision i is _redis_gcra.lua on KEYS[i], run in
+-- lib: clock digits expiry
+-- nanobucket: single decisions coalesced into one call (see the asyncio
+-- limiter); lib.lua comes first. Decision i is gcra.lua on KEYS[i], run in
 -- order at one reading of the clock, so each gets the reply that script would
--- give at that time (see _redis_gcra.lua for the units, the math and why
--- numbers are formatted the way they are). A key named twice sees its earlier
--- decisions, as sequential calls would.
+-- give at that time. A key named twice sees its earlier decisions, as
+-- sequential calls would.
 -- For a single Redis only (a Cluster rejects keys of different slots).
 --
 -- ARGV[1]    tau_us
@@ -14,28 +14,15 @@
 --            (consume nothing). One code for all is the common case (every
 --            caller calling allow()), and half the arguments to send.
 -- returns owed_us per decision, the debt before it: max(tat - now, 0), as
--- _redis_gcra.lua does, as decimal digits joined by ',' (one bulk string:
--- the client parses it in one step, not one RESP integer at a time).
-local fmt, fmod, floor, pcall, call = string.format, math.fmod, math.floor, redis.pcall, redis.call
+-- gcra.lua does, as decimal digits joined by ',' (one bulk string: the
+-- client parses it in one step, not one RESP integer at a time).
 local tau = tonumber(ARGV[1])
-local now
-local slack = 0
-if ARGV[2] == '' then
-  local t = call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(ARGV[2])
-  slack = tonumber(ARGV[3])
-end
+local now, slack = clock(ARGV[2], ARGV[3])
 local same = nil
 if ARGV[4] ~= '' then same = tonumber(ARGV[4]) end
-local function digits(n)
-  if n < 100000000 then return fmt('%d', n) end
-  local lo = fmod(n, 100000000)
-  return fmt('%d%08d', (n - lo) / 100000000, lo)
-end
 -- Buckets that were full (the common case) get the same tat and TTL for the
--- same cost: format them once per distinct value, not once per key.
+-- same cost: format them once per distinct value, not once per key. The tat
+-- read (read_tat) is inline: it runs once per key.
 local last_tat, last_value, last_ttl, last_ttl_s
 local out = {}
 for i = 1, #KEYS do
@@ -66,7 +53,7 @@ for i = 1, #KEYS do
     if tat ~= last_tat then
       last_tat = tat
       last_value = digits(tat)
-      local ttl = floor((tat - now) / 1000) + 1 + slack
+      local ttl = expiry(tat, now, slack)
       if ttl ~= last_ttl then
         last_ttl = ttl
         last_ttl_s = digits(ttl)

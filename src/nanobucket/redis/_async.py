@@ -1,0 +1,451 @@
+"""The asyncio limiter: the same requests and replies, awaited, and decisions coalesced."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any
+
+from .. import waiting as _waiting
+from .._params import RateLike, check_now
+from . import _clients, _coalesce
+from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client, bounded_client, client_from_url
+from ._breaker import CircuitBreaker
+from ._limits import (
+    _GCRA,
+    _GCRA_BATCH,
+    _GCRA_MANY,
+    _LEASE,
+    _RESERVE,
+    _SWAP,
+    EXPLICIT_TTL_SLACK_MS,
+    NS_PER_US,
+    _late,
+    _RedisLimits,
+    _sleep_reserved,
+    drive_async,
+)
+from ._policy import Fallback, Policy, RedisDecision
+
+__all__ = ("AsyncRedisTokenBucket",)
+
+#: ``asyncio.timeout_at`` (Python >= 3.11): one deadline around a round trip,
+#: instead of redis.asyncio's costly socket timeout. On 3.10 the asyncio
+#: limiter keeps the socket timeout.
+_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = getattr(
+    asyncio, "timeout_at", None
+)
+#: No deadline of the limiter's own: the client's socket timeout bounds the call.
+_UNBOUNDED: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+
+
+class AsyncRedisTokenBucket(_RedisLimits):
+    """:class:`RedisTokenBucket` on ``redis.asyncio.Redis``: the same verbs, awaited.
+
+    Decisions coalesce (``coalesce=True``, the default): one that finds no
+    round trip of the loop in flight is sent at once, alone; those that
+    arrive while one is in flight are sent together when it completes, as one
+    script call (``lua/gcra_batch.lua``, at most 512 per call), each
+    caller getting the very decision it would have got alone at that Redis
+    time, in arrival order. So hundreds of tasks deciding at once make one
+    round trip per batch, on one connection. ``allow``, ``check``, ``peek``
+    and their ``_at`` forms coalesce (a batch holds one clock: Redis's, or
+    one explicit ``now``); ``allow_many`` and the other verbs do not. A
+    caller cancelled while queued spends nothing; one cancelled while its
+    batch is in flight does not cancel the batch. On a Redis Cluster
+    decisions are not coalesced (keys of different slots cannot share a
+    script), and ``coalesce=False`` turns it off.
+
+    Each decision round trip is bounded by one deadline (``timeout`` after
+    the oldest caller of the batch queued) instead of a socket timeout
+    (Python >= 3.11; on 3.10, and on a cluster, the socket timeout). A caller
+    that waited past its deadline behind a slow round trip gets the policy
+    (reason ``"timeout"``) without being sent. When
+    Redis cannot decide a batch, every caller in it gets the policy's (or the
+    fallback's) answer, and the breaker counts one failure: one round trip
+    failed, however many callers it carried.
+
+    >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
+    >>> await limiter.allow("alice")                                           # doctest: +SKIP
+    True
+
+    Outside a running loop, ``asyncio.run`` it:
+
+    >>> limiter = AsyncRedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
+    >>> limiter.interval_ns, asyncio.run(limiter.aclose())
+    (10000000, None)
+    """
+
+    def __init__(
+        self,
+        client: Any,  # redis-py or valkey-py asyncio, plain or cluster
+        rate: RateLike,
+        capacity: int,
+        *,
+        prefix: str = "nanobucket",
+        on_error: Policy = "raise",
+        fallback: Fallback | None = None,
+        breaker: CircuitBreaker | None = None,
+        timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        coalesce: bool = True,
+    ) -> None:
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        if not hasattr(client, "register_script"):
+            raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
+        if not isinstance(coalesce, bool):
+            raise TypeError(f"coalesce must be a bool, not {type(coalesce).__name__}")
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._cluster = _clients.is_cluster(self._client)
+        # Decisions go through a client whose reads have no timeout of their
+        # own, each round trip under one deadline (`_deadline`); the other
+        # verbs keep the socket timeout. A cluster, or Python 3.10: as they are.
+        deadline = _timeout_at is not None and not self._cluster
+        self._fast = _deadline_client(client, self._timeout) if deadline else self._client
+        self._script = self._fast.register_script(_GCRA)
+        self._many_script = self._fast.register_script(_GCRA_MANY)
+        self._batch_script = self._fast.register_script(_GCRA_BATCH)
+        self._coalesce = coalesce and not self._cluster
+        # The queue of the loop last used, and of every loop not closed (a
+        # limiter shared by loops in several threads keeps one queue per loop).
+        self._coalescer: _coalesce.Coalescer | None = None
+        self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
+        self._give_script = self._client.register_script(_LEASE)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        rate: RateLike,
+        capacity: int,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        **kwargs: Any,
+    ) -> AsyncRedisTokenBucket:
+        """Build on a new asyncio client for *url* with a short timeout and no retries.
+
+        >>> url = "redis://127.0.0.1:6379/0"
+        >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
+        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
+        0.1
+        """
+        client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
+        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
+
+    @property
+    def client(self) -> Any:
+        """The redis-py asyncio client it was given (calls go through a bounded pool).
+
+        >>> client = redis.asyncio.Redis()
+        >>> AsyncRedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        """
+        return self._user_client
+
+    def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
+        if _timeout_at is None or self._cluster:
+            return contextlib.nullcontext()  # the client's socket timeout bounds it
+        if at is None:
+            at = asyncio.get_running_loop().time() + self._timeout
+        return _timeout_at(at)
+
+    async def _send(
+        self, bound: contextlib.AbstractAsyncContextManager[Any], call: Any, *args: Any
+    ) -> tuple[bool, Any]:
+        """`RedisTokenBucket._send`, awaited within *bound* (a deadline, or `_UNBOUNDED`)."""
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return False, None
+        err: BaseException
+        try:
+            async with bound:
+                reply = await call(*args)
+        except _clients.UNAVAILABLE as e:
+            err = e
+        except TimeoutError:
+            if bound is _UNBOUNDED:
+                raise  # not the limiter's deadline
+            err = _late()
+        else:
+            breaker.record_success()
+            return True, reply
+        breaker.record_failure()  # once: one round trip failed, whatever it carried
+        return False, err
+
+    async def _call(
+        self, key: Hashable, cost: int, now_ns: int | None, consume: bool
+    ) -> RedisDecision:
+        result: RedisDecision = await self._submit(
+            _coalesce.Call(self.key(key), key, cost, now_ns, consume)
+        )
+        return result
+
+    async def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        """`_call` for `allow`: a decision Redis made is answered as a bool, not built."""
+        d = await self._submit(_coalesce.Call(self.key(key), key, cost, now_ns, True, False))
+        return d if d.__class__ is bool else d.allowed
+
+    def _submit(self, call: _coalesce.Call) -> Awaitable[Any]:
+        if not self._coalesce:
+            return self._one(call)
+        loop = asyncio.get_running_loop()
+        coalescer = self._coalescer
+        if coalescer is None or coalescer.loop is not loop:  # each loop its own queue
+            coalescer = self._coalescers.get(loop)
+            if coalescer is None:
+                for lp in list(self._coalescers):  # forget the queues of closed loops
+                    if lp.is_closed():
+                        self._coalescers.pop(lp, None)
+                coalescer = self._coalescers[loop] = _coalesce.Coalescer(
+                    loop, self._timeout, self._one, self._send_batch, self._expired
+                )
+            self._coalescer = coalescer
+        return coalescer.decide(call)
+
+    async def _one(self, call: _coalesce.Call) -> Any:
+        """One decision alone: the single script, as without coalescing."""
+        key, cost, now_ns, consume = call.key, call.cost, call.now_ns, call.consume
+        args = self._args(cost, now_ns, consume)
+        ok, reply = await self._send(self._deadline(), self._script, (call.rkey,), args)
+        if not ok:
+            return self._policy(key, cost, now_ns, consume, reply)
+        if call.full:
+            return self._decision(reply, cost)
+        return reply <= self._tau_us - cost * self._interval_us
+
+    async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
+        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
+
+        Answers every call, raising nothing: a decision each, or when Redis
+        cannot decide, the policy's answer each (its exception, for "raise").
+        """
+        now_ns = calls[0].now_ns
+        interval = self._interval_us
+        args: list[bytes | int] = (
+            [self._head[1], b"", 0]
+            if now_ns is None
+            else [self._head[1], now_ns // NS_PER_US, EXPLICIT_TTL_SLACK_MS]
+        )
+        # A peek goes as -cost_us - 1; one code for all when they share it (see the script).
+        codes = [c.cost * interval if c.consume else -c.cost * interval - 1 for c in calls]
+        first = codes[0]
+        if codes.count(first) == len(codes):
+            args.append(first)
+        else:
+            args.append(b"")
+            args += codes
+        rkeys = [c.rkey for c in calls]
+        ok, reply = await self._send(self._deadline(deadline), self._batch_script, rkeys, args)
+        if not ok:
+            return [self._policy_answer(c.key, c.cost, c.now_ns, c.consume, reply) for c in calls]
+        decision, tau = self._decision, self._tau_us
+        return [
+            decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
+            for c, owed in zip(calls, map(int, reply.split(b",")))
+        ]
+
+    def _expired(self, call: _coalesce.Call) -> RedisDecision:
+        """A call that waited past its deadline: the policy answers, the breaker is not told
+        (the round trip before it was slow and counted already)."""
+        return self._policy(call.key, call.cost, call.now_ns, call.consume, _late())
+
+    async def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> asyncio.run(limiter.allow("alice"))
+        False
+        """
+        return await self._allowed(key, self._cost(cost), None)
+
+    async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="open", breaker=down)
+        >>> asyncio.run(limiter.allow_at("alice", 0))
+        True
+        """
+        return await self._allowed(key, self._cost(cost), check_now(now))
+
+    async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """Like `allow`, but return the whole decision.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="open", breaker=down)
+        >>> asyncio.run(limiter.check("alice")).source
+        'policy:open'
+        """
+        return await self._call(key, self._cost(cost), None, True)
+
+    async def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`check` at an explicit time *now* (int ns).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
+        >>> asyncio.run(limiter.check_at("alice", 0)).remaining   # the fallback's bucket
+        1
+        """
+        return await self._call(key, self._cost(cost), check_now(now), True)
+
+    async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """The decision `check` would return now, without spending anything.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> asyncio.run(limiter.peek("alice")).retry_after   # when the breaker next tries Redis
+        0.1
+        """
+        return await self._call(key, self._cost(cost), None, False)
+
+    async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
+        >>> [asyncio.run(limiter.peek_at("alice", 0)).remaining for _ in range(2)]   # nothing spent
+        [1, 1]
+        """
+        return await self._call(key, self._cost(cost), check_now(now), False)
+
+    async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 on_error="closed", breaker=down)
+        >>> list(asyncio.run(limiter.allow_many(["alice", "bob"])))
+        [0, 0]
+        """
+        return await self._many(keys, self._cost(cost), None)
+
+    async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
+        ...                                 fallback=KeyedTokenBucket(1, 1), breaker=down)
+        >>> list(asyncio.run(limiter.allow_many_at(["alice", "alice", "bob"], 0)))
+        [1, 0, 1]
+        """
+        return await self._many(keys, self._cost(cost), check_now(now))
+
+    async def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+        keys, rkeys = self._batch(keys)
+        if not keys:
+            return bytearray()
+        call = self._many_call(rkeys, cost, now_ns, drive_async)
+        ok, reply = await self._send(self._deadline(), *call)
+        return self._many_reply(reply, cost) if ok else self._policy_many(keys, cost, now_ns, reply)
+
+    async def aclose(self) -> None:
+        """Close the client's connections and the limiter's own.
+
+        >>> url = "redis://127.0.0.1:6379/0"
+        >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
+        >>> asyncio.run(limiter.aclose())   # at shutdown
+        """
+        clients = (self._fast, self._client, self._user_client)
+        for client in {id(c): c for c in clients}.values():
+            close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
+            await close()
+
+    # -- refund, reset, waiting, reconfigure (as RedisTokenBucket's) -------------
+
+    async def refund(self, key: Hashable, cost: int = 1) -> bool:
+        """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund("alice"))   # not delivered: lost, never queued
+        False
+        """
+        return await self._give(key, self._cost(cost), None)
+
+    async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.refund_at("alice", 0))
+        False
+        """
+        return await self._give(key, self._cost(cost), check_now(now))
+
+    async def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        rkey = self.key(key)
+        args = self._give_args(cost, now_ns)
+        ok, err = await self._send(_UNBOUNDED, self._give_script, (rkey,), args)
+        return True if ok else self._refund_lost(key, cost, now_ns, err)
+
+    async def reset(self, key: Hashable) -> bool:
+        """`RedisTokenBucket.reset`, awaited: forget *key*'s bucket (next decision: full).
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.reset("alice"))
+        False
+        """
+        rkey = self.key(key)
+        rkey = self.key(key)
+        ok, err = await self._send(_UNBOUNDED, self._client.delete, rkey)
+        return True if ok else self._lost("reset", key, (), err)
+
+    async def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """`RedisTokenBucket._reserve`, awaited."""
+        cost = self._cost(cost)
+        now_ns = None if now is None else check_now(now)
+        args = self._reserve_args(cost, now_ns, max_wait, shape)
+        ok, reply = await self._send(_UNBOUNDED, self._reserve_script, (self.key(key),), args)
+        return self._waited(reply) if ok else self._reserve_policy(key, cost, now_ns, reply)
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """`RedisTokenBucket.acquire` on the loop: reserve in Redis, sleep, never block.
+
+        A cancelled waiter gives its reservation back.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        wait = await self._reserve(key, None, cost, _waiting._max_wait_ns(timeout), False)
+        return await _sleep_reserved(self, wait, lambda: self.refund(key, cost))
+
+    acquire = acquire_async
+
+    async def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """`RedisTokenBucket.reconfigure`, awaited.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=100, capacity=200)
+        >>> asyncio.run(limiter.reconfigure(capacity=50, migrate=False)); limiter.capacity
+        50
+        """
+        params = self._new_params(rate, capacity, migrate)
+        if migrate:
+            now_ns = None if now is None else check_now(now)
+            client = self._client
+            async for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
+                await drive_async(
+                    self._migrate_key(client, self._swap_script, rkey, params, now_ns)
+                )
+        self._set_params(params)
+
+    def __repr__(self) -> str:
+        return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"

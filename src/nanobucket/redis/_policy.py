@@ -1,0 +1,235 @@
+"""The failure policy: who decides, and why, when Redis cannot.
+
+``on_error="open"`` admits, ``"closed"`` rejects, ``"raise"`` raises
+:class:`RedisUnavailable`; a ``fallback`` limiter decides instead when given.
+Every :class:`RedisDecision` says who decided (``source``) and why Redis did
+not (``reason``, from :func:`failure_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from .. import _bucket, _bucket_py
+from . import _clients
+from ._breaker import CircuitBreaker
+
+__all__ = ("Fallback", "RedisDecision", "RedisUnavailable", "failure_reason")
+
+Policy = Literal["open", "closed", "raise"]
+Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
+
+
+def _subclassable(cls: type) -> bool:
+    try:
+        type("_Probe", (cls,), {"__slots__": ()})
+    except TypeError:  # a final extension type
+        return False
+    return True
+
+
+if TYPE_CHECKING:
+    from .._bucket_py import Decision as _Decision
+else:
+    # The selected Decision (`nanobucket.Decision`); the pure-Python one only
+    # while the extension's is final and cannot be subclassed.
+    _Decision = _bucket.Decision if _subclassable(_bucket.Decision) else _bucket_py.Decision
+
+
+class RedisUnavailable(RedisConnectionError):
+    """Redis could not decide (``on_error="raise"``): down, timed out, an error reply, breaker open.
+
+    The redis-py error, when there was one, is the ``__cause__``.
+
+    A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
+
+    >>> try:
+    ...     RedisTokenBucket(redis.Redis(), rate=100, capacity=200, breaker=down).check("alice")
+    ... except redis.ConnectionError as e:
+    ...     print(type(e).__name__, "-", e)
+    RedisUnavailable - Redis unavailable: circuit breaker open
+    """
+
+
+# Named where users import it from, as tracebacks print it.
+RedisUnavailable.__module__ = "nanobucket.redis"
+
+
+class RedisDecision(_Decision):
+    """A :class:`nanobucket.Decision` plus ``source`` (who decided) and ``reason`` (why).
+
+    ``source`` is ``"redis"`` (the shared bucket), ``"lease"`` (a local lease,
+    :class:`LeasedTokenBucket`), ``"fallback"`` (the local fallback limiter
+    while Redis could not decide), ``"policy:open"`` or ``"policy:closed"``.
+    ``reason`` is None when Redis or a lease decided, else why Redis did not:
+    ``"breaker-open"`` (no call made), ``"timeout"``, ``"connection"``
+    (refused, reset, too many connections), ``"loading"``, or the lowercased
+    code of Redis's error reply: ``"oom"``, ``"readonly"``, ``"busy"``,
+    ``"masterdown"``, ``"clusterdown"``, ``"tryagain"``, ``"moved"``,
+    ``"ask"``, ``"noperm"``, ``"err"``...; ``"error"`` for anything else.
+    Equality compares the five Decision fields only, so a Redis decision
+    equals the in-process one for the same trace.
+
+    >>> d = RedisDecision(True, 199, 0, 10_000_000, 200)   # Redis's answer to a first request
+    >>> d.source, d.reason, d == KeyedTokenBucket(rate=100, capacity=200).check_at("alice", 0)
+    ('redis', None, True)
+    """
+
+    __slots__ = ("reason", "source")
+
+    source: Source
+    reason: str | None
+
+    def __init__(
+        self,
+        allowed: bool,
+        remaining: int,
+        retry_after_ns: int,
+        reset_after_ns: int,
+        limit: int,
+        source: Source = "redis",
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(allowed, remaining, retry_after_ns, reset_after_ns, limit)
+        self.source = source
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        tail = "" if self.reason is None else f", reason={self.reason!r}"
+        return f"{super().__repr__()[:-1]}, source={self.source!r}{tail})"
+
+
+def failure_reason(err: BaseException | None) -> str:
+    """Why Redis did not decide, as :attr:`RedisDecision.reason` names it.
+
+    >>> from redis.exceptions import OutOfMemoryError, ResponseError, TimeoutError
+    >>> failure_reason(None), failure_reason(TimeoutError("Timeout reading"))
+    ('breaker-open', 'timeout')
+    >>> failure_reason(OutOfMemoryError("command not allowed", status_code="OOM"))
+    'oom'
+    >>> failure_reason(ResponseError("BUSY Redis is busy running a script."))
+    'busy'
+    """
+    if err is None:
+        return "breaker-open"
+    reason = _clients.class_reason(err)  # redis-py's or valkey-py's class
+    if reason is not None:
+        return reason
+    code = getattr(err, "status_code", None)
+    if not code and err.args and isinstance(err.args[0], str):
+        code = err.args[0].split(" ", 1)[0]
+    if isinstance(code, str) and code.isalpha() and code.isupper():
+        return code.lower()
+    return "error"
+
+
+class Fallback(Protocol):
+    """A local keyed limiter to decide while Redis is unreachable."""
+
+    def check(self, key: Hashable, cost: int = 1) -> Any: ...
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> Any: ...
+    def peek(self, key: Hashable, cost: int = 1) -> Any: ...
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> Any: ...
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray: ...
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray: ...
+
+
+class _FailurePolicy:
+    """The answers of a limiter whose Redis could not decide (or was not asked)."""
+
+    _capacity: int
+    _interval_ns: int
+    _tau_ns: int
+
+    def __init__(self, on_error: Policy, fallback: Fallback | None, breaker: CircuitBreaker | None):
+        if on_error not in ("open", "closed", "raise"):
+            raise ValueError(f"on_error must be 'open', 'closed' or 'raise', got {on_error!r}")
+        self._on_error = on_error
+        self._fallback = fallback
+        if breaker is not None and not isinstance(breaker, CircuitBreaker):
+            raise TypeError("breaker must be a CircuitBreaker")
+        self._breaker = breaker if breaker is not None else CircuitBreaker()
+
+    def _policy(
+        self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
+    ) -> RedisDecision:
+        fb = self._fallback
+        if fb is not None:
+            if consume:
+                d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
+            else:
+                d = fb.peek(key, cost) if now_ns is None else fb.peek_at(key, now_ns, cost)
+            return RedisDecision(
+                d.allowed,
+                d.remaining,
+                d.retry_after_ns,
+                d.reset_after_ns,
+                d.limit,
+                "fallback",
+                failure_reason(err),
+            )
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        if self._on_error == "open":
+            return RedisDecision(
+                True,
+                self._capacity - cost,
+                0,
+                0,
+                self._capacity,
+                "policy:open",
+                failure_reason(err),
+            )
+        # Closed: come back when the breaker will try Redis again (at least one
+        # token's interval, so clients never spin on a zero Retry-After).
+        retry = max(self._breaker.retry_in_ns(), cost * self._interval_ns, 1)
+        return RedisDecision(
+            False, 0, retry, self._tau_ns, self._capacity, "policy:closed", failure_reason(err)
+        )
+
+    def _policy_many(
+        self, keys: list[Hashable], cost: int, now_ns: int | None, err: BaseException | None
+    ) -> bytearray:
+        fb = self._fallback
+        if fb is not None:
+            return (
+                fb.allow_many(keys, cost)
+                if now_ns is None
+                else fb.allow_many_at(keys, now_ns, cost)
+            )
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+
+    def _reserve_policy(self, key: Hashable, cost: int, now_ns: int | None, err: Any) -> int:
+        """What `_reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""
+        return 0 if self._policy(key, cost, now_ns, True, err).allowed else -1
+
+    def _lost(self, verb: str, key: Hashable, args: tuple[Any, ...], err: Any) -> bool:
+        """A refund or reset Redis could not take: to the fallback if it has *verb*, else lost.
+
+        Never queued: a refund is worth only its moment, and a bucket that
+        keeps the tokens refills them by itself. Raises only under
+        ``on_error="raise"`` without a fallback, as every verb does.
+        """
+        fb = self._fallback
+        if fb is not None:
+            fn = getattr(fb, verb, None)
+            if fn is not None:
+                fn(key, *args)
+            return False
+        if self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        return False
+
+    def _policy_answer(
+        self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
+    ) -> Any:
+        """`_policy`, its exception returned, not raised (each coalesced caller gets its own)."""
+        try:
+            return self._policy(key, cost, now_ns, consume, err)
+        except RedisUnavailable as exc:
+            return exc

@@ -1,0 +1,401 @@
+"""The sync limiter: one round trip per decision, through a thin runner (`_SyncLimits._send`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .. import waiting as _waiting
+from .._params import RateLike, check_now
+from . import _clients
+from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
+from ._breaker import CircuitBreaker
+from ._limits import (
+    _GCRA,
+    _GCRA_MANY,
+    _LEASE,
+    _RESERVE,
+    _SWAP,
+    _RedisLimits,
+    _sleep_reserved,
+    drive,
+)
+from ._policy import Fallback, Policy, RedisDecision
+
+__all__ = ("RedisTokenBucket",)
+
+
+class _SyncLimits(_RedisLimits):
+    """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
+
+    def _connect(self, client: Any) -> None:
+        """Take *client*: keep it, and make the limiter's own bounded client to its server."""
+        if not hasattr(client, "register_script"):
+            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._cluster = _clients.is_cluster(self._client)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
+
+    def _send(self, call: Any, *args: Any) -> tuple[bool, Any]:
+        """``call(*args)`` guarded by the breaker: ``(True, reply)``, or ``(False, error)``
+        when Redis could not answer (the error None: the breaker let no call through)."""
+        breaker = self._breaker
+        if not breaker.allow_request():
+            return False, None
+        try:
+            reply = call(*args)
+        except _clients.UNAVAILABLE as err:
+            breaker.record_failure()
+            return False, err
+        breaker.record_success()
+        return True, reply
+
+    def _reserve(
+        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    ) -> int:
+        """Reserve *cost* tokens in Redis; the ns to wait before using them, or -1.
+
+        The in-process ``_reserve``: the bucket may go past empty (a place in
+        line every instance sees), nothing is reserved past *max_wait* ns.
+        When Redis cannot decide, the failure policy answers 0 or -1.
+        """
+        cost = self._cost(cost)
+        now_ns = None if now is None else check_now(now)
+        rkey = self.key(key)
+        return self._reserve_in_redis(rkey, key, cost, now_ns, max_wait, shape)
+
+    def _reserve_in_redis(
+        self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None, max_wait: int, shape: bool
+    ) -> int:
+        args = self._reserve_args(cost, now_ns, max_wait, shape)
+        ok, reply = self._send(self._reserve_script, (rkey,), args)
+        return self._waited(reply) if ok else self._reserve_policy(key, cost, now_ns, reply)
+
+    def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
+        """Wait (block the thread) until *cost* tokens of *key* are spent, or refuse.
+
+        One round trip reserves the tokens in Redis (every instance then sees
+        them owed), and the thread sleeps until they exist. False at once,
+        with nothing reserved, when the wait would exceed *timeout* seconds
+        or 1024 callers already wait on this limiter; an interrupted wait
+        gives the reservation back (`refund`). A :class:`LeasedTokenBucket`
+        spends its lease first when it pays.
+
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down).acquire("a")
+        False
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
+
+    async def acquire_async(
+        self, key: Hashable, cost: int = 1, timeout: float | None = None
+    ) -> bool:
+        """`acquire` for asyncio: the round trips run in a worker thread, the wait on the loop.
+
+        A cancelled waiter gives its reservation back.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> asyncio.run(limiter.acquire_async("alice"))   # the policy admits at once
+        True
+        """
+        cost = self._cost(cost)
+        self.key(key)
+        max_wait = _waiting._max_wait_ns(timeout)
+        wait = await asyncio.to_thread(self._reserve, key, None, cost, max_wait, False)
+        return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
+
+    if TYPE_CHECKING:
+
+        def refund(self, key: Hashable, cost: int = 1) -> bool: ...
+
+    def _reset(self, key: Hashable, rkey: bytes) -> bool:
+        ok, err = self._send(self._client.delete, rkey)
+        return True if ok else self._lost("reset", key, (), err)
+
+    def _migrate(self, params: tuple[Any, int, int], now: int | None) -> None:
+        """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
+        now_ns = None if now is None else check_now(now)
+        client = self._client
+        for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
+            drive(self._migrate_key(client, self._swap_script, rkey, params, now_ns))
+
+
+class RedisTokenBucket(_SyncLimits):
+    """A token bucket per key, held in Redis and shared by every client.
+
+    Same verbs and :class:`Decision` as :class:`nanobucket.KeyedTokenBucket`;
+    decisions are :class:`RedisDecision` (with ``source``). One round trip
+    per decision, one per batch for ``allow_many``.
+
+    A call waits for Redis at most ``timeout`` seconds (0.1 by default),
+    whatever *client*'s own timeouts and retries: the limiter uses a pool of
+    its own to the same server (:func:`bounded_client`; :meth:`close` closes
+    it). While the breaker is open no call touches the network.
+
+    >>> limiter = RedisTokenBucket.from_url(url, rate=100, capacity=200)  # doctest: +SKIP
+    >>> limiter.check("alice").remaining                                  # doctest: +SKIP
+    199
+
+    While Redis is unreachable, the failure policy (or ``fallback``) decides:
+
+    >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+    >>> limiter.check("alice").source
+    'policy:open'
+    """
+
+    def __init__(
+        self,
+        client: Any,  # redis-py or valkey-py, plain or cluster
+        rate: RateLike,
+        capacity: int,
+        *,
+        prefix: str = "nanobucket",
+        on_error: Policy = "raise",
+        fallback: Fallback | None = None,
+        breaker: CircuitBreaker | None = None,
+        timeout: float = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        self._connect(client)
+        self._script = self._client.register_script(_GCRA)
+        self._many_script = self._client.register_script(_GCRA_MANY)
+        self._give_script = self._client.register_script(_LEASE)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        rate: RateLike,
+        capacity: int,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        **kwargs: Any,
+    ) -> RedisTokenBucket:
+        """Build on a new client for *url* with a short timeout and no retries.
+
+        >>> limiter = RedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
+        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
+        0.1
+        """
+        client = client_from_url(url, socket_timeout=socket_timeout)
+        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client it was given (calls go through a bounded pool to its server).
+
+        >>> client = redis.Redis()
+        >>> RedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        """
+        return self._user_client
+
+    def close(self) -> None:
+        """Close the limiter's own connections (the client it was given stays open).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
+        """
+        if self._client is not self._user_client:
+            self._client.close()
+
+    def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
+        ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
+        return (
+            self._decision(reply, cost) if ok else self._policy(key, cost, now_ns, consume, reply)
+        )
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
+        >>> limiter.allow("alice")
+        False
+        """
+        return self._call(key, self._cost(cost), None, True).allowed
+
+    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
+
+        >>> local = KeyedTokenBucket(rate=1, capacity=1)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
+        (True, False)
+        """
+        return self._call(key, self._cost(cost), check_now(now), True).allowed
+
+    def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """Like `allow`, but return the whole decision.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> d = limiter.check("alice")
+        >>> d.allowed, d.remaining, d.source
+        (True, 199, 'policy:open')
+        """
+        return self._call(key, self._cost(cost), None, True)
+
+    def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`check` at an explicit time *now* (int ns).
+
+        >>> local = KeyedTokenBucket(rate=10, capacity=20)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> d = limiter.check_at("alice", 0)
+        >>> d.allowed, d.remaining, d.limit, d.source   # the fallback's own numbers
+        (True, 19, 20, 'fallback')
+        """
+        return self._call(key, self._cost(cost), check_now(now), True)
+
+    def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
+        """The decision `check` would return now, without spending anything.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
+        >>> d = limiter.peek("alice")
+        >>> d.allowed, d.retry_after, d.source   # retry when the breaker next tries Redis
+        (False, 0.1, 'policy:closed')
+        """
+        return self._call(key, self._cost(cost), None, False)
+
+    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> local = KeyedTokenBucket(rate=10, capacity=20)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> [limiter.peek_at("alice", 0, cost=5).remaining for _ in range(2)]   # nothing spent
+        [15, 15]
+        """
+        return self._call(key, self._cost(cost), check_now(now), False)
+
+    def tokens_at(self, key: Hashable, now: int) -> float:
+        """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> limiter.tokens_at("alice", 0)
+        Traceback (most recent call last):
+        ...
+        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
+        """
+        d = self._call(key, 0, check_now(now), False)
+        return self._tokens(d)
+
+    def tokens(self, key: Hashable) -> float:
+        """Tokens in *key*'s bucket now (Redis time).
+
+        Only Redis knows: with Redis unreachable it raises `RedisUnavailable`,
+        whatever ``on_error`` and ``fallback`` say.
+
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).tokens("alice")
+        Traceback (most recent call last):
+        ...
+        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
+        """
+        return self._tokens(self._call(key, 0, None, False))
+
+    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
+        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
+
+        On one Redis the batch is one script call at one reading of Redis's
+        clock, like ``KeyedTokenBucket.allow_many``. On a ``RedisCluster``
+        client (keys of different slots cannot share a script) it is one
+        script call per key, pipelined, each reading the clock itself.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
+        >>> list(limiter.allow_many(["alice", "bob"]))
+        [1, 1]
+        """
+        return self._many(keys, self._cost(cost), None)
+
+    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
+        """`allow_many` at an explicit time *now* (int ns).
+
+        >>> local = KeyedTokenBucket(rate=1, capacity=1)
+        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+        >>> list(limiter.allow_many_at(["alice", "alice", "bob"], 0))
+        [1, 0, 1]
+        """
+        return self._many(keys, self._cost(cost), check_now(now))
+
+    def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+        keys, rkeys = self._batch(keys)
+        if not keys:
+            return bytearray()
+        ok, reply = self._send(*self._many_call(rkeys, cost, now_ns, drive))
+        return self._many_reply(reply, cost) if ok else self._policy_many(keys, cost, now_ns, reply)
+
+    # -- refund, reset, waiting, reconfigure -------------------------------------
+
+    def refund(self, key: Hashable, cost: int = 1) -> bool:
+        """Give back *cost* tokens to *key*'s bucket (Redis time), never above capacity.
+
+        As in process: a full bucket gets nothing, and the bucket ends where
+        it would be had the tokens not been spent, or full. True if Redis
+        took it; when Redis cannot, the refund goes to the ``fallback`` (if
+        it has ``refund``) or is lost -- never queued, never raised except
+        under ``on_error="raise"`` -- and the result is False.
+
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).refund("alice")
+        False
+        """
+        return self._give(key, self._cost(cost), None)
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
+        >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
+        False
+        """
+        return self._give(key, self._cost(cost), check_now(now))
+
+    def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        rkey = self.key(key)
+        ok, err = self._send(self._give_script, (rkey,), self._give_args(cost, now_ns))
+        return True if ok else self._refund_lost(key, cost, now_ns, err)
+
+    def reset(self, key: Hashable) -> bool:
+        """Forget *key*'s bucket: the next decision sees it full. True if Redis took it.
+
+        A failed Redis is handled as for `refund` (the fallback's ``reset``, or lost).
+
+        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).reset("alice")
+        False
+        """
+        return self._reset(key, self.key(key))
+
+    def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """Change this instance's rate and/or capacity; with *migrate*, every stored bucket too.
+
+        Rate and capacity travel with each call, so they are this instance's:
+        reconfigure every instance sharing the prefix, the first with
+        ``migrate=True`` (the default), the others with ``migrate=False``
+        (the stored state is already in the new terms). Migrating does what
+        the in-process ``reconfigure`` does to each bucket of the prefix:
+        the tokens it holds at *now* (default: Redis time) carry over as
+        they are, capped at the new capacity, the new debt rounded up to a
+        whole microsecond. One difference: a full bucket is a missing key,
+        so it stays full under a larger capacity (in process it keeps the old
+        capacity's tokens and refills the rest). Each bucket changes
+        atomically (a compare-and-swap: a decision made meanwhile is never
+        overwritten); the prefix as a whole does not. Redis errors raise.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
+        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
+        >>> limiter.rate, limiter.capacity, limiter.interval_ns
+        (Fraction(50, 1), 200, 20000000)
+        """
+        params = self._new_params(rate, capacity, migrate)
+        if migrate:
+            self._migrate(params, now)
+        self._set_params(params)
+
+    def __repr__(self) -> str:
+        return f"RedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
