@@ -18,9 +18,7 @@ import pytest
 from redis.crc import key_slot
 
 import nanobucket as nb
-from nanobucket import _bucket_py
 from nanobucket import redis as nbr
-from nanobucket.redis import _policy
 
 from redis_server import (
     RedisServer,
@@ -123,7 +121,7 @@ def test_decision_fields_and_source(client: Any) -> None:
         495 * MS,
         1495 * MS,
     )
-    assert isinstance(d, (nb.Decision, nbr.RedisDecision))
+    assert isinstance(d, nb.Decision)
 
 
 def test_redis_decision_repr_names_its_class() -> None:
@@ -141,12 +139,7 @@ def test_a_redis_decision_is_a_decision_equal_on_its_five_fields() -> None:
     assert d == plain and plain == d and d != nb.Decision(True, 198, 0, 10 * MS, 200)
     assert hash(d) == hash(plain) == hash((True, 199, 0, 10 * MS, 200))
     assert "__eq__" not in vars(nbr.RedisDecision) and "__hash__" not in vars(nbr.RedisDecision)
-    # The selected Decision's subclass; while the extension's Decision is final
-    # (cannot be subclassed) the pure-Python one's.
-    if _policy._subclassable(nb.Decision):
-        assert isinstance(d, nb.Decision)
-    else:
-        assert nb.IMPLEMENTATION == "cython" and isinstance(d, _bucket_py.Decision)
+    assert isinstance(d, nb.Decision)
 
 
 def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:

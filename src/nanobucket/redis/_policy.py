@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .. import _bucket, _bucket_py
+from .. import _bucket
 from . import _clients
 from ._breaker import CircuitBreaker
 
@@ -23,20 +23,10 @@ Policy = Literal["open", "closed", "raise"]
 Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
 
 
-def _subclassable(cls: type) -> bool:
-    try:
-        type("_Probe", (cls,), {"__slots__": ()})
-    except TypeError:  # a final extension type
-        return False
-    return True
-
-
 if TYPE_CHECKING:
     from .._bucket_py import Decision as _Decision
 else:
-    # The selected Decision (`nanobucket.Decision`); the pure-Python one only
-    # while the extension's is final and cannot be subclassed.
-    _Decision = _bucket.Decision if _subclassable(_bucket.Decision) else _bucket_py.Decision
+    _Decision = _bucket.Decision  # the selected one: `nanobucket.Decision`
 
 
 class RedisUnavailable(RedisConnectionError):
