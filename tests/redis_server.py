@@ -30,6 +30,7 @@ from nanobucket import redis as nbr
 
 SEARCH = ("/usr/bin", "/usr/local/bin", "/usr/sbin", "/opt/homebrew/bin")
 START_TIMEOUT = 10.0
+CLUSTER_START_ATTEMPTS = 3  # a cluster that does not form is built again
 
 
 def find_redis_server() -> str | None:
@@ -278,9 +279,20 @@ def running_server(*args: str) -> Iterator[RedisServer]:
 
 def running_cluster(*args: str) -> Iterator[RedisClusterServers]:
     """A started 3-master cluster (nodes get *args*), stopped and cleaned up afterwards."""
-    cluster = RedisClusterServers(require_redis_server(), args=args)
+    binary = require_redis_server()
+    for attempt in range(CLUSTER_START_ATTEMPTS):
+        cluster = RedisClusterServers(binary, args=args)
+        try:
+            cluster.start()
+            break
+        except (subprocess.SubprocessError, RuntimeError):
+            # `redis-cli --cluster create` waits without end for a node whose
+            # bus port another process took between the check and the start
+            # (seen once in a loaded CI run): new nodes on new ports.
+            cluster.close()
+            if attempt == CLUSTER_START_ATTEMPTS - 1:
+                raise
     try:
-        cluster.start()
         yield cluster
     finally:
         cluster.close()
