@@ -1,9 +1,9 @@
 /* SipHash (Aumasson & Bernstein), 64-bit output, with a 128-bit key.
  *
  * The shared-memory table hashes every key with SipHash-1-3 (the variant
- * CPython uses for str) keyed by the random seed in the file's header, so
+ * CPython uses for str) keyed by the random 128-bit key in the file's header, so
  * that every process attached to a table agrees on each key's slot while a
- * client who does not know the seed cannot aim many keys at one slot.
+ * client who does not know that key cannot aim many keys at one slot.
  * SipHash-2-4 is the same code with more rounds; it is exported so the tests
  * can check this implementation against the published test vectors.
  *
