@@ -4,4 +4,6 @@ import sys
 
 from . import main
 
-sys.exit(main())
+# Guarded so that importing this module (as the import test does) does not run the benchmark.
+if __name__ == "__main__":
+    sys.exit(main())
