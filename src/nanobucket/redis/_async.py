@@ -40,6 +40,12 @@ _timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | No
 _UNBOUNDED: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a discovery's failure seen: its caller may have stopped waiting (the next retries)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class AsyncRedisTokenBucket(_RedisLimits):
     """:class:`RedisTokenBucket` on ``redis.asyncio.Redis``: the same verbs, awaited.
 
@@ -59,7 +65,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     Each decision round trip is bounded by one deadline (``timeout`` after
     the oldest caller of the batch queued) instead of a socket timeout
-    (Python >= 3.11; on 3.10, and on a cluster, the socket timeout). A caller
+    (Python >= 3.11; on 3.10 the socket timeout; a cluster keeps its socket
+    timeouts under the deadline). A caller
     that waited past its deadline behind a slow round trip gets the policy
     (reason ``"timeout"``) without being sent. When
     Redis cannot decide a batch, every caller in it gets the policy's (or the
@@ -100,13 +107,17 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self._cluster = _clients.is_cluster(self._client)
         # Decisions go through a client whose reads have no timeout of their
         # own, each round trip under one deadline (`_deadline`); the other
-        # verbs keep the socket timeout. A cluster, or Python 3.10: as they are.
+        # verbs keep the socket timeout. A cluster keeps its socket timeouts
+        # and gets the deadline too: a fresh cluster client's first call also
+        # discovers the topology, node by node, each step under its own
+        # socket timeout. Python 3.10: the socket timeout alone.
         deadline = _timeout_at is not None and not self._cluster
         self._fast = _deadline_client(client, self._timeout) if deadline else self._client
         self._script = self._fast.register_script(_GCRA)
         self._many_script = self._fast.register_script(_GCRA_MANY)
         self._batch_script = self._fast.register_script(_GCRA_BATCH)
         self._coalesce = coalesce and not self._cluster
+        self._discovery: asyncio.Future[Any] | None = None
         # The queue of the loop last used, and of every loop not closed (a
         # limiter shared by loops in several threads keeps one queue per loop).
         self._coalescer: _coalesce.Coalescer | None = None
@@ -147,7 +158,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
-        if _timeout_at is None or self._cluster:
+        if _timeout_at is None:
             return contextlib.nullcontext()  # the client's socket timeout bounds it
         if at is None:
             at = asyncio.get_running_loop().time() + self._timeout
@@ -163,6 +174,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
         err: BaseException
         try:
             async with bound:
+                if self._cluster and getattr(self._client, "_initialize", False):
+                    await self._discovered()
                 reply = await call(*args)
         except _clients.UNAVAILABLE as e:
             err = e
@@ -175,6 +188,21 @@ class AsyncRedisTokenBucket(_RedisLimits):
             return True, reply
         breaker.record_failure()  # once: one round trip failed, whatever it carried
         return False, err
+
+    async def _discovered(self) -> None:
+        """Wait for the cluster client to learn the topology, in a task a deadline cannot cancel.
+
+        A cluster client's first call fetches the slots and the command table
+        (redis-py parses ~10,000 lines of COMMAND: 0.1-0.3 s of CPU). Under a
+        deadline shorter than that, a cancelled discovery would start over on
+        every call and the limiter would never decide; shielded, it finishes
+        in the background while the callers that could not wait get the policy.
+        """
+        task = self._discovery
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            task = self._discovery = asyncio.ensure_future(self._client.initialize())
+            task.add_done_callback(_retrieved)
+        await asyncio.shield(task)
 
     async def _call(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool
@@ -348,6 +376,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
         >>> asyncio.run(limiter.aclose())   # at shutdown
         """
+        if self._discovery is not None:
+            self._discovery.cancel()  # no topology to learn for a closed client
         clients = (self._fast, self._client, self._user_client)
         for client in {id(c): c for c in clients}.values():
             close = getattr(client, "aclose", None) or client.close  # redis-py 5.0: close
