@@ -33,8 +33,8 @@ S = 1_000_000_000
 MS = 1_000_000
 T0 = 1_000 * S  # explicit times: decisions do not depend on how long the test takes
 TIMEOUT = 0.1  # the limiters' default
-#: A decision returns within TIMEOUT + MARGIN (as in test_redis_failures): a
-#: CLUSTERDOWN reply costs redis-py's own 0.25 s pause before it raises.
+#: The first decision on a lost master returns within TIMEOUT + MARGIN (as in
+#: test_redis_failures: generous for a loaded machine).
 MARGIN = 0.4
 #: Any other failure has no pause: within TIMEOUT + QUICK (valkey-py's
 #: asyncio client retried once and its pipeline paused 0.25 s: 0.25-0.35 s).
@@ -321,7 +321,11 @@ def test_a_lost_master_gets_the_policy_within_the_timeout_sync_and_async(
         for key in keys.values():
             d, took = _timed(lambda: per_shard.check(key))
             assert d.source == "fallback" and d.reason in ("clusterdown", reason), d
-            assert took < TIMEOUT + MARGIN, f"{took:.3f} s for {d}"
+            # redis-py and valkey-py pause 0.25 s on CLUSTERDOWN, then refresh
+            # the topology: the limiter's own redis-py client raises it at
+            # once; valkey-py's takes no connection class of the limiter's.
+            bound = TIMEOUT + (QUICK if lib == "redis" else MARGIN)
+            assert took < bound, f"{took:.3f} s for {d}"
         assert per_shard.check(keys[own_cluster.ports[0]]).reason == "clusterdown"
     finally:
         if how == "hung" and victim.proc is not None:

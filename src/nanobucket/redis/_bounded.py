@@ -9,6 +9,7 @@ parameters but its ``timeout`` and no retries.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any
 
@@ -177,13 +178,20 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
     if not sync:  # the asyncio cluster takes named parameters only, and keeps more than those
         kwargs = {k: v for k, v in kwargs.items() if k in named}
     kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False)
+    # The asyncio cluster client chooses its connection class itself, and
+    # valkey-py's sync one passes none to its nodes: those keep their pause.
+    if sync and lib is _clients.REDIS:
+        default = importlib.import_module(lib.name).Connection
+        kwargs["connection_class"] = _clients.prompt_cluster_down(
+            lib.name, kwargs.get("connection_class", default)
+        )
     manager = client.nodes_manager
     node = lib.cluster_node if sync else lib.async_cluster_node
     startup = [node(n.host, n.port) for n in manager.startup_nodes.values()]
     full = getattr(manager, "_require_full_coverage", None)
     if full is None:
         full = manager.require_full_coverage
-    return cls(
+    own = cls(
         startup_nodes=startup,
         retry=(lib.retry if sync else lib.async_retry)(lib.no_backoff(), 0),
         require_full_coverage=full,
@@ -191,6 +199,7 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
         **counts,
         **kwargs,
     )
+    return own if sync else _clients.lean_command_table(own)
 
 
 def _owning(cls: Any, pool: Any) -> Any:
