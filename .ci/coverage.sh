@@ -39,9 +39,11 @@ echo "--- the test suite under coverage (both implementations)"
 # where the GIL can pass to another thread: that breaks the premise of the
 # keyed table (no Python code runs between finding a slot and using it), so
 # the thread stress tests (and the tests marked gil_atomic) run in the
-# untraced suites of .ci/run, not here.
+# untraced suites of .ci/run, not here; so do the tests that bound the
+# wall-clock time of Python code to tenths of a second (wall_clock), which
+# line tracing slows several times.
 "$py" -m coverage run -m pytest -q -p no:cacheprovider \
-  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py -m "not gil_atomic"
+  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py -m "not gil_atomic and not wall_clock"
 "$py" -m coverage combine -q
 
 echo "--- coverage of .py and .pyx together (fails under 90%)"

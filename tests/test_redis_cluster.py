@@ -220,6 +220,7 @@ def _timed(decide: Any) -> tuple[Any, float]:
     return d, time.monotonic() - start
 
 
+@pytest.mark.wall_clock
 def test_a_slow_topology_discovery_never_holds_a_decision_past_the_timeout(
     cluster: RedisClusterServers, lib: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,6 +269,7 @@ def test_a_slow_topology_discovery_never_holds_a_decision_past_the_timeout(
     assert len(seen) <= 5, seen  # 0.3 s of discovery: within a few 0.1 s calls
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("how", ["dead", "hung"])
 def test_a_lost_master_gets_the_policy_within_the_timeout_sync_and_async(
     own_cluster: RedisClusterServers, lib: str, how: str
