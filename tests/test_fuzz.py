@@ -555,6 +555,7 @@ def test_keys_whose_hash_or_eq_raise(ops: list[tuple[str, int, str]]) -> None:
         t = impl.KeyedTokenBucket(rate=1, capacity=3, max_keys=8)
         plain = ExactBucket(1, 3)
         held: set[int] = set()  # BadEq keys the table holds (a lookup of another one raises)
+        spent: dict[int, int] = {}  # tokens each held BadEq key has spent (all at time 0)
         for kind, i, verb in ops:
             key: Any = {"hash": BadHash(), "eq": bad_eq[i], "plain": "p", "noteq": not_equal[i]}[
                 kind
@@ -571,6 +572,12 @@ def test_keys_whose_hash_or_eq_raise(ops: list[tuple[str, int, str]]) -> None:
                 assert result[0] == ("err" if others else "ok") or result[1] is KeyError_, result
                 if result[0] == "ok" and verb in ("allow_at", "check_at", "allow_many_at"):
                     held.add(i)
+                    admitted = result[1][0] if verb == "allow_many_at" else result[1]
+                    spent[i] = spent.get(i, 0) + bool(admitted)
+                elif result[0] == "ok" and verb == "refund_at" and i in held:
+                    spent[i] = max(0, spent[i] - 1)
+                    if spent[i] == 0:  # refunded to full: the table lets the key go
+                        held.discard(i)
             elif kind == "plain":
                 assert result[0] == "ok", result
                 if verb in ("allow_at", "check_at", "allow_many_at"):
