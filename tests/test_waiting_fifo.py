@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import pytest
 
-from nanobucket import _wait, waiting
+from nanobucket import _acquire, _wait
 from nanobucket._wait import Bell
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
@@ -322,12 +322,12 @@ def test_core_acquire_async_moves_up_too(impl: ModuleType, clock: ManualClock) -
         await settle()
         b = asyncio.create_task(bucket.acquire_async(cost=3))
         await settle()
-        assert waiting.waiters(bucket) == 2
+        assert _acquire.waiters(bucket) == 2
         clock.advance(S)
         a.cancel()
         assert await asyncio.wait_for(b, 2) is True  # without the move: 4 s of real sleep
         assert not bucket.allow() and bucket.peek().retry_after_ns == S
-        assert waiting.waiters(bucket) == 0
+        assert _acquire.waiters(bucket) == 0
 
     asyncio.run(main())
 

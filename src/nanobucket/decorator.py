@@ -20,7 +20,9 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from . import waiting as _waiting
+from ._acquire import check_timeout
+from ._bucket import KeyedTokenBucket, TokenBucket
+from ._limiter import KeyedLimiter, Limiter, is_keyed
 from ._params import NS_PER_S, RateLike
 from .hooks import Hook, LimitEvent, make_hooks
 
@@ -60,7 +62,7 @@ class RateLimited(Exception):
 
 
 def limit(
-    limiter: Any = None,
+    limiter: Limiter | KeyedLimiter | None = None,
     *,
     rate: RateLike | None = None,
     capacity: int | None = None,
@@ -95,7 +97,7 @@ def limit(
     [3, 2, 1]
     """
     limiter = _make_limiter(limiter, rate, capacity, key)
-    keyed = _waiting.is_keyed(limiter)
+    keyed = is_keyed(limiter)
     optional = getattr(limiter, "key_optional", False)
     if keyed and key is None and not optional:
         raise TypeError(f"{type(limiter).__name__} is keyed: pass key=<callable returning the key>")
@@ -105,7 +107,7 @@ def limit(
         raise TypeError(f"key must be a callable, not {type(key).__name__}")
     if not isinstance(wait, bool):
         raise TypeError(f"wait must be a bool, not {type(wait).__name__}")
-    _waiting.check_timeout(timeout)
+    check_timeout(timeout)
     if wait and not hasattr(limiter, "acquire"):
         raise TypeError(f"{type(limiter).__name__} cannot wait (no acquire())")
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):
@@ -194,8 +196,6 @@ def _make_limiter(
         return limiter
     if rate is None or capacity is None:
         raise TypeError("limit() needs a limiter, or both rate= and capacity=")
-    from ._bucket import KeyedTokenBucket, TokenBucket
-
     if key is not None:
         return KeyedTokenBucket(rate, capacity)
     return TokenBucket(rate, capacity)

@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, 
 from types import MappingProxyType
 from typing import Any
 
-from ._bucket_py import Decision
+from ._bucket import Decision
 from ._params import check_max_keys
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
