@@ -230,7 +230,7 @@ def test_bad_waiting_arguments(impl: ModuleType) -> None:
     with pytest.raises(ValueError, match="max_waiters must be >= 0"):
         Waiting(b, max_waiters=-1)
     with pytest.raises(TypeError, match="cannot reserve"):
-        Waiting(object())
+        Waiting(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="exceeds capacity"):
         b.acquire(cost=2)
     with pytest.raises(ValueError, match="exceeds capacity"):

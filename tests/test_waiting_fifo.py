@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -107,7 +107,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[object, tuple[str, ...]]:
+def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[Any, tuple[str, ...]]:
     if keyed:
         return impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock), ("k",)
     return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()

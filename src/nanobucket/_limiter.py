@@ -25,8 +25,7 @@ limiter whose verbs also take key None). A decision is a
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ._bucket_py import Decision
@@ -49,9 +48,10 @@ class KeyedLimiter(Protocol):
 
     keyed: bool
 
-    def allow(self, key: Hashable, cost: int = 1) -> bool: ...
-    def check(self, key: Hashable, cost: int = 1) -> Decision: ...
-    def peek(self, key: Hashable, cost: int = 1) -> Decision: ...
+    # key: Any, so that a limiter of str keys (``allow(self, key: str, ...)``) is one.
+    def allow(self, key: Any, cost: int = 1) -> bool: ...
+    def check(self, key: Any, cost: int = 1) -> Decision: ...
+    def peek(self, key: Any, cost: int = 1) -> Decision: ...
 
 
 def is_keyed(limiter: object) -> bool:

@@ -101,7 +101,7 @@ class Waiting:
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         if sleep is not None and sleep_or_wake is not None:
             raise TypeError("give sleep or sleep_or_wake, not both")
-        self.limiter = limiter
+        self.limiter: Any = limiter  # its private _reserve, too
         self.keyed = is_keyed(limiter)
         self.shape = shape
         self._gate = Gate(check_max_waiters(max_waiters))
