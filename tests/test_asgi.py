@@ -26,7 +26,7 @@ from nanobucket._http import (
     Route,
     client_address,
     header,
-    is_keyed,
+    keyed_of,
     retry_after_seconds,
     route,
 )
@@ -387,6 +387,8 @@ def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, clients: list[Cl
 class AsyncLimiter:
     """An asyncio limiter, as the Redis one will be: ``async def check``."""
 
+    keyed = True
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.rate = inner.rate
@@ -424,13 +426,21 @@ def test_non_http_scopes_pass_through(impl: ModuleType) -> None:
 
 
 def test_keyed_detection(impl: ModuleType) -> None:
-    assert is_keyed(impl.KeyedTokenBucket(rate=1, capacity=1)) is True
-    assert is_keyed(impl.TokenBucket(rate=1, capacity=1)) is False
+    assert keyed_of(impl.KeyedTokenBucket(rate=1, capacity=1), None) is True
+    assert keyed_of(impl.TokenBucket(rate=1, capacity=1), None) is False
 
-    class Layered:  # the all_of shape: check(key=None, cost=1)
+    class Layered:  # the all_of shape, check(key=None, cost=1): its class says it is keyed
+        keyed = True
+
         def check(self, key: Any = None, cost: int = 1) -> None: ...
 
-    assert is_keyed(Layered()) is True
+    class Unsaid:  # the same shape, but no signature is read
+        def check(self, key: Any = None, cost: int = 1) -> None: ...
+
+    assert keyed_of(Layered(), None) is True
+    with pytest.raises(TypeError, match="Unsaid is not a limiter: its class declares no keyed"):
+        keyed_of(Unsaid(), None)
+    assert keyed_of(Unsaid(), False) is False
 
 
 def _mw(limiter: Any, **kwargs: Any) -> RateLimitMiddleware:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import nanobucket as nb
 from nanobucket.layered import LayeredDecision, all_of
 from nanobucket.reference import ExactBucket
 
@@ -43,6 +44,20 @@ def test_allow_with_the_clock_and_keyed_layers(impl: ModuleType, clock: ManualCl
         limit.allow()
     clock.advance(S)
     assert limit.allow("b") and not limit.allow("c")
+
+
+def test_a_layered_decision_is_a_decision_equal_on_its_five_fields(impl: ModuleType) -> None:
+    limit = all_of(impl.TokenBucket(rate=1, capacity=5), impl.TokenBucket(rate=2, capacity=2))
+    d = limit.check_at(None, 0)
+    plain = nb.Decision(True, 1, 0, S, 2)
+    assert d == plain and plain == d and d != nb.Decision(True, 0, 0, S, 2)
+    assert hash(d) == hash(plain) == hash((True, 1, 0, S, 2))
+    assert "__eq__" not in vars(LayeredDecision) and "__hash__" not in vars(LayeredDecision)
+    assert isinstance(d, nb.Decision) and (d.layer, len(d.decisions)) == (1, 2)
+    assert repr(d) == (
+        "LayeredDecision(allowed=True, remaining=1, retry_after_ns=0, "
+        f"reset_after_ns={S}, limit=2, layer=1)"
+    )
 
 
 def test_unkeyed_layers_need_no_key(impl: ModuleType, clock: ManualClock) -> None:
@@ -231,7 +246,7 @@ def test_bad_layers(impl: ModuleType) -> None:
     with pytest.raises(ValueError, match="at least one"):
         all_of()
     with pytest.raises(TypeError, match="not a limiter"):
-        all_of(impl.TokenBucket(rate=1, capacity=1), object())
+        all_of(impl.TokenBucket(rate=1, capacity=1), object())  # type: ignore[arg-type]
 
 
 def test_nested_all_of(impl: ModuleType) -> None:

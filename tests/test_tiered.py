@@ -177,6 +177,16 @@ def test_refund_reset_tokens_and_the_decision(impl: ModuleType, clock: ManualClo
     assert "tiered({'free': KeyedTokenBucket(rate=10, capacity=20" in repr(t)
 
 
+def test_a_tiered_decision_is_a_decision_equal_on_its_five_fields(impl: ModuleType) -> None:
+    t = nb.tiered({"free": impl.KeyedTokenBucket(*FREE)}, tier=lambda key: "free")
+    d = t.check_at("alice", 0, cost=5)
+    plain = nb.Decision(True, 15, 0, 500 * MS, 20)
+    assert d == plain and plain == d and d != nb.Decision(True, 14, 0, 500 * MS, 20)
+    assert hash(d) == hash(plain) == hash((True, 15, 0, 500 * MS, 20))
+    assert "__eq__" not in vars(nb.TieredDecision) and "__hash__" not in vars(nb.TieredDecision)
+    assert d.plan == "free" and isinstance(d, nb.Decision)
+
+
 # -- with the other parts ---------------------------------------------------------
 
 

@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Awaitable
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
-from nanobucket import _wait, waiting
+from nanobucket import _acquire, _wait
 from nanobucket._wait import Bell
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
@@ -107,7 +107,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[object, tuple[str, ...]]:
+def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[Any, tuple[str, ...]]:
     if keyed:
         return impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock), ("k",)
     return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()
@@ -322,12 +322,12 @@ def test_core_acquire_async_moves_up_too(impl: ModuleType, clock: ManualClock) -
         await settle()
         b = asyncio.create_task(bucket.acquire_async(cost=3))
         await settle()
-        assert waiting.waiters(bucket) == 2
+        assert _acquire.waiters(bucket) == 2
         clock.advance(S)
         a.cancel()
         assert await asyncio.wait_for(b, 2) is True  # without the move: 4 s of real sleep
         assert not bucket.allow() and bucket.peek().retry_after_ns == S
-        assert waiting.waiters(bucket) == 0
+        assert _acquire.waiters(bucket) == 0
 
     asyncio.run(main())
 

@@ -231,6 +231,8 @@ def test_exc_info_is_passed_on(impl: ModuleType) -> None:
 
 def test_bad_arguments(impl: ModuleType) -> None:
     class AsyncLimiter:
+        keyed = True
+
         async def check(self, key: Any, cost: int = 1) -> None: ...
 
     with pytest.raises(TypeError, match="synchronous limiter"):

@@ -18,6 +18,8 @@ cdef class AllowAll:
     (True, False, True)
     """
 
+    keyed = True  # allow(key=None, cost=1), as all_of's
+
     cdef tuple layers
     cdef _Limits first
     cdef bint needs_key

@@ -11,6 +11,7 @@ from ._bucket_py import TokenBucket as TokenBucket
 
 # Cython only: `nanobucket.layered.AllOf.allow` in one call (see _bucket_c.pyx).
 class AllowAll:
+    keyed: bool
     @staticmethod
     def of(layers: Sequence[Any], missing_key: Callable[[], object] | None) -> AllowAll | None: ...
     def allow(self, key: Hashable | None = None, cost: int = 1) -> bool: ...

@@ -44,6 +44,7 @@ from nanobucket._capi cimport (
 
 import os
 
+from . import _acquire
 from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
 
 
@@ -680,12 +681,12 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         cdef int64_t c = self._cost(cost)
         cdef int64_t now, tat, base
         if timeout is not None:
-            waiting_module().check_timeout(timeout)
+            _acquire.check_timeout(timeout)
         now = self._now()
         if gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                     &tat, &base):
             return True
-        return waiting_module().acquire_slow(self, (), c, timeout)
+        return _acquire.acquire_slow(self, (), c, timeout)
 
     def acquire_async(self, cost=1, timeout=None):
         """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing.
@@ -695,7 +696,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         >>> asyncio.run(b.acquire_async()), asyncio.run(b.acquire_async(timeout=0))
         (True, False)
         """
-        return waiting_module().acquire_async(self, (), cost, timeout)
+        return _acquire.acquire_async(self, (), cost, timeout)
 
 
 def _restore_token_bucket(rate, capacity, clock, int64_t tat):
@@ -712,16 +713,6 @@ include "_keyed.pxi"
 
 cdef int64_t INT64_MAX = 0x7FFFFFFFFFFFFFFF
 cdef int64_t INT64_MIN = -INT64_MAX - 1
-cdef object _waiting = None
-
-
-cdef object waiting_module():
-    """``nanobucket.waiting``, imported on first use (it imports nothing from here)."""
-    global _waiting
-    if _waiting is None:
-        from . import waiting
-        _waiting = waiting
-    return _waiting
 
 
 cdef int64_t carry_over(int64_t tat, int64_t now, object interval, object tau,

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 
-from . import waiting as _waiting
+from . import _acquire
 from ._params import (
     NS_PER_S,
     RateLike,
@@ -501,10 +501,10 @@ class TokenBucket(_Limits):
         """
         cost = self._cost(cost)
         if timeout is not None:
-            _waiting.check_timeout(timeout)
+            _acquire.check_timeout(timeout)
         if self._allow(self._now(), cost):
             return True
-        return _waiting.acquire_slow(self, (), cost, timeout)
+        return _acquire.acquire_slow(self, (), cost, timeout)
 
     def acquire_async(self, cost: int = 1, timeout: float | None = None) -> Awaitable[bool]:
         """`acquire` for asyncio: ``await b.acquire_async()``; cancellation reserves nothing.
@@ -514,7 +514,7 @@ class TokenBucket(_Limits):
         >>> asyncio.run(b.acquire_async()), asyncio.run(b.acquire_async(timeout=0))
         (True, False)
         """
-        return _waiting.acquire_async(self, (), cost, timeout)
+        return _acquire.acquire_async(self, (), cost, timeout)
 
 
 class KeyedTokenBucket(_Limits):
@@ -882,10 +882,10 @@ class KeyedTokenBucket(_Limits):
         """
         cost = self._cost(cost)
         if timeout is not None:
-            _waiting.check_timeout(timeout)
+            _acquire.check_timeout(timeout)
         if self._allow(key, self._now(), cost):
             return True
-        return _waiting.acquire_slow(self, (key,), cost, timeout)
+        return _acquire.acquire_slow(self, (key,), cost, timeout)
 
     def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
@@ -897,4 +897,4 @@ class KeyedTokenBucket(_Limits):
         >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
         (True, False)
         """
-        return _waiting.acquire_async(self, (key,), cost, timeout)
+        return _acquire.acquire_async(self, (key,), cost, timeout)

@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from ._limiter import is_keyed
 from ._params import NS_PER_S, check_cost, rate_fraction
 from .tiered import AsyncTiered, Tiered
 
@@ -434,43 +435,25 @@ def key_func(key: object) -> KeyFunc:
 # Limiters
 
 
-def is_keyed(limiter: object) -> bool:
-    """Whether ``limiter.check`` takes a key first (``check(key, cost)``).
-
-    Read from the signature: ``check(cost=1)`` is unkeyed, ``check(key,
-    cost=1)`` and ``check(key=None, cost=1)`` (layered limiters) are keyed.
-    """
-    check = getattr(limiter, "check", None)
-    if not callable(check):
+def keyed_of(limiter: object, keyed: bool | None) -> bool:
+    """Whether ``limiter.check`` takes a key first: *keyed* when given, else the
+    limiter's own ``keyed`` (see `nanobucket._limiter`)."""
+    if not callable(getattr(limiter, "check", None)):
         raise TypeError(
             f"limiter must have a check() method (a nanobucket limiter), "
             f"not {type(limiter).__name__}"
         )
-    keyed = getattr(limiter, "keyed", None)  # every nanobucket limiter says
-    if isinstance(keyed, bool):
+    if keyed is not None:
         return keyed
     try:
-        params = list(inspect.signature(check).parameters)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"cannot tell whether {type(limiter).__name__}.check takes a key: pass keyed=True/False"
-        ) from None
-    if params and params[0] == "cost":
-        return False
-    if params and params[0] == "key":
-        return True
-    raise TypeError(
-        f"cannot tell whether {type(limiter).__name__}.check takes a key: pass keyed=True/False"
-    )
+        return is_keyed(limiter)
+    except TypeError as e:
+        raise TypeError(f"{e}: give it one, or pass keyed=True/False") from None
 
 
-def checker(limiter: object, keyed: bool | None = None) -> Check:
+def checker(limiter: Any, keyed: bool) -> Check:
     """``(key, cost) -> Decision`` for any limiter, keyed or not."""
-    if keyed is None:
-        keyed = is_keyed(limiter)
-    elif not callable(getattr(limiter, "check", None)):
-        raise TypeError(f"limiter must have a check() method, not {type(limiter).__name__}")
-    check = limiter.check  # type: ignore[attr-defined]
+    check = limiter.check
     if keyed:
         return check  # type: ignore[no-any-return]
 
@@ -592,7 +575,7 @@ class Policy:
                 "slot around the handler instead (with limiter.slot(key): ...)"
             )
         self.limiter = limiter  # for charge= (refund and debit after the response)
-        self.keyed = is_keyed(limiter) if keyed is None else keyed
+        self.keyed = keyed_of(limiter, keyed)
         self.check = checker(limiter, self.keyed)
         self.is_async = is_async(limiter)
         self.name = name

@@ -797,10 +797,10 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         """
         cdef int64_t c = self._cost(cost)
         if timeout is not None:
-            waiting_module().check_timeout(timeout)
+            _acquire.check_timeout(timeout)
         if self._allow(key, self._now(), c):
             return True
-        return waiting_module().acquire_slow(self, (key,), c, timeout)
+        return _acquire.acquire_slow(self, (key,), c, timeout)
 
     def acquire_async(self, key, cost=1, timeout=None):
         """`acquire` for asyncio: ``await t.acquire_async(key)``.
@@ -810,7 +810,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
         (True, False)
         """
-        return waiting_module().acquire_async(self, (key,), cost, timeout)
+        return _acquire.acquire_async(self, (key,), cost, timeout)
 
 
 # -- the keyed table and the garbage collector -----------------------------------

@@ -43,9 +43,10 @@ from collections.abc import Callable, Hashable, Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from ._acquire import DEFAULT_MAX_WAITERS, check_max_waiters, check_timeout
 from ._bucket import TokenBucket
 from ._params import NS_PER_S, RateLike, bucket_params, check_max_keys, public_rate
-from .waiting import DEFAULT_MAX_WAITERS, Waiting, check_max_waiters, check_timeout
+from .waiting import Waiting
 
 __all__ = (
     "IDEMPOTENT",

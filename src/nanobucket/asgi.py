@@ -45,7 +45,7 @@ class RateLimitMiddleware:
     * *limiter*: any nanobucket limiter, keyed (``check(key, cost)``:
       `KeyedTokenBucket`, the shared-memory and Redis tables, ``all_of``) or
       unkeyed (``check(cost)``: `TokenBucket`, one limit for the whole app);
-      told apart by ``check``'s signature, or by *keyed* when given. An
+      told apart by the limiter's ``keyed`` attribute, or by *keyed* when given. An
       asyncio limiter (``async def check``) is awaited.
     * *key*: ``client_address()`` (default), ``header("X-API-Key")``,
       ``route()``, a tuple of them (one composite key), or a callable taking

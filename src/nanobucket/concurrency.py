@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from . import waiting as _waiting
+from ._acquire import DEFAULT_MAX_WAITERS, NO_LIMIT, check_max_waiters, check_timeout
 from ._bucket import Decision
 from ._params import NS_PER_S, check_cost, check_max_keys, check_now, exact_int
 from ._wait import Alarm, AsyncSleep, Bell, SleepOrWake, bell_wait
@@ -51,7 +51,7 @@ from .decorator import RateLimited
 __all__ = ("Concurrency", "KeyedConcurrency", "Slot")
 
 DEFAULT_MAX_KEYS = 100_000
-_FOREVER_S = _waiting.NO_LIMIT / NS_PER_S  # a wait without timeout (146 years)
+_FOREVER_S = NO_LIMIT / NS_PER_S  # a wait without timeout (146 years)
 
 
 def _check_max(max_in_flight: object) -> int:
@@ -62,7 +62,7 @@ def _check_max(max_in_flight: object) -> int:
 
 
 def _seconds(timeout: object) -> float:
-    seconds = _waiting.check_timeout(timeout)
+    seconds = check_timeout(timeout)
     return _FOREVER_S if seconds is None else min(seconds, _FOREVER_S)
 
 
@@ -106,7 +106,7 @@ class _InFlight:
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         self._max = _check_max(max_in_flight)
         self._max_keys = max_keys
-        self._max_waiters = _waiting.check_max_waiters(max_waiters)
+        self._max_waiters = check_max_waiters(max_waiters)
         self._sleep_or_wake: SleepOrWake = sleep_or_wake or bell_wait
         self._async_sleep: AsyncSleep = async_sleep or asyncio.sleep
         self._counts: dict[Hashable, _Count] = {}  # only keys holding or awaited
@@ -298,7 +298,7 @@ class Slot:
     def __init__(
         self, limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None
     ) -> None:
-        _waiting.check_timeout(timeout)
+        check_timeout(timeout)
         limiter.peek(*key, cost)  # checks the key and the cost now, takes nothing
         self.limiter, self.key, self.cost, self.timeout = limiter, key, cost, timeout
 
@@ -351,7 +351,7 @@ class Concurrency(_InFlight):
         self,
         max_in_flight: int,
         *,
-        max_waiters: int = _waiting.DEFAULT_MAX_WAITERS,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
         sleep_or_wake: SleepOrWake | None = None,
         async_sleep: AsyncSleep | None = None,
     ) -> None:
@@ -550,7 +550,7 @@ class KeyedConcurrency(_InFlight):
         max_in_flight: int,
         *,
         max_keys: int = DEFAULT_MAX_KEYS,
-        max_waiters: int = _waiting.DEFAULT_MAX_WAITERS,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
         sleep_or_wake: SleepOrWake | None = None,
         async_sleep: AsyncSleep | None = None,
     ) -> None:

@@ -20,7 +20,9 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from . import waiting as _waiting
+from ._acquire import check_timeout
+from ._bucket import KeyedTokenBucket, TokenBucket
+from ._limiter import KeyedLimiter, Limiter, is_keyed
 from ._params import NS_PER_S, RateLike
 from .hooks import Hook, LimitEvent, make_hooks
 
@@ -60,7 +62,7 @@ class RateLimited(Exception):
 
 
 def limit(
-    limiter: Any = None,
+    limiter: Limiter | KeyedLimiter | None = None,
     *,
     rate: RateLike | None = None,
     capacity: int | None = None,
@@ -94,20 +96,20 @@ def limit(
     >>> [upload("alice", b"abc"), upload("alice", b"de"), upload("bob", b"f")]
     [3, 2, 1]
     """
-    limiter = _make_limiter(limiter, rate, capacity, key)
-    keyed = _waiting.is_keyed(limiter)
-    optional = getattr(limiter, "key_optional", False)
+    chosen: Any = _make_limiter(limiter, rate, capacity, key)
+    keyed = is_keyed(chosen)
+    optional = getattr(chosen, "key_optional", False)
     if keyed and key is None and not optional:
-        raise TypeError(f"{type(limiter).__name__} is keyed: pass key=<callable returning the key>")
+        raise TypeError(f"{type(chosen).__name__} is keyed: pass key=<callable returning the key>")
     if not keyed and key is not None:
-        raise TypeError(f"{type(limiter).__name__} is not keyed: key= has no bucket to pick")
+        raise TypeError(f"{type(chosen).__name__} is not keyed: key= has no bucket to pick")
     if key is not None and not callable(key):
         raise TypeError(f"key must be a callable, not {type(key).__name__}")
     if not isinstance(wait, bool):
         raise TypeError(f"wait must be a bool, not {type(wait).__name__}")
-    _waiting.check_timeout(timeout)
-    if wait and not hasattr(limiter, "acquire"):
-        raise TypeError(f"{type(limiter).__name__} cannot wait (no acquire())")
+    check_timeout(timeout)
+    if wait and not hasattr(chosen, "acquire"):
+        raise TypeError(f"{type(chosen).__name__} cannot wait (no acquire())")
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):
         raise TypeError(f"cost must be an int or a callable, not {type(cost).__name__}")
     hooks = make_hooks(on_decision, on_limited, allow_async=True)
@@ -119,10 +121,10 @@ def limit(
         c = cost(*args, **kwargs) if callable(cost) else cost
         return k, c
 
-    holds = getattr(limiter, "releases", False) is True  # slots to give back after the call
+    holds = getattr(chosen, "releases", False) is True  # slots to give back after the call
 
     def refused(k: tuple[Any, ...], c: Any) -> RateLimited:
-        d = limiter.peek(*k, c)
+        d = chosen.peek(*k, c)
         return RateLimited(d.retry_after_ns, d)
 
     def decorate(fn: F) -> F:
@@ -133,10 +135,10 @@ def limit(
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 k, c = prefix(args, kwargs)
                 if wait:
-                    if not await limiter.acquire_async(*k, cost=c, timeout=timeout):
+                    if not await chosen.acquire_async(*k, cost=c, timeout=timeout):
                         raise refused(k, c)
                 else:
-                    d = limiter.check(*k, c)
+                    d = chosen.check(*k, c)
                     if hooks is not None:
                         event = LimitEvent(k[0] if k else None, name, c, d)
                         if hooks.awaited:
@@ -150,9 +152,9 @@ def limit(
                 try:
                     return await fn(*args, **kwargs)
                 finally:
-                    limiter.release(*k, c)
+                    chosen.release(*k, c)
 
-            async_wrapper.limiter = limiter  # type: ignore[attr-defined]
+            async_wrapper.limiter = chosen  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
 
         if hooks is not None and hooks.awaited:
@@ -162,10 +164,10 @@ def limit(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             k, c = prefix(args, kwargs)
             if wait:
-                if not limiter.acquire(*k, cost=c, timeout=timeout):
+                if not chosen.acquire(*k, cost=c, timeout=timeout):
                     raise refused(k, c)
             else:
-                d = limiter.check(*k, c)
+                d = chosen.check(*k, c)
                 if hooks is not None:
                     hooks.emit(LimitEvent(k[0] if k else None, name, c, d))
                 if not d.allowed:
@@ -175,9 +177,9 @@ def limit(
             try:
                 return fn(*args, **kwargs)
             finally:
-                limiter.release(*k, c)
+                chosen.release(*k, c)
 
-        wrapper.limiter = limiter  # type: ignore[attr-defined]
+        wrapper.limiter = chosen  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
@@ -194,8 +196,6 @@ def _make_limiter(
         return limiter
     if rate is None or capacity is None:
         raise TypeError("limit() needs a limiter, or both rate= and capacity=")
-    from ._bucket import KeyedTokenBucket, TokenBucket
-
     if key is not None:
         return KeyedTokenBucket(rate, capacity)
     return TokenBucket(rate, capacity)

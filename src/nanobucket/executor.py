@@ -30,9 +30,11 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
+from ._acquire import NO_LIMIT, check_timeout
+from ._limiter import is_keyed
 from ._params import check_cost, exact_int
 from .decorator import RateLimited
-from .waiting import NO_LIMIT, Waiting, check_timeout, is_keyed
+from .waiting import Waiting
 
 __all__ = ("DEFAULT_MAX_PENDING", "LimitedExecutor", "QueueFull")
 

@@ -44,8 +44,9 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from . import waiting as _waiting
-from ._params import NS_PER_S
+from . import _acquire
+from ._bucket import Decision
+from ._limiter import KeyedLimiter, Limiter, is_keyed
 from .concurrency import Slot
 
 try:  # the one-call fast path for layers that are all Cython buckets on one clock
@@ -58,7 +59,7 @@ __all__ = ("AllOf", "LayeredDecision", "all_of")
 _PLAIN, _KEYED, _NESTED = 0, 1, 2  # how a layer takes the key
 
 
-class LayeredDecision:
+class LayeredDecision(Decision):
     """The `Decision` of an ``all_of``: the binding layer's numbers, and which layer.
 
     ``retry_after_ns`` is the largest of the layers' (when every layer will
@@ -67,6 +68,7 @@ class LayeredDecision:
     order given to ``all_of``) of the binding layer: the rejecting layer with
     the longest wait, or when admitted the one with the fewest tokens left;
     ``limit`` is that layer's capacity. ``decisions`` holds every layer's own.
+    Equality compares the five Decision fields only, as for every decision.
 
     >>> from nanobucket import TokenBucket
     >>> limit = all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=2, capacity=2))
@@ -75,19 +77,27 @@ class LayeredDecision:
     (True, 1, 2, 1, 1000000000)
     """
 
-    __slots__ = (
-        "allowed",
-        "decisions",
-        "layer",
-        "limit",
-        "remaining",
-        "reset_after_ns",
-        "retry_after_ns",
-    )
+    __slots__ = {
+        "decisions": """Every layer's own decision, in the order given to ``all_of``.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=2, capacity=2))
+        >>> [d.remaining for d in limit.check_at(None, 0).decisions]
+        [4, 1]
+        """,
+        "layer": """The index of the binding layer (in the order given to ``all_of``).
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=4, capacity=1), TokenBucket(rate=1, capacity=1))
+        >>> limit.allow_at(None, 0), limit.check_at(None, 0).layer   # the slower one binds
+        (True, 1)
+        """,
+    }
+
+    decisions: tuple[Any, ...]
+    layer: int
 
     def __init__(self, allowed: bool, decisions: Sequence[Any]) -> None:
-        self.allowed = allowed
-        self.decisions = tuple(decisions)
         if allowed:
             layer = min(range(len(decisions)), key=lambda i: decisions[i].remaining)
         else:
@@ -95,61 +105,24 @@ class LayeredDecision:
                 range(len(decisions)),
                 key=lambda i: (not decisions[i].allowed, decisions[i].retry_after_ns),
             )
-        self.layer = layer
-        self.limit: int = decisions[layer].limit
-        self.remaining: int = min(d.remaining for d in decisions)
-        self.retry_after_ns: int = max(d.retry_after_ns for d in decisions)
-        self.reset_after_ns: int = max(d.reset_after_ns for d in decisions)
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until every layer would admit the same request (0.0 if admitted).
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=4, capacity=1), TokenBucket(rate=1, capacity=1))
-        >>> limit.allow_at(None, 0), limit.check_at(None, 0).retry_after
-        (True, 1.0)
-        """
-        return self.retry_after_ns / NS_PER_S
-
-    @property
-    def reset_after(self) -> float:
-        """Seconds until every layer is full again.
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=4, capacity=2), TokenBucket(rate=1, capacity=2))
-        >>> limit.check_at(None, 0).reset_after   # the slower layer takes 1 s
-        1.0
-        """
-        return self.reset_after_ns / NS_PER_S
-
-    def __bool__(self) -> bool:
-        return self.allowed
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LayeredDecision):
-            return NotImplemented
-        return (self.allowed, self.layer, self.decisions) == (
-            other.allowed,
-            other.layer,
-            other.decisions,
+        super().__init__(
+            allowed,
+            min(d.remaining for d in decisions),
+            max(d.retry_after_ns for d in decisions),
+            max(d.reset_after_ns for d in decisions),
+            decisions[layer].limit,
         )
-
-    def __hash__(self) -> int:
-        return hash((self.allowed, self.layer, self.decisions))
+        self.decisions = tuple(decisions)
+        self.layer = layer
 
     def __repr__(self) -> str:
-        return (
-            f"LayeredDecision(allowed={self.allowed}, remaining={self.remaining}, "
-            f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
-            f"limit={self.limit}, layer={self.layer})"
-        )
+        return f"{super().__repr__()[:-1]}, layer={self.layer})"
 
 
 def _style(layer: object) -> int:
     if isinstance(layer, AllOf):
         return _NESTED
-    return _KEYED if _waiting.is_keyed(layer) else _PLAIN
+    return _KEYED if is_keyed(layer) else _PLAIN
 
 
 class AllOf:
@@ -220,29 +193,9 @@ class AllOf:
         >>> int(limit.layers[0].tokens())  # and the first was not charged for the refusal
         1
         """
-        if key is None and self._needs_key:
-            self._key(key)
-        done = 0
-        steps = self._steps
-        try:
-            for allow, style, _ in steps:
-                if not (allow(cost) if style == _PLAIN else allow(key, cost)):
-                    break
-                done += 1
-            else:
-                return True
-        except BaseException:
-            self._undo(steps, done, key, cost)
-            raise
-        self._undo(steps, done, key, cost)
-        return False
-
-    def _undo(self, steps: tuple[Any, ...], done: int, key: Hashable | None, cost: int) -> None:
-        for _, style, refund in steps[:done]:
-            if style == _PLAIN:
-                refund(cost)
-            else:
-                refund(key, cost)
+        # Never reached on an all_of that __init__ built: it puts code made for
+        # its layers in this method's place (`_compile_allow`, or `AllowAll`).
+        raise TypeError("this AllOf was not initialised: build it with all_of(...)")
 
     def allow_at(self, key: Hashable | None, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns); *key* may be None without keyed layers.
@@ -456,12 +409,12 @@ class AllOf:
         (True, False)
         """
         if timeout is not None:
-            _waiting.check_timeout(timeout)
+            _acquire.check_timeout(timeout)
         if self.allow(key, cost):
             return True
         if self.releases:
             return self._hold(key, cost, timeout)
-        return _waiting.acquire_slow(self, (key,), cost, timeout)
+        return _acquire.acquire_slow(self, (key,), cost, timeout)
 
     def _hold(self, key: Hashable | None, cost: int, timeout: float | None) -> bool:
         """`acquire` with in-flight layers: their slots in order, then the tokens."""
@@ -482,7 +435,7 @@ class AllOf:
 
     async def _hold_async(self, key: Hashable | None, cost: int, timeout: float | None) -> bool:
         """`_hold` for asyncio: a cancelled waiter releases what it held."""
-        _waiting.check_timeout(timeout)
+        _acquire.check_timeout(timeout)
         if self.allow(key, cost):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -514,7 +467,7 @@ class AllOf:
         self._key(key)
         if self.releases:
             return self._hold_async(key, cost, timeout)
-        return _waiting.acquire_async(self, (key,), cost, timeout)
+        return _acquire.acquire_async(self, (key,), cost, timeout)
 
     def _in_flight(self) -> None:
         if not self.releases:
@@ -608,7 +561,7 @@ def _missing_key() -> None:
     raise TypeError("this all_of has a keyed layer: pass a key, e.g. allow(key)")
 
 
-def all_of(*limiters: Any) -> AllOf:
+def all_of(*limiters: Limiter | KeyedLimiter) -> AllOf:
     """One limiter admitting a request only if every one of *limiters* does.
 
     >>> from nanobucket import KeyedTokenBucket, TokenBucket

@@ -19,10 +19,10 @@ import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
+from ._acquire import check_timeout
 from ._params import exact_int
 from .decorator import RateLimited
 from .executor import checked_cost, key_prefix
-from .waiting import check_timeout
 
 __all__ = ("paced", "paced_gather")
 

@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, 
 from types import MappingProxyType
 from typing import Any
 
-from ._bucket_py import Decision
+from ._bucket import Decision
 from ._params import check_max_keys
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
@@ -604,7 +604,7 @@ class _WaitingTiered(Tiered):
 
         >>> import asyncio
         >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=1000, capacity=1)}, tier=lambda k: "free")
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1, capacity=1)}, tier=lambda k: "free")
         >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
         (True, False)
         """

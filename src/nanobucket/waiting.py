@@ -36,197 +36,18 @@ True
 from __future__ import annotations
 
 import asyncio
-import inspect
-import math
-import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from . import _wait
-from ._params import NS_PER_S, exact_int
+from ._acquire import DEFAULT_MAX_WAITERS, Gate, check_max_waiters, max_wait_ns
+from ._bucket import TokenBucket
+from ._limiter import KeyedLimiter, Limiter, is_keyed
 from ._wait import AsyncSleep, SleepOrWake
 
-__all__ = (
-    "DEFAULT_MAX_WAITERS",
-    "LeakyBucket",
-    "Waiting",
-    "acquire_async",
-    "acquire_slow",
-    "check_timeout",
-    "is_keyed",
-)
-
-DEFAULT_MAX_WAITERS = 1024
-NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
+__all__ = ("DEFAULT_MAX_WAITERS", "LeakyBucket", "Waiting")
 
 Sleep = Callable[[float], object]
-
-
-def check_timeout(timeout: object) -> float | None:
-    """Return *timeout* (seconds, >= 0, or None for no limit), or raise.
-
-    >>> check_timeout(1), check_timeout(None)
-    (1.0, None)
-    >>> check_timeout(-1)
-    Traceback (most recent call last):
-    ...
-    ValueError: timeout must be >= 0 seconds, got -1
-    """
-    if timeout is None:
-        return None
-    kind = type(timeout)  # not isinstance: an object can claim a __class__
-    if kind is bool or not issubclass(kind, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not {kind.__name__}")
-    # The value itself, read once: a subclass's __float__ or __index__ is not asked.
-    if issubclass(kind, float):
-        seconds = float.__float__(timeout)  # type: ignore[arg-type]
-    else:
-        try:
-            seconds = float(exact_int(timeout, "timeout"))
-        except OverflowError:
-            seconds = math.inf  # more seconds than a float holds: no limit
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-    return seconds
-
-
-def check_max_waiters(max_waiters: object) -> int:
-    """Return *max_waiters* as an int >= 0, or raise."""
-    value = exact_int(max_waiters, "max_waiters")
-    if value < 0:
-        raise ValueError(f"max_waiters must be >= 0, got {value!r}")
-    return value
-
-
-def _max_wait_ns(timeout: object) -> int:
-    seconds = check_timeout(timeout)
-    if seconds is None or seconds * NS_PER_S >= NO_LIMIT:
-        return NO_LIMIT
-    return int(seconds * NS_PER_S)  # rounded down: never wait past the timeout
-
-
-def is_keyed(limiter: object) -> bool:
-    """True if *limiter*'s verbs take a key first (``allow(key, cost=1)``).
-
-    >>> import nanobucket as nb
-    >>> is_keyed(nb.TokenBucket(rate=1, capacity=1)), is_keyed(nb.KeyedTokenBucket(1, 1))
-    (False, True)
-    """
-    keyed = getattr(limiter, "keyed", None)
-    if isinstance(keyed, bool):
-        return keyed
-    allow = getattr(limiter, "allow", None)
-    if allow is None:
-        raise TypeError(f"{type(limiter).__name__} has no allow(): not a limiter")
-    try:
-        params = [p for p in inspect.signature(allow).parameters if p != "self"]
-        return bool(params) and params[0] == "key"
-    except (TypeError, ValueError):
-        pass
-    # A Cython method built with binding=False has no signature object, but
-    # embedsignature puts "Class.allow(self, key, cost=1)" on its docstring.
-    first = (getattr(allow, "__doc__", None) or "").split("\n", 1)[0]
-    if ".allow(" in first:
-        params = [p.strip().split("=")[0] for p in first.split("(", 1)[1].split(",")]
-        params = [p for p in params if p and p != "self"]
-        return bool(params) and params[0] == "key"
-    raise TypeError(
-        f"cannot tell whether {type(limiter).__name__}.allow takes a key: "
-        "give the limiter a bool attribute `keyed`"
-    )
-
-
-class _Gate:
-    """Counts the waiters of one limiter and refuses past its bound."""
-
-    __slots__ = ("count", "limit", "lock")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.count = 0
-        self.lock = threading.Lock()
-
-    def enter(self) -> bool:
-        with self.lock:
-            if self.count >= self.limit:
-                return False
-            self.count += 1
-            return True
-
-    def leave(self) -> None:
-        with self.lock:
-            self.count -= 1
-
-
-# Gates of the core classes' own acquire(): a core object has no room for
-# one, so it lives here, keyed by id(), only while the object has waiters
-# (the object is alive while its method runs, so the id cannot be reused).
-_gates: dict[int, _Gate] = {}
-_gates_lock = threading.Lock()
-
-
-def _enter_default(limiter: object) -> bool:
-    with _gates_lock:
-        gate = _gates.get(id(limiter))
-        if gate is None:
-            gate = _gates[id(limiter)] = _Gate(DEFAULT_MAX_WAITERS)
-        if gate.count >= gate.limit:
-            return False
-        gate.count += 1
-        return True
-
-
-def _leave_default(limiter: object) -> None:
-    with _gates_lock:
-        gate = _gates[id(limiter)]
-        gate.count -= 1
-        if not gate.count:
-            del _gates[id(limiter)]
-
-
-def waiters(limiter: object) -> int:
-    """Callers of *limiter*'s own ``acquire`` waiting now (0 when none)."""
-    with _gates_lock:
-        gate = _gates.get(id(limiter))
-        return gate.count if gate is not None else 0
-
-
-def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
-    """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``).
-
-    >>> from nanobucket import TokenBucket
-    >>> b = TokenBucket(rate=1, capacity=1)
-    >>> b.allow(), acquire_slow(b, (), 1, timeout=0.5)   # would wait ~1 s: refused at once
-    (True, False)
-    """
-    max_wait = _max_wait_ns(timeout)
-    if not _enter_default(limiter):
-        return False
-    try:
-        return _wait.wait_sync(limiter, key, cost, max_wait, False)
-    finally:
-        _leave_default(limiter)
-
-
-async def acquire_async(
-    limiter: Any, key: tuple[Hashable, ...], cost: object, timeout: object
-) -> bool:
-    """The core classes' ``acquire_async``: reserve, then sleep in asyncio.
-
-    >>> from nanobucket import KeyedTokenBucket
-    >>> t = KeyedTokenBucket(rate=1, capacity=1)
-    >>> [asyncio.run(acquire_async(t, ("alice",), 1, 0.5)) for _ in range(2)]
-    [True, False]
-    """
-    max_wait = _max_wait_ns(timeout)
-    if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
-        return True
-    if not _enter_default(limiter):
-        return False
-    try:
-        return await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
-    finally:
-        _leave_default(limiter)
 
 
 class Waiting:
@@ -256,7 +77,7 @@ class Waiting:
 
     def __init__(
         self,
-        limiter: Any,
+        limiter: Limiter | KeyedLimiter,
         *,
         max_waiters: int = DEFAULT_MAX_WAITERS,
         shape: bool = False,
@@ -280,10 +101,10 @@ class Waiting:
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         if sleep is not None and sleep_or_wake is not None:
             raise TypeError("give sleep or sleep_or_wake, not both")
-        self.limiter = limiter
+        self.limiter: Any = limiter  # its private _reserve, too
         self.keyed = is_keyed(limiter)
         self.shape = shape
-        self._gate = _Gate(check_max_waiters(max_waiters))
+        self._gate = Gate(check_max_waiters(max_waiters))
         self._sleep_or_wake: SleepOrWake = (
             _wait.PlainSleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
         )
@@ -345,7 +166,7 @@ class Waiting:
         (True, False, True)
         """
         key, c = self._split(args, cost)
-        max_wait = _max_wait_ns(timeout)
+        max_wait = max_wait_ns(timeout)
         limiter = self.limiter
         if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
             return True  # tokens at hand: no need to count as a waiter
@@ -367,7 +188,7 @@ class Waiting:
         (True, True)
         """
         key, c = self._split(args, cost)
-        max_wait = _max_wait_ns(timeout)
+        max_wait = max_wait_ns(timeout)
         limiter = self.limiter
         if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
             return True
@@ -410,8 +231,6 @@ class LeakyBucket(Waiting):
         async_sleep: AsyncSleep | None = None,
         sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
-        from ._bucket import TokenBucket
-
         super().__init__(
             TokenBucket(rate, capacity, clock=clock),
             max_waiters=max_waiters,

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
-from .. import waiting as _waiting
+from .. import _acquire
 from .._params import RateLike, check_now
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client, bounded_client, client_from_url
@@ -448,7 +448,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        wait = await self._reserve(key, None, cost, _waiting._max_wait_ns(timeout), False)
+        wait = await self._reserve(key, None, cost, _acquire.max_wait_ns(timeout), False)
         return await _sleep_reserved(self, wait, lambda: self.refund(key, cost))
 
     acquire = acquire_async

@@ -20,7 +20,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import waiting as _waiting
+from .. import _acquire
 from .._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost
 from . import _clients
 from ._breaker import CircuitBreaker
@@ -407,7 +407,7 @@ async def _sleep_reserved(
     """Sleep out a reservation of *wait* ns on the loop; a cancelled sleep gives it back."""
     if wait <= 0:
         return wait == 0
-    if not _waiting._enter_default(limiter):  # the bound on waiters, as in process
+    if not _acquire.enter_default(limiter):  # the bound on waiters, as in process
         await give_back()
         return False
     try:
@@ -418,5 +418,5 @@ async def _sleep_reserved(
             await asyncio.shield(asyncio.ensure_future(give_back()))
         raise
     finally:
-        _waiting._leave_default(limiter)
+        _acquire.leave_default(limiter)
     return True

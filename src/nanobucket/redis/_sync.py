@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import waiting as _waiting
+from .. import _acquire
 from .._params import RateLike, check_now
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
@@ -89,7 +89,7 @@ class _SyncLimits(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
+        return _acquire.acquire_slow(self, (key,), cost, _acquire.check_timeout(timeout))
 
     async def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
@@ -104,7 +104,7 @@ class _SyncLimits(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        max_wait = _waiting._max_wait_ns(timeout)
+        max_wait = _acquire.max_wait_ns(timeout)
         wait = await asyncio.to_thread(self._reserve, key, None, cost, max_wait, False)
         return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
 

@@ -1,0 +1,171 @@
+"""What every limiter's ``acquire`` is built on: the timeout, the bound on waiters, the wait.
+
+The core classes (`TokenBucket`, `KeyedTokenBucket`, ``all_of``, the Redis
+limiters) call `acquire_slow` / `acquire_async` once a plain take has
+failed; `nanobucket.waiting.Waiting` adds its own bound and shaping on top.
+The line the waiters stand in is `_wait`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+from . import _wait
+from ._params import NS_PER_S, exact_int
+
+__all__ = (
+    "DEFAULT_MAX_WAITERS",
+    "NO_LIMIT",
+    "Gate",
+    "acquire_async",
+    "acquire_slow",
+    "check_max_waiters",
+    "check_timeout",
+    "enter_default",
+    "leave_default",
+    "max_wait_ns",
+    "waiters",
+)
+
+DEFAULT_MAX_WAITERS = 1024
+NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
+
+
+def check_timeout(timeout: object) -> float | None:
+    """Return *timeout* (seconds, >= 0, or None for no limit), or raise.
+
+    >>> check_timeout(1), check_timeout(None)
+    (1.0, None)
+    >>> check_timeout(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be >= 0 seconds, got -1
+    """
+    if timeout is None:
+        return None
+    kind = type(timeout)  # not isinstance: an object can claim a __class__
+    if kind is bool or not issubclass(kind, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not {kind.__name__}")
+    # The value itself, read once: a subclass's __float__ or __index__ is not asked.
+    if issubclass(kind, float):
+        seconds = float.__float__(timeout)  # type: ignore[arg-type]
+    else:
+        try:
+            seconds = float(exact_int(timeout, "timeout"))
+        except OverflowError:
+            seconds = math.inf  # more seconds than a float holds: no limit
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return seconds
+
+
+def check_max_waiters(max_waiters: object) -> int:
+    """Return *max_waiters* as an int >= 0, or raise."""
+    value = exact_int(max_waiters, "max_waiters")
+    if value < 0:
+        raise ValueError(f"max_waiters must be >= 0, got {value!r}")
+    return value
+
+
+def max_wait_ns(timeout: object) -> int:
+    seconds = check_timeout(timeout)
+    if seconds is None or seconds * NS_PER_S >= NO_LIMIT:
+        return NO_LIMIT
+    return int(seconds * NS_PER_S)  # rounded down: never wait past the timeout
+
+
+class Gate:
+    """Counts the waiters of one limiter and refuses past its bound."""
+
+    __slots__ = ("count", "limit", "lock")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> bool:
+        with self.lock:
+            if self.count >= self.limit:
+                return False
+            self.count += 1
+            return True
+
+    def leave(self) -> None:
+        with self.lock:
+            self.count -= 1
+
+
+# Gates of the core classes' own acquire(): a core object has no room for
+# one, so it lives here, keyed by id(), only while the object has waiters
+# (the object is alive while its method runs, so the id cannot be reused).
+_gates: dict[int, Gate] = {}
+_gates_lock = threading.Lock()
+
+
+def enter_default(limiter: object) -> bool:
+    with _gates_lock:
+        gate = _gates.get(id(limiter))
+        if gate is None:
+            gate = _gates[id(limiter)] = Gate(DEFAULT_MAX_WAITERS)
+        if gate.count >= gate.limit:
+            return False
+        gate.count += 1
+        return True
+
+
+def leave_default(limiter: object) -> None:
+    with _gates_lock:
+        gate = _gates[id(limiter)]
+        gate.count -= 1
+        if not gate.count:
+            del _gates[id(limiter)]
+
+
+def waiters(limiter: object) -> int:
+    """Callers of *limiter*'s own ``acquire`` waiting now (0 when none)."""
+    with _gates_lock:
+        gate = _gates.get(id(limiter))
+        return gate.count if gate is not None else 0
+
+
+def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None) -> bool:
+    """The waiting part of the core classes' ``acquire`` (after a rejected ``allow``).
+
+    >>> from nanobucket import TokenBucket
+    >>> b = TokenBucket(rate=1, capacity=1)
+    >>> b.allow(), acquire_slow(b, (), 1, timeout=0.5)   # would wait ~1 s: refused at once
+    (True, False)
+    """
+    max_wait = max_wait_ns(timeout)
+    if not enter_default(limiter):
+        return False
+    try:
+        return _wait.wait_sync(limiter, key, cost, max_wait, False)
+    finally:
+        leave_default(limiter)
+
+
+async def acquire_async(
+    limiter: Any, key: tuple[Hashable, ...], cost: object, timeout: object
+) -> bool:
+    """The core classes' ``acquire_async``: reserve, then sleep in asyncio.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> t = KeyedTokenBucket(rate=1, capacity=1)
+    >>> [asyncio.run(acquire_async(t, ("alice",), 1, 0.5)) for _ in range(2)]
+    [True, False]
+    """
+    max_wait = max_wait_ns(timeout)
+    if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
+        return True
+    if not enter_default(limiter):
+        return False
+    try:
+        return await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
+    finally:
+        leave_default(limiter)
