@@ -32,10 +32,12 @@ import posixpath
 import threading
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from ._charge import Charge, check_charge, settlers
 from ._params import NS_PER_S, check_cost, rate_fraction
+from .hooks import Hook, make_hooks
 from .tiered import AsyncTiered, Tiered
 
 __all__ = (
@@ -483,11 +485,6 @@ def checker(limiter: object, keyed: bool | None = None) -> Check:
 def is_async(limiter: object) -> bool:
     """Whether ``limiter.check`` is a coroutine function (the asyncio Redis one)."""
     return inspect.iscoroutinefunction(getattr(limiter, "check", None))
-
-
-def ceil_seconds(ns: int) -> int:
-    """Whole seconds, rounded up: a client that waits this long is never early."""
-    return -(-ns // _NS)
 
 
 def retry_after_seconds(retry_after_ns: int) -> int:
@@ -967,6 +964,16 @@ class Counters:
         # while an ASGI app runs its middleware on one event-loop thread.
         self._lock = threading.Lock()
 
+    def add(self, count: str) -> None:
+        """Add one to *count* (``"admitted"``, ``"limited"``, ...), safely from any thread.
+
+        >>> c = Counters(); c.add("limited"); c.add("limited")
+        >>> c.limited
+        2
+        """
+        with self._lock:
+            setattr(self, count, getattr(self, count) + 1)
+
     def snapshot(self) -> dict[str, int]:
         """The four counts as a dict, read together.
 
@@ -1005,4 +1012,73 @@ def check_counters(counters: object) -> Counters:
     return counters
 
 
-AwaitableDecision = Awaitable[Any]
+# --------------------------------------------------------------------------
+# The integrations' shared arguments
+
+
+class Integration:
+    """What every HTTP integration takes alike: *headers*, *shadow*, *counters*,
+    the hooks and *charge*, validated once for the middlewares and the FastAPI dependency."""
+
+    headers: str
+    shadow: bool
+    counters: Counters
+
+    def _options(
+        self,
+        headers: str,
+        shadow: object,
+        counters: Counters | None,
+        on_decision: Hook | None,
+        on_limited: Hook | None,
+        charge: Charge | None,
+        allow_async: bool,
+    ) -> None:
+        if not isinstance(shadow, bool):
+            raise TypeError("shadow must be a bool")
+        self.headers = check_headers_mode(headers)
+        self.shadow = shadow
+        self.counters = check_counters(counters)
+        self._hooks = make_hooks(on_decision, on_limited, allow_async=allow_async)
+        self._charge = check_charge(charge)
+        self._quiet = shadow or self.headers == "off"
+
+
+class Middleware(Integration):
+    """The constructor of the ASGI and WSGI middlewares (their docstrings say what it takes)."""
+
+    _app_kind = "an ASGI callable"
+    _async = True  # the limiter and the hooks may be awaited
+
+    def __init__(
+        self,
+        app: Callable[..., Any],
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Any], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: str | Iterable[str] | None = None,
+        headers: str = "ietf",
+        name: str = "default",
+        shadow: bool = False,
+        counters: Counters | None = None,
+        keyed: bool | None = None,
+        on_decision: Hook | None = None,
+        on_limited: Hook | None = None,
+        charge: Charge | None = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be {self._app_kind}, not {type(app).__name__}")
+        self.app = app
+        self._options(headers, shadow, counters, on_decision, on_limited, charge, self._async)
+        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
+        if not self._async and any(p.is_async for p in self._router.policies()):
+            raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
+        # With no routes every request takes the default rule: skip matching.
+        self._simple = not self._router.exact and not self._router.prefixes
+        self._ietf = self.headers == "ietf"
+        self._settlers = settlers(self._router) if charge is not None else {}
+
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

@@ -31,13 +31,12 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
-from ._charge import Charge, Settler, check_charge
+from ._charge import Charge, Settler
 from ._http import (
     Counters,
+    Integration,
     KeyFunc,
     Policy,
-    check_counters,
-    check_headers_mode,
     client_address,
     header,
     key_func,
@@ -45,7 +44,7 @@ from ._http import (
     rejection,
     route,
 )
-from .hooks import Hook, LimitEvent, make_hooks
+from .hooks import Hook, LimitEvent
 
 __all__ = (
     "Counters",
@@ -147,7 +146,7 @@ async def _call(
     return await value if is_async else value
 
 
-class RateLimit:
+class RateLimit(Integration):
     """A FastAPI dependency that admits a request or raises `RateLimited` (429).
 
     * *limiter*: any nanobucket limiter, keyed or not (as the middleware
@@ -203,13 +202,7 @@ class RateLimit:
         on_limited: Hook | None = None,
         charge: Charge | None = None,
     ) -> None:
-        if not isinstance(shadow, bool):
-            raise TypeError("shadow must be a bool")
-        self._hooks = make_hooks(on_decision, on_limited, allow_async=True)
-        self._charge = check_charge(charge)
-        self.headers = check_headers_mode(headers)
-        self.shadow = shadow
-        self.counters = check_counters(counters)
+        self._options(headers, shadow, counters, on_decision, on_limited, charge, True)
         self._policy = Policy(limiter, name, keyed)
         self._settler = (
             None if charge is None else Settler(limiter, self._policy.keyed, self._policy.capacity)

@@ -519,15 +519,6 @@ def _measure_queue(s: StrategyResult, tr: Traffic) -> None:
     s.peak_queue, s.over_bound_ns = peak, over
 
 
-STRATEGY_NAMES = (
-    "fixed window",
-    "unbounded queue",
-    "bounded queue",
-    "token bucket",
-    "per-key + global",
-)
-
-
 def simulate(
     traffic: Traffic,
     config: Config | None = None,
