@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import waiting as _waiting
-from .._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost
+from .._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost, public_rate
 from . import _clients
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
@@ -123,8 +123,8 @@ def _check_timeout(timeout: object) -> float:
     return float(timeout)
 
 
-def _redis_params(rate: RateLike, capacity: int) -> tuple[Any, int, int]:
-    """Validated ``(exact rate, capacity, interval_us)`` of a Redis limiter."""
+def _redis_params(rate: RateLike, capacity: int) -> tuple[RateLike, int, int]:
+    """Validated ``(rate as reported, capacity, interval_us)`` of a Redis limiter."""
     exact, cap, interval_ns, _ = bucket_params(rate, capacity)
     # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
     interval_us = -(-interval_ns // NS_PER_US)
@@ -133,7 +133,7 @@ def _redis_params(rate: RateLike, capacity: int) -> tuple[Any, int, int]:
             f"capacity / rate is {cap * interval_us / 1e6 / 86400 / 365.25:.0f} years to refill: "
             f"more than Redis's microsecond state can hold exactly"
         )
-    return exact, cap, interval_us
+    return public_rate(rate, exact), cap, interval_us
 
 
 class _RedisLimits(_FailurePolicy):
@@ -165,11 +165,11 @@ class _RedisLimits(_FailurePolicy):
         super().__init__(on_error, fallback, breaker)
 
     @property
-    def rate(self) -> Any:
-        """Tokens per second, as an exact Fraction (Redis applies ``interval_us``).
+    def rate(self) -> RateLike:
+        """Tokens per second, the number given (Redis applies ``interval_us``).
 
         >>> RedisTokenBucket(redis.Redis(), rate=2.5, capacity=10).rate
-        Fraction(5, 2)
+        2.5
         """
         return self._rate
 

@@ -390,7 +390,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
         >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
         >>> limiter.rate, limiter.capacity, limiter.interval_ns
-        (Fraction(50, 1), 200, 20000000)
+        (50, 200, 20000000)
         """
         params = self._new_params(rate, capacity, migrate)
         if migrate:
