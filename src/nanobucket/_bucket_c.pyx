@@ -44,7 +44,8 @@ from nanobucket._capi cimport (
 
 import os
 
-from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
+from ._params import (
+    bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys, validated_now)
 
 
 cdef extern from *:
@@ -171,7 +172,7 @@ cdef extern from "<sched.h>":
 
 DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
-cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
+cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
@@ -387,9 +388,7 @@ cdef class _Limits:
         if self.interval_ns:  # set by the first __init__, never cleared
             raise RuntimeError(f"{type(self).__name__} is already initialised")
         exact, cap, interval, tau = bucket_params(rate, capacity)
-        if clock is not None and not callable(clock):
-            raise TypeError(
-                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        validated_clock(clock)
         return public_rate(rate, exact), cap, interval, tau
 
     cdef int _set_limits(self, tuple limits, object clock) except -1:
@@ -439,7 +438,7 @@ cdef class _Limits:
     cdef int64_t _cost_slow(self, object cost) except -1:
         if self.one == NULL:
             self._not_ready()
-        return check_cost(cost, self.capacity)
+        return validated_cost(cost, self.capacity)
 
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from ._charge import Charge, check_charge, settlers
-from ._params import NS_PER_S, check_cost, rate_fraction
+from ._params import NS_PER_S, int_at_least, rate_fraction, validated_cost
 from .hooks import Hook, make_hooks
 from .tiered import AsyncTiered, Tiered
 
@@ -153,7 +153,7 @@ def _parse_ip(text: str) -> IPAddress | None:
     return addr
 
 
-def _check_prefix(ipv6_prefix: object) -> int:
+def _prefix_bits(ipv6_prefix: object) -> int:
     if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int):
         raise TypeError(f"ipv6_prefix must be an int, not {ipv6_prefix!r}")
     if not 1 <= ipv6_prefix <= 128:
@@ -192,7 +192,7 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         self, trusted_proxies: Iterable[str] | str | None = None, *, ipv6_prefix: int = 64
     ) -> None:
         self._trusted, self._unix = _networks(trusted_proxies)
-        self._prefix = _check_prefix(ipv6_prefix)
+        self._prefix = _prefix_bits(ipv6_prefix)
         self._reads_header = bool(self._trusted) or self._unix  # some proxy is trusted
         self._warned = False
 
@@ -628,13 +628,11 @@ class Policy:
             return bool(w.rate is not self.rate_seen or w.capacity != self.capacity_seen)
         return bool(self.leaves) and _snapshot(self.leaves) != self.seen
 
-    def validate_cost(self, cost: object) -> int:
+    def validated_cost(self, cost: object) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
         if self.capacity is not None:
-            return check_cost(cost, self.capacity)
-        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
-            raise TypeError(f"cost must be an int >= 0, not {cost!r}")
-        return cost
+            return validated_cost(cost, self.capacity)
+        return int_at_least(cost, "cost", 0)
 
 
 def ietf_field(policy: Policy, decision: Any) -> tuple[bytes, bytes]:
@@ -840,7 +838,7 @@ def make_rule(
     if callable(cost):
         cost_fn = cost
     else:
-        fixed = policy.validate_cost(cost)
+        fixed = policy.validated_cost(cost)
     return Rule(pattern, policy, key_func(key), fixed, cost_fn, False)
 
 
@@ -931,7 +929,7 @@ def build_router(
     return Router(default, resolved)
 
 
-def check_headers_mode(mode: object) -> str:
+def headers_mode(mode: object) -> str:
     """Validate ``headers=``: "ietf" (default), "legacy" or "off"."""
     if mode not in HEADER_MODES:
         raise ValueError(f"headers must be one of {HEADER_MODES}, got {mode!r}")
@@ -1003,7 +1001,7 @@ class Counters:
         return f"Counters({self.snapshot()})"
 
 
-def check_counters(counters: object) -> Counters:
+def counters_or_new(counters: object) -> Counters:
     """``counters=``: a `Counters` the app keeps, or None for a fresh one."""
     if counters is None:
         return Counters()
@@ -1036,9 +1034,9 @@ class Integration:
     ) -> None:
         if not isinstance(shadow, bool):
             raise TypeError("shadow must be a bool")
-        self.headers = check_headers_mode(headers)
+        self.headers = headers_mode(headers)
         self.shadow = shadow
-        self.counters = check_counters(counters)
+        self.counters = counters_or_new(counters)
         self._hooks = make_hooks(on_decision, on_limited, allow_async=allow_async)
         self._charge = check_charge(charge)
         self._quiet = shadow or self.headers == "off"

@@ -44,8 +44,16 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from ._bucket import TokenBucket
-from ._params import NS_PER_S, RateLike, bucket_params, check_max_keys, public_rate
-from .waiting import DEFAULT_MAX_WAITERS, Waiting, check_max_waiters, check_timeout
+from ._params import (
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    clock_or_monotonic,
+    public_rate,
+    validated_max_keys,
+    validated_timeout,
+)
+from .waiting import DEFAULT_MAX_WAITERS, Waiting, check_max_waiters
 
 __all__ = (
     "IDEMPOTENT",
@@ -316,12 +324,10 @@ class Pacer:
         exact, self.capacity, _, _ = bucket_params(rate, capacity)
         self.rate: RateLike = public_rate(rate, exact)
         self._exact = exact
-        self.timeout = check_timeout(timeout)
-        self.max_keys = check_max_keys(max_keys)
+        self.timeout = validated_timeout(timeout)
+        self.max_keys = validated_max_keys(max_keys)
         self.max_waiters = check_max_waiters(max_waiters)
-        if clock is not None and not callable(clock):
-            raise TypeError(f"clock must be a callable returning int ns, not {clock!r}")
-        self.clock: Clock = clock if clock is not None else time.monotonic_ns
+        self.clock: Clock = clock_or_monotonic(clock)
         self.sleep = sleep
         self.async_sleep = async_sleep
         self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
@@ -463,7 +469,7 @@ class Retries:
     def __init__(self, retries: int, budget: float, methods: Iterable[str] | None) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        seconds = check_timeout(budget)
+        seconds = validated_timeout(budget)
         if seconds is None:
             raise ValueError("retry_budget must be a number of seconds, not None")
         methods = IDEMPOTENT if methods is None else methods

@@ -99,7 +99,7 @@ from nanobucket._bucket_c cimport Decision, fill_decision
 from fractions import Fraction
 
 from ._bucket import Decision as SelectedDecision
-from ._params import check_cost, check_now
+from ._params import validated_clock, validated_cost, validated_now
 
 
 cdef extern from *:
@@ -172,7 +172,7 @@ cdef extern from "_siphash.h":
     uint64_t nb_siphash24(const void *data, size_t n, uint64_t k0, uint64_t k1,
                           uint64_t tweak) noexcept nogil
 
-cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
+cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1
 # The Cython Decision, unless the pure-Python twin is selected (NANOBUCKET_NO_EXTENSIONS=1).
 cdef bint CYTHON_DECISION = SelectedDecision is Decision
@@ -368,9 +368,7 @@ cdef class SharedTable:
         if (header_size < 0 or header_size % 8 or size < header_size
                 or (size - header_size) % 16 or (size - header_size) // 16 != slot_count):
             raise ValueError("the size does not match the slot count")
-        if clock is not None and not callable(clock):
-            raise TypeError(
-                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        validated_clock(clock)
         p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
         if p == MAP_FAILED:
             raise OSError("mmap of the shared table failed")
@@ -469,7 +467,7 @@ cdef class SharedTable:
             value = PyLong_AsLongLongAndOverflow(cost, &overflow)
             if not overflow and 0 <= value <= self.capacity:
                 return value
-        return check_cost(cost, self.capacity)
+        return validated_cost(cost, self.capacity)
 
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:

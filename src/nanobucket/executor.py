@@ -30,9 +30,9 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
-from ._params import check_cost, exact_int
+from ._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
-from .waiting import NO_LIMIT, Waiting, check_timeout, is_keyed
+from .waiting import Waiting, is_keyed
 
 __all__ = ("DEFAULT_MAX_PENDING", "LimitedExecutor", "QueueFull")
 
@@ -72,8 +72,8 @@ def checked_cost(limiter: Any, cost: object) -> int:
     """*cost* as an int in ``[0, limiter.capacity]`` (when it has one), or raise."""
     capacity = getattr(limiter, "capacity", None)
     if type(capacity) is int:
-        return check_cost(cost, capacity)
-    return check_cost(cost, 1 << 62)
+        return validated_cost(cost, capacity)
+    return validated_cost(cost, FOREVER_NS)
 
 
 class _Task:
@@ -153,15 +153,11 @@ class LimitedExecutor(Executor):
         self._shape = shape
         self._key = key_prefix(inner, key)
         self._cost = checked_cost(inner, cost)
-        self._max_pending = exact_int(max_pending, "max_pending")
-        if self._max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
+        self._max_pending = int_at_least(max_pending, "max_pending", 1)
         self._max_in_flight = (
-            None if max_in_flight is None else exact_int(max_in_flight, "max_in_flight")
+            None if max_in_flight is None else int_at_least(max_in_flight, "max_in_flight", 1)
         )
-        if self._max_in_flight is not None and self._max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight!r}")
-        self._timeout = check_timeout(timeout)
+        self._timeout = validated_timeout(timeout)
         self._executor = executor
         # The pacing thread's sleep: the limiter's own, cut short when its task is cancelled.
         if isinstance(sleep_or_wake, _wait.PlainSleep):
@@ -298,7 +294,12 @@ class LimitedExecutor(Executor):
             error: BaseException | None = None
             try:
                 started = _wait.wait_sync(
-                    self._limiter, self._key, self._cost, NO_LIMIT, self._shape, self._sleep_or_wake
+                    self._limiter,
+                    self._key,
+                    self._cost,
+                    FOREVER_NS,
+                    self._shape,
+                    self._sleep_or_wake,
                 )
             except _Abandoned:
                 started = False  # its reservation was given back
@@ -377,7 +378,7 @@ class LimitedExecutor(Executor):
         ...     list(pool.map(str.upper, ["a", "b", "c"]))
         ['A', 'B', 'C']
         """
-        seconds = check_timeout(timeout)
+        seconds = validated_timeout(timeout)
         end = None if seconds is None else time.monotonic() + seconds
         calls = zip(*iterables)
         window: deque[Future[T]] = deque()

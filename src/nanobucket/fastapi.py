@@ -210,7 +210,7 @@ class RateLimit(Integration):
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._key = None if self._key_fn is not None else key_func(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
-        self._cost = 0 if self._cost_fn is not None else self._policy.validate_cost(cost)
+        self._cost = 0 if self._cost_fn is not None else self._policy.validated_cost(cost)
         # What FastAPI fills: the request, the response, and the parameters of
         # the key and cost functions (one parameter where both take one name).
         params = {
@@ -250,7 +250,7 @@ class RateLimit(Integration):
             cost = await _call(
                 self._cost_fn, self._cost_request, self._cost_async, request, cost_kw
             )
-            cost = self._policy.validate_cost(cost)
+            cost = self._policy.validated_cost(cost)
         else:
             cost = self._cost
         policy = self._policy

@@ -19,10 +19,9 @@ import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
-from ._params import exact_int
+from ._params import int_at_least, validated_timeout
 from .decorator import RateLimited
 from .executor import checked_cost, key_prefix
-from .waiting import check_timeout
 
 __all__ = ("paced", "paced_gather")
 
@@ -40,7 +39,7 @@ class _Taker:
         self.limiter = limiter
         self.key = key_prefix(limiter, key)
         self.cost = checked_cost(limiter, cost)
-        self.timeout = check_timeout(timeout)
+        self.timeout = validated_timeout(timeout)
 
     async def __call__(self) -> None:
         limiter, key = self.limiter, self.key
@@ -109,9 +108,7 @@ async def paced_gather(
     """
     take = _Taker(limiter, key, cost, timeout)
     if max_in_flight is not None:
-        max_in_flight = exact_int(max_in_flight, "max_in_flight")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight!r}")
+        max_in_flight = int_at_least(max_in_flight, "max_in_flight", 1)
     if not isinstance(return_exceptions, bool):
         raise TypeError(f"return_exceptions must be a bool, not {type(return_exceptions).__name__}")
     todo = list(awaitables)

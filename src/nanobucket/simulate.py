@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import _bucket
-from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_capacity, check_cost
+from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, validated_capacity, validated_cost
 
 __all__ = (
     "Config",
@@ -263,7 +263,7 @@ class Config:
         rate, cap, interval, _ = bucket_params(self.rate, self.capacity)
         if rate < 1:
             raise ValueError(f"rate must be >= 1 to simulate a 1-second window, got {self.rate}")
-        bound = cap if self.queue_bound is None else check_capacity(self.queue_bound)
+        bound = cap if self.queue_bound is None else validated_capacity(self.queue_bound)
         key_rate = rate / 4 if self.key_rate is None else self.key_rate
         key_cap = max(1, cap // 4) if self.key_capacity is None else self.key_capacity
         key_rate, key_cap, _, _ = bucket_params(key_rate, key_cap)
@@ -540,7 +540,7 @@ def simulate(
     impl = impl or _bucket
     rate, cap, interval, bound, key_rate, key_cap = config.resolved()
     for c in set(traffic.costs):
-        check_cost(c, cap)
+        validated_cost(c, cap)
     tick: Progress = progress or (lambda n: None)
     limit = int(rate)  # whole tokens per 1-second window
     runs: list[tuple[str, str, bool, int | None, Callable[[], tuple[bytearray, list[int]]]]] = [

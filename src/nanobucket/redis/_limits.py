@@ -21,7 +21,15 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import waiting as _waiting
-from .._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost, public_rate
+from .._params import (
+    NOW_MAX,
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    public_rate,
+    real_seconds,
+    validated_cost,
+)
 from . import _clients
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
@@ -115,10 +123,8 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
     raise NoScriptError("script vanished twice while running a batch")
 
 
-def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not 0 < timeout <= 3600:
+def _timeout_seconds(timeout: object) -> float:
+    if not 0 < real_seconds(timeout, "timeout") <= 3600:
         raise ValueError(f"timeout must be in (0, 3600] seconds, got {timeout!r}")
     return float(timeout)
 
@@ -155,7 +161,7 @@ class _RedisLimits(_FailurePolicy):
         breaker: CircuitBreaker | None,
         timeout: float,
     ) -> None:
-        self._timeout = _check_timeout(timeout)
+        self._timeout = _timeout_seconds(timeout)
         self._set_params(_redis_params(rate, capacity))
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
@@ -231,7 +237,7 @@ class _RedisLimits(_FailurePolicy):
     def _cost(self, cost: object) -> int:
         if cost.__class__ is int and 0 <= cost <= self._capacity:
             return cost
-        return check_cost(cost, self._capacity)
+        return validated_cost(cost, self._capacity)
 
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
         cost_us = cost * self._interval_us
