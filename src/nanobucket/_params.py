@@ -104,7 +104,7 @@ def validated_clock(clock: object) -> Clock | None:
     """Return *clock* (None: the monotonic clock), a callable returning int ns, or raise."""
     if clock is not None and not callable(clock):
         raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
-    return clock  # type: ignore[return-value]
+    return clock
 
 
 def clock_or_monotonic(clock: object) -> Clock:

@@ -80,6 +80,8 @@ class RateLimitMiddleware(Middleware):
     429 b'1'
     """
 
+    app: ASGIApp
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -62,6 +62,7 @@ class RateLimitMiddleware(Middleware):
     429 Too Many Requests 1
     """
 
+    app: WSGIApp
     _app_kind = "a WSGI callable"
     _async = False
 

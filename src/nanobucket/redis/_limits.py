@@ -124,9 +124,10 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
 
 
 def _timeout_seconds(timeout: object) -> float:
-    if not 0 < real_seconds(timeout, "timeout") <= 3600:
+    seconds = real_seconds(timeout, "timeout")
+    if not 0 < seconds <= 3600:
         raise ValueError(f"timeout must be in (0, 3600] seconds, got {timeout!r}")
-    return float(timeout)
+    return float(seconds)
 
 
 def _redis_params(rate: RateLike, capacity: int) -> tuple[RateLike, int, int]:
@@ -150,6 +151,7 @@ class _RedisLimits(_FailurePolicy):
     _cluster: bool
     _script: Any
     _many_script: Any
+    _rate: RateLike
 
     def __init__(
         self,
