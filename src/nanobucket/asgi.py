@@ -110,11 +110,7 @@ class RateLimitMiddleware(Middleware):
             decision = await decision
         scope["nanobucket.decision"] = decision
         if self._hooks is not None:
-            event = LimitEvent(key, rule.pattern, cost, decision, self.shadow)
-            if self._hooks.awaited:
-                await self._hooks.emit_async(event)
-            else:
-                self._hooks.emit(event)
+            await self._hooks.emit_async(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
         if decision.allowed:
             self.counters.admitted += 1
             if self._quiet:

@@ -260,11 +260,7 @@ class RateLimit(Integration):
         request.scope["nanobucket.decision"] = decision
         if self._hooks is not None:
             pattern = getattr(request.scope.get("route"), "path", None) or "*"
-            event = LimitEvent(key, pattern, cost, decision, self.shadow)
-            if self._hooks.awaited:
-                await self._hooks.emit_async(event)
-            else:
-                self._hooks.emit(event)
+            await self._hooks.emit_async(LimitEvent(key, pattern, cost, decision, self.shadow))
         if decision.allowed:
             self.counters.admitted += 1
             if not self.shadow:

@@ -145,6 +145,9 @@ class Hooks:
 
     async def emit_async(self, event: LimitEvent) -> None:
         """`emit`, awaiting what the hooks return when they are coroutines."""
+        if not self.awaited:
+            self.emit(event)
+            return
         hooks = [self.on_decision]
         if not event.decision.allowed:
             hooks.append(self.on_limited)
