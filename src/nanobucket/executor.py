@@ -37,7 +37,7 @@ from .waiting import Waiting, is_keyed
 __all__ = ("DEFAULT_MAX_PENDING", "LimitedExecutor", "QueueFull")
 
 DEFAULT_MAX_PENDING = 1024
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class QueueFull(queue.Full):
@@ -201,7 +201,7 @@ class LimitedExecutor(Executor):
         """
         return self._max_pending
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
         """Queue ``fn(*args, **kwargs)`` to start when its tokens exist; its `Future`.
 
         Blocks while *max_pending* tasks wait to start, at most *timeout*
@@ -258,7 +258,7 @@ class LimitedExecutor(Executor):
         if bell is not None:
             bell.set()
 
-    def _checked(self, sleep: Callable[[], T], bell: _wait.Bell | None = None) -> T:
+    def _checked(self, sleep: Callable[[], _T], bell: _wait.Bell | None = None) -> _T:
         """Run the pacing thread's *sleep*, unless (or until) its task is cancelled."""
         with self._cond:
             if self._abandon:
@@ -359,11 +359,11 @@ class LimitedExecutor(Executor):
 
     def map(
         self,
-        fn: Callable[..., T],
+        fn: Callable[..., _T],
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int = 1,
-    ) -> Generator[T, None, None]:
+    ) -> Generator[_T, None, None]:
         """``Executor.map``, read lazily: at most *max_pending* calls outstanding at once.
 
         Results come in order; *timeout* counts from this call, as in the
@@ -381,7 +381,7 @@ class LimitedExecutor(Executor):
         seconds = validated_timeout(timeout)
         end = None if seconds is None else time.monotonic() + seconds
         calls = zip(*iterables)
-        window: deque[Future[T]] = deque()
+        window: deque[Future[_T]] = deque()
 
         def fill() -> None:
             for args in calls:
@@ -390,7 +390,7 @@ class LimitedExecutor(Executor):
                     if len(window) >= self._max_pending or len(self._pending) >= self._max_pending:
                         return
 
-        def results() -> Generator[T, None, None]:
+        def results() -> Generator[_T, None, None]:
             try:
                 while window:
                     future = window.popleft()

@@ -40,7 +40,7 @@ from .hooks import LimitEvent
 
 __all__ = ("OpenTelemetryMetrics", "PrometheusMetrics")
 
-STATES = ("closed", "open", "half-open")
+_STATES = ("closed", "open", "half-open")
 _POLICY_SOURCES = frozenset(("fallback", "policy:open", "policy:closed"))
 
 
@@ -155,7 +155,7 @@ class PrometheusMetrics:
         """
         breaker = _breaker_of(limiter_or_breaker)
         name = _breaker_name(name)
-        for state in STATES:
+        for state in _STATES:
             self._breaker.labels(name, state).set_function(_is_state(breaker, state))
 
 
@@ -250,7 +250,7 @@ class OpenTelemetryMetrics:
                 out = []
                 for watched_name, b in watched:
                     current = b.state
-                    for state in STATES:
+                    for state in _STATES:
                         attributes = {"breaker": watched_name, "state": state}
                         out.append(Observation(1 if current == state else 0, attributes))
                 return out

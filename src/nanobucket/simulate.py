@@ -39,7 +39,6 @@ __all__ = (
     "StrategyResult",
     "Traffic",
     "case_study",
-    "fmt_wait",
     "load_trace",
     "render_table",
     "simulate",
@@ -451,7 +450,7 @@ def _keyed_global(
     return admitted, [0] * len(tr)
 
 
-def percentile(sorted_values: Sequence[int], p: int) -> int:
+def _percentile(sorted_values: Sequence[int], p: int) -> int:
     """Nearest-rank percentile (an element of the data); 0 for no data."""
     if not sorted_values:
         return 0
@@ -463,7 +462,7 @@ def _measure(s: StrategyResult, tr: Traffic) -> None:
     s.offered = len(tr)
     s.passed = sum(s.admitted)
     waits = sorted(w for w, a in zip(s.wait_ns, s.admitted) if a)
-    s.p50_wait_ns, s.p99_wait_ns = percentile(waits, 50), percentile(waits, 99)
+    s.p50_wait_ns, s.p99_wait_ns = _percentile(waits, 50), _percentile(waits, 99)
     # The most tokens reaching the service in any window [x, x + 1 s).
     passing = sorted(
         (t + w, c) for t, w, c, a in zip(tr.times, s.wait_ns, tr.costs, s.admitted) if a
@@ -593,10 +592,10 @@ def _num(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
 
 
-def fmt_wait(ns: int) -> str:
+def _fmt_wait(ns: int) -> str:
     """A wait for the table: ``0 s`` or seconds to the millisecond.
 
-    >>> fmt_wait(0), fmt_wait(1_250_000_000)
+    >>> _fmt_wait(0), _fmt_wait(1_250_000_000)
     ('0 s', '1.250 s')
     """
     return "0 s" if ns == 0 else f"{ns / NS:.3f} s"
@@ -637,8 +636,8 @@ def render_table(sim: Simulation) -> str:
                 s.label,
                 _pct(s.passed, s.offered),
                 _pct(s.rejected, s.offered),
-                fmt_wait(s.p50_wait_ns),
-                fmt_wait(s.p99_wait_ns),
+                _fmt_wait(s.p50_wait_ns),
+                _fmt_wait(s.p99_wait_ns),
                 str(s.peak_queue) if s.queued else "-",
                 str(s.max_in_1s),
                 f"{s.over_bound_ns / NS:.1f} s" if s.queued else "-",
