@@ -49,11 +49,12 @@ from ._params import (
     RateLike,
     bucket_params,
     clock_or_monotonic,
+    int_at_least,
     public_rate,
     validated_max_keys,
     validated_timeout,
 )
-from .waiting import DEFAULT_MAX_WAITERS, Waiting, check_max_waiters
+from .waiting import DEFAULT_MAX_WAITERS, Waiting
 
 __all__ = (
     "IDEMPOTENT",
@@ -326,7 +327,7 @@ class Pacer:
         self._exact = exact
         self.timeout = validated_timeout(timeout)
         self.max_keys = validated_max_keys(max_keys)
-        self.max_waiters = check_max_waiters(max_waiters)
+        self.max_waiters = int_at_least(max_waiters, "max_waiters", 0)
         self.clock: Clock = clock_or_monotonic(clock)
         self.sleep = sleep
         self.async_sleep = async_sleep

@@ -7,7 +7,7 @@ from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import waiting as _waiting
-from .._params import RateLike, validated_now
+from .._params import RateLike, validated_now, validated_timeout
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
@@ -89,7 +89,7 @@ class _SyncLimits(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        return _waiting.acquire_slow(self, (key,), cost, _waiting.check_timeout(timeout))
+        return _waiting.acquire_slow(self, (key,), cost, validated_timeout(timeout))
 
     async def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
