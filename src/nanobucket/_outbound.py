@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from ._bucket import TokenBucket
 from ._params import (
     NS_PER_S,
+    Clock,
     RateLike,
     bucket_params,
     clock_or_monotonic,
@@ -67,7 +68,6 @@ __all__ = (
 )
 
 Get = Callable[[str], "str | None"]  # a response's header by name, case-insensitive
-Clock = Callable[[], int]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 MAX_FIELD = 4096  # longer fields are not read

@@ -43,11 +43,11 @@ import secrets
 import stat
 import struct
 import tempfile
-from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from ._params import (
+    Clock,
     RateLike,
     bucket_params,
     public_rate,
@@ -79,7 +79,6 @@ _FIELDS = struct.Struct("=8sQQQqqqqqqqqQQ")
 _CHECKED = _FIELDS.size  # 112 bytes covered by the check
 _CHECK = struct.Struct("=8s8x")  # at 112: the check, then the horizon (shared state, unchecked)
 
-Clock = Callable[[], int]
 
 if TYPE_CHECKING:  # _shared_c.pyi types the extension
     from ._shared_c import SharedTable as _Base

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Literal
 
-from .._params import NS_PER_S, clock_or_monotonic, int_at_least, real_seconds
+from .._params import NS_PER_S, Clock, clock_or_monotonic, int_at_least, real_seconds
 
 __all__ = ("CircuitBreaker",)
-
-Clock = Callable[[], int]
 
 
 class CircuitBreaker:

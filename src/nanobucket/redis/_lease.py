@@ -12,6 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._params import (
     NS_PER_S,
+    Clock,
     RateLike,
     clock_or_monotonic,
     exact_int,
@@ -21,7 +22,7 @@ from .._params import (
 )
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
-from ._breaker import CircuitBreaker, Clock
+from ._breaker import CircuitBreaker
 from ._limits import _LEASE, EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
 from ._policy import Fallback, Policy, RedisDecision
 from ._sync import _SyncLimits
