@@ -326,3 +326,59 @@ def test_the_readme_api_reference_names_every_public_name() -> None:
             if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", quoted):
                 missing.append(f"{modname}.{name}")
     assert missing == []
+
+
+#: A module or name in the API reference's first column, before its arguments.
+_REFERENCE_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _reference_names() -> set[str]:
+    """The names the API reference's first column gives, each as ``module.name``.
+
+    A qualified name (``nanobucket.shared.BadTableError``) sets the module for
+    the bare names after it in the same cell (``default_directory()``); a
+    method (``SharedKeyedTokenBucket.create``) stands for its class; anything
+    else (``.open``, ``on_decision=``, ``python -m nanobucket``) names none.
+    """
+    modules = set(PUBLIC)
+    names: set[str] = set()
+    for line in _api_reference().splitlines():
+        if not line.startswith("| "):
+            continue
+        module = None
+        for token in re.findall(r"`([^`]+)`", line.split(" | ")[0]):
+            match = _REFERENCE_NAME.match(token)
+            if match is None or (match.end() < len(token) and token[match.end()] not in "("):
+                continue
+            dotted = match.group()
+            if dotted in modules and match.end() == len(token):
+                continue  # a module itself (``nanobucket.tiered(...)`` is a function)
+            qualified = [m for m in modules if dotted.startswith(m + ".")]
+            if qualified:
+                module = max(qualified, key=len)
+                dotted = dotted[len(module) + 1 :]
+            if module is not None:
+                names.add(f"{module}.{dotted.split('.')[0]}")
+    return names
+
+
+def _canonical_public_names() -> set[str]:
+    """Every public name of the PUBLIC modules: ``nanobucket.X`` where the package
+    itself exports the same object, else ``module.X`` (once per module that exports it)."""
+    import nanobucket
+
+    top = set(nanobucket.__all__)
+    names: set[str] = set()
+    for modname in PUBLIC:
+        module = importlib.import_module(modname)
+        for name in _public_names(module):
+            if name in top and getattr(nanobucket, name) is getattr(module, name):
+                names.add(f"nanobucket.{name}")
+            else:
+                names.add(f"{modname}.{name}")
+    return names
+
+
+def test_the_readme_api_reference_names_exactly_the_public_names() -> None:
+    listed, public = _reference_names(), _canonical_public_names()
+    assert (sorted(listed - public), sorted(public - listed)) == ([], [])

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import pytest
 
 import nanobucket as nb
-from nanobucket import _acquire, _bucket_py
+from nanobucket import _bucket_py, _params
 
 from conftest import run_threads
 
@@ -602,11 +602,11 @@ def test_a_rational_rate_is_read_once(impl: ModuleType) -> None:
 
 
 def test_timeout_and_max_waiters_are_used_as_they_were_checked(impl: ModuleType) -> None:
-    assert _acquire.check_timeout(Liar(2, says=-1)) == 2.0
-    assert _acquire.check_timeout(FloatLiar(0.5)) == 0.5
-    assert type(_acquire.check_timeout(FloatLiar(0.5))) is float
+    assert _params.validated_timeout(Liar(2, says=-1)) == 2.0
+    assert _params.validated_timeout(FloatLiar(0.5)) == 0.5
+    assert type(_params.validated_timeout(FloatLiar(0.5))) is float
     with pytest.raises(TypeError, match="timeout"):
-        _acquire.check_timeout(ClaimsInt())
+        _params.validated_timeout(ClaimsInt())
     assert nb.Waiting(impl.TokenBucket(1, 1), max_waiters=Liar(0, says=5)).max_waiters == 0
     # timeout 0 (says 10**6): the wait for the next token (1 s) is refused at once.
     b = impl.TokenBucket(rate=1, capacity=1, clock=lambda: 0)

@@ -14,9 +14,9 @@ from nanobucket.simulate import (
     Config,
     Simulation,
     Traffic,
+    _percentile,
     case_study,
     load_trace,
-    percentile,
     render_table,
     simulate,
     to_json,
@@ -304,5 +304,5 @@ def test_bad_config() -> None:
 
 def test_percentile_is_nearest_rank() -> None:
     data = list(range(1, 101))
-    assert (percentile(data, 50), percentile(data, 99), percentile(data, 100)) == (50, 99, 100)
-    assert percentile([7], 99) == 7 and percentile([], 50) == 0
+    assert (_percentile(data, 50), _percentile(data, 99), _percentile(data, 100)) == (50, 99, 100)
+    assert _percentile([7], 99) == 7 and _percentile([], 50) == 0

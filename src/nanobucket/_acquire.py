@@ -9,22 +9,18 @@ The line the waiters stand in is `_wait`'s.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 from collections.abc import Hashable
 from typing import Any
 
 from . import _wait
-from ._params import NS_PER_S, exact_int
+from ._params import FOREVER_NS, NS_PER_S, validated_timeout
 
 __all__ = (
     "DEFAULT_MAX_WAITERS",
-    "NO_LIMIT",
     "Gate",
     "acquire_async",
     "acquire_slow",
-    "check_max_waiters",
-    "check_timeout",
     "enter_default",
     "leave_default",
     "max_wait_ns",
@@ -32,49 +28,12 @@ __all__ = (
 )
 
 DEFAULT_MAX_WAITERS = 1024
-NO_LIMIT = 1 << 62  # ns: "as long as it takes" (146 years)
-
-
-def check_timeout(timeout: object) -> float | None:
-    """Return *timeout* (seconds, >= 0, or None for no limit), or raise.
-
-    >>> check_timeout(1), check_timeout(None)
-    (1.0, None)
-    >>> check_timeout(-1)
-    Traceback (most recent call last):
-    ...
-    ValueError: timeout must be >= 0 seconds, got -1
-    """
-    if timeout is None:
-        return None
-    kind = type(timeout)  # not isinstance: an object can claim a __class__
-    if kind is bool or not issubclass(kind, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not {kind.__name__}")
-    # The value itself, read once: a subclass's __float__ or __index__ is not asked.
-    if issubclass(kind, float):
-        seconds = float.__float__(timeout)  # type: ignore[arg-type]
-    else:
-        try:
-            seconds = float(exact_int(timeout, "timeout"))
-        except OverflowError:
-            seconds = math.inf  # more seconds than a float holds: no limit
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-    return seconds
-
-
-def check_max_waiters(max_waiters: object) -> int:
-    """Return *max_waiters* as an int >= 0, or raise."""
-    value = exact_int(max_waiters, "max_waiters")
-    if value < 0:
-        raise ValueError(f"max_waiters must be >= 0, got {value!r}")
-    return value
 
 
 def max_wait_ns(timeout: object) -> int:
-    seconds = check_timeout(timeout)
-    if seconds is None or seconds * NS_PER_S >= NO_LIMIT:
-        return NO_LIMIT
+    seconds = validated_timeout(timeout)
+    if seconds is None or seconds * NS_PER_S >= FOREVER_NS:
+        return FOREVER_NS
     return int(seconds * NS_PER_S)  # rounded down: never wait past the timeout
 
 

@@ -45,7 +45,9 @@ from nanobucket._capi cimport (
 import os
 
 from . import _acquire
-from ._params import bucket_params, check_cost, check_max_keys, check_now, public_rate
+from ._params import (
+    bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys, validated_now,
+    validated_timeout)
 
 
 cdef extern from *:
@@ -172,7 +174,7 @@ cdef extern from "<sched.h>":
 
 DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
-cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
+cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
@@ -388,9 +390,7 @@ cdef class _Limits:
         if self.interval_ns:  # set by the first __init__, never cleared
             raise RuntimeError(f"{type(self).__name__} is already initialised")
         exact, cap, interval, tau = bucket_params(rate, capacity)
-        if clock is not None and not callable(clock):
-            raise TypeError(
-                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        validated_clock(clock)
         return public_rate(rate, exact), cap, interval, tau
 
     cdef int _set_limits(self, tuple limits, object clock) except -1:
@@ -440,7 +440,7 @@ cdef class _Limits:
     cdef int64_t _cost_slow(self, object cost) except -1:
         if self.one == NULL:
             self._not_ready()
-        return check_cost(cost, self.capacity)
+        return validated_cost(cost, self.capacity)
 
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:
@@ -681,7 +681,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         cdef int64_t c = self._cost(cost)
         cdef int64_t now, tat, base
         if timeout is not None:
-            _acquire.check_timeout(timeout)
+            validated_timeout(timeout)
         now = self._now()
         if gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
                     &tat, &base):

@@ -25,6 +25,7 @@ from ._params import (
     check_max_keys,
     check_now,
     public_rate,
+    validated_timeout,
 )
 
 __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
@@ -501,7 +502,7 @@ class TokenBucket(_Limits):
         """
         cost = self._cost(cost)
         if timeout is not None:
-            _acquire.check_timeout(timeout)
+            validated_timeout(timeout)
         if self._allow(self._now(), cost):
             return True
         return _acquire.acquire_slow(self, (), cost, timeout)
@@ -882,7 +883,7 @@ class KeyedTokenBucket(_Limits):
         """
         cost = self._cost(cost)
         if timeout is not None:
-            _acquire.check_timeout(timeout)
+            validated_timeout(timeout)
         if self._allow(key, self._now(), cost):
             return True
         return _acquire.acquire_slow(self, (key,), cost, timeout)

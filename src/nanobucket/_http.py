@@ -32,11 +32,13 @@ import posixpath
 import threading
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
+from ._charge import Charge, check_charge, settlers
 from ._limiter import is_keyed
-from ._params import NS_PER_S, check_cost, rate_fraction
+from ._params import NS_PER_S, int_at_least, rate_fraction, validated_cost
+from .hooks import Hook, make_hooks
 from .tiered import AsyncTiered, Tiered
 
 __all__ = (
@@ -152,7 +154,7 @@ def _parse_ip(text: str) -> IPAddress | None:
     return addr
 
 
-def _check_prefix(ipv6_prefix: object) -> int:
+def _prefix_bits(ipv6_prefix: object) -> int:
     if isinstance(ipv6_prefix, bool) or not isinstance(ipv6_prefix, int):
         raise TypeError(f"ipv6_prefix must be an int, not {ipv6_prefix!r}")
     if not 1 <= ipv6_prefix <= 128:
@@ -191,7 +193,7 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         self, trusted_proxies: Iterable[str] | str | None = None, *, ipv6_prefix: int = 64
     ) -> None:
         self._trusted, self._unix = _networks(trusted_proxies)
-        self._prefix = _check_prefix(ipv6_prefix)
+        self._prefix = _prefix_bits(ipv6_prefix)
         self._reads_header = bool(self._trusted) or self._unix  # some proxy is trusted
         self._warned = False
 
@@ -468,11 +470,6 @@ def is_async(limiter: object) -> bool:
     return inspect.iscoroutinefunction(getattr(limiter, "check", None))
 
 
-def ceil_seconds(ns: int) -> int:
-    """Whole seconds, rounded up: a client that waits this long is never early."""
-    return -(-ns // _NS)
-
-
 def retry_after_seconds(retry_after_ns: int) -> int:
     """``Retry-After`` for a limited request: rounded up and never 0."""
     s = -(-retry_after_ns // _NS)
@@ -614,13 +611,11 @@ class Policy:
             return bool(w.rate is not self.rate_seen or w.capacity != self.capacity_seen)
         return bool(self.leaves) and _snapshot(self.leaves) != self.seen
 
-    def validate_cost(self, cost: object) -> int:
+    def validated_cost(self, cost: object) -> int:
         """Check a fixed cost against the limiter now, not at the first request."""
         if self.capacity is not None:
-            return check_cost(cost, self.capacity)
-        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
-            raise TypeError(f"cost must be an int >= 0, not {cost!r}")
-        return cost
+            return validated_cost(cost, self.capacity)
+        return int_at_least(cost, "cost", 0)
 
 
 def ietf_field(policy: Policy, decision: Any) -> tuple[bytes, bytes]:
@@ -826,7 +821,7 @@ def make_rule(
     if callable(cost):
         cost_fn = cost
     else:
-        fixed = policy.validate_cost(cost)
+        fixed = policy.validated_cost(cost)
     return Rule(pattern, policy, key_func(key), fixed, cost_fn, False)
 
 
@@ -917,7 +912,7 @@ def build_router(
     return Router(default, resolved)
 
 
-def check_headers_mode(mode: object) -> str:
+def headers_mode(mode: object) -> str:
     """Validate ``headers=``: "ietf" (default), "legacy" or "off"."""
     if mode not in HEADER_MODES:
         raise ValueError(f"headers must be one of {HEADER_MODES}, got {mode!r}")
@@ -950,6 +945,16 @@ class Counters:
         # while an ASGI app runs its middleware on one event-loop thread.
         self._lock = threading.Lock()
 
+    def add(self, count: str) -> None:
+        """Add one to *count* (``"admitted"``, ``"limited"``, ...), safely from any thread.
+
+        >>> c = Counters(); c.add("limited"); c.add("limited")
+        >>> c.limited
+        2
+        """
+        with self._lock:
+            setattr(self, count, getattr(self, count) + 1)
+
     def snapshot(self) -> dict[str, int]:
         """The four counts as a dict, read together.
 
@@ -979,7 +984,7 @@ class Counters:
         return f"Counters({self.snapshot()})"
 
 
-def check_counters(counters: object) -> Counters:
+def counters_or_new(counters: object) -> Counters:
     """``counters=``: a `Counters` the app keeps, or None for a fresh one."""
     if counters is None:
         return Counters()
@@ -988,4 +993,73 @@ def check_counters(counters: object) -> Counters:
     return counters
 
 
-AwaitableDecision = Awaitable[Any]
+# --------------------------------------------------------------------------
+# The integrations' shared arguments
+
+
+class Integration:
+    """What every HTTP integration takes alike: *headers*, *shadow*, *counters*,
+    the hooks and *charge*, validated once for the middlewares and the FastAPI dependency."""
+
+    headers: str
+    shadow: bool
+    counters: Counters
+
+    def _options(
+        self,
+        headers: str,
+        shadow: object,
+        counters: Counters | None,
+        on_decision: Hook | None,
+        on_limited: Hook | None,
+        charge: Charge | None,
+        allow_async: bool,
+    ) -> None:
+        if not isinstance(shadow, bool):
+            raise TypeError("shadow must be a bool")
+        self.headers = headers_mode(headers)
+        self.shadow = shadow
+        self.counters = counters_or_new(counters)
+        self._hooks = make_hooks(on_decision, on_limited, allow_async=allow_async)
+        self._charge = check_charge(charge)
+        self._quiet = shadow or self.headers == "off"
+
+
+class Middleware(Integration):
+    """The constructor of the ASGI and WSGI middlewares (their docstrings say what it takes)."""
+
+    _app_kind = "an ASGI callable"
+    _async = True  # the limiter and the hooks may be awaited
+
+    def __init__(
+        self,
+        app: Callable[..., Any],
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Any], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: str | Iterable[str] | None = None,
+        headers: str = "ietf",
+        name: str = "default",
+        shadow: bool = False,
+        counters: Counters | None = None,
+        keyed: bool | None = None,
+        on_decision: Hook | None = None,
+        on_limited: Hook | None = None,
+        charge: Charge | None = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be {self._app_kind}, not {type(app).__name__}")
+        self.app = app
+        self._options(headers, shadow, counters, on_decision, on_limited, charge, self._async)
+        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
+        if not self._async and any(p.is_async for p in self._router.policies()):
+            raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
+        # With no routes every request takes the default rule: skip matching.
+        self._simple = not self._router.exact and not self._router.prefixes
+        self._ietf = self.headers == "ietf"
+        self._settlers = settlers(self._router) if charge is not None else {}
+
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

@@ -144,7 +144,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None):
         limits = self._new_limits(rate, capacity, clock)
-        keys = check_max_keys(max_keys)
+        keys = validated_max_keys(max_keys)
         cdef Slot *slots
         cdef int32_t *index
         # Every argument is checked: from here nothing fails but the
@@ -797,7 +797,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         """
         cdef int64_t c = self._cost(cost)
         if timeout is not None:
-            _acquire.check_timeout(timeout)
+            validated_timeout(timeout)
         if self._allow(key, self._now(), c):
             return True
         return _acquire.acquire_slow(self, (key,), c, timeout)

@@ -43,10 +43,19 @@ from collections.abc import Callable, Hashable, Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from ._acquire import DEFAULT_MAX_WAITERS, check_max_waiters, check_timeout
 from ._bucket import TokenBucket
-from ._params import NS_PER_S, RateLike, bucket_params, check_max_keys, public_rate
-from .waiting import Waiting
+from ._params import (
+    NS_PER_S,
+    Clock,
+    RateLike,
+    bucket_params,
+    clock_or_monotonic,
+    int_at_least,
+    public_rate,
+    validated_max_keys,
+    validated_timeout,
+)
+from .waiting import DEFAULT_MAX_WAITERS, Waiting
 
 __all__ = (
     "IDEMPOTENT",
@@ -59,7 +68,6 @@ __all__ = (
 )
 
 Get = Callable[[str], "str | None"]  # a response's header by name, case-insensitive
-Clock = Callable[[], int]
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 MAX_FIELD = 4096  # longer fields are not read
@@ -317,12 +325,10 @@ class Pacer:
         exact, self.capacity, _, _ = bucket_params(rate, capacity)
         self.rate: RateLike = public_rate(rate, exact)
         self._exact = exact
-        self.timeout = check_timeout(timeout)
-        self.max_keys = check_max_keys(max_keys)
-        self.max_waiters = check_max_waiters(max_waiters)
-        if clock is not None and not callable(clock):
-            raise TypeError(f"clock must be a callable returning int ns, not {clock!r}")
-        self.clock: Clock = clock if clock is not None else time.monotonic_ns
+        self.timeout = validated_timeout(timeout)
+        self.max_keys = validated_max_keys(max_keys)
+        self.max_waiters = int_at_least(max_waiters, "max_waiters", 0)
+        self.clock: Clock = clock_or_monotonic(clock)
         self.sleep = sleep
         self.async_sleep = async_sleep
         self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
@@ -464,7 +470,7 @@ class Retries:
     def __init__(self, retries: int, budget: float, methods: Iterable[str] | None) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        seconds = check_timeout(budget)
+        seconds = validated_timeout(budget)
         if seconds is None:
             raise ValueError("retry_budget must be a number of seconds, not None")
         methods = IDEMPOTENT if methods is None else methods

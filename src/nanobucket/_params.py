@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 import operator
+import time
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Rational, Real
@@ -34,8 +36,10 @@ NOW_MAX = (1 << 62) - 1
 TAU_MAX = 1 << 62
 RATE_MAX = NS_PER_S  # one token per nanosecond: finer is not representable
 MAX_KEYS = (1 << 31) - 1  # the Cython table indexes its entries with int32
+FOREVER_NS = 1 << 62  # a wait "as long as it takes" (146 years): within every backend's range
 
 RateLike = int | float | Fraction | Decimal
+Clock = Callable[[], int]
 
 
 def exact_int(value: object, name: str, kind_name: str = "an int") -> int:
@@ -48,6 +52,64 @@ def exact_int(value: object, name: str, kind_name: str = "an int") -> int:
     # int's own __index__, explicitly: the value as an exact int, whatever
     # the subclass's __index__ or __int__ would say.
     return int.__index__(value)  # type: ignore[arg-type]
+
+
+def int_at_least(value: object, name: str, minimum: int) -> int:
+    """Return *value*, an int (not bool) >= *minimum*, as the exact int it holds, or raise."""
+    number = exact_int(value, name)
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number!r}")
+    return number
+
+
+def real_seconds(value: object, name: str) -> int | float:
+    """Return *value*, an int or float of seconds (not bool), or raise TypeError.
+
+    The range is the caller's: each duration has its own.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    return value
+
+
+def validated_timeout(timeout: object) -> float | None:
+    """Return *timeout* (seconds, >= 0, or None for no limit), or raise.
+
+    >>> validated_timeout(1), validated_timeout(None)
+    (1.0, None)
+    >>> validated_timeout(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be >= 0 seconds, got -1
+    """
+    if timeout is None:
+        return None
+    kind = type(timeout)  # not isinstance: an object can claim a __class__
+    if kind is bool or not issubclass(kind, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not {kind.__name__}")
+    # The value itself, read once: a subclass's __float__ or __index__ is not asked.
+    if issubclass(kind, float):
+        seconds = float.__float__(timeout)  # type: ignore[arg-type]
+    else:
+        try:
+            seconds = float(exact_int(timeout, "timeout"))
+        except OverflowError:
+            seconds = math.inf  # more seconds than a float holds: no limit
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return seconds
+
+
+def validated_clock(clock: object) -> Clock | None:
+    """Return *clock* (None: the monotonic clock), a callable returning int ns, or raise."""
+    if clock is not None and not callable(clock):
+        raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
+    return clock
+
+
+def clock_or_monotonic(clock: object) -> Clock:
+    """*clock* validated as `validated_clock` does; None is ``time.monotonic_ns``."""
+    return time.monotonic_ns if clock is None else validated_clock(clock)  # type: ignore[return-value]
 
 
 def rate_fraction(rate: object) -> Fraction:
@@ -121,18 +183,15 @@ def stored_rate(exact: Fraction) -> RateLike:
     return number if Fraction(repr(number)) == exact else exact
 
 
-def check_capacity(capacity: object) -> int:
+def validated_capacity(capacity: object) -> int:
     """Return *capacity* as an int >= 1, or raise."""
-    value = exact_int(capacity, "capacity")
-    if value < 1:
-        raise ValueError(f"capacity must be >= 1, got {value!r}")
-    return value
+    return int_at_least(capacity, "capacity", 1)
 
 
 def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, int]:
     """Validate and return ``(rate, capacity, interval_ns, tau_ns)``."""
     exact = rate_fraction(rate)
-    cap = check_capacity(capacity)
+    cap = validated_capacity(capacity)
     interval = math.ceil(NS_PER_S / exact)
     tau = cap * interval
     if tau > TAU_MAX:
@@ -144,17 +203,15 @@ def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, i
     return exact, cap, interval, tau
 
 
-def check_cost(cost: object, capacity: int) -> int:
+def validated_cost(cost: object, capacity: int) -> int:
     """Return *cost* as an int in ``[0, capacity]``, or raise."""
-    value = exact_int(cost, "cost")
-    if value < 0:
-        raise ValueError(f"cost must be >= 0, got {value!r}")
+    value = int_at_least(cost, "cost", 0)
     if value > capacity:
         raise ValueError(f"cost {value!r} exceeds capacity {capacity}: it could never be admitted")
     return value
 
 
-def check_now(now: object) -> int:
+def validated_now(now: object) -> int:
     """Return *now* (int ns) if in ``[0, NOW_MAX]``, or raise."""
     if type(now) is int and 0 <= now <= NOW_MAX:
         return now
@@ -164,9 +221,16 @@ def check_now(now: object) -> int:
     return value
 
 
-def check_max_keys(max_keys: object) -> int:
+def validated_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
     value = exact_int(max_keys, "max_keys")
     if value < 1 or value > MAX_KEYS:
         raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {value!r}")
     return value
+
+
+# The former names, for the modules that still import them (_bucket_py.py,
+# _wait.py, tiered.py): remove once those use the names above.
+check_cost = validated_cost
+check_max_keys = validated_max_keys
+check_now = validated_now

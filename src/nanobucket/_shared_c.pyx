@@ -99,7 +99,7 @@ from nanobucket._bucket_c cimport Decision, fill_decision
 from fractions import Fraction
 
 from ._bucket import Decision as SelectedDecision
-from ._params import check_cost, check_now
+from ._params import validated_clock, validated_cost, validated_now
 
 
 cdef extern from *:
@@ -172,7 +172,7 @@ cdef extern from "_siphash.h":
     uint64_t nb_siphash24(const void *data, size_t n, uint64_t k0, uint64_t k1,
                           uint64_t tweak) noexcept nogil
 
-cdef object parse_now = check_now  # a C global: gcra.as_now's slow path, at no lookup
+cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
 cdef object ONE = 1
 # The Cython Decision, unless the pure-Python twin is selected (NANOBUCKET_NO_EXTENSIONS=1).
 cdef bint CYTHON_DECISION = SelectedDecision is Decision
@@ -275,56 +275,41 @@ cdef class SharedTable:
     cdef readonly object rate
     """Tokens per second, the number given (opened: an int, a float or a Fraction).
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=2.5, capacity=2) as t:
-    ...         t.rate
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=2.5, capacity=2) as t:
+    ...     t.rate
     2.5
     """
     cdef readonly int64_t capacity
     """The most tokens a bucket holds: the largest burst.
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=100, capacity=200) as t:
-    ...         t.capacity
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=100, capacity=200) as t:
+    ...     t.capacity
     200
     """
     cdef readonly int64_t interval_ns
     """Nanoseconds one token takes to refill (``ceil(1e9 / rate)``).
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=3, capacity=1) as t:
-    ...         t.interval_ns
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=3, capacity=1) as t:
+    ...     t.interval_ns
     333333334
     """
     cdef readonly int64_t max_keys
     """The most keys the table is sized for (see ``slot_count``).
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1000) as t:
-    ...         t.max_keys
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, max_keys=1000) as t:
+    ...     t.max_keys
     1000
     """
     cdef readonly int64_t slot_count
     """Slots in the file: a power of two, at least twice ``max_keys``.
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=1000) as t:
-    ...         t.slot_count
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, max_keys=1000) as t:
+    ...     t.slot_count
     2048
     """
     cdef readonly object path
@@ -368,9 +353,7 @@ cdef class SharedTable:
         if (header_size < 0 or header_size % 8 or size < header_size
                 or (size - header_size) % 16 or (size - header_size) // 16 != slot_count):
             raise ValueError("the size does not match the slot count")
-        if clock is not None and not callable(clock):
-            raise TypeError(
-                f"clock must be a callable returning int ns, not {type(clock).__name__}")
+        validated_clock(clock)
         p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
         if p == MAP_FAILED:
             raise OSError("mmap of the shared table failed")
@@ -439,12 +422,9 @@ cdef class SharedTable:
     def when_full(self):
         """``"reject"`` or ``"admit"``: what a new key gets when its probe window is all live.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t.when_full   # the default: fail closed
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     t.when_full   # the default: fail closed
         'reject'
         """
         return "admit" if self.admit_when_full else "reject"
@@ -469,7 +449,7 @@ cdef class SharedTable:
             value = PyLong_AsLongLongAndOverflow(cost, &overflow)
             if not overflow and 0 <= value <= self.capacity:
                 return value
-        return check_cost(cost, self.capacity)
+        return validated_cost(cost, self.capacity)
 
     cdef inline int64_t _now(self) except -1:
         if self.clock is None:
@@ -626,13 +606,10 @@ cdef class SharedTable:
     def allow(self, key, cost=1):
         """Spend *cost* tokens from *key*'s bucket now; True if admitted.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         t.allow("alice"), t.allow("alice"), t.allow("alice")
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     t.allow("alice"), t.allow("alice"), t.allow("alice")
         (True, True, False)
         """
         self._open_check()
@@ -642,12 +619,9 @@ cdef class SharedTable:
     def allow_at(self, key, now, cost=1):
         """`allow` at an explicit time *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t.allow_at("alice", 0, cost=2), t.allow_at("alice", 1_000_000_000)
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     t.allow_at("alice", 0, cost=2), t.allow_at("alice", 1_000_000_000)
         (True, True)
         """
         self._open_check()
@@ -679,13 +653,10 @@ cdef class SharedTable:
         The same as ``allow_at(key, now, cost)`` for each key in turn, with one
         clock reading for the whole batch.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         list(t.allow_many(["alice", "alice", "alice", "bob"]))
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     list(t.allow_many(["alice", "alice", "alice", "bob"]))
         [1, 1, 0, 1]
         """
         self._open_check()
@@ -695,12 +666,9 @@ cdef class SharedTable:
     def allow_many_at(self, keys, now, cost=1):
         """`allow_many` at an explicit time *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
-        ...         list(t.allow_many_at(["alice", "bob", "alice"], 0))
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=1) as t:
+        ...     list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
         self._open_check()
@@ -723,13 +691,10 @@ cdef class SharedTable:
     def check(self, key, cost=1):
         """Like `allow`, but return the whole `Decision`.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         t.check("alice", cost=2)
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     t.check("alice", cost=2)
         Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
         """
         self._open_check()
@@ -739,14 +704,11 @@ cdef class SharedTable:
     def check_at(self, key, now, cost=1):
         """`check` at an explicit time *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t.check_at("alice", 0, cost=2)
-        ...         late = t.check_at("alice", 500_000_000)   # half a second more to wait
-        ...         late.allowed, late.remaining, late.retry_after, late.reset_after
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     t.check_at("alice", 0, cost=2)
+        ...     late = t.check_at("alice", 500_000_000)   # half a second more to wait
+        ...     late.allowed, late.remaining, late.retry_after, late.reset_after
         Decision(allowed=True, remaining=0, retry_after_ns=0, reset_after_ns=2000000000, limit=2)
         (False, 0, 0.5, 1.5)
         """
@@ -758,13 +720,10 @@ cdef class SharedTable:
     def peek(self, key, cost=1):
         """The `Decision` `check` would return now, without spending anything.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1, clock=clock) as t:
-        ...         t.peek("alice").allowed, t.peek("alice").allowed, t.tokens("alice")
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=1, clock=clock) as t:
+        ...     t.peek("alice").allowed, t.peek("alice").allowed, t.tokens("alice")
         (True, True, 1.0)
         """
         self._open_check()
@@ -774,12 +733,9 @@ cdef class SharedTable:
     def peek_at(self, key, now, cost=1):
         """`peek` at an explicit time *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=3) as t:
-        ...         t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=3) as t:
+        ...     t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
         (1, 3.0)
         """
         self._open_check()
@@ -826,13 +782,10 @@ cdef class SharedTable:
     def tokens(self, key):
         """Tokens in *key*'s bucket now (``capacity`` for a key not in the table).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         t.allow("alice"), t.tokens("alice"), t.tokens("bob")
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     t.allow("alice"), t.tokens("alice"), t.tokens("bob")
         (True, 1.0, 2.0)
         """
         self._open_check()
@@ -841,12 +794,9 @@ cdef class SharedTable:
     def tokens_at(self, key, now):
         """Tokens in *key*'s bucket at *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=4, capacity=2) as t:
-        ...         t.allow_at("alice", 0, cost=2), t.tokens_at("alice", 125_000_000)
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=4, capacity=2) as t:
+        ...     t.allow_at("alice", 0, cost=2), t.tokens_at("alice", 125_000_000)
         (True, 0.5)
         """
         self._open_check()
@@ -868,13 +818,10 @@ cdef class SharedTable:
         A key not in the table (a full bucket) gets nothing; a bucket taken
         over by another key meanwhile is left alone.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         t.allow("alice", cost=2), t.refund("alice"), t.tokens("alice")
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     t.allow("alice", cost=2), t.refund("alice"), t.tokens("alice")
         (True, None, 1.0)
         """
         self._open_check()
@@ -884,13 +831,10 @@ cdef class SharedTable:
     def refund_at(self, key, now, cost=1):
         """`refund` at an explicit time *now* (int ns).
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t.allow_at("alice", 0, cost=2), t.refund_at("alice", 0, cost=2)
-        ...         t.tokens_at("alice", 0)
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     t.allow_at("alice", 0, cost=2), t.refund_at("alice", 0, cost=2)
+        ...     t.tokens_at("alice", 0)
         (True, None)
         2.0
         """
@@ -933,13 +877,10 @@ cdef class SharedTable:
         debt), by at most *max_wait* ns of waiting; with *shape* the wait
         ends at the start of the slot.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t._reserve("alice", 0, 2, 0, False), t._reserve("alice", 0, 2, 10**9, False)
-        ...         t._reserve("alice", 0, 1, 10**10, False), t.check_at("alice", 0).retry_after
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+        ...     t._reserve("alice", 0, 2, 0, False), t._reserve("alice", 0, 2, 10**9, False)
+        ...     t._reserve("alice", 0, 1, 10**10, False), t.check_at("alice", 0).retry_after
         (0, -1)
         (1000000000, 2.0)
         """
@@ -973,13 +914,10 @@ cdef class SharedTable:
     def __len__(self):
         """Keys whose buckets are not full (still owing tokens) now.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     clock = lambda: 0   # frozen: the same answers on every run
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, clock=clock) as t:
-        ...         t.allow("alice"), t.allow("bob", cost=0), len(t)
+        >>> clock = lambda: 0   # frozen: the same answers on every run
+        >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, clock=clock) as t:
+        ...     t.allow("alice"), t.allow("bob", cost=0), len(t)
         (True, True, 1)
         """
         self._open_check()

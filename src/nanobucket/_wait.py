@@ -31,7 +31,7 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from ._params import NS_PER_S, check_cost
+from ._params import NS_PER_S, validated_cost
 
 # sleep_or_wake(bell, seconds): sleep up to *seconds*, or less if *bell* is
 # set (a `Bell`: threading.Event's is_set / wait); True if it was set.
@@ -125,7 +125,7 @@ def join(
         longest = max(wait for _, _, _, wait in done)
         if not longest:
             return 0, None
-        c = check_cost(cost, buckets[0][0].capacity)
+        c = validated_cost(cost, buckets[0][0].capacity)
         w = Waiter(c, wake, movable)
         for bucket, k, now, wait in done:
             interval = bucket.interval_ns

@@ -11,24 +11,21 @@ FastAPI / Starlette: ``app.add_middleware(RateLimitMiddleware, limiter=limiter)`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._charge import Charge, check_charge, settlers
 from ._http import (
     Counters,
+    Middleware,
     Route,
     Rule,
-    build_router,
-    check_counters,
-    check_headers_mode,
     client_address,
     header,
     limit_headers,
     rejection,
     route,
 )
-from .hooks import Hook, LimitEvent, make_hooks
+from .hooks import LimitEvent
 
 __all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
@@ -39,7 +36,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(Middleware):
     """Rate-limit every HTTP request of an ASGI app; 429 + ``Retry-After`` when limited.
 
     * *limiter*: any nanobucket limiter, keyed (``check(key, cost)``:
@@ -83,40 +80,7 @@ class RateLimitMiddleware:
     429 b'1'
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        limiter: object,
-        *,
-        key: object = None,
-        cost: int | Callable[[Scope], int] = 1,
-        routes: Iterable[Route] | None = None,
-        exempt: str | Iterable[str] | None = None,
-        headers: str = "ietf",
-        name: str = "default",
-        shadow: bool = False,
-        counters: Counters | None = None,
-        keyed: bool | None = None,
-        on_decision: Hook | None = None,
-        on_limited: Hook | None = None,
-        charge: Charge | None = None,
-    ) -> None:
-        if not callable(app):
-            raise TypeError(f"app must be an ASGI callable, not {type(app).__name__}")
-        if not isinstance(shadow, bool):
-            raise TypeError("shadow must be a bool")
-        self.app = app
-        self.headers = check_headers_mode(headers)
-        self.shadow = shadow
-        self.counters = check_counters(counters)
-        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
-        # With no routes every request takes the default rule: skip matching.
-        self._simple = not self._router.exact and not self._router.prefixes
-        self._quiet = shadow or self.headers == "off"
-        self._ietf = self.headers == "ietf"
-        self._hooks = make_hooks(on_decision, on_limited, allow_async=True)
-        self._charge = check_charge(charge)
-        self._settlers = settlers(self._router) if charge is not None else {}
+    app: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,11 +110,7 @@ class RateLimitMiddleware:
             decision = await decision
         scope["nanobucket.decision"] = decision
         if self._hooks is not None:
-            event = LimitEvent(key, rule.pattern, cost, decision, self.shadow)
-            if self._hooks.awaited:
-                await self._hooks.emit_async(event)
-            else:
-                self._hooks.emit(event)
+            await self._hooks.emit_async(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
         if decision.allowed:
             self.counters.admitted += 1
             if self._quiet:
@@ -223,6 +183,3 @@ class RateLimitMiddleware:
                 await settler.settle_async(self._charge, key, cost, scope, status)
             else:
                 settler.settle(self._charge, key, cost, scope, status)
-
-    def __repr__(self) -> str:
-        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

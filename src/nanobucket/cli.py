@@ -18,10 +18,10 @@ from typing import Any, NoReturn, TextIO
 from . import __version__
 from ._params import NS_PER_S, rate_fraction
 
-__all__ = ("UsageError", "build_parser", "main")
+__all__ = ("main",)
 
 
-class UsageError(Exception):
+class _UsageError(Exception):
     """A bad argument found after parsing: reported in one line, exit status 2."""
 
 
@@ -113,11 +113,11 @@ def _traffic(args: argparse.Namespace) -> Any:
             1 if args.seed is None else args.seed,
         )
     if args.seed is not None:
-        raise UsageError("--seed applies to the generated case study, not to --trace")
+        raise _UsageError("--seed applies to the generated case study, not to --trace")
     try:
         return sim_mod.load_trace(args.trace, args.duration)
     except OSError as exc:
-        raise UsageError(f"cannot read trace: {exc.strerror}: {args.trace!r}") from None
+        raise _UsageError(f"cannot read trace: {exc.strerror}: {args.trace!r}") from None
 
 
 def _need_matplotlib(args: argparse.Namespace) -> None:
@@ -127,10 +127,10 @@ def _need_matplotlib(args: argparse.Namespace) -> None:
         try:
             require_matplotlib()  # before the work, not after it
         except PlotUnavailable as exc:
-            raise UsageError(str(exc)) from None
+            raise _UsageError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     parser = _Parser(
         prog="nanobucket",
@@ -298,7 +298,7 @@ def _size(args: argparse.Namespace, out: TextIO) -> int:
     _need_matplotlib(args)
     wait_ns = args.max_wait * NS_PER_S
     if wait_ns.denominator != 1:
-        raise UsageError(f"--max-wait must be a whole number of ns, got {args.max_wait} s")
+        raise _UsageError(f"--max-wait must be a whole number of ns, got {args.max_wait} s")
     sizing = size_mod.size(
         _traffic(args),
         args.max_rate,
@@ -356,8 +356,8 @@ def _bench(argv: list[str]) -> int:
         bench = importlib.import_module("nanobucket.bench")
     except ModuleNotFoundError as exc:
         if exc.name == "nanobucket.bench":
-            raise UsageError("the bench command is not available in this version") from None
-        raise UsageError(
+            raise _UsageError("the bench command is not available in this version") from None
+        raise _UsageError(
             f"bench needs {exc.name!r}, which is not installed: pip install 'nanobucket[bench]'"
         ) from None
     return int(bench.main(argv))
@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "bench":  # everything after it belongs to the bench command
             return _bench(args_list[1:])
         try:
-            args = build_parser().parse_args(args_list)
+            args = _build_parser().parse_args(args_list)
         except SystemExit as exc:  # --help, --version, or a usage error already printed
             return exc.code if isinstance(exc.code, int) else 2
         if args.command == "explain":
@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "size":
             return _size(args, sys.stdout)
         return _simulate(args, sys.stdout)
-    except (UsageError, ValueError) as exc:  # ValueError: a bad combination of arguments
+    except (_UsageError, ValueError) as exc:  # ValueError: a bad combination of arguments
         sys.stderr.write(f"{prog}: error: {exc}\n")
         return 2
     except BrokenPipeError:  # `nanobucket simulate | head`: stop quietly

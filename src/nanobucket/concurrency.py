@@ -42,27 +42,28 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ._acquire import DEFAULT_MAX_WAITERS, NO_LIMIT, check_max_waiters, check_timeout
+from ._acquire import DEFAULT_MAX_WAITERS
 from ._bucket import Decision
-from ._params import NS_PER_S, check_cost, check_max_keys, check_now, exact_int
+from ._params import (
+    FOREVER_NS,
+    NS_PER_S,
+    int_at_least,
+    validated_cost,
+    validated_max_keys,
+    validated_now,
+    validated_timeout,
+)
 from ._wait import Alarm, AsyncSleep, Bell, SleepOrWake, bell_wait
 from .decorator import RateLimited
 
 __all__ = ("Concurrency", "KeyedConcurrency", "Slot")
 
 DEFAULT_MAX_KEYS = 100_000
-_FOREVER_S = NO_LIMIT / NS_PER_S  # a wait without timeout (146 years)
-
-
-def _check_max(max_in_flight: object) -> int:
-    value = exact_int(max_in_flight, "max_in_flight")
-    if value < 1:
-        raise ValueError(f"max_in_flight must be >= 1, got {value!r}")
-    return value
+_FOREVER_S = FOREVER_NS / NS_PER_S  # a wait without timeout (146 years)
 
 
 def _seconds(timeout: object) -> float:
-    seconds = check_timeout(timeout)
+    seconds = validated_timeout(timeout)
     return _FOREVER_S if seconds is None else min(seconds, _FOREVER_S)
 
 
@@ -104,9 +105,9 @@ class _InFlight:
         for name, fn in (("sleep_or_wake", sleep_or_wake), ("async_sleep", async_sleep)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
-        self._max = _check_max(max_in_flight)
+        self._max = int_at_least(max_in_flight, "max_in_flight", 1)
         self._max_keys = max_keys
-        self._max_waiters = check_max_waiters(max_waiters)
+        self._max_waiters = int_at_least(max_waiters, "max_waiters", 0)
         self._sleep_or_wake: SleepOrWake = sleep_or_wake or bell_wait
         self._async_sleep: AsyncSleep = async_sleep or asyncio.sleep
         self._counts: dict[Hashable, _Count] = {}  # only keys holding or awaited
@@ -177,7 +178,7 @@ class _InFlight:
     # -- the verbs, keyed (Concurrency passes key None) ------------------------
 
     def _cost(self, cost: object) -> int:
-        return check_cost(cost, self._max)
+        return validated_cost(cost, self._max)
 
     def _allow(self, key: Hashable, cost: object) -> bool:
         c = self._cost(cost)
@@ -298,7 +299,7 @@ class Slot:
     def __init__(
         self, limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: float | None
     ) -> None:
-        check_timeout(timeout)
+        validated_timeout(timeout)
         limiter.peek(*key, cost)  # checks the key and the cost now, takes nothing
         self.limiter, self.key, self.cost, self.timeout = limiter, key, cost, timeout
 
@@ -383,7 +384,7 @@ class Concurrency(_InFlight):
         >>> Concurrency(1).allow_at(0)
         True
         """
-        check_now(now)
+        validated_now(now)
         return self._allow(None, cost)
 
     def check(self, cost: int = 1) -> Decision:
@@ -402,7 +403,7 @@ class Concurrency(_InFlight):
         >>> Concurrency(3).check_at(0).remaining
         2
         """
-        check_now(now)
+        validated_now(now)
         return self._peek(None, cost, True)
 
     def peek(self, cost: int = 1) -> Decision:
@@ -420,7 +421,7 @@ class Concurrency(_InFlight):
         >>> Concurrency(3).peek_at(0, cost=2).remaining
         1
         """
-        check_now(now)
+        validated_now(now)
         return self._peek(None, cost, False)
 
     def tokens(self) -> float:
@@ -438,7 +439,7 @@ class Concurrency(_InFlight):
         >>> Concurrency(3).tokens_at(0)
         3.0
         """
-        check_now(now)
+        validated_now(now)
         return self.tokens()
 
     def release(self, cost: int = 1) -> None:
@@ -472,7 +473,7 @@ class Concurrency(_InFlight):
         >>> pool.allow_at(0), pool.refund_at(0), pool.in_flight
         (True, None, 0)
         """
-        check_now(now)
+        validated_now(now)
         self._release(None, cost)
 
     def acquire(self, cost: int = 1, timeout: float | None = None) -> bool:
@@ -555,7 +556,7 @@ class KeyedConcurrency(_InFlight):
         async_sleep: AsyncSleep | None = None,
     ) -> None:
         super().__init__(
-            max_in_flight, check_max_keys(max_keys), max_waiters, sleep_or_wake, async_sleep
+            max_in_flight, validated_max_keys(max_keys), max_waiters, sleep_or_wake, async_sleep
         )
 
     @property
@@ -601,7 +602,7 @@ class KeyedConcurrency(_InFlight):
         >>> KeyedConcurrency(1).allow_at("alice", 0)
         True
         """
-        check_now(now)
+        validated_now(now)
         return self._allow(key, cost)
 
     def check(self, key: Hashable, cost: int = 1) -> Decision:
@@ -618,7 +619,7 @@ class KeyedConcurrency(_InFlight):
         >>> KeyedConcurrency(3).check_at("alice", 0).allowed
         True
         """
-        check_now(now)
+        validated_now(now)
         return self._peek(key, cost, True)
 
     def peek(self, key: Hashable, cost: int = 1) -> Decision:
@@ -636,7 +637,7 @@ class KeyedConcurrency(_InFlight):
         >>> KeyedConcurrency(3).peek_at("alice", 0, cost=3).remaining
         0
         """
-        check_now(now)
+        validated_now(now)
         return self._peek(key, cost, False)
 
     def tokens(self, key: Hashable) -> float:
@@ -653,7 +654,7 @@ class KeyedConcurrency(_InFlight):
         >>> KeyedConcurrency(3).tokens_at("alice", 0)
         3.0
         """
-        check_now(now)
+        validated_now(now)
         return self.tokens(key)
 
     def release(self, key: Hashable, cost: int = 1) -> None:
@@ -681,7 +682,7 @@ class KeyedConcurrency(_InFlight):
         >>> per_user.allow_at("alice", 0), per_user.refund_at("alice", 0), len(per_user)
         (True, None, 0)
         """
-        check_now(now)
+        validated_now(now)
         self._release(key, cost)
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:

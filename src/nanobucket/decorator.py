@@ -20,10 +20,9 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from ._acquire import check_timeout
 from ._bucket import KeyedTokenBucket, TokenBucket
 from ._limiter import KeyedLimiter, Limiter, is_keyed
-from ._params import NS_PER_S, RateLike
+from ._params import NS_PER_S, RateLike, validated_timeout
 from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("RateLimited", "limit")
@@ -107,7 +106,7 @@ def limit(
         raise TypeError(f"key must be a callable, not {type(key).__name__}")
     if not isinstance(wait, bool):
         raise TypeError(f"wait must be a bool, not {type(wait).__name__}")
-    check_timeout(timeout)
+    validated_timeout(timeout)
     if wait and not hasattr(chosen, "acquire"):
         raise TypeError(f"{type(chosen).__name__} cannot wait (no acquire())")
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):

@@ -30,16 +30,15 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
-from ._acquire import NO_LIMIT, check_timeout
 from ._limiter import is_keyed
-from ._params import check_cost, exact_int
+from ._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
 from .waiting import Waiting
 
 __all__ = ("DEFAULT_MAX_PENDING", "LimitedExecutor", "QueueFull")
 
 DEFAULT_MAX_PENDING = 1024
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class QueueFull(queue.Full):
@@ -74,8 +73,8 @@ def checked_cost(limiter: Any, cost: object) -> int:
     """*cost* as an int in ``[0, limiter.capacity]`` (when it has one), or raise."""
     capacity = getattr(limiter, "capacity", None)
     if type(capacity) is int:
-        return check_cost(cost, capacity)
-    return check_cost(cost, 1 << 62)
+        return validated_cost(cost, capacity)
+    return validated_cost(cost, FOREVER_NS)
 
 
 class _Task:
@@ -155,15 +154,11 @@ class LimitedExecutor(Executor):
         self._shape = shape
         self._key = key_prefix(inner, key)
         self._cost = checked_cost(inner, cost)
-        self._max_pending = exact_int(max_pending, "max_pending")
-        if self._max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
+        self._max_pending = int_at_least(max_pending, "max_pending", 1)
         self._max_in_flight = (
-            None if max_in_flight is None else exact_int(max_in_flight, "max_in_flight")
+            None if max_in_flight is None else int_at_least(max_in_flight, "max_in_flight", 1)
         )
-        if self._max_in_flight is not None and self._max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight!r}")
-        self._timeout = check_timeout(timeout)
+        self._timeout = validated_timeout(timeout)
         self._executor = executor
         # The pacing thread's sleep: the limiter's own, cut short when its task is cancelled.
         if isinstance(sleep_or_wake, _wait.PlainSleep):
@@ -207,7 +202,7 @@ class LimitedExecutor(Executor):
         """
         return self._max_pending
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
         """Queue ``fn(*args, **kwargs)`` to start when its tokens exist; its `Future`.
 
         Blocks while *max_pending* tasks wait to start, at most *timeout*
@@ -264,7 +259,7 @@ class LimitedExecutor(Executor):
         if bell is not None:
             bell.set()
 
-    def _checked(self, sleep: Callable[[], T], bell: _wait.Bell | None = None) -> T:
+    def _checked(self, sleep: Callable[[], _T], bell: _wait.Bell | None = None) -> _T:
         """Run the pacing thread's *sleep*, unless (or until) its task is cancelled."""
         with self._cond:
             if self._abandon:
@@ -300,7 +295,12 @@ class LimitedExecutor(Executor):
             error: BaseException | None = None
             try:
                 started = _wait.wait_sync(
-                    self._limiter, self._key, self._cost, NO_LIMIT, self._shape, self._sleep_or_wake
+                    self._limiter,
+                    self._key,
+                    self._cost,
+                    FOREVER_NS,
+                    self._shape,
+                    self._sleep_or_wake,
                 )
             except _Abandoned:
                 started = False  # its reservation was given back
@@ -360,11 +360,11 @@ class LimitedExecutor(Executor):
 
     def map(
         self,
-        fn: Callable[..., T],
+        fn: Callable[..., _T],
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int = 1,
-    ) -> Generator[T, None, None]:
+    ) -> Generator[_T, None, None]:
         """``Executor.map``, read lazily: at most *max_pending* calls outstanding at once.
 
         Results come in order; *timeout* counts from this call, as in the
@@ -379,10 +379,10 @@ class LimitedExecutor(Executor):
         ...     list(pool.map(str.upper, ["a", "b", "c"]))
         ['A', 'B', 'C']
         """
-        seconds = check_timeout(timeout)
+        seconds = validated_timeout(timeout)
         end = None if seconds is None else time.monotonic() + seconds
         calls = zip(*iterables)
-        window: deque[Future[T]] = deque()
+        window: deque[Future[_T]] = deque()
 
         def fill() -> None:
             for args in calls:
@@ -391,7 +391,7 @@ class LimitedExecutor(Executor):
                     if len(window) >= self._max_pending or len(self._pending) >= self._max_pending:
                         return
 
-        def results() -> Generator[T, None, None]:
+        def results() -> Generator[_T, None, None]:
             try:
                 while window:
                     future = window.popleft()

@@ -20,7 +20,7 @@ import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ._params import NS_PER_S, RateLike, bucket_params, check_cost, rate_fraction
+from ._params import NS_PER_S, RateLike, bucket_params, int_at_least, rate_fraction, validated_cost
 
 __all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
 
@@ -154,13 +154,10 @@ def explain(
     (449, '112/45')
     """
     exact, cap, interval, tau = bucket_params(rate, capacity)
-    cost = check_cost(cost, cap)
+    cost = validated_cost(cost, cap)
     if cost == 0:
         raise ValueError("cost must be >= 1 to explain a limit (cost 0 is a free probe)")
-    if isinstance(instances, bool) or not isinstance(instances, int):
-        raise TypeError(f"instances must be an int, not {type(instances).__name__}")
-    if instances < 1:
-        raise ValueError(f"instances must be >= 1, got {instances!r}")
+    instances = int_at_least(instances, "instances", 1)
     sustained = exact / cost
     bps = sustained * DEFAULT_BURST_FACTOR if burst_rps is None else _positive(burst_rps)
     largest = cap // cost

@@ -31,13 +31,12 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
-from ._charge import Charge, Settler, check_charge
+from ._charge import Charge, Settler
 from ._http import (
     Counters,
+    Integration,
     KeyFunc,
     Policy,
-    check_counters,
-    check_headers_mode,
     client_address,
     header,
     key_func,
@@ -45,7 +44,7 @@ from ._http import (
     rejection,
     route,
 )
-from .hooks import Hook, LimitEvent, make_hooks
+from .hooks import Hook, LimitEvent
 
 __all__ = (
     "Counters",
@@ -147,7 +146,7 @@ async def _call(
     return await value if is_async else value
 
 
-class RateLimit:
+class RateLimit(Integration):
     """A FastAPI dependency that admits a request or raises `RateLimited` (429).
 
     * *limiter*: any nanobucket limiter, keyed or not (as the middleware
@@ -203,13 +202,7 @@ class RateLimit:
         on_limited: Hook | None = None,
         charge: Charge | None = None,
     ) -> None:
-        if not isinstance(shadow, bool):
-            raise TypeError("shadow must be a bool")
-        self._hooks = make_hooks(on_decision, on_limited, allow_async=True)
-        self._charge = check_charge(charge)
-        self.headers = check_headers_mode(headers)
-        self.shadow = shadow
-        self.counters = check_counters(counters)
+        self._options(headers, shadow, counters, on_decision, on_limited, charge, True)
         self._policy = Policy(limiter, name, keyed)
         self._settler = (
             None if charge is None else Settler(limiter, self._policy.keyed, self._policy.capacity)
@@ -217,7 +210,7 @@ class RateLimit:
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._key = None if self._key_fn is not None else key_func(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
-        self._cost = 0 if self._cost_fn is not None else self._policy.validate_cost(cost)
+        self._cost = 0 if self._cost_fn is not None else self._policy.validated_cost(cost)
         # What FastAPI fills: the request, the response, and the parameters of
         # the key and cost functions (one parameter where both take one name).
         params = {
@@ -257,7 +250,7 @@ class RateLimit:
             cost = await _call(
                 self._cost_fn, self._cost_request, self._cost_async, request, cost_kw
             )
-            cost = self._policy.validate_cost(cost)
+            cost = self._policy.validated_cost(cost)
         else:
             cost = self._cost
         policy = self._policy
@@ -267,11 +260,7 @@ class RateLimit:
         request.scope["nanobucket.decision"] = decision
         if self._hooks is not None:
             pattern = getattr(request.scope.get("route"), "path", None) or "*"
-            event = LimitEvent(key, pattern, cost, decision, self.shadow)
-            if self._hooks.awaited:
-                await self._hooks.emit_async(event)
-            else:
-                self._hooks.emit(event)
+            await self._hooks.emit_async(LimitEvent(key, pattern, cost, decision, self.shadow))
         if decision.allowed:
             self.counters.admitted += 1
             if not self.shadow:

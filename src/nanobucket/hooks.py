@@ -106,7 +106,7 @@ class LimitEvent(NamedTuple):
         return "shadow-limited" if self.shadow else "limited"
 
 
-def _check_hook(hook: object, name: str, allow_async: bool) -> bool:
+def _is_async_hook(hook: object, name: str, allow_async: bool) -> bool:
     """Whether *hook* is awaited; TypeError when it is not a usable hook."""
     if hook is None:
         return False
@@ -145,6 +145,9 @@ class Hooks:
 
     async def emit_async(self, event: LimitEvent) -> None:
         """`emit`, awaiting what the hooks return when they are coroutines."""
+        if not self.awaited:
+            self.emit(event)
+            return
         hooks = [self.on_decision]
         if not event.decision.allowed:
             hooks.append(self.on_limited)
@@ -161,8 +164,8 @@ class Hooks:
 
 def make_hooks(on_decision: object, on_limited: object, *, allow_async: bool) -> Hooks | None:
     """Validate ``on_decision=`` / ``on_limited=``: None when neither is given."""
-    a = _check_hook(on_decision, "on_decision", allow_async)
-    b = _check_hook(on_limited, "on_limited", allow_async)
+    a = _is_async_hook(on_decision, "on_decision", allow_async)
+    b = _is_async_hook(on_limited, "on_limited", allow_async)
     if on_decision is None and on_limited is None:
         return None
     return Hooks(on_decision, on_limited, a or b)  # type: ignore[arg-type]

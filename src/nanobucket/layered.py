@@ -47,6 +47,7 @@ from typing import Any
 from . import _acquire
 from ._bucket import Decision
 from ._limiter import KeyedLimiter, Limiter, is_keyed
+from ._params import validated_timeout
 from .concurrency import Slot
 
 try:  # the one-call fast path for layers that are all Cython buckets on one clock
@@ -409,7 +410,7 @@ class AllOf:
         (True, False)
         """
         if timeout is not None:
-            _acquire.check_timeout(timeout)
+            validated_timeout(timeout)
         if self.allow(key, cost):
             return True
         if self.releases:
@@ -435,7 +436,7 @@ class AllOf:
 
     async def _hold_async(self, key: Hashable | None, cost: int, timeout: float | None) -> bool:
         """`_hold` for asyncio: a cancelled waiter releases what it held."""
-        _acquire.check_timeout(timeout)
+        validated_timeout(timeout)
         if self.allow(key, cost):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -40,7 +40,7 @@ from .hooks import LimitEvent
 
 __all__ = ("OpenTelemetryMetrics", "PrometheusMetrics")
 
-STATES = ("closed", "open", "half-open")
+_STATES = ("closed", "open", "half-open")
 _POLICY_SOURCES = frozenset(("fallback", "policy:open", "policy:closed"))
 
 
@@ -55,7 +55,7 @@ def _breaker_of(limiter_or_breaker: object) -> Any:
     return breaker
 
 
-def _check_name(name: object) -> str:
+def _breaker_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"a breaker's name must be a non-empty str, not {name!r}")
     return name
@@ -154,8 +154,8 @@ class PrometheusMetrics:
         1.0
         """
         breaker = _breaker_of(limiter_or_breaker)
-        name = _check_name(name)
-        for state in STATES:
+        name = _breaker_name(name)
+        for state in _STATES:
             self._breaker.labels(name, state).set_function(_is_state(breaker, state))
 
 
@@ -238,7 +238,7 @@ class OpenTelemetryMetrics:
         from opentelemetry.metrics import Observation
 
         breaker = _breaker_of(limiter_or_breaker)
-        name = _check_name(name)
+        name = _breaker_name(name)
         with self._lock:
             self._breakers.append((name, breaker))
             if self._gauge is not None:
@@ -250,7 +250,7 @@ class OpenTelemetryMetrics:
                 out = []
                 for watched_name, b in watched:
                     current = b.state
-                    for state in STATES:
+                    for state in _STATES:
                         attributes = {"breaker": watched_name, "state": state}
                         out.append(Observation(1 if current == state else 0, attributes))
                 return out

@@ -19,14 +19,13 @@ import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
-from ._acquire import check_timeout
-from ._params import exact_int
+from ._params import int_at_least, validated_timeout
 from .decorator import RateLimited
 from .executor import checked_cost, key_prefix
 
 __all__ = ("paced", "paced_gather")
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class _Taker:
@@ -40,7 +39,7 @@ class _Taker:
         self.limiter = limiter
         self.key = key_prefix(limiter, key)
         self.cost = checked_cost(limiter, cost)
-        self.timeout = check_timeout(timeout)
+        self.timeout = validated_timeout(timeout)
 
     async def __call__(self) -> None:
         limiter, key = self.limiter, self.key
@@ -50,13 +49,13 @@ class _Taker:
 
 
 async def paced(
-    items: Iterable[T] | AsyncIterable[T],
+    items: Iterable[_T] | AsyncIterable[_T],
     limiter: Any,
     *,
     key: Hashable | None = None,
     cost: int = 1,
     timeout: float | None = None,
-) -> AsyncIterator[T]:
+) -> AsyncIterator[_T]:
     """Yield each of *items* (sync or async iterable) once its *cost* tokens are taken.
 
     An item is taken from *items*, then waits for its tokens, then is
@@ -84,7 +83,7 @@ async def paced(
 
 
 async def paced_gather(
-    awaitables: Iterable[Awaitable[T]],
+    awaitables: Iterable[Awaitable[_T]],
     limiter: Any,
     *,
     max_in_flight: int | None = None,
@@ -92,7 +91,7 @@ async def paced_gather(
     key: Hashable | None = None,
     cost: int = 1,
     timeout: float | None = None,
-) -> list[T]:
+) -> list[_T]:
     """Run *awaitables*, each started once its tokens are taken, in order; their results.
 
     At most *max_in_flight* run at once (None: no bound but the limiter).
@@ -109,19 +108,17 @@ async def paced_gather(
     """
     take = _Taker(limiter, key, cost, timeout)
     if max_in_flight is not None:
-        max_in_flight = exact_int(max_in_flight, "max_in_flight")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight!r}")
+        max_in_flight = int_at_least(max_in_flight, "max_in_flight", 1)
     if not isinstance(return_exceptions, bool):
         raise TypeError(f"return_exceptions must be a bool, not {type(return_exceptions).__name__}")
     todo = list(awaitables)
     me = asyncio.current_task()
     assert me is not None  # an async function runs in a task
     slots = asyncio.Semaphore(max_in_flight) if max_in_flight is not None else None
-    tasks: list[asyncio.Future[T]] = []
+    tasks: list[asyncio.Future[_T]] = []
     errors: list[BaseException] = []
 
-    def finished(task: asyncio.Future[T]) -> None:
+    def finished(task: asyncio.Future[_T]) -> None:
         if slots is not None:
             slots.release()
         if return_exceptions or task.cancelled() or errors:
@@ -140,7 +137,7 @@ async def paced_gather(
             started.add_done_callback(finished)
             tasks.append(started)
         results = await asyncio.gather(*tasks, return_exceptions=return_exceptions)
-        return cast("list[T]", results)  # with return_exceptions, errors among them
+        return cast("list[_T]", results)  # with return_exceptions, errors among them
     except asyncio.CancelledError:
         uncancel = getattr(me, "uncancel", None)  # 3.11+: was it cancelled from outside too?
         if not errors or (uncancel is not None and uncancel() > 0):

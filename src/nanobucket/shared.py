@@ -43,11 +43,18 @@ import secrets
 import stat
 import struct
 import tempfile
-from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from ._params import RateLike, bucket_params, check_max_keys, public_rate, stored_rate
+from ._params import (
+    Clock,
+    RateLike,
+    bucket_params,
+    public_rate,
+    stored_rate,
+    validated_clock,
+    validated_max_keys,
+)
 
 __all__ = ("BadTableError", "SharedKeyedTokenBucket", "default_directory")
 
@@ -72,7 +79,6 @@ _FIELDS = struct.Struct("=8sQQQqqqqqqqqQQ")
 _CHECKED = _FIELDS.size  # 112 bytes covered by the check
 _CHECK = struct.Struct("=8s8x")  # at 112: the check, then the horizon (shared state, unchecked)
 
-Clock = Callable[[], int]
 
 if TYPE_CHECKING:  # _shared_c.pyi types the extension
     from ._shared_c import SharedTable as _Base
@@ -285,15 +291,12 @@ class SharedKeyedTokenBucket(_Table):
     ) -> SharedKeyedTokenBucket:
         """Build a table in a new file linked in at *target*, or in an anonymous one (None)."""
         exact, cap, interval, _tau = bucket_params(rate, capacity)
-        keys = check_max_keys(max_keys)
+        keys = validated_max_keys(max_keys)
         if when_full not in WHEN_FULL:
             raise ValueError(f"when_full must be 'reject' or 'admit', got {when_full!r}")
         if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
             raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
-        if clock is not None and not callable(clock):
-            raise TypeError(
-                f"clock must be a callable returning int ns, not {type(clock).__name__}"
-            )
+        validated_clock(clock)
         slots = _slot_count(keys)
         probe = min(PROBE, slots)
         seed0, seed1 = struct.unpack("=QQ", secrets.token_bytes(16))
@@ -386,16 +389,13 @@ class SharedKeyedTokenBucket(_Table):
         fd = _open_file(target)
         try:
             info = os.fstat(fd)
-            _check_file(target, info)
+            _require_table_file(target, info)
             raw = os.pread(fd, HEADER_SIZE, 0)
             fields = _parse_header(target, raw, info.st_size)
             (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy, seed0, seed1) = (
                 fields
             )
-            if clock is not None and not callable(clock):
-                raise TypeError(
-                    f"clock must be a callable returning int ns, not {type(clock).__name__}"
-                )
+            validated_clock(clock)
             rate = Fraction(num, den)
             table = cls.__new__(cls)
             table._attach(
@@ -518,11 +518,11 @@ def _open_file(target: str) -> int:
             ) from None
         if isinstance(e, PermissionError):
             with contextlib.suppress(OSError):
-                _check_owner(target, os.lstat(target))  # say why if it is another's file
+                _require_own_file(target, os.lstat(target))  # say why if it is another's file
         raise
 
 
-def _check_owner(target: str, info: os.stat_result) -> None:
+def _require_own_file(target: str, info: os.stat_result) -> None:
     uid = os.geteuid()
     if info.st_uid != uid:
         raise BadTableError(
@@ -531,11 +531,11 @@ def _check_owner(target: str, info: os.stat_result) -> None:
         )
 
 
-def _check_file(target: str, info: os.stat_result) -> None:
+def _require_table_file(target: str, info: os.stat_result) -> None:
     """Refuse what is not a regular file of ours that only we can write."""
     if not stat.S_ISREG(info.st_mode):
         raise BadTableError(f"{target}: not a regular file")
-    _check_owner(target, info)
+    _require_own_file(target, info)
     if info.st_mode & 0o022:
         raise BadTableError(
             f"{target}: writable by group or others (mode {oct(stat.S_IMODE(info.st_mode))}); "
@@ -576,7 +576,7 @@ def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
             f"version {LAYOUT_VERSION}"
         )
     # Unkeyed, so anyone can forge it: it tells a damaged or foreign file from
-    # a table, while ownership and mode (_check_file) keep forgers out.
+    # a table, while ownership and mode (_require_table_file) keep forgers out.
     (check,) = _CHECK.unpack_from(raw, _CHECKED)
     if check != hashlib.blake2b(raw[:_CHECKED], digest_size=8).digest():
         raise BadTableError(f"{target}: corrupt shared table header")
@@ -594,7 +594,7 @@ def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:
         if den <= 0 or num <= 0 or policy not in (0, 1) or not 1 <= probe <= min(slots, PROBE):
             raise ValueError("bad field")
         _exact, _cap, want_interval, _tau = bucket_params(Fraction(num, den), cap)
-        check_max_keys(keys)
+        validated_max_keys(keys)
         if slots != _slot_count(keys):  # as create sizes it: bounds the slots by max_keys
             raise ValueError("bad field")
     except (TypeError, ValueError):

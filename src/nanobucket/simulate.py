@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import _bucket
-from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_capacity, check_cost
+from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, validated_capacity, validated_cost
 
 __all__ = (
     "Config",
@@ -39,7 +39,6 @@ __all__ = (
     "StrategyResult",
     "Traffic",
     "case_study",
-    "fmt_wait",
     "load_trace",
     "render_table",
     "simulate",
@@ -263,7 +262,7 @@ class Config:
         rate, cap, interval, _ = bucket_params(self.rate, self.capacity)
         if rate < 1:
             raise ValueError(f"rate must be >= 1 to simulate a 1-second window, got {self.rate}")
-        bound = cap if self.queue_bound is None else check_capacity(self.queue_bound)
+        bound = cap if self.queue_bound is None else validated_capacity(self.queue_bound)
         key_rate = rate / 4 if self.key_rate is None else self.key_rate
         key_cap = max(1, cap // 4) if self.key_capacity is None else self.key_capacity
         key_rate, key_cap, _, _ = bucket_params(key_rate, key_cap)
@@ -451,7 +450,7 @@ def _keyed_global(
     return admitted, [0] * len(tr)
 
 
-def percentile(sorted_values: Sequence[int], p: int) -> int:
+def _percentile(sorted_values: Sequence[int], p: int) -> int:
     """Nearest-rank percentile (an element of the data); 0 for no data."""
     if not sorted_values:
         return 0
@@ -463,7 +462,7 @@ def _measure(s: StrategyResult, tr: Traffic) -> None:
     s.offered = len(tr)
     s.passed = sum(s.admitted)
     waits = sorted(w for w, a in zip(s.wait_ns, s.admitted) if a)
-    s.p50_wait_ns, s.p99_wait_ns = percentile(waits, 50), percentile(waits, 99)
+    s.p50_wait_ns, s.p99_wait_ns = _percentile(waits, 50), _percentile(waits, 99)
     # The most tokens reaching the service in any window [x, x + 1 s).
     passing = sorted(
         (t + w, c) for t, w, c, a in zip(tr.times, s.wait_ns, tr.costs, s.admitted) if a
@@ -519,15 +518,6 @@ def _measure_queue(s: StrategyResult, tr: Traffic) -> None:
     s.peak_queue, s.over_bound_ns = peak, over
 
 
-STRATEGY_NAMES = (
-    "fixed window",
-    "unbounded queue",
-    "bounded queue",
-    "token bucket",
-    "per-key + global",
-)
-
-
 def simulate(
     traffic: Traffic,
     config: Config | None = None,
@@ -549,7 +539,7 @@ def simulate(
     impl = impl or _bucket
     rate, cap, interval, bound, key_rate, key_cap = config.resolved()
     for c in set(traffic.costs):
-        check_cost(c, cap)
+        validated_cost(c, cap)
     tick: Progress = progress or (lambda n: None)
     limit = int(rate)  # whole tokens per 1-second window
     runs: list[tuple[str, str, bool, int | None, Callable[[], tuple[bytearray, list[int]]]]] = [
@@ -602,10 +592,10 @@ def _num(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
 
 
-def fmt_wait(ns: int) -> str:
+def _fmt_wait(ns: int) -> str:
     """A wait for the table: ``0 s`` or seconds to the millisecond.
 
-    >>> fmt_wait(0), fmt_wait(1_250_000_000)
+    >>> _fmt_wait(0), _fmt_wait(1_250_000_000)
     ('0 s', '1.250 s')
     """
     return "0 s" if ns == 0 else f"{ns / NS:.3f} s"
@@ -646,8 +636,8 @@ def render_table(sim: Simulation) -> str:
                 s.label,
                 _pct(s.passed, s.offered),
                 _pct(s.rejected, s.offered),
-                fmt_wait(s.p50_wait_ns),
-                fmt_wait(s.p99_wait_ns),
+                _fmt_wait(s.p50_wait_ns),
+                _fmt_wait(s.p99_wait_ns),
                 str(s.peak_queue) if s.queued else "-",
                 str(s.max_in_1s),
                 f"{s.over_bound_ns / NS:.1f} s" if s.queued else "-",

@@ -35,7 +35,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from . import _bucket
-from ._params import NS_PER_S, bucket_params, check_capacity
+from ._params import NS_PER_S, bucket_params, int_at_least
 from .simulate import Traffic
 
 __all__ = ("Point", "Sizing", "parse_share", "render_text", "size", "to_json")
@@ -191,7 +191,7 @@ def size(
         raise ValueError(f"target must be a share in [0, 1], got {target}")
     if max_wait_ns.__class__ is not int or max_wait_ns < 0:
         raise ValueError(f"max_wait_ns must be an int >= 0, got {max_wait_ns!r}")
-    check_capacity(instances)
+    int_at_least(instances, "instances", 1)
     allowed = int(target * len(traffic))
     points: dict[int, Point] = {}
 

@@ -54,7 +54,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._bucket import Decision
-from ._params import check_max_keys
+from ._params import validated_max_keys
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
 
@@ -250,7 +250,7 @@ class _Plans:
             raise TypeError(f"tier must be a callable key -> plan name, not {tier!r}")
         if default is not None and default not in found:
             raise ValueError(f"default {default!r} is not a plan (plans: {list(found)})")
-        self._max_keys = check_max_keys(max_keys)
+        self._max_keys = validated_max_keys(max_keys)
         self._plans = found
         self._view = MappingProxyType({name: lr for name, (_, lr) in found.items()})
         self._tier = tier

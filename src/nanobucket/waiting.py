@@ -40,9 +40,10 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from . import _wait
-from ._acquire import DEFAULT_MAX_WAITERS, Gate, check_max_waiters, max_wait_ns
+from ._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from ._bucket import TokenBucket
 from ._limiter import KeyedLimiter, Limiter, is_keyed
+from ._params import int_at_least
 from ._wait import AsyncSleep, SleepOrWake
 
 __all__ = ("DEFAULT_MAX_WAITERS", "LeakyBucket", "Waiting")
@@ -104,7 +105,7 @@ class Waiting:
         self.limiter: Any = limiter  # its private _reserve, too
         self.keyed = is_keyed(limiter)
         self.shape = shape
-        self._gate = Gate(check_max_waiters(max_waiters))
+        self._gate = Gate(int_at_least(max_waiters, "max_waiters", 0))
         self._sleep_or_wake: SleepOrWake = (
             _wait.PlainSleep(sleep) if sleep is not None else sleep_or_wake or _wait.bell_wait
         )

@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ._charge import Charge, Settler, check_charge, settlers
+from ._charge import Charge, Settler
 from ._http import (
     Counters,
+    Middleware,
     Route,
     Rule,
-    build_router,
-    check_counters,
-    check_headers_mode,
     client_address,
     header,
     limit_headers,
@@ -28,7 +26,7 @@ from ._http import (
     route,
     wsgi_path,
 )
-from .hooks import Hook, LimitEvent, make_hooks
+from .hooks import LimitEvent
 
 __all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
@@ -41,7 +39,7 @@ def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
-class RateLimitMiddleware:
+class RateLimitMiddleware(Middleware):
     """Rate-limit every request of a WSGI app; 429 + ``Retry-After`` when limited.
 
     The arguments are those of `nanobucket.asgi.RateLimitMiddleware`, with
@@ -64,41 +62,9 @@ class RateLimitMiddleware:
     429 Too Many Requests 1
     """
 
-    def __init__(
-        self,
-        app: WSGIApp,
-        limiter: object,
-        *,
-        key: object = None,
-        cost: int | Callable[[Environ], int] = 1,
-        routes: Iterable[Route] | None = None,
-        exempt: str | Iterable[str] | None = None,
-        headers: str = "ietf",
-        name: str = "default",
-        shadow: bool = False,
-        counters: Counters | None = None,
-        keyed: bool | None = None,
-        on_decision: Hook | None = None,
-        on_limited: Hook | None = None,
-        charge: Charge | None = None,
-    ) -> None:
-        if not callable(app):
-            raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
-        if not isinstance(shadow, bool):
-            raise TypeError("shadow must be a bool")
-        self.app = app
-        self.headers = check_headers_mode(headers)
-        self.shadow = shadow
-        self.counters = check_counters(counters)
-        self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
-        for policy in self._router.policies():
-            if policy.is_async:
-                raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
-        self._simple = not self._router.exact and not self._router.prefixes
-        self._quiet = shadow or self.headers == "off"
-        self._hooks = make_hooks(on_decision, on_limited, allow_async=False)
-        self._charge = check_charge(charge)
-        self._settlers = settlers(self._router) if charge is not None else {}
+    app: WSGIApp
+    _app_kind = "a WSGI callable"
+    _async = False
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         counters = self.counters
@@ -109,8 +75,7 @@ class RateLimitMiddleware:
             rule = self._router.match(path or "/", environ.get("REQUEST_METHOD", "GET"))
             environ["nanobucket.route"] = rule.pattern
             if rule.exempt:
-                with counters._lock:
-                    counters.exempt += 1
+                counters.add("exempt")
                 return self.app(environ, start_response)
         policy = rule.policy
         assert policy is not None
@@ -121,8 +86,7 @@ class RateLimitMiddleware:
         if self._hooks is not None:
             self._hooks.emit(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
         if decision.allowed:
-            with counters._lock:
-                counters.admitted += 1
+            counters.add("admitted")
             if self._quiet:
                 if self._charge is not None:
                     return self._charged(environ, start_response, policy, key, cost)
@@ -139,11 +103,9 @@ class RateLimitMiddleware:
                 return self._charged(environ, start_with_headers, policy, key, cost)
             return self.app(environ, start_with_headers)
         if self.shadow:
-            with counters._lock:
-                counters.shadow_limited += 1
+            counters.add("shadow_limited")
             return self.app(environ, start_response)
-        with counters._lock:
-            counters.limited += 1
+        counters.add("limited")
         response_headers, body = rejection(self.headers, policy, decision)
         start_response("429 Too Many Requests", _str_headers(response_headers))
         return [body]
@@ -167,9 +129,6 @@ class RateLimitMiddleware:
             body.close()  # the app failed before returning a body: settle now
             raise
         return body
-
-    def __repr__(self) -> str:
-        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"
 
 
 def _status_code(status: str) -> int:

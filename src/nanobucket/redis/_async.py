@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 from .. import _acquire
-from .._params import RateLike, check_now
+from .._params import RateLike, validated_now
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
@@ -299,7 +299,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.allow_at("alice", 0))
         True
         """
-        return await self._allowed(key, self._cost(cost), check_now(now))
+        return await self._allowed(key, self._cost(cost), validated_now(now))
 
     async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
@@ -319,7 +319,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.check_at("alice", 0)).remaining   # the fallback's bucket
         1
         """
-        return await self._call(key, self._cost(cost), check_now(now), True)
+        return await self._call(key, self._cost(cost), validated_now(now), True)
 
     async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """The decision `check` would return now, without spending anything.
@@ -339,7 +339,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> [asyncio.run(limiter.peek_at("alice", 0)).remaining for _ in range(2)]   # nothing spent
         [1, 1]
         """
-        return await self._call(key, self._cost(cost), check_now(now), False)
+        return await self._call(key, self._cost(cost), validated_now(now), False)
 
     async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
         """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
@@ -359,7 +359,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> list(asyncio.run(limiter.allow_many_at(["alice", "alice", "bob"], 0)))
         [1, 0, 1]
         """
-        return await self._many(keys, self._cost(cost), check_now(now))
+        return await self._many(keys, self._cost(cost), validated_now(now))
 
     async def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
         keys, rkeys = self._batch(keys)
@@ -403,7 +403,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.refund_at("alice", 0))
         False
         """
-        return await self._give(key, self._cost(cost), check_now(now))
+        return await self._give(key, self._cost(cost), validated_now(now))
 
     async def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
         rkey = self.key(key)
@@ -429,7 +429,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
     ) -> int:
         """`RedisTokenBucket._reserve`, awaited."""
         cost = self._cost(cost)
-        now_ns = None if now is None else check_now(now)
+        now_ns = None if now is None else validated_now(now)
         args = self._reserve_args(cost, now_ns, max_wait, shape)
         ok, reply = await self._send(_UNBOUNDED, self._reserve_script, (self.key(key),), args)
         return self._waited(reply) if ok else self._reserve_policy(key, cost, now_ns, reply)
@@ -469,7 +469,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         """
         params = self._new_params(rate, capacity, migrate)
         if migrate:
-            now_ns = None if now is None else check_now(now)
+            now_ns = None if now is None else validated_now(now)
             client = self._client
             async for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
                 await drive_async(

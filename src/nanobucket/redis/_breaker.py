@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Literal
 
-from .._params import NS_PER_S
+from .._params import NS_PER_S, Clock, clock_or_monotonic, int_at_least, real_seconds
 
 __all__ = ("CircuitBreaker",)
-
-Clock = Callable[[], int]
 
 
 class CircuitBreaker:
@@ -35,23 +31,16 @@ class CircuitBreaker:
         max_backoff: float = 5.0,
         clock: Clock | None = None,
     ) -> None:
-        if isinstance(failures, bool) or not isinstance(failures, int):
-            raise TypeError(f"failures must be an int, not {type(failures).__name__}")
-        if failures < 1:
-            raise ValueError(f"failures must be >= 1, got {failures!r}")
+        failures = int_at_least(failures, "failures", 1)
         for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-            if not 0 < value < 86_400 * 365:
+            if not 0 < real_seconds(value, name) < 86_400 * 365:
                 raise ValueError(f"{name} must be > 0 seconds and finite, got {value!r}")
         if max_backoff < backoff:
             raise ValueError(f"max_backoff {max_backoff!r} < backoff {backoff!r}")
-        if clock is not None and not callable(clock):
-            raise TypeError("clock must be a callable returning int ns")
         self._threshold = failures
         self._base_ns = int(backoff * NS_PER_S)
         self._max_ns = int(max_backoff * NS_PER_S)
-        self._clock: Clock = clock if clock is not None else time.monotonic_ns
+        self._clock: Clock = clock_or_monotonic(clock)
         self._lock = threading.Lock()
         self._failures = 0
         self._backoff_ns = self._base_ns

@@ -10,10 +10,19 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._params import NS_PER_S, RateLike, check_max_keys, check_now
+from .._params import (
+    NS_PER_S,
+    Clock,
+    RateLike,
+    clock_or_monotonic,
+    exact_int,
+    real_seconds,
+    validated_max_keys,
+    validated_now,
+)
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
-from ._breaker import CircuitBreaker, Clock
+from ._breaker import CircuitBreaker
 from ._limits import _LEASE, EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
 from ._policy import Fallback, Policy, RedisDecision
 from ._sync import _SyncLimits
@@ -90,26 +99,20 @@ class LeasedTokenBucket(_SyncLimits):
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         self._connect(client)
         self._script = self._client.register_script(_LEASE)
-        self._max_keys = check_max_keys(max_keys)
+        self._max_keys = validated_max_keys(max_keys)
         if max_lease is None:
             max_lease = max(1, self._capacity // 16)
         for name, value in (("min_lease", min_lease), ("max_lease", max_lease)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-            if not 1 <= value <= self._capacity:
+            if not 1 <= exact_int(value, name) <= self._capacity:
                 raise ValueError(f"{name} must be in [1, capacity={self._capacity}], got {value!r}")
         if min_lease > max_lease:
             raise ValueError(f"min_lease {min_lease} > max_lease {max_lease}")
-        if isinstance(lease_period, bool) or not isinstance(lease_period, (int, float)):
-            raise TypeError(f"lease_period must be seconds, not {type(lease_period).__name__}")
-        if not 0 < lease_period < 86_400:
+        if not 0 < real_seconds(lease_period, "lease_period") < 86_400:
             raise ValueError(f"lease_period must be in (0, 86400) seconds, got {lease_period!r}")
-        if clock is not None and not callable(clock):
-            raise TypeError("clock must be a callable returning int ns")
         self._min_lease = min_lease
         self._max_lease = max_lease
         self._period_ns = int(lease_period * NS_PER_S)
-        self._clock: Clock = clock if clock is not None else time.monotonic_ns
+        self._clock: Clock = clock_or_monotonic(clock)
         self._leases: dict[bytes, _Lease] = {}
         #: Keys whose lease a thread is taking now, with the event it sets when
         #: done (made by the first thread to wait: none on an uncontended key).
@@ -160,7 +163,7 @@ class LeasedTokenBucket(_SyncLimits):
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
         (True, False)
         """
-        return self._decide(self.key(key), key, self._cost(cost), check_now(now)).allowed
+        return self._decide(self.key(key), key, self._cost(cost), validated_now(now)).allowed
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance.
@@ -181,7 +184,7 @@ class LeasedTokenBucket(_SyncLimits):
         >>> d.allowed, d.remaining, d.source
         (True, 1, 'fallback')
         """
-        return self._decide(self.key(key), key, self._cost(cost), check_now(now))
+        return self._decide(self.key(key), key, self._cost(cost), validated_now(now))
 
     def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
         wait_until = 0  # monotonic ns past which a waiter stops waiting for a lease in flight
@@ -315,7 +318,7 @@ class LeasedTokenBucket(_SyncLimits):
         >>> limiter.close_at(0); len(limiter)   # no lease state is left
         0
         """
-        self._give_back(check_now(now))
+        self._give_back(validated_now(now))
 
     def _counted(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, one round trip more in `round_trips`."""
@@ -354,7 +357,7 @@ class LeasedTokenBucket(_SyncLimits):
         >>> limiter.refund_at("alice", 0)
         False
         """
-        return self._give(key, self._cost(cost), check_now(now))
+        return self._give(key, self._cost(cost), validated_now(now))
 
     def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
         rkey = self.key(key)
@@ -391,7 +394,7 @@ class LeasedTokenBucket(_SyncLimits):
         """Spend from the lease when it pays (0), else reserve in Redis as
         `RedisTokenBucket._reserve` does (the lease is not touched)."""
         cost = self._cost(cost)
-        now_ns = None if now is None else check_now(now)
+        now_ns = None if now is None else validated_now(now)
         rkey = self.key(key)
         if not shape:
             with self._lock:
@@ -418,7 +421,7 @@ class LeasedTokenBucket(_SyncLimits):
         (20, 20)
         """
         params = self._new_params(rate, capacity, migrate)
-        self._give_back(None if now is None else check_now(now))
+        self._give_back(None if now is None else validated_now(now))
         if migrate:
             self._migrate(params, now)
         self._set_params(params)

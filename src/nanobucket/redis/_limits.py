@@ -21,7 +21,15 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import _acquire
-from .._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, check_cost
+from .._params import (
+    NOW_MAX,
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    public_rate,
+    real_seconds,
+    validated_cost,
+)
 from . import _clients
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
@@ -115,16 +123,15 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
     raise NoScriptError("script vanished twice while running a batch")
 
 
-def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not 0 < timeout <= 3600:
+def _timeout_seconds(timeout: object) -> float:
+    seconds = real_seconds(timeout, "timeout")
+    if not 0 < seconds <= 3600:
         raise ValueError(f"timeout must be in (0, 3600] seconds, got {timeout!r}")
-    return float(timeout)
+    return float(seconds)
 
 
-def _redis_params(rate: RateLike, capacity: int) -> tuple[Any, int, int]:
-    """Validated ``(exact rate, capacity, interval_us)`` of a Redis limiter."""
+def _redis_params(rate: RateLike, capacity: int) -> tuple[RateLike, int, int]:
+    """Validated ``(rate as reported, capacity, interval_us)`` of a Redis limiter."""
     exact, cap, interval_ns, _ = bucket_params(rate, capacity)
     # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
     interval_us = -(-interval_ns // NS_PER_US)
@@ -133,7 +140,7 @@ def _redis_params(rate: RateLike, capacity: int) -> tuple[Any, int, int]:
             f"capacity / rate is {cap * interval_us / 1e6 / 86400 / 365.25:.0f} years to refill: "
             f"more than Redis's microsecond state can hold exactly"
         )
-    return exact, cap, interval_us
+    return public_rate(rate, exact), cap, interval_us
 
 
 class _RedisLimits(_FailurePolicy):
@@ -144,6 +151,7 @@ class _RedisLimits(_FailurePolicy):
     _cluster: bool
     _script: Any
     _many_script: Any
+    _rate: RateLike
 
     def __init__(
         self,
@@ -155,7 +163,7 @@ class _RedisLimits(_FailurePolicy):
         breaker: CircuitBreaker | None,
         timeout: float,
     ) -> None:
-        self._timeout = _check_timeout(timeout)
+        self._timeout = _timeout_seconds(timeout)
         self._set_params(_redis_params(rate, capacity))
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
@@ -165,11 +173,11 @@ class _RedisLimits(_FailurePolicy):
         super().__init__(on_error, fallback, breaker)
 
     @property
-    def rate(self) -> Any:
-        """Tokens per second, as an exact Fraction (Redis applies ``interval_us``).
+    def rate(self) -> RateLike:
+        """Tokens per second, the number given (Redis applies ``interval_us``).
 
         >>> RedisTokenBucket(redis.Redis(), rate=2.5, capacity=10).rate
-        Fraction(5, 2)
+        2.5
         """
         return self._rate
 
@@ -231,7 +239,7 @@ class _RedisLimits(_FailurePolicy):
     def _cost(self, cost: object) -> int:
         if cost.__class__ is int and 0 <= cost <= self._capacity:
             return cost
-        return check_cost(cost, self._capacity)
+        return validated_cost(cost, self._capacity)
 
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
         cost_us = cost * self._interval_us

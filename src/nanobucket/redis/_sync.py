@@ -7,7 +7,7 @@ from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import _acquire
-from .._params import RateLike, check_now
+from .._params import RateLike, validated_now, validated_timeout
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
@@ -63,7 +63,7 @@ class _SyncLimits(_RedisLimits):
         When Redis cannot decide, the failure policy answers 0 or -1.
         """
         cost = self._cost(cost)
-        now_ns = None if now is None else check_now(now)
+        now_ns = None if now is None else validated_now(now)
         rkey = self.key(key)
         return self._reserve_in_redis(rkey, key, cost, now_ns, max_wait, shape)
 
@@ -89,7 +89,7 @@ class _SyncLimits(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        return _acquire.acquire_slow(self, (key,), cost, _acquire.check_timeout(timeout))
+        return _acquire.acquire_slow(self, (key,), cost, validated_timeout(timeout))
 
     async def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
@@ -118,7 +118,7 @@ class _SyncLimits(_RedisLimits):
 
     def _migrate(self, params: tuple[Any, int, int], now: int | None) -> None:
         """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
-        now_ns = None if now is None else check_now(now)
+        now_ns = None if now is None else validated_now(now)
         client = self._client
         for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
             drive(self._migrate_key(client, self._swap_script, rkey, params, now_ns))
@@ -225,7 +225,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
         (True, False)
         """
-        return self._call(key, self._cost(cost), check_now(now), True).allowed
+        return self._call(key, self._cost(cost), validated_now(now), True).allowed
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
@@ -246,7 +246,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> d.allowed, d.remaining, d.limit, d.source   # the fallback's own numbers
         (True, 19, 20, 'fallback')
         """
-        return self._call(key, self._cost(cost), check_now(now), True)
+        return self._call(key, self._cost(cost), validated_now(now), True)
 
     def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """The decision `check` would return now, without spending anything.
@@ -266,7 +266,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> [limiter.peek_at("alice", 0, cost=5).remaining for _ in range(2)]   # nothing spent
         [15, 15]
         """
-        return self._call(key, self._cost(cost), check_now(now), False)
+        return self._call(key, self._cost(cost), validated_now(now), False)
 
     def tokens_at(self, key: Hashable, now: int) -> float:
         """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable.
@@ -277,7 +277,7 @@ class RedisTokenBucket(_SyncLimits):
         ...
         nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
         """
-        d = self._call(key, 0, check_now(now), False)
+        d = self._call(key, 0, validated_now(now), False)
         return self._tokens(d)
 
     def tokens(self, key: Hashable) -> float:
@@ -315,7 +315,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> list(limiter.allow_many_at(["alice", "alice", "bob"], 0))
         [1, 0, 1]
         """
-        return self._many(keys, self._cost(cost), check_now(now))
+        return self._many(keys, self._cost(cost), validated_now(now))
 
     def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
         keys, rkeys = self._batch(keys)
@@ -347,7 +347,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
         False
         """
-        return self._give(key, self._cost(cost), check_now(now))
+        return self._give(key, self._cost(cost), validated_now(now))
 
     def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
         rkey = self.key(key)
@@ -390,7 +390,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
         >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
         >>> limiter.rate, limiter.capacity, limiter.interval_ns
-        (Fraction(50, 1), 200, 20000000)
+        (50, 200, 20000000)
         """
         params = self._new_params(rate, capacity, migrate)
         if migrate:
