@@ -74,7 +74,9 @@ def _type_only(tree: ast.Module) -> set[int]:
 
 _TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 #: ``from X import a, b`` and ``from X cimport a`` in a .pyx (the text, not docstrings' ``>>>``).
-_PYX_IMPORT = re.compile(r"\s*from\s+(\.*)([\w.]*)\s+(c?)import\s+([\w, ]+)")
+_PYX_IMPORT = re.compile(
+    r"^[ \t]*from\s+(\.*)([\w.]*)\s+(c?)import\s+(\([^)]*\)|[\w, ]+)", re.MULTILINE
+)
 
 
 def _imports(path: str) -> list[tuple[int, str, list[str], bool]]:
@@ -83,8 +85,9 @@ def _imports(path: str) -> list[tuple[int, str, list[str], bool]]:
     if path.endswith(".pyx"):
         for name in [path, *_included(path)]:
             with open(name, encoding="utf-8") as f:
-                for m in filter(None, map(_PYX_IMPORT.match, f)):
-                    names = [n.split()[0] for n in m.group(4).split(",") if n.strip()]
+                for m in _PYX_IMPORT.finditer(f.read()):
+                    written = m.group(4).strip("()")
+                    names = [n.split()[0] for n in written.split(",") if n.strip()]
                     found.append((len(m.group(1)), m.group(2), names, bool(m.group(3))))
         return found
     with open(path, encoding="utf-8") as f:
