@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -32,9 +32,7 @@ try:
     from django.http import HttpResponse
     from django.utils.module_loading import import_string
 except ImportError as exc:  # pragma: no cover - tested in a subprocess without Django
-    raise ImportError(
-        "nanobucket.django needs Django: pip install 'nanobucket[django]'"
-    ) from exc
+    raise ImportError("nanobucket.django needs Django: pip install 'nanobucket[django]'") from exc
 
 from ._charge import Charge, check_charge, settlers
 from ._http import (
@@ -121,7 +119,7 @@ def _key(spec: object, trusted_proxies: Iterable[str] | str | None) -> _RequestK
     """``"ip"``, ``"user"``, a key function (or a tuple of them), a callable, a dotted path."""
     if isinstance(spec, str) and spec not in ("ip", "user"):
         spec = import_string(spec)
-    if spec is None or spec == "ip" or spec == "user":
+    if spec is None or spec in ("ip", "user"):
         address = client_address(trusted_proxies)
         if spec != "user":
             return _RequestKey(lambda request: address.wsgi(request.META))
@@ -541,121 +539,131 @@ def limit(
 
 
 # --------------------------------------------------------------------------
-# The DRF throttle (built on first use: DRF reads settings when imported)
+# The DRF throttle. Importing DRF reads Django's settings, so the class is
+# made at its first use (by then settings exist), not when this module loads.
+
+
+class _Throttle:
+    """``NanobucketThrottle``: a DRF throttle, one atomic decision of a limiter per request.
+
+    Keyed by user (``user:<pk>``) when authenticated, else by client
+    address. Configure it by subclassing, with class attributes, or, for
+    the class itself, with ``NANOBUCKET["throttle"]`` in settings (a
+    dict of the same names):
+
+    * ``limiter``: a limiter, a dotted path to one, or a function that makes one;
+    * ``key`` (``"user"`` by default, or as for the middleware),
+      ``trusted_proxies``, ``cost``, ``on_decision``, ``on_limited``.
+
+    ``allow_request`` spends the tokens in the limiter's one atomic
+    step (no read-then-write of a cache, so concurrent requests can
+    never all pass), and ``wait()`` is the refusal's exact
+    ``retry_after`` in seconds (DRF rounds it up for ``Retry-After``).
+
+    >>> import nanobucket as nb
+    >>> from nanobucket.django import NanobucketThrottle
+    >>> class Burst(NanobucketThrottle):
+    ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    >>> from django.test.client import RequestFactory
+    >>> request = RequestFactory().get("/")
+    >>> [(t.allow_request(request, None), t.wait()) for t in (Burst(), Burst())]
+    [(True, None), (False, 1.0)]
+    """
+
+    limiter: object = None
+    key: object = "user"
+    trusted_proxies: Iterable[str] | str | None = None
+    cost: object = 1
+    on_decision: Hook | None = None
+    on_limited: Hook | None = None
+    decision: Any = None
+
+    @classmethod
+    def gate(cls) -> _Gate:
+        """The class's configuration, built and checked once, at its first request.
+
+        >>> import nanobucket as nb
+        >>> from nanobucket.django import NanobucketThrottle
+        >>> class Burst(NanobucketThrottle):
+        ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1)
+        >>> Burst.gate() is Burst.gate()
+        True
+        """
+        gate = cls.__dict__.get("_nanobucket_gate")
+        if gate is not None:
+            return gate  # type: ignore[no-any-return]
+        names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
+        config: dict[str, Any] = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
+        if config["limiter"] is None:
+            fallback = getattr(settings, _SETTINGS, {}).get("throttle")
+            if not isinstance(fallback, Mapping) or "limiter" not in fallback:
+                raise TypeError(
+                    f"{cls.__name__} has no limiter: set limiter = ... on a subclass, "
+                    f"or settings.{_SETTINGS}['throttle'] = {{'limiter': ...}}"
+                )
+            unknown = set(fallback) - set(names)
+            if unknown:
+                raise ValueError(f"settings.{_SETTINGS}['throttle']: unknown {sorted(unknown)}")
+            config.update(fallback)
+        for n in ("cost", "on_decision", "on_limited"):
+            config[n] = _resolve(config[n])
+        limiter = _limiter(config.pop("limiter"))
+        # DRF throttles run synchronously: an asyncio limiter is refused here.
+        gate = _Gate(limiter, asynchronous=False, headers="off", **config)
+        setattr(cls, "_nanobucket_gate", gate)  # noqa: B010 - in this class's own __dict__
+        return gate
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        """Spend ``cost`` tokens of the request's key; False when refused.
+
+        >>> import nanobucket as nb
+        >>> from django.test.client import RequestFactory
+        >>> from nanobucket.django import NanobucketThrottle
+        >>> class One(NanobucketThrottle):
+        ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1)
+        >>> One().allow_request(RequestFactory().get("/"), None)
+        True
+        """
+        gate = self.gate()
+        rule = gate.router.default
+        label = type(view).__qualname__ if view is not None else type(self).__qualname__
+        self.decision = gate.decide(request, rule, label)[0]
+        return gate.verdict(rule, self.decision) is None
+
+    def wait(self) -> float | None:
+        """Seconds until the refused request would be admitted, exactly; None if admitted.
+
+        >>> import nanobucket as nb
+        >>> from django.test.client import RequestFactory
+        >>> from nanobucket.django import NanobucketThrottle
+        >>> class Slow(NanobucketThrottle):
+        ...     limiter = nb.KeyedTokenBucket(rate=3, capacity=1, clock=lambda: 0)
+        >>> t = Slow(); t.allow_request(RequestFactory().get("/"), None)
+        True
+        >>> t = Slow(); t.allow_request(RequestFactory().get("/"), None), t.wait()
+        (False, 0.333333334)
+        """
+        d = self.decision
+        if d is None or d.allowed:
+            return None
+        return d.retry_after  # type: ignore[no-any-return]
+
+
+if TYPE_CHECKING:
+    NanobucketThrottle = _Throttle  # at run time, made on DRF's BaseThrottle by __getattr__
 
 
 def _throttle_class() -> type:
+    """``NanobucketThrottle``: `_Throttle` on DRF's ``BaseThrottle``, made at its first use."""
     try:
         from rest_framework.throttling import BaseThrottle
-    except ImportError as exc:  # pragma: no cover - tested in a subprocess without DRF
+    except ImportError as exc:  # pragma: no cover - DRF is not installed
         raise ImportError(
             "nanobucket.django.NanobucketThrottle needs Django REST framework: "
             "pip install djangorestframework"
         ) from exc
-
-    class NanobucketThrottle(BaseThrottle):  # type: ignore[misc]
-        """A DRF throttle: one atomic decision of a nanobucket limiter per request.
-
-        Keyed by user (``user:<pk>``) when authenticated, else by client
-        address. Configure it by subclassing, with class attributes, or, for
-        the class itself, with ``NANOBUCKET["throttle"]`` in settings (a
-        dict of the same names):
-
-        * ``limiter``: a limiter, a dotted path to one, or a function that makes one;
-        * ``key`` (``"user"`` by default, or as for the middleware),
-          ``trusted_proxies``, ``cost``, ``on_decision``, ``on_limited``.
-
-        ``allow_request`` spends the tokens in the limiter's one atomic
-        step (no read-then-write of a cache, so concurrent requests can
-        never all pass), and ``wait()`` is the refusal's exact
-        ``retry_after`` in seconds (DRF rounds it up for ``Retry-After``).
-
-        >>> import nanobucket as nb
-        >>> class Burst(NanobucketThrottle):
-        ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
-        >>> from django.test.client import RequestFactory
-        >>> request = RequestFactory().get("/")
-        >>> [(t.allow_request(request, None), t.wait()) for t in (Burst(), Burst())]
-        [(True, None), (False, 1.0)]
-        """
-
-        limiter: object = None
-        key: object = "user"
-        trusted_proxies: Iterable[str] | str | None = None
-        cost: object = 1
-        on_decision: Hook | None = None
-        on_limited: Hook | None = None
-        decision: Any = None
-
-        @classmethod
-        def gate(cls) -> _Gate:
-            """The class's configuration, built and checked once, at its first request.
-
-            >>> import nanobucket as nb
-            >>> class Burst(NanobucketThrottle):
-            ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1)
-            >>> Burst.gate() is Burst.gate()
-            True
-            """
-            gate = cls.__dict__.get("_nanobucket_gate")
-            if gate is not None:
-                return gate  # type: ignore[no-any-return]
-            names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
-            config = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
-            if config["limiter"] is None:
-                fallback = getattr(settings, _SETTINGS, {}).get("throttle")
-                if not isinstance(fallback, Mapping) or "limiter" not in fallback:
-                    raise TypeError(
-                        f"{cls.__name__} has no limiter: set limiter = ... on a subclass, "
-                        f"or settings.{_SETTINGS}['throttle'] = {{'limiter': ...}}"
-                    )
-                unknown = set(fallback) - set(names)
-                if unknown:
-                    raise ValueError(f"settings.{_SETTINGS}['throttle']: unknown {sorted(unknown)}")
-                config.update(fallback)
-            for n in ("cost", "on_decision", "on_limited"):
-                config[n] = _resolve(config[n])
-            limiter = _limiter(config.pop("limiter"))
-            # DRF throttles run synchronously: an asyncio limiter is refused here.
-            gate = _Gate(limiter, asynchronous=False, headers="off", **config)
-            cls._nanobucket_gate = gate
-            return gate
-
-        def allow_request(self, request: Any, view: Any) -> bool:
-            """Spend ``cost`` tokens of the request's key; False when refused.
-
-            >>> import nanobucket as nb
-            >>> from django.test.client import RequestFactory
-            >>> class One(NanobucketThrottle):
-            ...     limiter = nb.KeyedTokenBucket(rate=1, capacity=1)
-            >>> One().allow_request(RequestFactory().get("/"), None)
-            True
-            """
-            gate = self.gate()
-            rule = gate.router.default
-            label = type(view).__qualname__ if view is not None else type(self).__qualname__
-            self.decision = gate.decide(request, rule, label)[0]
-            return gate.verdict(rule, self.decision) is None
-
-        def wait(self) -> float | None:
-            """Seconds until the refused request would be admitted, exactly; None if admitted.
-
-            >>> import nanobucket as nb
-            >>> from django.test.client import RequestFactory
-            >>> class Slow(NanobucketThrottle):
-            ...     limiter = nb.KeyedTokenBucket(rate=3, capacity=1, clock=lambda: 0)
-            >>> t = Slow(); t.allow_request(RequestFactory().get("/"), None)
-            True
-            >>> t = Slow(); t.allow_request(RequestFactory().get("/"), None), t.wait()
-            (False, 0.333333334)
-            """
-            d = self.decision
-            if d is None or d.allowed:
-                return None
-            return d.retry_after  # type: ignore[no-any-return]
-
-    NanobucketThrottle.__module__ = __name__
-    return NanobucketThrottle
+    namespace = {"__module__": __name__, "__doc__": _Throttle.__doc__}
+    return type("NanobucketThrottle", (_Throttle, BaseThrottle), namespace)
 
 
 def _close(awaitable: object) -> None:

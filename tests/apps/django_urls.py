@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
@@ -56,19 +56,23 @@ async def limited_async(request: HttpRequest) -> HttpResponse:
 
 
 @method_decorator(limit(DECORATED["cbv"]), name="dispatch")
-class Limited(View):
+class Limited(View):  # type: ignore[misc]
     def get(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse("class")
 
 
-class LimitedAsync(View):
-    @method_decorator(limit(DECORATED["acbv"]))
+class LimitedAsync(View):  # type: ignore[misc]
+    @method_decorator(limit(DECORATED["acbv"]))  # type: ignore[untyped-decorator]
     async def get(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse("async class")
 
 
-# The throttled API views: the tests set `limiter` (and DRF's rate) per test.
-class Throttle(NanobucketThrottle):  # type: ignore[misc,valid-type]
+# The middleware's limiter named by a dotted path in one test.
+SHARED = nb.KeyedTokenBucket(rate=1 / 3600, capacity=5)
+
+
+# The throttled API views (the tests pass their own throttle classes to as_view).
+class Throttle(NanobucketThrottle):
     limiter = nb.KeyedTokenBucket(rate=1 / 3600, capacity=10)
 
 
@@ -76,18 +80,18 @@ class DRFThrottle(SimpleRateThrottle):  # type: ignore[misc]
     scope = "drf"
 
     def get_cache_key(self, request: Any, view: Any) -> str:
-        return "drf-" + self.get_ident(request)
+        return "drf-" + str(self.get_ident(request))
 
 
 class Api(APIView):  # type: ignore[misc]
-    throttle_classes = [Throttle]
+    throttle_classes: ClassVar[list[type]] = [Throttle]
 
     def get(self, request: Any) -> Any:
         return Response({"ok": True})
 
 
 class DRFApi(APIView):  # type: ignore[misc]
-    throttle_classes = [DRFThrottle]
+    throttle_classes: ClassVar[list[type]] = [DRFThrottle]
 
     def get(self, request: Any) -> Any:
         return Response({"ok": True})
