@@ -299,6 +299,17 @@ def test_cost_and_the_counters_from_settings() -> None:
     assert counters.snapshot() == {"admitted": 2, "limited": 1, "shadow_limited": 0, "exempt": 0}
 
 
+def test_shadow_mode_counts_and_never_refuses() -> None:
+    counters = Counters()
+    limiter = nb.KeyedTokenBucket(rate=ONE_PER_HOUR, capacity=1)
+    with limited_by(limiter=limiter, shadow=True, counters=counters):
+        client = Client()
+        got = [client.get("/hello") for _ in range(3)]
+    assert [r.status_code for r in got] == [200] * 3
+    assert all("ratelimit" not in fields(r) for r in got)
+    assert counters.snapshot() == {"admitted": 1, "limited": 0, "shadow_limited": 2, "exempt": 0}
+
+
 def test_charge_after_the_response() -> None:
     # 1 token up front; the final cost, known after the view: 0 for a 404, 3 otherwise.
     clock = ManualClock(10**12)
@@ -402,6 +413,26 @@ def test_the_decorator_on_class_based_views() -> None:
         return [(await a.get("/class-async")).status_code for _ in range(3)]
 
     assert asyncio.run(main()) == [200, 200, 429]
+
+
+def test_the_decorator_counts_every_request_of_a_class_based_view() -> None:
+    # method_decorator decorates again at each request: one configuration all the same.
+    from django.utils.decorators import method_decorator
+    from django.views import View
+
+    counters = Counters()
+
+    limiter = nb.KeyedTokenBucket(rate=ONE_PER_HOUR, capacity=2)
+
+    @method_decorator(limit(limiter, counters=counters), "dispatch")
+    class Counted(View):  # type: ignore[misc]
+        def get(self, request: Any) -> HttpResponse:
+            return HttpResponse("ok")
+
+    view = Counted.as_view()
+    codes = [view(RequestFactory().get("/")).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert counters.snapshot() == {"admitted": 2, "limited": 1, "shadow_limited": 0, "exempt": 0}
 
 
 def test_an_async_dispatch_is_a_clear_error() -> None:

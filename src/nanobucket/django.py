@@ -511,27 +511,31 @@ def limit(
         "on_limited": on_limited,
         "charge": charge,
     }
+    options["counters"] = check_counters(counters)  # one count for every view decorated
     resolved = _limiter(limiter)
-    # Validated now, not at the first request (the view's mode is known below).
-    _Gate(resolved, asynchronous=True, **options)
+    # Checked now, not at the first request; the sync one when a sync view needs it.
+    # Built once: method_decorator applies a decorator again at every request.
+    gates = {True: _Gate(resolved, asynchronous=True, **options)}
 
     def decorate(view: View) -> View:
         if not callable(view):
             raise TypeError(f"limit() decorates a view, not {view!r}")
         label = getattr(view, "__qualname__", None) or repr(view)
         if iscoroutinefunction(view):
-            gate = _Gate(resolved, asynchronous=True, **options)
+            gate = gates[True]
 
             @functools.wraps(view)
             async def limited_async(request: Any, *args: Any, **kwargs: Any) -> Any:
                 return await gate.run_async(request, lambda: view(request, *args, **kwargs), label)
 
             return limited_async
-        gate = _Gate(resolved, asynchronous=False, **options)
+        if False not in gates:
+            gates[False] = _Gate(resolved, asynchronous=False, **options)
+        sync_gate = gates[False]
 
         @functools.wraps(view)
         def limited(request: Any, *args: Any, **kwargs: Any) -> Any:
-            return gate.run(request, lambda: view(request, *args, **kwargs), label)
+            return sync_gate.run(request, lambda: view(request, *args, **kwargs), label)
 
         return limited
 
