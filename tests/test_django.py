@@ -372,6 +372,7 @@ def test_bad_settings_are_clear_errors() -> None:
         (dict(rate=5), ValueError, "unknown keys \\['rate'\\]"),
         (dict(key=42), TypeError, "key must be"),
         (dict(cost=3), ValueError, "cost"),
+        (dict(key=tenant, trusted_proxies=["10.0.0.1"]), ValueError, "trusted_proxies"),
     ]:
         limiter = nb.KeyedTokenBucket(rate=1, capacity=2)
         with limited_by(limiter=limiter, **config), pytest.raises(error, match=match):
@@ -596,17 +597,8 @@ def test_the_throttle_is_atomic_under_concurrent_requests() -> None:
 # ----------------------------------------------------------------- the module
 
 
-def test_import_nanobucket_needs_no_django_and_the_module_names_the_extra() -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['django'] = None\n"  # as if Django were not installed
-        "import nanobucket, nanobucket.asgi, nanobucket.wsgi\n"
-        "try:\n"
-        "    import nanobucket.django\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-    )
-    src = str(Path(nb.__file__).resolve().parent.parent)
+def _run(code: str) -> str:
+    src = str(Path(nb.__file__).resolve().parent.parent)  # the package under test
     done = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {src!r})\n" + code],
         capture_output=True,
@@ -614,7 +606,34 @@ def test_import_nanobucket_needs_no_django_and_the_module_names_the_extra() -> N
         timeout=60,
         check=True,
     )
-    assert done.stdout == "nanobucket.django needs Django: pip install 'nanobucket[django]'\n"
+    return done.stdout
+
+
+def test_import_nanobucket_needs_no_django_and_the_module_names_the_extra() -> None:
+    code = (
+        "sys.modules['django'] = None\n"  # as if Django were not installed
+        "import nanobucket, nanobucket.asgi, nanobucket.wsgi, nanobucket.hooks\n"
+        "try:\n"
+        "    import nanobucket.django\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert _run(code) == "nanobucket.django needs Django: pip install 'nanobucket[django]'\n"
+
+
+def test_the_throttle_names_drf_when_it_is_missing() -> None:
+    code = (
+        "sys.modules['rest_framework'] = None\n"
+        "import nanobucket.django\n"  # the middleware and the decorator need no DRF
+        "try:\n"
+        "    nanobucket.django.NanobucketThrottle\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert _run(code) == (
+        "nanobucket.django.NanobucketThrottle needs Django REST framework: "
+        "pip install djangorestframework\n"
+    )
 
 
 def test_the_middleware_repr_and_modes() -> None:

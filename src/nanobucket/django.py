@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,7 @@ __all__ = (
 
 View = Callable[..., Any]
 _SETTINGS = "NANOBUCKET"
+_BUILDING = threading.RLock()  # the throttle's class and each subclass's gate, made once
 _MIDDLEWARE_KEYS = frozenset(
     {
         "limiter",
@@ -88,6 +90,9 @@ _MIDDLEWARE_KEYS = frozenset(
 
 # --------------------------------------------------------------------------
 # Keys: a request -> key, sync or awaited
+
+
+_ADDRESS_KEYS = ("ip", "user")  # the keys that read the client address (trusted_proxies)
 
 
 def _user_key(user: Any) -> str | None:
@@ -117,9 +122,9 @@ class _RequestKey(KeyFunc):
 
 def _key(spec: object, trusted_proxies: Iterable[str] | str | None) -> _RequestKey:
     """``"ip"``, ``"user"``, a key function (or a tuple of them), a callable, a dotted path."""
-    if isinstance(spec, str) and spec not in ("ip", "user"):
+    if isinstance(spec, str) and spec not in _ADDRESS_KEYS:
         spec = import_string(spec)
-    if spec is None or spec in ("ip", "user"):
+    if spec is None or spec in _ADDRESS_KEYS:
         address = client_address(trusted_proxies)
         if spec != "user":
             return _RequestKey(lambda request: address.wsgi(request.META))
@@ -133,6 +138,11 @@ def _key(spec: object, trusted_proxies: Iterable[str] | str | None) -> _RequestK
             return _user_key(user) or address.wsgi(request.META)
 
         return _RequestKey(by_user, by_user_async)
+    if trusted_proxies is not None:
+        raise ValueError(
+            "trusted_proxies applies to the key 'ip' or 'user'; a key function of your own "
+            "reads the address with client_address(trusted_proxies=...)"
+        )
     if isinstance(spec, (KeyFunc, tuple, list)):
         keys = key_func(spec)  # client_address(), header(...), route(), tuples: on META
         return _RequestKey(lambda request: keys.wsgi(request.META))
@@ -191,23 +201,25 @@ class _Gate:
         self.shadow = shadow
         self.quiet = shadow or self.headers == "off"
         self.counters = check_counters(counters)
-        default_key = _key(key, trusted_proxies)
+        keys = [_key(key, trusted_proxies)]
         rules = []
         for r in routes or ():
             if not isinstance(r, Route):
                 raise TypeError(f"routes must be Route objects, not {type(r).__name__}")
             if r.key is not None:  # the route's own key, read from the request too
+                trusted = trusted_proxies if r.key in _ADDRESS_KEYS else None
+                keys.append(_key(r.key, trusted))
                 r = Route(  # noqa: PLW2901 - a copy, the caller's Route stays as given
                     r.path,
                     r.limiter,
                     cost=r.cost,
-                    key=_key(r.key, trusted_proxies),
+                    key=keys[-1],
                     exempt=r.exempt,
                     name=r.name,
                     methods=r.methods,
                 )
             rules.append(r)
-        self.router = build_router(limiter, default_key, cost, name, keyed, rules, exempt)
+        self.router = build_router(limiter, keys[0], cost, name, keyed, rules, exempt)
         self.simple = not self.router.exact and not self.router.prefixes
         self.hooks = make_hooks(on_decision, on_limited, allow_async=asynchronous)
         self.charge = check_charge(charge)
@@ -219,15 +231,8 @@ class _Gate:
                         "an asyncio limiter (async check()) needs an async view, or Django's "
                         "async path (ASGI with async-capable middleware); pass a sync limiter"
                     )
-            for rule in self._rules():
-                if rule.key is not None and rule.key.sync is None:  # type: ignore[attr-defined]
-                    raise TypeError("an async key function needs an async view or ASGI")
-
-    def _rules(self) -> list[Rule]:
-        r = self.router
-        return [r.default, *(x for g in r.exact.values() for _, x in g)] + [
-            x for _, _, x in r.prefixes
-        ]
+            if any(k.sync is None for k in keys):
+                raise TypeError("an async key function needs an async view or ASGI")
 
     def rule(self, request: Any) -> Rule:
         """The request's rule; an exempt one is counted here."""
@@ -596,6 +601,15 @@ class _Throttle:
         gate = cls.__dict__.get("_nanobucket_gate")
         if gate is not None:
             return gate  # type: ignore[no-any-return]
+        with _BUILDING:  # the first requests may come at once: one gate (one made limiter)
+            gate = cls.__dict__.get("_nanobucket_gate")
+            if gate is None:
+                gate = cls._build_gate()
+                setattr(cls, "_nanobucket_gate", gate)  # noqa: B010 - in this class's own __dict__
+            return gate  # type: ignore[no-any-return]
+
+    @classmethod
+    def _build_gate(cls) -> _Gate:
         names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
         config: dict[str, Any] = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
         if config["limiter"] is None:
@@ -613,9 +627,7 @@ class _Throttle:
             config[n] = _resolve(config[n])
         limiter = _limiter(config.pop("limiter"))
         # DRF throttles run synchronously: an asyncio limiter is refused here.
-        gate = _Gate(limiter, asynchronous=False, headers="off", **config)
-        setattr(cls, "_nanobucket_gate", gate)  # noqa: B010 - in this class's own __dict__
-        return gate
+        return _Gate(limiter, asynchronous=False, headers="off", **config)
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Spend ``cost`` tokens of the request's key; False when refused.
@@ -661,7 +673,7 @@ def _throttle_class() -> type:
     """``NanobucketThrottle``: `_Throttle` on DRF's ``BaseThrottle``, made at its first use."""
     try:
         from rest_framework.throttling import BaseThrottle
-    except ImportError as exc:  # pragma: no cover - DRF is not installed
+    except ImportError as exc:  # pragma: no cover - tested in a subprocess without DRF
         raise ImportError(
             "nanobucket.django.NanobucketThrottle needs Django REST framework: "
             "pip install djangorestframework"
@@ -682,7 +694,9 @@ def _unwrap(value: object) -> object:
 
 def __getattr__(name: str) -> Any:
     if name == "NanobucketThrottle":
-        cls = _throttle_class()
-        globals()[name] = cls  # built once
+        with _BUILDING:
+            cls = globals().get(name)
+            if cls is None:
+                cls = globals()[name] = _throttle_class()  # once: every import gets one class
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
