@@ -368,12 +368,13 @@ def test_an_asyncio_redis_limiter_is_awaited(redis_url: str) -> None:
 def test_bad_settings_are_clear_errors() -> None:
     with override_settings(MIDDLEWARE=MIDDLEWARE), pytest.raises(TypeError, match="NANOBUCKET"):
         Client().get("/hello")
-    for config, error, match in [
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         (dict(rate=5), ValueError, "unknown keys \\['rate'\\]"),
         (dict(key=42), TypeError, "key must be"),
         (dict(cost=3), ValueError, "cost"),
         (dict(key=tenant, trusted_proxies=["10.0.0.1"]), ValueError, "trusted_proxies"),
-    ]:
+    ]
+    for config, error, match in cases:
         limiter = nb.KeyedTokenBucket(rate=1, capacity=2)
         with limited_by(limiter=limiter, **config), pytest.raises(error, match=match):
             Client().get("/hello")

@@ -606,7 +606,7 @@ class _Throttle:
             if gate is None:
                 gate = cls._build_gate()
                 setattr(cls, "_nanobucket_gate", gate)  # noqa: B010 - in this class's own __dict__
-            return gate  # type: ignore[no-any-return]
+            return gate
 
     @classmethod
     def _build_gate(cls) -> _Gate:
