@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         import django
     except ImportError:  # pragma: no cover - Django is a test dependency
         return
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "apps"))
+    sys.path.append(os.path.join(os.path.dirname(__file__), "apps"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_settings")
     django.setup()
 

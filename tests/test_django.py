@@ -25,6 +25,7 @@ from django.core.cache import cache
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, override_settings
 from django.test.client import RequestFactory
+from django.utils.module_loading import import_string
 from test_http_servers import Server, connect, free_port, get
 
 import nanobucket as nb
@@ -540,8 +541,11 @@ def test_the_throttle_keys_by_user_else_address() -> None:
 def test_the_throttle_from_settings() -> None:
     limiter = nb.KeyedTokenBucket(rate=ONE_PER_HOUR, capacity=1)
 
+    # DEFAULT_THROTTLE_CLASSES names the class itself: DRF imports it by its path.
+    assert import_string("nanobucket.django.NanobucketThrottle") is NanobucketThrottle
+
     class FromSettings(NanobucketThrottle):
-        pass  # what DEFAULT_THROTTLE_CLASSES naming the class itself gets
+        pass  # as the class itself: no limiter of its own
 
     view = api_view(FromSettings)
     with override_settings(NANOBUCKET={"throttle": {"limiter": limiter, "cost": 1}}):
