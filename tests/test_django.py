@@ -254,6 +254,38 @@ def test_an_async_key_function() -> None:
             Client().get("/hello")  # the sync path cannot await it
 
 
+MADE: list[nb.KeyedTokenBucket] = []
+RECORDED: list[LimitEvent] = []
+
+
+def make_limiter() -> nb.KeyedTokenBucket:
+    MADE.append(nb.KeyedTokenBucket(rate=ONE_PER_HOUR, capacity=1))
+    return MADE[-1]
+
+
+def record(event: LimitEvent) -> None:
+    RECORDED.append(event)
+
+
+def test_settings_name_a_limiter_factory_and_hooks_by_dotted_path() -> None:
+    config = dict(
+        limiter="test_django.make_limiter",
+        on_limited="test_django.record",
+        cost="test_django.one",
+    )
+    with limited_by(**config):
+        client = Client()
+        codes = [client.get("/hello").status_code for _ in range(2)]
+    assert codes == [200, 429]
+    assert len(MADE) == 1  # made once, when Django loaded the middleware
+    assert [(e.key, e.outcome) for e in RECORDED] == [("127.0.0.1", "limited")]
+    assert MADE[0].peek("127.0.0.1").allowed is False
+
+
+def one(request: Any) -> int:
+    return 1
+
+
 def test_a_key_function_of_the_other_integrations() -> None:
     limiter = nb.KeyedTokenBucket(rate=ONE_PER_HOUR, capacity=1)
     events: list[LimitEvent] = []
