@@ -45,6 +45,7 @@ MODULES = [
     "nanobucket.wsgi",
     "nanobucket.fastapi",
     "nanobucket.django",
+    "nanobucket._drf",
     *REDIS_MODULES,
     "nanobucket.hooks",
     "nanobucket.metrics",
