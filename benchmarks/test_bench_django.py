@@ -1,6 +1,7 @@
 """Django: what the middleware and the decorator add to a request, through Django's WSGI handler.
 
     pytest benchmarks/test_bench_django.py --benchmark-only
+    python benchmarks/test_bench_django.py [--rounds 21]   # the cases interleaved, ratios to bare
 
 Each case calls a ``WSGIHandler`` (Django's own, as gunicorn calls it) with
 one GET, ``calls_per_round`` times a round: ``bare`` (a view, no
@@ -10,12 +11,17 @@ middleware), ``middleware`` (the same view behind
 behind ``nanobucket.wsgi.RateLimitMiddleware``, for comparison). Every
 request is admitted (an in-process `KeyedTokenBucket` that never runs dry)
 and gets the IETF fields. The difference of medians is the added cost per
-request; the ratio to ``bare`` is what a trivial view pays.
+request; the ratio to ``bare`` is what a trivial view pays. Run as a
+script, the cases take turns round by round (a machine whose load drifts
+skews them alike) and it prints each median and its ratio to ``bare``.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
+import statistics
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -107,3 +113,32 @@ def test_django(case: str, benchmark: Any) -> None:
     benchmark.group = "django: one GET through WSGIHandler"
     benchmark.extra_info.update(case=case, calls_per_round=CALLS)
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+
+
+CASES = ["bare", "middleware", "decorator", "wsgi_middleware"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=21)
+    args = parser.parse_args()
+    handlers = {case: _handler(case) for case in CASES}
+    times: dict[str, list[float]] = {case: [] for case in CASES}
+    for _ in range(args.rounds):
+        for case in CASES:
+            handler, route = handlers[case], "/limited" if case == "decorator" else "/bare"
+            t0 = time.perf_counter()
+            for _ in range(CALLS):
+                handler(_environ(route), _start_response).close()  # type: ignore[attr-defined]
+            times[case].append((time.perf_counter() - t0) / CALLS)
+    bare = statistics.median(times["bare"])
+    for case in CASES:
+        median = statistics.median(times[case])
+        print(
+            f"{case:<16} {median * 1e6:8.2f} us/request  {median / bare:5.3f}x bare  "
+            f"{(median - bare) * 1e6:+6.2f} us"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from ._charge import Charge, check_charge, settlers
@@ -287,7 +287,7 @@ class Gate:
             if self.charged(decision):
                 self.settle(request, rule, key, cost, 500)  # the view raised
             raise
-        if inspect.isawaitable(response):
+        if not isinstance(response, HttpResponseBase) and inspect.isawaitable(response):
             close_awaitable(response)
             raise TypeError(
                 "limit() on the dispatch() of an async class-based view: decorate its "
