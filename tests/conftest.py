@@ -41,6 +41,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Django reads its settings once per process: the Django tests, the
+    # docstring examples and the README's examples all use tests/apps'.
+    try:
+        import django
+    except ImportError:  # pragma: no cover - Django is a test dependency
+        return
+    sys.path.append(os.path.join(os.path.dirname(__file__), "apps"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_settings")
+    django.setup()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--no-c-extensions"):
         return
