@@ -42,9 +42,13 @@ echo "--- the test suite under coverage (both implementations)"
 # untraced suites of .ci/run, not here; so do the tests that bound the
 # wall-clock time of Python code to tenths of a second (wall_clock), which
 # line tracing slows several times.
+# A failing test fails the script, after the report: the figure is still shown.
+tests=0
 "$py" -m coverage run -m pytest -q -p no:cacheprovider \
-  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py -m "not gil_atomic and not wall_clock"
+  --ignore=tests/test_freethreading.py --ignore=tests/test_threads.py \
+  -m "not gil_atomic and not wall_clock" || tests=$?
 "$py" -m coverage combine -q
 
 echo "--- coverage of .py and .pyx together (fails under 90%)"
 "$py" -m coverage report
+exit "$tests"
