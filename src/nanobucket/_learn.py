@@ -28,7 +28,9 @@ again) to the next 429 admitted *n* and then found less than one token, so
 first answer to the 429's sending (the shortest it can have been). The
 key then runs at 97% of that upper end: a rate still above the server's
 ends in one more 429 after a longer, more exact span; once within 3% it
-sends none. A span too short to bound anything (at most *first*) halves
+sends none. From the first 429 on the key sends one request at a time (a
+capacity of 1), so that few are in flight to meet the next 429, and a span
+too short to bound anything (at most *first*) halves
 the rate instead: the decrease of AIMD, and like AIMD's the halved guess
 grows again, by a tenth of itself each second without a 429, so that a
 guess below the server does not stay there. A bound does not grow: a probe
@@ -123,6 +125,7 @@ class Refill:
 
         >>> r = Refill()
         >>> r.sent(0); r.admitted = 10; r.episode(0, 0, 10**7, Fraction(500))  # a burst
+        Fraction(500, 1)
         >>> r.sent(10**9); r.answered(10**9, 10**9); r.admitted += 58
         >>> r.episode(2 * 10**9, 68, 2 * 10**9, Fraction(250))   # 97% of (58 + 1 - 10) / 0.99 s
         Fraction(4753, 99)
@@ -133,7 +136,8 @@ class Refill:
         self._episode = (-1, 0, -1)
         if self.burst is None:
             self.burst, self.first = self.admitted - before_start, answered - start
-            return self.estimate  # nothing changes yet: a burst is the server's to allow
+            self.estimate = rate  # one at a time from here: fewer in flight at the next 429
+            return rate
         span = sent - first - self.first
         gained = before - before_start + 1 - self.burst
         if first >= 0 and span > 0 and gained > 0:
@@ -147,6 +151,7 @@ class Refill:
 
         >>> r = Refill()
         >>> r.sent(0); r.episode(0, 0, 0, Fraction(500))   # the first 429: the burst
+        Fraction(500, 1)
         >>> r.sent(10); r.episode(10, 0, 10, Fraction(500)), r.pace(2 * 10**9 + 10)
         (Fraction(250, 1), Fraction(300, 1))
         """

@@ -505,17 +505,20 @@ class Pacer:
             refill.answered(ticket.sent, now)
             if status == 429 and pause is not None:
                 # The lower bound would hold the key below the server for good: see _learn.
-                rate = rate_fraction(ticket.state.bucket.rate)
-                refill.episode(ticket.sent, ticket.before, now, rate, pause)
+                running = rate_fraction(ticket.state.bucket.rate)
+                refill.episode(ticket.sent, ticket.before, now, running, pause)
             return refill.pace(now)
         left = announced.remaining
         rate = refill.bound(ticket.sent, now, seen, left, left + 1, ticket.state.inflight)
         limit, reset = announced.limit, announced.reset_ns
-        if rate is not None and limit is not None and reset is not None:
-            # A token bucket at this rate is full sooner: the reset is a window's.
-            if (reset - NS_PER_S) * rate > max(limit - left, 0) * NS_PER_S:
-                refill.forget()
-                return None
+        if (
+            rate is not None
+            and limit is not None
+            and reset is not None
+            and (reset - NS_PER_S) * rate > max(limit - left, 0) * NS_PER_S
+        ):
+            refill.forget()  # a token bucket at this rate is full sooner: a window's reset
+            return None
         return rate
 
     def _follow(
