@@ -533,6 +533,19 @@ def test_real_server_ietf_fields(servers: dict[str, str], kind: str) -> None:
     assert run.admitted >= 0.75 * SERVER_RATE * seconds
 
 
+@pytest.mark.parametrize("kind", ["sync", "async", "requests"])
+def test_real_server_x_ratelimit_fields_alone(servers: dict[str, str], kind: str) -> None:
+    # Limit is the capacity and Reset whole seconds until full: the rate is
+    # learned from Remaining, and an empty bucket is not waited out to the reset.
+    seconds = SECONDS  # learning takes a few answers: a longer run than the IETF test's
+    run = drive(servers["x-ratelimit"], fresh_key(), kind, WORKERS, seconds)
+    assert not run.errors, run.errors
+    assert {s for _, s in run.statuses} <= {200, 429}
+    assert run.admitted <= SERVER_BURST + SERVER_RATE * run.seconds
+    assert run.limited_after_first <= 0.01 * run.answered_after_first
+    assert run.admitted >= 0.75 * SERVER_RATE * seconds
+
+
 @pytest.mark.parametrize("fields", ["retry-after", "x-ratelimit"])
 def test_real_server_partial_fields(servers: dict[str, str], fields: str) -> None:
     run = drive(servers[fields], fresh_key(), "sync", WORKERS, 2.5)
@@ -546,3 +559,101 @@ def test_real_server_partial_fields(servers: dict[str, str], fields: str) -> Non
         for answered, status in run.statuses:
             if status == 429:
                 assert not [t for t in run.sent if answered < t < answered + 0.8]
+
+
+# ------------------------------------------------- learning an unsaid rate
+
+
+def xrl(remaining: int, reset: str = "1", limit: int = 10) -> dict[str, str]:
+    return {
+        "X-RateLimit-Limit": str(limit),
+        "X-RateLimit-Remaining": str(remaining),
+        "X-RateLimit-Reset": reset,
+    }
+
+
+def test_x_ratelimit_refill_is_learned_and_the_reset_not_waited() -> None:
+    # A token bucket of 10 at 50/s says Limit=10 and Reset=1 (whole seconds):
+    # the rate comes from Remaining rising between answers, not from Limit.
+    clock = Clock()
+    api, calls = answers((200, xrl(0)), (200, xrl(4)), (200, xrl(0)))
+    t = RateLimitedTransport(api, rate=500, capacity=50, clock=clock, sleep=clock.sleep)
+    http = httpx.Client(transport=t)
+    http.get("http://h/")  # 0 left, nothing learned yet: wait for the reset
+    assert t.limit("h") == (500, 1, 1.0)
+    http.get("http://h/")  # < 1 token after the first answer, >= 4 after this one
+    # (4 - 1 + 1) tokens in the 1 s from the first request's start to this answer
+    assert t.limit("h") == (Fraction(4), 5, 0.0)
+    start = clock.now
+    http.get("http://h/")  # 4 left (less none in flight): sent at once
+    assert clock.now == start
+    http.get("http://h/")  # 0 left: one token at the learned rate, not the 1 s reset
+    assert clock.now == start + NS // 4
+    assert len(calls) == 4
+
+
+def test_x_ratelimit_window_reset_is_waited_for() -> None:
+    # A fixed window (a Unix-time reset): it refills all at once at the
+    # reset, and then says the next reset is an hour away. A token bucket at
+    # the rate that refill implies would be full long before: the rate is
+    # not learned, and an empty window is waited out.
+    clock = Clock()
+    date = {"Date": DATE}
+    api, _ = answers(
+        (200, xrl(0, "1445412540", 5000) | date),
+        (200, xrl(4999, "1445416080", 5000) | date),
+        (200, xrl(0, "1445416080", 5000) | date),
+    )
+    t = RateLimitedTransport(
+        api, rate=500, capacity=50, timeout=None, clock=clock, sleep=clock.sleep
+    )
+    http = httpx.Client(transport=t)
+    http.get("http://h/")
+    assert t.limit("h") == (500, 1, 60.0)
+    http.get("http://h/")
+    assert t.limit("h") == (500, 50, 0.0)
+    http.get("http://h/")
+    assert t.limit("h") == (500, 50, 3600.0)  # it was seen to hold 5000
+
+
+def test_retry_after_only_rate_is_bounded_from_a_paused_span() -> None:
+    # The server lets 3 through from full, then 429 "Retry-After: 1" one
+    # token's time (83 ms) after the first request: its capacity is at least
+    # 3 - rate * 83 ms. After the pause, 12 more go before the next 429, sent
+    # 11 tokens' time after the first answer of the span. So the server
+    # refilled fewer than 12 + 1 - 3 tokens in 11 tokens' time less 83 ms;
+    # the key runs at 97% of that from then on, one request at a time.
+    clock = Clock()
+    ra = (429, {"Retry-After": "1"})
+    api, calls = answers(*[(200, {})] * 3, ra, *[(200, {})] * 12, ra, (200, {}))
+    t = RateLimitedTransport(api, rate=12, capacity=3, clock=clock, sleep=clock.sleep)
+    http = httpx.Client(transport=t)
+    for _ in range(4):
+        http.get("http://h/")
+    assert t.limit("h") == (12, 1, 1.0)  # the first 429 measures the burst, no rate
+    token = NS // 12 + 1  # ceil(1e9 / 12) ns
+    for _ in range(13):  # the last one is the 429
+        http.get("http://h/")
+    estimate = Fraction(97, 100) * Fraction((12 + 1 - 3) * NS, 12 * token - token)
+    assert t.limit("h") == (estimate, 1, 1.0)
+    paused = clock.now
+    http.get("http://h/")  # nothing before the pause's end
+    assert clock.now == paused + NS
+    assert len(calls) == 18
+
+
+def test_retry_after_only_a_span_too_short_halves_the_rate() -> None:
+    # Both spans are one request long: the second bounds nothing, so the rate
+    # halves, and grows again by a tenth of itself per second from the pause's end.
+    clock = Clock()
+    ra = (429, {"Retry-After": "1"})
+    api, _ = answers(ra, ra, (200, {}))
+    t = RateLimitedTransport(api, rate=10, capacity=5, clock=clock, sleep=clock.sleep)
+    http = httpx.Client(transport=t)
+    http.get("http://h/")
+    http.get("http://h/")
+    assert t.limit("h") == (5, 1, 1.0)
+    http.get("http://h/")  # at the pause's end, 200
+    clock.now += 2 * NS
+    http.get("http://h/")
+    assert t.limit("h") == (6, 1, 0.0)  # 5 * (1 + 2 s / 10)

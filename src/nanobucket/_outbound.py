@@ -19,9 +19,12 @@ What a response teaches, per key:
   / ``-Limit`` / ``-Reset`` (also without the ``X-``): the bucket never holds
   more tokens than the server has left (less the requests still in flight),
   and never more capacity than ``Limit`` nor than the most the server has
-  been seen to hold. When the remaining is 0 and no policy gave a rate, the
-  key waits for the reset. A reset above 10**9 is a Unix time (as some APIs
+  been seen to hold. A reset above 10**9 is a Unix time (as some APIs
   send), else seconds.
+* No rate announced (``X-RateLimit-*`` alone, or only ``Retry-After``): the
+  rate is learned from the answers (`nanobucket._learn`). Until it is, a
+  remaining of 0 waits for the reset; after, the key runs at the learned
+  rate, which a reset too far for it (a fixed window) makes it forget.
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again. A 429 forgets what the server was seen to hold.
@@ -44,6 +47,7 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from ._bucket import TokenBucket
+from ._learn import Refill
 from ._params import (
     NS_PER_S,
     Clock,
@@ -52,6 +56,7 @@ from ._params import (
     clock_or_monotonic,
     int_at_least,
     public_rate,
+    rate_fraction,
     validated_max_keys,
     validated_timeout,
 )
@@ -63,6 +68,7 @@ __all__ = (
     "KeyLimit",
     "Pacer",
     "Retries",
+    "Ticket",
     "parse_limits",
     "parse_retry_after",
 )
@@ -281,7 +287,9 @@ class KeyLimit(NamedTuple):
 class _Key:
     """One key's bucket, its line of waiters, and what the server said."""
 
-    __slots__ = ("bucket", "inflight", "lock", "paused_until", "policy", "seen", "waiting")
+    __slots__ = (
+        "bucket", "inflight", "lock", "paused_until", "policy", "refill", "seen", "waiting",
+    )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
         self.bucket = TokenBucket(pacer.rate, pacer.capacity, clock=pacer.clock)
@@ -296,6 +304,15 @@ class _Key:
         self.inflight = 0  # requests sent and not yet answered
         self.policy: tuple[int, int] | None = None  # the last (q, w) announced
         self.seen = 0  # the most tokens the server was seen to hold (r + 1)
+        self.refill = Refill()  # the rate learned when none is announced
+
+
+class Ticket(NamedTuple):
+    """A request `Pacer.start` let go: its key's state and when it left (ns)."""
+
+    state: _Key
+    sent: int
+    before: int  # the key's 200s answered before it left
 
 
 class WaitTooLong(Exception):
@@ -368,13 +385,15 @@ class Pacer:
     def _left(self, deadline: int | None) -> float | None:
         return None if deadline is None else max(0, deadline - self.clock()) / NS_PER_S
 
-    def _sent(self, state: _Key) -> bool:
+    def _sent(self, state: _Key) -> Ticket | None:
         """Count the request as sent, unless a pause began while it waited."""
         with state.lock:
-            if self.clock() < state.paused_until:
-                return False  # its token predates the pause: it queues again behind it
+            now = self.clock()
+            if now < state.paused_until:
+                return None  # its token predates the pause: it queues again behind it
             state.inflight += 1
-            return True
+            state.refill.sent(now)
+            return Ticket(state, now, state.refill.admitted)
 
     def _refused(self, key: Hashable, state: _Key, timeout: float | None) -> WaitTooLong:
         now = self.clock()
@@ -390,7 +409,7 @@ class Pacer:
             wait,
         )
 
-    def start(self, key: Hashable) -> _Key:
+    def start(self, key: Hashable) -> Ticket:
         """Wait (block the thread) for *key*'s token; the ticket for `done`."""
         deadline = self._deadline()
         while True:
@@ -398,10 +417,10 @@ class Pacer:
             left = self._left(deadline)
             if not state.waiting.acquire(timeout=left):
                 raise self._refused(key, state, left)
-            if self._sent(state):
-                return state
+            if (ticket := self._sent(state)) is not None:
+                return ticket
 
-    async def start_async(self, key: Hashable) -> _Key:
+    async def start_async(self, key: Hashable) -> Ticket:
         """`start` for asyncio."""
         deadline = self._deadline()
         while True:
@@ -409,54 +428,109 @@ class Pacer:
             left = self._left(deadline)
             if not await state.waiting.acquire_async(timeout=left):
                 raise self._refused(key, state, left)
-            if self._sent(state):
-                return state
+            if (ticket := self._sent(state)) is not None:
+                return ticket
 
-    def failed(self, state: _Key) -> None:
-        """The request of *state* raised before an answer: nothing is learned."""
-        with state.lock:
-            state.inflight -= 1
+    def failed(self, ticket: Ticket) -> None:
+        """The request of *ticket* raised before an answer: nothing is learned."""
+        with ticket.state.lock:
+            ticket.state.inflight -= 1
 
-    def done(self, state: _Key, status: int, get: Get) -> int:
+    def done(self, ticket: Ticket, status: int, get: Get) -> int:
         """Learn from the answer of a request `start` let go; ns until the key's pause ends."""
         announced = parse_limits(get)
         pause = parse_retry_after(get) if status in (429, 503) else None
         now = self.clock()
+        state = ticket.state
         with state.lock:
             state.inflight -= 1
             bucket = state.bucket
             if status == 429:
                 state.seen = 0  # our picture was too generous: relearn it
+            ok = status not in (429, 503)
+            refill = state.refill
+            # Answered while it was out: maybe decided after it, so not in its fields.
+            unseen = refill.admitted - ticket.before
+            refill.admitted += ok
+            learned = self._learn(ticket, ok, status, announced, pause, now)
             if announced is not None:
                 if announced.policy != state.policy:
                     state.policy, state.seen = announced.policy, 0
                 if announced.remaining is not None:
                     state.seen = max(state.seen, announced.remaining + 1)
-                self._follow(state, announced, now)
+                pace = announced.rate or learned or _spread(announced, self.capacity)
+                self._follow(state, pace, announced.limit, now)
                 if announced.remaining is not None:
-                    _lower(bucket, now, announced.remaining - state.inflight)
+                    left = announced.remaining - state.inflight - unseen
+                    _lower(bucket, now, left)
+                    if learned is not None:
+                        # Spend what the server says it has: paced at a lower bound
+                        # alone, the key would stay below the server's rate.
+                        _raise(bucket, now, left - state.waiting.waiters)
                     if (
                         not announced.remaining
                         and announced.rate is None
+                        and learned is None
                         and announced.reset_ns is not None
                         and pause is None
                     ):
                         pause = announced.reset_ns
-            elif status == 429:
-                _lower(bucket, now, 0)
+            else:
+                if learned is not None:
+                    self._follow(state, learned, 1, now)  # a small burst: the server's is unsaid
+                if status == 429:
+                    _lower(bucket, now, 0)
             if pause is not None and now + pause > state.paused_until:
                 state.paused_until = now + pause
                 # Empty one token's time before the end: the first token is due at it.
                 _lower(bucket, max(now, now + pause - bucket.interval_ns), 0)
             return max(0, state.paused_until - now)
 
-    def _follow(self, state: _Key, announced: Announced, now: int) -> None:
+    def _learn(
+        self,
+        ticket: Ticket,
+        ok: bool,
+        status: int,
+        announced: Announced | None,
+        pause: int | None,
+        now: int,
+    ) -> Fraction | None:
+        """The rate learned for a key whose server announces none (None: none yet)."""
+        refill = ticket.state.refill
+        if announced is not None and announced.rate is not None:
+            return None
+        seen = ticket.before + ok
+        if status == 429:
+            refill.forget()  # the bound was too generous, or the server changed
+        if announced is None or announced.remaining is None:
+            refill.answered(ticket.sent, now)
+            if status == 429 and pause is not None:
+                # The lower bound would hold the key below the server for good: see _learn.
+                running = rate_fraction(ticket.state.bucket.rate)
+                refill.episode(ticket.sent, ticket.before, now, running, pause)
+            return refill.pace(now)
+        left = announced.remaining
+        rate = refill.bound(ticket.sent, now, seen, left, left + 1, ticket.state.inflight)
+        limit, reset = announced.limit, announced.reset_ns
+        if (
+            rate is not None
+            and limit is not None
+            and reset is not None
+            and (reset - NS_PER_S) * rate > max(limit - left, 0) * NS_PER_S
+        ):
+            refill.forget()  # a token bucket at this rate is full sooner: a window's reset
+            return None
+        return rate
+
+    def _follow(
+        self, state: _Key, rate_bound: Fraction | None, limit: int | None, now: int
+    ) -> None:
         """Set the bucket's rate and capacity to the server's, within the user's."""
         rate: RateLike = self.rate
-        if announced.rate is not None and announced.rate < self._exact:
-            rate = announced.rate
+        if rate_bound is not None and rate_bound < self._exact:
+            rate = rate_bound
         capacity = self.capacity
-        for bound in (announced.limit, state.seen or None):
+        for bound in (limit, state.seen or None):
             if bound is not None:
                 capacity = max(1, min(capacity, bound))
         bucket = state.bucket
@@ -512,3 +586,30 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
         excess = math.ceil(bucket.tokens_at(at) - most)
         if excess <= 0 or bucket.allow_at(at, excess):
             return
+
+
+def _spread(announced: Announced, most: int) -> Fraction | None:
+    """With no rate known, fewer than *most* tokens left are spread over the reset.
+
+    A fixed window is then not emptied early, and a token bucket, answered
+    a little at a time, shows its refill before it is empty.
+    """
+    left, reset = announced.remaining, announced.reset_ns
+    if left is None or not reset or not 0 < left < most:
+        return None
+    return Fraction(left * NS_PER_S, reset)
+
+
+def _raise(bucket: TokenBucket, at: int, least: int) -> None:
+    """Give *bucket* at least *least* tokens at *at* (ns), owed ones counted.
+
+    The tokens owed to callers asleep in its line count as spent: they still
+    leave at their own times, so only the rest is given back.
+    """
+    interval = bucket.interval_ns
+    free = bucket.capacity - bucket.peek_at(at).reset_after_ns / interval
+    lack = min(math.floor(least - free), least)
+    while lack > 0:
+        part = min(lack, bucket.capacity)
+        bucket.refund_at(at, part)
+        lack -= part
