@@ -519,6 +519,7 @@ def fresh_key() -> str:
     return uuid.uuid4().hex  # a bucket of its own on the server
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("kind", ["sync", "async", "requests"])
 def test_real_server_ietf_fields(servers: dict[str, str], kind: str) -> None:
     seconds = 2.0 if kind == "requests" else SECONDS
@@ -533,6 +534,7 @@ def test_real_server_ietf_fields(servers: dict[str, str], kind: str) -> None:
     assert run.admitted >= 0.75 * SERVER_RATE * seconds
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("kind", ["sync", "async", "requests"])
 def test_real_server_x_ratelimit_fields_alone(servers: dict[str, str], kind: str) -> None:
     # Limit is the capacity and Reset whole seconds until full: the rate is
@@ -546,6 +548,7 @@ def test_real_server_x_ratelimit_fields_alone(servers: dict[str, str], kind: str
     assert run.admitted >= 0.75 * SERVER_RATE * seconds
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("fields", ["retry-after", "x-ratelimit"])
 def test_real_server_partial_fields(servers: dict[str, str], fields: str) -> None:
     run = drive(servers[fields], fresh_key(), "sync", WORKERS, 2.5)
