@@ -178,8 +178,9 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
     if not sync:  # the asyncio cluster takes named parameters only, and keeps more than those
         kwargs = {k: v for k, v in kwargs.items() if k in named}
     kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=False)
-    # The asyncio cluster client chooses its connection class itself, and
-    # valkey-py's sync one passes none to its nodes: those keep their pause.
+    # The asyncio cluster client chooses its connection class itself (a
+    # deadline bounds its pause); valkey-py's sync one passes none to its
+    # nodes: they get it after (`prompt_cluster_nodes`).
     if sync and lib is _clients.REDIS:
         default = importlib.import_module(lib.name).Connection
         kwargs["connection_class"] = _clients.prompt_cluster_down(
@@ -199,6 +200,8 @@ def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
         **counts,
         **kwargs,
     )
+    if sync and lib is not _clients.REDIS:
+        return _clients.prompt_cluster_nodes(lib.name, own)
     return own if sync else _clients.lean_command_table(own)
 
 

@@ -243,6 +243,8 @@ def prompt_cluster_down(lib_name: str, connection_cls: type) -> type:
     made = _prompt.get(connection_cls)
     if made is not None:
         return made
+    if connection_cls in _prompt.values():
+        return connection_cls
     exceptions = importlib.import_module(f"{lib_name}.exceptions")
     down: type[BaseException] = exceptions.ClusterDownError
     plain: type[BaseException] = exceptions.ResponseError
@@ -257,6 +259,38 @@ def prompt_cluster_down(lib_name: str, connection_cls: type) -> type:
     PromptConnection.__name__ = PromptConnection.__qualname__ = connection_cls.__name__
     _prompt[connection_cls] = PromptConnection
     return PromptConnection
+
+
+def prompt_cluster_nodes(lib_name: str, cluster: Any) -> Any:
+    """*cluster* (a sync cluster client of the limiter's own), its nodes' connections prompt.
+
+    For a library whose cluster client passes no connection class to its
+    nodes (valkey-py): each node's pool gets `prompt_cluster_down`'s class,
+    those discovered later too, and the connections the discovery made
+    already are dropped (they are made again, of that class, when needed).
+    """
+    manager: Any = getattr(cluster, "nodes_manager", None)
+    make = getattr(manager, f"create_{lib_name}_node", None)
+    if manager is None or make is None:
+        return cluster
+
+    def prompt(node_client: Any) -> Any:
+        pool = node_client.connection_pool
+        pool.connection_class = prompt_cluster_down(lib_name, pool.connection_class)
+        pool.disconnect()
+        pool.reset()
+        return node_client
+
+    def create(host: str, port: int, **kwargs: Any) -> Any:
+        return prompt(make(host, port, **kwargs))
+
+    setattr(manager, f"create_{lib_name}_node", create)
+    nodes = [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+    for client in {
+        id(c): c for n in nodes if (c := getattr(n, f"{lib_name}_connection", None))
+    }.values():
+        prompt(client)
+    return cluster
 
 
 #: The commands a limiter sends through its own asyncio cluster client (the
