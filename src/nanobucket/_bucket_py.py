@@ -549,7 +549,8 @@ class TokenBucket(_Limits):
         >>> b.acquire(), b.acquire(timeout=0), b.acquire(timeout=1.0)   # the last sleeps 1 ms
         (True, False, True)
         """
-        cost = self._cost(cost)
+        if type(cost) is not int or not 0 <= cost <= self._capacity:  # as `allow` does
+            cost = check_cost(cost, self._capacity)
         if timeout is not None:
             _waiting.check_timeout(timeout)
         if self._allow(self._now(), cost):
