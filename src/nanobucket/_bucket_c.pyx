@@ -625,7 +625,14 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         nb_store(&self.tat, 0)  # no time is earlier: full at every now
 
     def _reserve(self, now, cost, max_wait, bint shape):
-        """Reserve *cost* tokens; the ns to wait before using them, or -1 (see ``_bucket_py``)."""
+        """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
+
+        Unlike `allow` the bucket may go past empty: the reservation is a
+        place in line (the tat), so later callers wait behind it, first in,
+        first out. With *shape* the wait ends at the start of the slot (even
+        spacing, no burst); otherwise when the bucket holds the tokens.
+        Nothing is reserved when the wait would exceed *max_wait* ns.
+        """
         cdef int64_t c = self._cost(cost)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t mw = max_wait
@@ -633,18 +640,20 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         return gcra.reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
 
     def _clock_ns(self):
-        """The bucket's clock now (int ns): the time ``_reserve`` waits are counted on."""
+        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
         return self._now()
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.
 
         The tokens the bucket holds at *now* (default: its clock) carry over
-        as they are, capped at the new capacity. Under the GIL this is atomic
-        with respect to every other verb. On a free-threaded build the
-        lock-free verbs read the rate and capacity without a lock: a request
-        decided at the very moment of a reconfigure may be decided with the
-        old parameters, or (once) with the old rate and the new capacity.
+        as they are, capped at the new capacity; a full bucket whose capacity
+        grows keeps its tokens and refills the rest at the new rate. Under
+        the GIL this is atomic with respect to every other verb. On a
+        free-threaded build the Cython core's verbs read the rate and
+        capacity without a lock: a request decided at the very moment of a
+        reconfigure may be decided with the old parameters, or (once) with
+        the old rate and the new capacity.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)
@@ -672,7 +681,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         """Wait (block the thread) until *cost* tokens are spent, or *timeout* s pass.
 
         Waiters are served first in, first out; False at once when the wait
-        would exceed *timeout* or too many waiters are queued (see ``waiting``).
+        would exceed *timeout* or too many waiters are queued (see `waiting`).
 
         >>> b = TokenBucket(rate=1000, capacity=1, clock=lambda: 0)
         >>> b.acquire(), b.acquire(timeout=0), b.acquire(timeout=1.0)   # the last sleeps 1 ms

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 
 from . import _acquire
 from ._params import (
+    NOW_MAX,
     NS_PER_S,
     RateLike,
     bucket_params,
@@ -32,14 +33,76 @@ __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
 
 Clock = Callable[[], int]
 DEFAULT_MAX_KEYS = 1_000_000
+INT64_MAX = (1 << 63) - 1
 
 
-def _slots_for(keys: int) -> int:
+def slots_for(keys: int) -> int:
     """The Cython table's slot count for *keys* (a power of two, 2/3 load)."""
     n = 8
     while n * 2 // 3 < keys:
         n *= 2
     return n
+
+
+# -- the rule: the Cython kernel (_gcra.pxd) in Python, under its names ---------
+#
+# A bucket is one int, tat (ns, never negative). With T ns per token and
+# tau = capacity*T, a request of cost*T = cost_t is admitted iff
+# max(tat, now) + cost_t - now <= tau, and then tat = max(tat, now) + cost_t.
+# The verbs pass slack = tau - cost_t. These functions decide; the classes
+# find and hold the tats (an attribute; a dict entry per key) and store what
+# the functions return, under their lock. The two hottest paths
+# (`TokenBucket.allow`, `KeyedTokenBucket._allow`) inline `step`: there a call
+# costs a tenth of the time. tests/test_twins.py holds them to it.
+
+
+def step(tat: int, now: int, cost_t: int, slack: int) -> int:
+    """The decision on *tat*: the tat after it (>= 0), or < 0 if the request is rejected.
+
+    Admitted: ``max(tat, now) + cost_t``, or *tat* itself for cost 0 (a
+    probe). Rejected: minus the ns until the same request would fit (its
+    ``retry_after_ns``); the bucket keeps *tat*.
+    """
+    base = tat if tat > now else now
+    if base - now > slack:
+        return slack - (base - now)
+    return base + cost_t if cost_t else tat
+
+
+def reserve(tat: int, now: int, cost_t: int, slack: int, max_wait: int) -> tuple[int, int]:
+    """Go past empty if need be: ``(ns to wait, tat after)``; ``(-1, tat)``: nothing reserved.
+
+    The wait ends when max(tat, now) + cost*T - now <= slack: slack = tau
+    waits for the tokens, slack = cost*T for the slot's start (shaping).
+    """
+    base = tat if tat > now else now
+    wait = max(base - now - (slack - cost_t), 0)
+    if wait > max_wait or base > INT64_MAX - cost_t:
+        return -1, tat
+    return wait, base + cost_t if cost_t else tat
+
+
+def give_back(tat: int, now: int, cost_t: int) -> int:
+    """The tat after giving *cost_t* back: max(now, tat - cost_t); a full bucket keeps its tat."""
+    if tat <= now:
+        return tat
+    tat -= cost_t
+    return tat if tat > now else now
+
+
+def carry_over(tat: int, now: int, interval: int, tau: int, new_interval: int, new_tau: int) -> int:
+    """*tat* re-expressed under new parameters, keeping the tokens as they are at *now*.
+
+    Tokens ``(tau - debt) / interval`` (negative while waiters hold
+    reservations past an empty bucket) carry over unchanged, capped at the
+    new capacity; the new debt is rounded up, so the bucket never gains a
+    fraction of a token from the conversion.
+    """
+    debt = tat - now if tat > now else 0
+    new_debt = new_tau - ((tau - debt) * new_interval) // interval
+    if new_debt <= 0:
+        return tat if tat <= now else now  # full (capped): keep a full state as it was
+    return min(now + new_debt, INT64_MAX)
 
 
 def _int64(value: object) -> int:
@@ -170,7 +233,7 @@ def _clock_reader(clock: Clock | None) -> Clock:
 
 
 class _Limits:
-    """Rate, capacity and the integers derived from them (immutable)."""
+    """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
     __slots__ = ("_capacity", "_interval", "_rate", "_tau")
 
@@ -181,7 +244,7 @@ class _Limits:
     def _new_limits(self, rate: RateLike, capacity: int) -> tuple[RateLike, int, int, int]:
         if hasattr(self, "_lock"):
             raise RuntimeError(f"{type(self).__name__} is already initialised")
-        return _reconfigure_params(None, rate, capacity)
+        return _validated(rate, capacity)
 
     def _set_limits(self, limits: tuple[RateLike, int, int, int]) -> None:
         self._rate, self._capacity, self._interval, self._tau = limits
@@ -221,11 +284,27 @@ class _Limits:
             return cost
         return check_cost(cost, self._capacity)
 
-    def _decision(self, allowed: bool, tat: int, now: int, cost_t: int, base: int) -> Decision:
-        debt = tat - now if tat > now else 0
-        remaining = (self._tau - debt) // self._interval if debt <= self._tau else 0
-        retry = 0 if allowed else base - now - (self._tau - cost_t)
-        return Decision(allowed, remaining, retry, debt, self._capacity)
+    def _new_params(
+        self, rate: RateLike | None, capacity: int | None
+    ) -> tuple[RateLike, int, int, int]:
+        """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
+        rate = self._rate if rate is None else rate
+        capacity = self._capacity if capacity is None else capacity
+        return _validated(rate, capacity)
+
+    def _decision(self, tat: int, after: int, now: int) -> Decision:
+        """The Decision of `step` on *tat*, whose result was *after*."""
+        # Fields set directly, as the Cython twin's `fill_decision` does: they
+        # are int64s by construction, so __init__'s checks would only cost time.
+        d = Decision.__new__(Decision)
+        d.allowed = allowed = after >= 0
+        if allowed:
+            tat = after
+        d.reset_after_ns = debt = tat - now if tat > now else 0
+        d.remaining = (self._tau - debt) // self._interval if debt <= self._tau else 0
+        d.retry_after_ns = 0 if allowed else -after
+        d.limit = self._capacity
+        return d
 
     def _tokens(self, tat: int, now: int) -> float:
         debt = tat - now if tat > now else 0
@@ -234,34 +313,8 @@ class _Limits:
         return (self._tau - debt) / self._interval
 
 
-INT64_MAX = (1 << 63) - 1
-NO_LIMIT = 1 << 62  # "wait as long as it takes" for _reserve: 146 years
-
-
-def _carry_over(
-    tat: int, now: int, interval: int, tau: int, new_interval: int, new_tau: int
-) -> int:
-    """*tat* re-expressed under new parameters, keeping the tokens as they are at *now*.
-
-    Tokens ``(tau - debt) / interval`` (negative while waiters hold
-    reservations past an empty bucket) carry over unchanged, capped at the
-    new capacity; the new debt is rounded up, so the bucket never gains a
-    fraction of a token from the conversion.
-    """
-    debt = tat - now if tat > now else 0
-    new_debt = new_tau - ((tau - debt) * new_interval) // interval
-    if new_debt <= 0:
-        return tat if tat <= now else now  # full (capped): keep a full state as it was
-    return min(now + new_debt, INT64_MAX)
-
-
-def _reconfigure_params(
-    limits: _Limits | None, rate: RateLike | None, capacity: int | None
-) -> tuple[RateLike, int, int, int]:
-    """Validated ``(public rate, capacity, interval_ns, tau_ns)``; None: *limits*' own."""
-    if limits is not None:
-        rate = limits._rate if rate is None else rate
-        capacity = limits._capacity if capacity is None else capacity
+def _validated(rate: object, capacity: object) -> tuple[RateLike, int, int, int]:
+    """Validated ``(public rate, capacity, interval_ns, tau)``."""
     exact, cap, interval, tau = bucket_params(rate, capacity)
     return public_rate(rate, exact), cap, interval, tau
 
@@ -292,7 +345,7 @@ class TokenBucket(_Limits):
         >>> b.allow(), b.allow(), b.allow()
         (True, True, False)
         """
-        # `_allow` inlined: this is the pure-Python hot path.
+        # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
         if type(cost) is not int or not 0 <= cost <= self._capacity:
             cost = check_cost(cost, self._capacity)
         now = self._now()
@@ -317,17 +370,20 @@ class TokenBucket(_Limits):
         >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
         (True, False, True)
         """
-        return self._allow(check_now(now), self._cost(cost))
+        # check_now's and _cost's fast paths inlined: they pay for `_allow`'s `step`.
+        if type(now) is not int or not 0 <= now <= NOW_MAX:
+            now = check_now(now)
+        if type(cost) is not int or not 0 <= cost <= self._capacity:
+            cost = check_cost(cost, self._capacity)
+        return self._allow(now, cost)
 
     def _allow(self, now: int, cost: int) -> bool:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
-            tat = self._tat
-            base = tat if tat > now else now
-            if base - now > self._tau - cost_t:
+            tat = step(self._tat, now, cost_t, self._tau - cost_t)
+            if tat < 0:
                 return False
-            if cost_t:
-                self._tat = base + cost_t
+            self._tat = tat
             return True
 
     def check(self, cost: int = 1) -> Decision:
@@ -372,13 +428,10 @@ class TokenBucket(_Limits):
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
             tat = self._tat
-            base = tat if tat > now else now
-            allowed = base - now <= self._tau - cost_t
-            if allowed and cost_t:
-                tat = base + cost_t
-                if consume:
-                    self._tat = tat
-        return self._decision(allowed, tat, now, cost_t, base)
+            after = step(tat, now, cost_t, self._tau - cost_t)
+            if consume and after >= 0:
+                self._tat = after
+        return self._decision(tat, after, now)
 
     def tokens(self) -> float:
         """Tokens in the bucket now.
@@ -425,10 +478,7 @@ class TokenBucket(_Limits):
 
     def _refund(self, now: int, cost: int) -> None:
         with self._lock:
-            tat = self._tat
-            if tat > now:  # a full bucket has nothing to take back
-                tat -= cost * self._interval
-                self._tat = tat if tat > now else now
+            self._tat = give_back(self._tat, now, cost * self._interval)
 
     def reset(self) -> None:
         """Forget the bucket's state: it is full again.
@@ -454,14 +504,9 @@ class TokenBucket(_Limits):
         now = self._now() if now is None else check_now(now)
         with self._lock:
             cost_t = cost * self._interval
-            tat = self._tat
-            base = tat if tat > now else now
-            wait = base - now - ((cost_t if shape else self._tau) - cost_t)
-            wait = max(wait, 0)
-            if wait > max_wait or base + cost_t > INT64_MAX:
-                return -1
-            if cost_t:
-                self._tat = base + cost_t
+            wait, self._tat = reserve(
+                self._tat, now, cost_t, cost_t if shape else self._tau, max_wait
+            )
             return wait
 
     def _clock_ns(self) -> int:
@@ -475,7 +520,12 @@ class TokenBucket(_Limits):
 
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity; a full bucket whose capacity
-        grows keeps its tokens and refills the rest at the new rate.
+        grows keeps its tokens and refills the rest at the new rate. Under
+        the GIL this is atomic with respect to every other verb. On a
+        free-threaded build the Cython core's verbs read the rate and
+        capacity without a lock: a request decided at the very moment of a
+        reconfigure may be decided with the old parameters, or (once) with
+        the old rate and the new capacity.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)
@@ -484,10 +534,10 @@ class TokenBucket(_Limits):
         >>> b.rate, b.capacity, b.tokens_at(0), b.tokens_at(100_000_000)
         (10, 2, 1.0, 2.0)
         """
-        new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
+        new_rate, cap, interval, tau = self._new_params(rate, capacity)
         now = self._now() if now is None else check_now(now)
         with self._lock:
-            self._tat = _carry_over(self._tat, now, self._interval, self._tau, interval, tau)
+            self._tat = carry_over(self._tat, now, self._interval, self._tau, interval, tau)
             self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
 
     def acquire(self, cost: int = 1, timeout: float | None = None) -> bool:
@@ -500,7 +550,8 @@ class TokenBucket(_Limits):
         >>> b.acquire(), b.acquire(timeout=0), b.acquire(timeout=1.0)   # the last sleeps 1 ms
         (True, False, True)
         """
-        cost = self._cost(cost)
+        if type(cost) is not int or not 0 <= cost <= self._capacity:  # as `allow` does
+            cost = check_cost(cost, self._capacity)
         if timeout is not None:
             validated_timeout(timeout)
         if self._allow(self._now(), cost):
@@ -557,7 +608,7 @@ class KeyedTokenBucket(_Limits):
         # of a power-of-two slot count), kept here so that both hold the same
         # keys at every moment and decide alike even at the bound.
         self._slots = 8
-        self._max_slots = _slots_for(self._max_keys)
+        self._max_slots = slots_for(self._max_keys)
         self._room = min(self._slots * 2 // 3, self._max_keys)
         # The latest tat of a full bucket dropped so far: a missing key starts
         # from it, so an explicit time older than a dropped state cannot find
@@ -641,6 +692,7 @@ class KeyedTokenBucket(_Limits):
             missing = tat is None
             if tat is None:
                 tat = self._floor
+            # `step` inlined: the keyed hot path (see `step`).
             base = tat if tat > now else now
             if base - now > self._tau - cost_t:
                 return False
@@ -699,15 +751,12 @@ class KeyedTokenBucket(_Limits):
             missing = tat is None
             if tat is None:
                 tat = self._floor
-            base = tat if tat > now else now
-            allowed = base - now <= self._tau - cost_t
-            if allowed and cost_t:
-                tat = base + cost_t
-                if consume:
-                    if missing and len(tats) >= self._room:
-                        self._make_room(now)
-                    tats[key] = tat
-        return self._decision(allowed, tat, now, cost_t, base)
+            after = step(tat, now, cost_t, self._tau - cost_t)
+            if consume and after >= 0 and cost_t:  # a place only when charged (`_allow`)
+                if missing and len(tats) >= self._room:
+                    self._make_room(now)
+                tats[key] = after
+        return self._decision(tat, after, now)
 
     def tokens(self, key: Hashable) -> float:
         """Tokens in *key*'s bucket now.
@@ -797,9 +846,8 @@ class KeyedTokenBucket(_Limits):
         tats = self._tats
         with self._lock:
             tat = tats.get(key)
-            if tat is not None and tat > now:
-                tat -= cost * self._interval
-                tats[key] = tat if tat > now else now
+            if tat is not None:  # a missing key is full: nothing to give back
+                tats[key] = give_back(tat, now, cost * self._interval)
 
     def reset(self, key: Hashable) -> None:
         """Forget *key*'s bucket: the next decision sees it full.
@@ -834,13 +882,9 @@ class KeyedTokenBucket(_Limits):
                 tat = self._floor
                 if len(tats) >= self._room:
                     self._make_room(now)
-            base = tat if tat > now else now
-            wait = base - now - ((cost_t if shape else self._tau) - cost_t)
-            wait = max(wait, 0)
-            if wait > max_wait or base + cost_t > INT64_MAX:
-                return -1
-            if cost_t:
-                tats[key] = base + cost_t
+            wait, after = reserve(tat, now, cost_t, cost_t if shape else self._tau, max_wait)
+            if wait >= 0 and cost_t:  # a place only when charged (`_allow`)
+                tats[key] = after
             return wait
 
     def _clock_ns(self) -> int:
@@ -855,7 +899,8 @@ class KeyedTokenBucket(_Limits):
         Each bucket's tokens at *now* (default: the clock) carry over as they
         are, capped at the new capacity -- keys not in the table too (they
         were full: with a larger capacity they keep the old capacity's tokens
-        and refill the rest). Takes time in proportion to the keys tracked.
+        and refill the rest). Takes time in proportion to the table's size,
+        and excludes every other keyed verb meanwhile, on every build.
 
         >>> t = KeyedTokenBucket(rate=1, capacity=4)
         >>> t.allow_at("alice", 0, cost=3)
@@ -864,14 +909,14 @@ class KeyedTokenBucket(_Limits):
         >>> t.tokens_at("alice", 0), t.tokens_at("alice", 100_000_000), t.tokens_at("bob", 0)
         (1.0, 2.0, 2.0)
         """
-        new_rate, cap, interval, tau = _reconfigure_params(self, rate, capacity)
+        new_rate, cap, interval, tau = self._new_params(rate, capacity)
         now = self._now() if now is None else check_now(now)
         with self._lock:
             old_interval, old_tau = self._interval, self._tau
             tats = self._tats
             for key, tat in tats.items():
-                tats[key] = _carry_over(tat, now, old_interval, old_tau, interval, tau)
-            self._floor = _carry_over(self._floor, now, old_interval, old_tau, interval, tau)
+                tats[key] = carry_over(tat, now, old_interval, old_tau, interval, tau)
+            self._floor = carry_over(self._floor, now, old_interval, old_tau, interval, tau)
             self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:

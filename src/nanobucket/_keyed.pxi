@@ -759,9 +759,8 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         Each bucket's tokens at *now* (default: the clock) carry over as they
         are, capped at the new capacity -- keys not in the table too (they
         were full: with a larger capacity they keep the old capacity's tokens
-        and refill the rest). Takes time in proportion to the table's size.
-        It holds the table's critical section, as every keyed verb does, so
-        it is atomic with respect to them on every build.
+        and refill the rest). Takes time in proportion to the table's size,
+        and excludes every other keyed verb meanwhile, on every build.
 
         >>> t = KeyedTokenBucket(rate=1, capacity=4)
         >>> t.allow_at("alice", 0, cost=3)
