@@ -22,10 +22,11 @@ from ._params import (
     NS_PER_S,
     RateLike,
     bucket_params,
-    check_cost,
-    check_max_keys,
-    check_now,
     public_rate,
+    validated_clock,
+    validated_cost,
+    validated_max_keys,
+    validated_now,
     validated_timeout,
 )
 
@@ -221,13 +222,12 @@ def _fields(d: object) -> tuple[object, ...]:
 
 
 def _clock_reader(clock: Clock | None) -> Clock:
-    if clock is None:
+    given = validated_clock(clock)
+    if given is None:
         return time.monotonic_ns
-    if not callable(clock):
-        raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
 
     def read() -> int:
-        return check_now(clock())
+        return validated_now(given())
 
     return read
 
@@ -282,7 +282,7 @@ class _Limits:
         # type(), not cost.__class__: an object can claim to be an int.
         if type(cost) is int and 0 <= cost <= self._capacity:
             return cost
-        return check_cost(cost, self._capacity)
+        return validated_cost(cost, self._capacity)
 
     def _new_params(
         self, rate: RateLike | None, capacity: int | None
@@ -347,7 +347,7 @@ class TokenBucket(_Limits):
         """
         # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = check_cost(cost, self._capacity)
+            cost = validated_cost(cost, self._capacity)
         now = self._now()
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
@@ -370,11 +370,11 @@ class TokenBucket(_Limits):
         >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
         (True, False, True)
         """
-        # check_now's and _cost's fast paths inlined: they pay for `_allow`'s `step`.
+        # validated_now's and _cost's fast paths inlined: they pay for `_allow`'s `step`.
         if type(now) is not int or not 0 <= now <= NOW_MAX:
-            now = check_now(now)
+            now = validated_now(now)
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = check_cost(cost, self._capacity)
+            cost = validated_cost(cost, self._capacity)
         return self._allow(now, cost)
 
     def _allow(self, now: int, cost: int) -> bool:
@@ -404,7 +404,7 @@ class TokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        return self._check(check_now(now), self._cost(cost), True)
+        return self._check(validated_now(now), self._cost(cost), True)
 
     def peek(self, cost: int = 1) -> Decision:
         """The `Decision` `check` would return now, without spending anything.
@@ -422,7 +422,7 @@ class TokenBucket(_Limits):
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        return self._check(check_now(now), self._cost(cost), False)
+        return self._check(validated_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
@@ -449,7 +449,7 @@ class TokenBucket(_Limits):
         >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
         (True, 0.0, 0.5)
         """
-        return self._tokens(self._tat, check_now(now))
+        return self._tokens(self._tat, validated_now(now))
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
@@ -474,7 +474,7 @@ class TokenBucket(_Limits):
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        self._refund(check_now(now), self._cost(cost))
+        self._refund(validated_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
         with self._lock:
@@ -501,7 +501,7 @@ class TokenBucket(_Limits):
         """
         cost = self._cost(cost)
         # Checked like every explicit time (the Cython twin does the same).
-        now = self._now() if now is None else check_now(now)
+        now = self._now() if now is None else validated_now(now)
         with self._lock:
             cost_t = cost * self._interval
             wait, self._tat = reserve(
@@ -535,7 +535,7 @@ class TokenBucket(_Limits):
         (10, 2, 1.0, 2.0)
         """
         new_rate, cap, interval, tau = self._new_params(rate, capacity)
-        now = self._now() if now is None else check_now(now)
+        now = self._now() if now is None else validated_now(now)
         with self._lock:
             self._tat = carry_over(self._tat, now, self._interval, self._tau, interval, tau)
             self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
@@ -551,7 +551,7 @@ class TokenBucket(_Limits):
         (True, False, True)
         """
         if type(cost) is not int or not 0 <= cost <= self._capacity:  # as `allow` does
-            cost = check_cost(cost, self._capacity)
+            cost = validated_cost(cost, self._capacity)
         if timeout is not None:
             validated_timeout(timeout)
         if self._allow(self._now(), cost):
@@ -598,7 +598,7 @@ class KeyedTokenBucket(_Limits):
         clock: Clock | None = None,
     ) -> None:
         limits = self._new_limits(rate, capacity)
-        max_keys = check_max_keys(max_keys)
+        max_keys = validated_max_keys(max_keys)
         now = _clock_reader(clock)
         self._set_limits(limits)
         self._max_keys = max_keys
@@ -634,7 +634,7 @@ class KeyedTokenBucket(_Limits):
         (True, False, True)
         """
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = check_cost(cost, self._capacity)
+            cost = validated_cost(cost, self._capacity)
         return self._allow(key, self._now(), cost)
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
@@ -644,7 +644,7 @@ class KeyedTokenBucket(_Limits):
         >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
         (True, False, True)
         """
-        return self._allow(key, check_now(now), self._cost(cost))
+        return self._allow(key, validated_now(now), self._cost(cost))
 
     def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
         """Decide a batch in order at one instant; ``bytearray`` of 1 (admitted) / 0.
@@ -671,7 +671,7 @@ class KeyedTokenBucket(_Limits):
         >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
-        return self._allow_many(keys, check_now(now), self._cost(cost))
+        return self._allow_many(keys, validated_now(now), self._cost(cost))
 
     def _allow_many(self, keys: Iterable[Hashable], now: int, cost: int) -> bytearray:
         if isinstance(keys, (str, bytes)):
@@ -723,7 +723,7 @@ class KeyedTokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        return self._check(key, check_now(now), self._cost(cost), True)
+        return self._check(key, validated_now(now), self._cost(cost), True)
 
     def peek(self, key: Hashable, cost: int = 1) -> Decision:
         """The `Decision` `check` would return now, without spending anything.
@@ -741,7 +741,7 @@ class KeyedTokenBucket(_Limits):
         >>> t.peek_at("alice", 0, cost=2).remaining, t.tokens_at("alice", 0)
         (1, 3.0)
         """
-        return self._check(key, check_now(now), self._cost(cost), False)
+        return self._check(key, validated_now(now), self._cost(cost), False)
 
     def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
         tats = self._tats
@@ -776,7 +776,7 @@ class KeyedTokenBucket(_Limits):
         >>> t.tokens_at("alice", 0), t.tokens_at("alice", 125_000_000), t.tokens_at("bob", 0)
         (0.0, 0.5, 2.0)
         """
-        now = check_now(now)
+        now = validated_now(now)
         with self._lock:
             tat = self._tats.get(key, self._floor)
         return self._tokens(tat, now)
@@ -840,7 +840,7 @@ class KeyedTokenBucket(_Limits):
         >>> t.refund_at("alice", 0); t.tokens_at("alice", 0)
         1.0
         """
-        self._refund(key, check_now(now), self._cost(cost))
+        self._refund(key, validated_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
         tats = self._tats
@@ -873,7 +873,7 @@ class KeyedTokenBucket(_Limits):
         """`TokenBucket._reserve` for *key*'s bucket."""
         cost = self._cost(cost)
         # Checked like every explicit time (the Cython twin does the same).
-        now = self._now() if now is None else check_now(now)
+        now = self._now() if now is None else validated_now(now)
         tats = self._tats
         with self._lock:
             cost_t = cost * self._interval
@@ -910,7 +910,7 @@ class KeyedTokenBucket(_Limits):
         (1.0, 2.0, 2.0)
         """
         new_rate, cap, interval, tau = self._new_params(rate, capacity)
-        now = self._now() if now is None else check_now(now)
+        now = self._now() if now is None else validated_now(now)
         with self._lock:
             old_interval, old_tau = self._interval, self._tau
             tats = self._tats

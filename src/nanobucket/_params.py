@@ -227,10 +227,3 @@ def validated_max_keys(max_keys: object) -> int:
     if value < 1 or value > MAX_KEYS:
         raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {value!r}")
     return value
-
-
-# The former names, for the modules that still import them (_bucket_py.py,
-# _wait.py, tiered.py): remove once those use the names above.
-check_cost = validated_cost
-check_max_keys = validated_max_keys
-check_now = validated_now
