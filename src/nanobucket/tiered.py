@@ -343,7 +343,7 @@ class _Plans:
                     del last[old]
             last[key] = name
 
-    def _many_steps(
+    def _many(
         self, keys: Iterable[Hashable], cost: int, now: int | None
     ) -> Generator[Call, Any, bytearray]:
         """A batch as the calls it makes (one `_pick` per distinct key, one
@@ -530,7 +530,7 @@ limit=20, plan='free')
         >>> list(t.allow_many(["alice", "bob", "alice", "bob", "alice"]))
         [1, 1, 1, 0, 0]
         """
-        return self._many(keys, cost, None)
+        return _drive(self._many(keys, cost, None))
 
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -540,10 +540,7 @@ limit=20, plan='free')
         >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
-        return self._many(keys, cost, now)
-
-    def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
-        return _drive(self._many_steps(keys, cost, now))
+        return _drive(self._many(keys, cost, now))
 
 
 class _WaitingTiered(Tiered):
@@ -732,7 +729,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
         [1, 1]
         """
-        return await self._many(keys, cost, None)
+        return await _drive_async(self._many(keys, cost, None))
 
     async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -742,10 +739,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
         [1]
         """
-        return await self._many(keys, cost, now)
-
-    async def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
-        return await _drive_async(self._many_steps(keys, cost, now))
+        return await _drive_async(self._many(keys, cost, now))
 
     async def refund(self, key: Hashable, cost: int = 1) -> Any:
         """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
