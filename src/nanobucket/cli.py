@@ -103,6 +103,13 @@ def _traffic_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _output_arguments(parser: argparse.ArgumentParser, *, json: str, plot: str = "") -> None:
+    """--plot (where *plot* says what it draws) and --json, each command's last options."""
+    if plot:
+        parser.add_argument("--plot", metavar="OUT.png", type=_output_file, default=None, help=plot)
+    parser.add_argument("--json", action="store_true", help=json)
+
+
 def _traffic(args: argparse.Namespace) -> Any:
     """The case study, or the user's trace."""
     from . import simulate as sim_mod
@@ -163,7 +170,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
         "the case study's 180 against 100)",
     )
-    ex.add_argument("--json", action="store_true", help="print JSON (rationals as exact strings)")
+    _output_arguments(ex, json="print JSON (rationals as exact strings)")
 
     sim = sub.add_parser(
         "simulate",
@@ -193,15 +200,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--key-capacity", type=_count(1), default=None, help="per-key capacity (default capacity/4)"
     )
     _traffic_arguments(sim)
-    sim.add_argument(
-        "--plot",
-        metavar="OUT.png",
-        type=_output_file,
-        default=None,
-        help="draw load, admitted, rejected and queue per strategy (needs "
+    _output_arguments(
+        sim,
+        json="print JSON with exact counts and ns",
+        plot="draw load, admitted, rejected and queue per strategy (needs "
         "matplotlib: pip install 'nanobucket[plot]')",
     )
-    sim.add_argument("--json", action="store_true", help="print JSON with exact counts and ns")
 
     sz = sub.add_parser(
         "size",
@@ -243,14 +247,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="processes that would each hold a local share (default 1)",
     )
     _traffic_arguments(sz)
-    sz.add_argument(
-        "--plot",
-        metavar="OUT.png",
-        type=_output_file,
-        default=None,
-        help="draw rejections against capacity (needs matplotlib)",
+    _output_arguments(
+        sz,
+        json="print JSON with exact counts",
+        plot="draw rejections against capacity (needs matplotlib)",
     )
-    sz.add_argument("--json", action="store_true", help="print JSON with exact counts")
 
     sub.add_parser(
         "bench",

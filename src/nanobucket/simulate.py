@@ -23,11 +23,12 @@ import bisect
 import csv
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 from . import _bucket
 from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, validated_capacity, validated_cost
@@ -47,6 +48,7 @@ __all__ = (
 
 NS = NS_PER_S
 Progress = Callable[[int], None]  # called with the number of requests just decided
+T = TypeVar("T")
 
 # The case study, one 120-second cycle repeated for longer durations. Bursts
 # start mid-second so fixed-window boundaries fall inside them.
@@ -365,19 +367,26 @@ class Simulation:
         raise KeyError(name)
 
 
+def _ticking(requests: Iterable[T], progress: Progress) -> Iterator[tuple[int, T]]:
+    """``enumerate(requests)``, telling *progress* of every 4096 decided and of the rest."""
+    i = -1
+    for i, request in enumerate(requests):
+        yield i, request
+        if i & 4095 == 4095:
+            progress(4096)
+    progress((i + 1) & 4095)
+
+
 def _fixed_window(tr: Traffic, limit: int, progress: Progress) -> tuple[bytearray, list[int]]:
     admitted = bytearray(len(tr))
     window, used = -1, 0
-    for i, (t, c) in enumerate(zip(tr.times, tr.costs)):
+    for i, (t, c) in _ticking(zip(tr.times, tr.costs), progress):
         w = t // NS
         if w != window:
             window, used = w, 0
         if used + c <= limit:
             used += c
             admitted[i] = 1
-        if i & 4095 == 4095:
-            progress(4096)
-    progress(len(tr) & 4095)
     return admitted, [0] * len(tr)
 
 
@@ -388,7 +397,7 @@ def _queue(
     waits = [0] * len(tr)
     waiting: deque[int] = deque()  # start times of queued requests, ascending (FIFO)
     free_at = 0  # when the server finishes its current backlog
-    for i, (t, c) in enumerate(zip(tr.times, tr.costs)):
+    for i, (t, c) in _ticking(zip(tr.times, tr.costs), progress):
         while waiting and waiting[0] <= t:
             waiting.popleft()
         if bound is not None and len(waiting) >= bound:
@@ -400,9 +409,6 @@ def _queue(
             if start > t:
                 waits[i] = start - t
                 waiting.append(start)
-        if i & 4095 == 4095:
-            progress(4096)
-    progress(len(tr) & 4095)
     return admitted, waits
 
 
@@ -411,12 +417,9 @@ def _token_bucket(
 ) -> tuple[bytearray, list[int]]:
     allow = impl.TokenBucket(rate, cap).allow_at
     admitted = bytearray(len(tr))
-    for i, (t, c) in enumerate(zip(tr.times, tr.costs)):
+    for i, (t, c) in _ticking(zip(tr.times, tr.costs), progress):
         if c <= cap and allow(t, c):
             admitted[i] = 1
-        if i & 4095 == 4095:
-            progress(4096)
-    progress(len(tr) & 4095)
     return admitted, [0] * len(tr)
 
 
@@ -432,7 +435,7 @@ def _keyed_global(
     glob = impl.TokenBucket(rate, cap)
     keyed = impl.KeyedTokenBucket(key_rate, key_cap)
     admitted = bytearray(len(tr))
-    for i, (t, k, c) in enumerate(zip(tr.times, tr.keys, tr.costs)):
+    for i, (t, k, c) in _ticking(zip(tr.times, tr.keys, tr.costs), progress):
         # Both limits or neither: peek first, so a request the global limit
         # turns away does not also cost its client a token.
         if (
@@ -444,9 +447,6 @@ def _keyed_global(
             keyed.allow_at(k, t, c)
             glob.allow_at(t, c)
             admitted[i] = 1
-        if i & 4095 == 4095:
-            progress(4096)
-    progress(len(tr) & 4095)
     return admitted, [0] * len(tr)
 
 

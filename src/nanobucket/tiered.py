@@ -51,7 +51,7 @@ import itertools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from ._bucket import Decision
 from ._params import validated_max_keys
@@ -69,6 +69,7 @@ _NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
 _TRIES = 8  # charges of a move that a concurrent spender may make fail
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
+T = TypeVar("T")
 
 
 class TieredDecision(Decision):
@@ -214,28 +215,33 @@ def _carry(
     return True  # spent meanwhile by others each time: it holds at least as much now
 
 
-def _drive(steps: Generator[Call, Any, bool]) -> bool:
+def _drive(steps: Generator[Call, Any, T]) -> T:
     try:
         fn, args = next(steps)
         while True:
             fn, args = steps.send(fn(*args))
     except StopIteration as done:
-        return bool(done.value)
+        result: T = done.value
+        return result
 
 
-async def _drive_async(steps: Generator[Call, Any, bool]) -> bool:
+async def _drive_async(steps: Generator[Call, Any, T]) -> T:
     try:
         fn, args = next(steps)
         while True:
             fn, args = steps.send(await fn(*args))
     except StopIteration as done:
-        return bool(done.value)
+        result: T = done.value
+        return result
 
 
 class _Plans:
     """What the sync and asyncio tiered limiters share: plans, the choice, the memory."""
 
     keyed = True  # the verbs take the key first
+    _asyncio = False  # whether the plans' verbs are awaited
+    _wrong_kind = "asyncio plans: use AsyncTiered (tiered() picks it)"
+    _pick: Callable[..., Any]  # key, now -> (name, plan): a subclass's, sync or a coroutine
 
     def __init__(
         self,
@@ -255,8 +261,13 @@ class _Plans:
         self._view = MappingProxyType({name: lr for name, (_, lr) in found.items()})
         self._tier = tier
         self._default = None if default is None else found[default]
+        if any(_is_async(lr) is not self._asyncio for lr in self._view.values()):
+            raise TypeError(self._wrong_kind)
         self._last: dict[Hashable, str] = {}  # key -> the plan it was last served on
         self._lock = threading.Lock()
+        # Moves in progress: a sync one holds the lock, an asyncio one leaves a future per key.
+        self._move_lock = threading.Lock()
+        self._moves: dict[Hashable, asyncio.Future[None]] = {}
 
     @property
     def plans(self) -> Mapping[str, Any]:
@@ -332,6 +343,34 @@ class _Plans:
                     del last[old]
             last[key] = name
 
+    def _many(
+        self, keys: Iterable[Hashable], cost: int, now: int | None
+    ) -> Generator[Call, Any, bytearray]:
+        """A batch as the calls it makes (one `_pick` per distinct key, one
+        ``allow_many`` per plan), for `_drive` or `_drive_async` to run."""
+        if isinstance(keys, (str, bytes)):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
+        keys = list(keys)
+        picked: dict[Hashable, tuple[str, Any]] = {}  # one tier() per distinct key
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            found = picked.get(key)
+            if found is None:
+                found = picked[key] = yield (self._pick, (key, now))
+            groups.setdefault(found[0], []).append(i)
+        out = bytearray(len(keys))
+        for name, where in groups.items():
+            plan = self._plans[name][1]
+            batch = [keys[i] for i in where]
+            got = yield (
+                (plan.allow_many, (batch, cost))
+                if now is None
+                else (plan.allow_many_at, (batch, now, cost))
+            )
+            for i, admitted in zip(where, got):
+                out[i] = admitted
+        return out
+
     def __len__(self) -> int:
         """Keys whose plan this limiter remembers now.
 
@@ -378,19 +417,6 @@ class Tiered(_Plans):
             and all(callable(getattr(lr, v, None)) for lr in plans.values() for v in _WAIT_VERBS)
         )
         return super().__new__(_WaitingTiered if waits else cls)
-
-    def __init__(
-        self,
-        plans: Mapping[str, Any],
-        tier: Callable[[Any], Any],
-        *,
-        default: str | None = None,
-        max_keys: int = DEFAULT_MAX_KEYS,
-    ) -> None:
-        super().__init__(plans, tier, default=default, max_keys=max_keys)
-        if any(_is_async(lr) for lr in self._view.values()):
-            raise TypeError("asyncio plans: use AsyncTiered (tiered() picks it)")
-        self._move_lock = threading.Lock()
 
     def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
         found = self._choose(key)
@@ -504,7 +530,7 @@ limit=20, plan='free')
         >>> list(t.allow_many(["alice", "bob", "alice", "bob", "alice"]))
         [1, 1, 1, 0, 0]
         """
-        return self._many(keys, cost, None)
+        return _drive(self._many(keys, cost, None))
 
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -514,31 +540,7 @@ limit=20, plan='free')
         >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
-        return self._many(keys, cost, now)
-
-    def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
-        if isinstance(keys, (str, bytes)):
-            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
-        keys = list(keys)
-        picked: dict[Hashable, tuple[str, Any]] = {}  # one tier() per distinct key
-        groups: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            found = picked.get(key)
-            if found is None:
-                found = picked[key] = self._pick(key, now)
-            groups.setdefault(found[0], []).append(i)
-        out = bytearray(len(keys))
-        for name, where in groups.items():
-            plan = self._plans[name][1]
-            batch = [keys[i] for i in where]
-            got = (
-                plan.allow_many(batch, cost)
-                if now is None
-                else plan.allow_many_at(batch, now, cost)
-            )
-            for i, admitted in zip(where, got):
-                out[i] = admitted
-        return out
+        return _drive(self._many(keys, cost, now))
 
 
 class _WaitingTiered(Tiered):
@@ -629,18 +631,8 @@ class AsyncTiered(_Plans):
     ('AsyncTiered', 'free')
     """
 
-    def __init__(
-        self,
-        plans: Mapping[str, Any],
-        tier: Callable[[Any], Any],
-        *,
-        default: str | None = None,
-        max_keys: int = DEFAULT_MAX_KEYS,
-    ) -> None:
-        super().__init__(plans, tier, default=default, max_keys=max_keys)
-        if not all(_is_async(lr) for lr in self._view.values()):
-            raise TypeError("sync plans: use Tiered (tiered() picks it)")
-        self._moves: dict[Hashable, asyncio.Future[None]] = {}
+    _asyncio = True
+    _wrong_kind = "sync plans: use Tiered (tiered() picks it)"
 
     async def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
         found = self._choose(key)
@@ -737,7 +729,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
         [1, 1]
         """
-        return await self._many(keys, cost, None)
+        return await _drive_async(self._many(keys, cost, None))
 
     async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -747,31 +739,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
         [1]
         """
-        return await self._many(keys, cost, now)
-
-    async def _many(self, keys: Iterable[Hashable], cost: int, now: int | None) -> bytearray:
-        if isinstance(keys, (str, bytes)):
-            raise TypeError("keys must be a sequence of keys, not a single str or bytes")
-        keys = list(keys)
-        picked: dict[Hashable, tuple[str, Any]] = {}
-        groups: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            found = picked.get(key)
-            if found is None:
-                found = picked[key] = await self._pick(key, now)
-            groups.setdefault(found[0], []).append(i)
-        out = bytearray(len(keys))
-        for name, where in groups.items():
-            plan = self._plans[name][1]
-            batch = [keys[i] for i in where]
-            got = await (
-                plan.allow_many(batch, cost)
-                if now is None
-                else plan.allow_many_at(batch, now, cost)
-            )
-            for i, admitted in zip(where, got):
-                out[i] = admitted
-        return out
+        return await _drive_async(self._many(keys, cost, now))
 
     async def refund(self, key: Hashable, cost: int = 1) -> Any:
         """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
