@@ -53,25 +53,16 @@ __all__ = (
 )
 
 View = Callable[..., Any]
-_MIDDLEWARE_KEYS = frozenset(
-    {
-        "limiter",
-        "key",
-        "trusted_proxies",
-        "cost",
-        "routes",
-        "exempt",
-        "headers",
-        "name",
-        "shadow",
-        "counters",
-        "keyed",
-        "on_decision",
-        "on_limited",
-        "charge",
-        "throttle",  # NanobucketThrottle's own settings
-    }
-)
+# The shared options (`Options`), the middleware's own, and NanobucketThrottle's settings.
+_MIDDLEWARE_KEYS = Options.__optional_keys__ | {
+    "limiter",
+    "key",
+    "trusted_proxies",
+    "cost",
+    "routes",
+    "exempt",
+    "throttle",
+}
 
 
 # --------------------------------------------------------------------------
