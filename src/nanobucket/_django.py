@@ -10,27 +10,29 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from ._charge import Charge, check_charge, settlers
+from ._charge import settlers
 from ._http import (
-    Counters,
+    Integration,
     KeyFunc,
+    Options,
     Route,
     Rule,
     build_router,
     client_address,
-    counters_or_new,
-    headers_mode,
     key_func,
     limit_headers,
     rejection,
 )
-from .hooks import Hook, LimitEvent, make_hooks
+from .hooks import LimitEvent
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SETTINGS = "NANOBUCKET"  # the settings' name
 
@@ -112,7 +114,7 @@ def make_limiter(value: object) -> object:
     return value
 
 
-class Gate:
+class Gate(Integration):
     """One configuration: decides a request, and answers it (429) or marks the response."""
 
     def __init__(
@@ -125,21 +127,9 @@ class Gate:
         cost: object = 1,
         routes: Iterable[Route] | None = None,
         exempt: str | Iterable[str] | None = None,
-        headers: str = "ietf",
-        name: str = "default",
-        shadow: bool = False,
-        counters: Counters | None = None,
-        keyed: bool | None = None,
-        on_decision: Hook | None = None,
-        on_limited: Hook | None = None,
-        charge: Charge | None = None,
+        **options: Unpack[Options],
     ) -> None:
-        if not isinstance(shadow, bool):
-            raise TypeError("shadow must be a bool")
-        self.headers = headers_mode(headers)
-        self.shadow = shadow
-        self.quiet = shadow or self.headers == "off"
-        self.counters = counters_or_new(counters)
+        name, keyed = self._options(options, asynchronous)
         keys = [request_key(key, trusted_proxies)]
         rules = []
         for r in routes or ():
@@ -160,9 +150,7 @@ class Gate:
             rules.append(r)
         self.router = build_router(limiter, keys[0], cost, name, keyed, rules, exempt)
         self.simple = not self.router.exact and not self.router.prefixes
-        self.hooks = make_hooks(on_decision, on_limited, allow_async=asynchronous)
-        self.charge = check_charge(charge)
-        self.settlers = settlers(self.router) if charge is not None else {}
+        self.settlers = settlers(self.router) if self._charge is not None else {}
         if not asynchronous:
             for policy in self.router.policies():
                 if policy.is_async:
@@ -199,8 +187,8 @@ class Gate:
         key = rule.key.sync(request)  # type: ignore[attr-defined]
         decision = policy.check(key, cost)
         request.META["nanobucket.decision"] = decision
-        if self.hooks is not None:
-            self.hooks.emit(LimitEvent(key, label, cost, decision, self.shadow))
+        if self._hooks is not None:
+            self._hooks.emit(LimitEvent(key, label, cost, decision, self.shadow))
         return decision, key, cost
 
     async def decide_async(self, request: Any, rule: Rule, label: str) -> tuple[Any, Hashable, int]:
@@ -218,12 +206,12 @@ class Gate:
         if policy.is_async:
             decision = await decision
         request.META["nanobucket.decision"] = decision
-        if self.hooks is not None:
+        if self._hooks is not None:
             event = LimitEvent(key, label, cost, decision, self.shadow)
-            if self.hooks.awaited:
-                await self.hooks.emit_async(event)
+            if self._hooks.awaited:
+                await self._hooks.emit_async(event)
             else:
-                self.hooks.emit(event)
+                self._hooks.emit(event)
         return decision, key, cost
 
     def verdict(self, rule: Rule, decision: Any) -> HttpResponse | None:
@@ -246,28 +234,28 @@ class Gate:
 
     def mark(self, response: Any, rule: Rule, decision: Any) -> Any:
         """*response* with the limit's fields, when the view ran on an admitted request."""
-        if not self.quiet and decision.allowed:
+        if not self._quiet and decision.allowed:
             assert rule.policy is not None
             for field, value in limit_headers(self.headers, rule.policy, decision):
                 response.headers[field.decode("latin-1")] = value.decode("latin-1")
         return response
 
     def charged(self, decision: Any) -> bool:
-        return self.charge is not None and decision.allowed
+        return self._charge is not None and decision.allowed
 
     def settle(self, request: Any, rule: Rule, key: Hashable, cost: int, status: int) -> None:
-        assert self.charge is not None and rule.policy is not None
-        self.settlers[id(rule.policy)].settle(self.charge, key, cost, request, status)
+        assert self._charge is not None and rule.policy is not None
+        self.settlers[id(rule.policy)].settle(self._charge, key, cost, request, status)
 
     async def settle_async(
         self, request: Any, rule: Rule, key: Hashable, cost: int, status: int
     ) -> None:
-        assert self.charge is not None and rule.policy is not None
+        assert self._charge is not None and rule.policy is not None
         settler = self.settlers[id(rule.policy)]
         if settler.awaited:
-            await settler.settle_async(self.charge, key, cost, request, status)
+            await settler.settle_async(self._charge, key, cost, request, status)
         else:
-            settler.settle(self.charge, key, cost, request, status)
+            settler.settle(self._charge, key, cost, request, status)
 
     def run(self, request: Any, call: Callable[[], Any], label: str | None) -> Any:
         """The sync path: decide, then answer 429 or run *call* (the view, the next handler).

@@ -33,13 +33,16 @@ import threading
 import urllib.parse
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._charge import Charge, check_charge, settlers
 from ._limiter import is_keyed
 from ._params import NS_PER_S, int_at_least, rate_fraction, validated_cost
 from .hooks import Hook, make_hooks
 from .tiered import AsyncTiered, Tiered
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = (
     "Counters",
@@ -997,32 +1000,45 @@ def counters_or_new(counters: object) -> Counters:
 # The integrations' shared arguments
 
 
+class Options(TypedDict, total=False):
+    """The keyword options every HTTP integration takes alike (as the ASGI
+    middleware documents them); each integration adds its own (key, cost, routes)."""
+
+    headers: str  # "ietf" by default
+    name: str  # "default" by default
+    shadow: bool  # False by default
+    counters: Counters | None
+    keyed: bool | None
+    on_decision: Hook | None
+    on_limited: Hook | None
+    charge: Charge | None
+
+
 class Integration:
-    """What every HTTP integration takes alike: *headers*, *shadow*, *counters*,
-    the hooks and *charge*, validated once for the middlewares and the FastAPI dependency."""
+    """What every HTTP integration does alike with its `Options`: checks them once,
+    for the middlewares, the FastAPI dependency and the Django gate."""
 
     headers: str
     shadow: bool
     counters: Counters
 
-    def _options(
-        self,
-        headers: str,
-        shadow: object,
-        counters: Counters | None,
-        on_decision: Hook | None,
-        on_limited: Hook | None,
-        charge: Charge | None,
-        allow_async: bool,
-    ) -> None:
+    def _options(self, options: Options, allow_async: bool) -> tuple[str, bool | None]:
+        """Check and keep *options*; returns what makes the policies: ``(name, keyed)``."""
+        unknown = options.keys() - Options.__optional_keys__
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
+        shadow = options.get("shadow", False)
         if not isinstance(shadow, bool):
             raise TypeError("shadow must be a bool")
-        self.headers = headers_mode(headers)
+        self.headers = headers_mode(options.get("headers", "ietf"))
         self.shadow = shadow
-        self.counters = counters_or_new(counters)
-        self._hooks = make_hooks(on_decision, on_limited, allow_async=allow_async)
-        self._charge = check_charge(charge)
+        self.counters = counters_or_new(options.get("counters"))
+        self._hooks = make_hooks(
+            options.get("on_decision"), options.get("on_limited"), allow_async=allow_async
+        )
+        self._charge = check_charge(options.get("charge"))
         self._quiet = shadow or self.headers == "off"
+        return options.get("name", "default"), options.get("keyed")
 
 
 class Middleware(Integration):
@@ -1040,26 +1056,19 @@ class Middleware(Integration):
         cost: int | Callable[[Any], int] = 1,
         routes: Iterable[Route] | None = None,
         exempt: str | Iterable[str] | None = None,
-        headers: str = "ietf",
-        name: str = "default",
-        shadow: bool = False,
-        counters: Counters | None = None,
-        keyed: bool | None = None,
-        on_decision: Hook | None = None,
-        on_limited: Hook | None = None,
-        charge: Charge | None = None,
+        **options: Unpack[Options],
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be {self._app_kind}, not {type(app).__name__}")
         self.app = app
-        self._options(headers, shadow, counters, on_decision, on_limited, charge, self._async)
+        name, keyed = self._options(options, self._async)
         self._router = build_router(limiter, key, cost, name, keyed, routes, exempt)
         if not self._async and any(p.is_async for p in self._router.policies()):
             raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
         # With no routes every request takes the default rule: skip matching.
         self._simple = not self._router.exact and not self._router.prefixes
         self._ietf = self.headers == "ietf"
-        self._settlers = settlers(self._router) if charge is not None else {}
+        self._settlers = settlers(self._router) if self._charge is not None else {}
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

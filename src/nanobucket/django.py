@@ -35,10 +35,11 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from . import _drf
-from ._charge import Charge
 from ._django import SETTINGS, Gate, make_limiter
-from ._http import Counters, Route, client_address, counters_or_new, header, route
-from .hooks import Hook
+from ._http import Counters, Options, Route, client_address, counters_or_new, header, route
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = (
     "Counters",
@@ -52,25 +53,16 @@ __all__ = (
 )
 
 View = Callable[..., Any]
-_MIDDLEWARE_KEYS = frozenset(
-    {
-        "limiter",
-        "key",
-        "trusted_proxies",
-        "cost",
-        "routes",
-        "exempt",
-        "headers",
-        "name",
-        "shadow",
-        "counters",
-        "keyed",
-        "on_decision",
-        "on_limited",
-        "charge",
-        "throttle",  # NanobucketThrottle's own settings
-    }
-)
+# The shared options (`Options`), the middleware's own, and NanobucketThrottle's settings.
+_MIDDLEWARE_KEYS = Options.__optional_keys__ | {
+    "limiter",
+    "key",
+    "trusted_proxies",
+    "cost",
+    "routes",
+    "exempt",
+    "throttle",
+}
 
 
 # --------------------------------------------------------------------------
@@ -165,14 +157,7 @@ def limit(
     key: object = "ip",
     cost: int | Callable[[Any], int] = 1,
     trusted_proxies: Iterable[str] | str | None = None,
-    headers: str = "ietf",
-    name: str = "default",
-    shadow: bool = False,
-    counters: Counters | None = None,
-    keyed: bool | None = None,
-    on_decision: Hook | None = None,
-    on_limited: Hook | None = None,
-    charge: Charge | None = None,
+    **options: Unpack[Options],
 ) -> Callable[[View], View]:
     """Rate-limit one view, sync or ``async def``; 429 as the middleware answers.
 
@@ -193,24 +178,13 @@ def limit(
     >>> hello(request)["RateLimit"]
     '"default";r=0;t=2'
     """
-    options: dict[str, Any] = {
-        "key": key,
-        "cost": cost,
-        "trusted_proxies": trusted_proxies,
-        "headers": headers,
-        "name": name,
-        "shadow": shadow,
-        "counters": counters,
-        "keyed": keyed,
-        "on_decision": on_decision,
-        "on_limited": on_limited,
-        "charge": charge,
-    }
-    options["counters"] = counters_or_new(counters)  # one count for every view decorated
-    resolved = make_limiter(limiter)
+    options["counters"] = counters_or_new(options.get("counters"))  # one count for every view
+    gate_for = functools.partial(
+        Gate, make_limiter(limiter), key=key, cost=cost, trusted_proxies=trusted_proxies, **options
+    )
     # Checked now, not at the first request; the sync one when a sync view needs it.
     # Built once: method_decorator applies a decorator again at every request.
-    gates = {True: Gate(resolved, asynchronous=True, **options)}
+    gates = {True: gate_for(asynchronous=True)}
 
     def decorate(view: View) -> View:
         if not callable(view):
@@ -225,7 +199,7 @@ def limit(
 
             return limited_async
         if False not in gates:
-            gates[False] = Gate(resolved, asynchronous=False, **options)
+            gates[False] = gate_for(asynchronous=False)
         sync_gate = gates[False]
 
         @functools.wraps(view)

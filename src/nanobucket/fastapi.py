@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
@@ -36,6 +36,7 @@ from ._http import (
     Counters,
     Integration,
     KeyFunc,
+    Options,
     Policy,
     client_address,
     header,
@@ -44,7 +45,10 @@ from ._http import (
     rejection,
     route,
 )
-from .hooks import Hook, LimitEvent
+from .hooks import LimitEvent
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = (
     "Counters",
@@ -193,19 +197,14 @@ class RateLimit(Integration):
         *,
         key: object = None,
         cost: object = 1,
-        headers: str = "ietf",
-        name: str = "default",
-        shadow: bool = False,
-        counters: Counters | None = None,
-        keyed: bool | None = None,
-        on_decision: Hook | None = None,
-        on_limited: Hook | None = None,
-        charge: Charge | None = None,
+        **options: Unpack[Options],
     ) -> None:
-        self._options(headers, shadow, counters, on_decision, on_limited, charge, True)
+        name, keyed = self._options(options, True)
         self._policy = Policy(limiter, name, keyed)
         self._settler = (
-            None if charge is None else Settler(limiter, self._policy.keyed, self._policy.capacity)
+            None
+            if self._charge is None
+            else Settler(limiter, self._policy.keyed, self._policy.capacity)
         )
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._key = None if self._key_fn is not None else key_func(key)
