@@ -205,7 +205,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
             return self._policy(key, cost, now_ns, consume, reply)
         if call.full:
             return self._decision(reply, cost)
-        return reply <= self._tau_us - cost * self._interval_us
+        return self._admits(reply, cost)
 
     async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
         """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.

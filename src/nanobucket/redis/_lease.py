@@ -312,8 +312,7 @@ class LeasedTokenBucket(_SyncLimits):
         0
         """
         self._give_back(None)
-        if self._client is not self._user_client:
-            self._client.close()
+        super().close()
 
     def close_at(self, now: int) -> None:
         """`close` at an explicit time *now* (int ns).

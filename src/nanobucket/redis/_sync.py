@@ -26,6 +26,14 @@ __all__ = ("RedisTokenBucket",)
 class _SyncLimits(_RedisLimits):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
+    def close(self) -> None:
+        """Close the limiter's own connections (the client it was given stays open).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
+        """
+        if self._client is not self._user_client:
+            self._client.close()
+
     def _send(self, call: Any, *args: Any) -> tuple[bool, Any]:
         """``call(*args)`` guarded by the breaker: ``(True, reply)``, or ``(False, error)``
         when Redis could not answer (the error None: the breaker let no call through)."""
@@ -185,14 +193,6 @@ class RedisTokenBucket(_SyncLimits):
         self._connect(client)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
-
-    def close(self) -> None:
-        """Close the limiter's own connections (the client it was given stays open).
-
-        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
-        """
-        if self._client is not self._user_client:
-            self._client.close()
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
