@@ -10,15 +10,12 @@ from typing import Any
 from .. import _acquire
 from .._params import RateLike, validated_now
 from . import _clients, _coalesce
-from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client, bounded_client, client_from_url
+from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
 from ._limits import (
     _GCRA,
     _GCRA_BATCH,
     _GCRA_MANY,
-    _LEASE,
-    _RESERVE,
-    _SWAP,
     EXPLICIT_TTL_SLACK_MS,
     NS_PER_US,
     _late,
@@ -84,6 +81,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
     (10000000, None)
     """
 
+    _asyncio = True
+
     def __init__(
         self,
         client: Any,  # redis-py or valkey-py asyncio, plain or cluster
@@ -98,13 +97,9 @@ class AsyncRedisTokenBucket(_RedisLimits):
         coalesce: bool = True,
     ) -> None:
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
-        if not hasattr(client, "register_script"):
-            raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
+        self._connect(client)
         if not isinstance(coalesce, bool):
             raise TypeError(f"coalesce must be a bool, not {type(coalesce).__name__}")
-        self._user_client = client
-        self._client = bounded_client(client, self._timeout)
-        self._cluster = _clients.is_cluster(self._client)
         # Decisions go through a client whose reads have no timeout of their
         # own, each round trip under one deadline (`_deadline`); the other
         # verbs keep the socket timeout. A cluster keeps its socket timeouts
@@ -122,39 +117,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
         # limiter shared by loops in several threads keeps one queue per loop).
         self._coalescer: _coalesce.Coalescer | None = None
         self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
-        self._give_script = self._client.register_script(_LEASE)
-        self._reserve_script = self._client.register_script(_RESERVE)
-        self._swap_script = self._client.register_script(_SWAP)
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        rate: RateLike,
-        capacity: int,
-        *,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
-        **kwargs: Any,
-    ) -> AsyncRedisTokenBucket:
-        """Build on a new asyncio client for *url* with a short timeout and no retries.
-
-        >>> url = "redis://127.0.0.1:6379/0"
-        >>> limiter = AsyncRedisTokenBucket.from_url(url, rate=100, capacity=200)
-        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
-        0.1
-        """
-        client = client_from_url(url, socket_timeout=socket_timeout, asyncio=True)
-        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
-
-    @property
-    def client(self) -> Any:
-        """The redis-py asyncio client it was given (calls go through a bounded pool).
-
-        >>> client = redis.asyncio.Redis()
-        >>> AsyncRedisTokenBucket(client, rate=100, capacity=200).client is client
-        True
-        """
-        return self._user_client
 
     def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
@@ -243,7 +205,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
             return self._policy(key, cost, now_ns, consume, reply)
         if call.full:
             return self._decision(reply, cost)
-        return reply <= self._tau_us - cost * self._interval_us
+        return self._admits(reply, cost)
 
     async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
         """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
@@ -419,7 +381,6 @@ class AsyncRedisTokenBucket(_RedisLimits):
         >>> asyncio.run(limiter.reset("alice"))
         False
         """
-        rkey = self.key(key)
         rkey = self.key(key)
         ok, err = await self._send(_UNBOUNDED, self._client.delete, rkey)
         return True if ok else self._lost("reset", key, (), err)

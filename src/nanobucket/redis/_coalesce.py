@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 #: The most decisions one script call carries: a flood is sent as several
@@ -40,28 +41,18 @@ MAX_BATCH = 512
 Answer = Any  # a decision, or the exception its caller gets
 
 
+@dataclass(slots=True, eq=False)  # eq=False: a call is itself, never one with equal fields
 class Call:
     """One decision: the limiter's arguments, and the future its caller awaits."""
 
-    __slots__ = ("consume", "cost", "deadline", "full", "future", "key", "now_ns", "rkey")
-
-    def __init__(
-        self,
-        rkey: bytes,
-        key: Hashable,
-        cost: int,
-        now_ns: int | None,
-        consume: bool,
-        full: bool = True,
-    ) -> None:
-        self.rkey = rkey
-        self.key = key
-        self.cost = cost
-        self.now_ns = now_ns
-        self.consume = consume
-        self.full = full  # the caller wants the whole decision, not just admitted or not
-        self.deadline = 0.0
-        self.future: asyncio.Future[Any] | None = None
+    rkey: bytes
+    key: Hashable
+    cost: int
+    now_ns: int | None
+    consume: bool
+    full: bool = True  # the caller wants the whole decision, not just admitted or not
+    deadline: float = field(default=0.0, init=False)
+    future: asyncio.Future[Any] | None = field(default=None, init=False)
 
 
 def _deliver(call: Call, answer: Answer) -> None:

@@ -23,7 +23,7 @@ from .._params import (
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
-from ._limits import _LEASE, EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
+from ._limits import EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
 from ._policy import Fallback, Policy, RedisDecision
 from ._sync import _SyncLimits
 
@@ -69,6 +69,8 @@ class LeasedTokenBucket(_SyncLimits):
     rejected burst costs one round trip. Lease state is kept for at most
     ``max_keys`` keys; past that the oldest eighth is dropped and its unspent
     tokens forfeited (an under-admission, never an over-admission).
+    `reconfigure` gives every lease back first (leased tokens were counted in
+    the old terms) and caps ``min_lease`` and ``max_lease`` at the new capacity.
 
     >>> with LeasedTokenBucket(client, rate=1000, capacity=2000) as limiter:  # doctest: +SKIP
     ...     limiter.allow("alice")
@@ -77,6 +79,8 @@ class LeasedTokenBucket(_SyncLimits):
     >>> limiter = LeasedTokenBucket(redis.Redis(), rate=1000, capacity=2000)
     >>> limiter.max_lease, limiter.held("alice")   # capacity / 16 by default; none held yet
     (125, 0)
+    >>> limiter.reconfigure(capacity=20, migrate=False); limiter.capacity, limiter.max_lease
+    (20, 20)
     """
 
     def __init__(
@@ -98,7 +102,7 @@ class LeasedTokenBucket(_SyncLimits):
     ) -> None:
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         self._connect(client)
-        self._script = self._client.register_script(_LEASE)
+        self._script = self._give_script  # lua/lease.lua: take and give
         self._max_keys = validated_max_keys(max_keys)
         if max_lease is None:
             max_lease = max(1, self._capacity // 16)
@@ -308,8 +312,7 @@ class LeasedTokenBucket(_SyncLimits):
         0
         """
         self._give_back(None)
-        if self._client is not self._user_client:
-            self._client.close()
+        super().close()
 
     def close_at(self, now: int) -> None:
         """`close` at an explicit time *now* (int ns).
@@ -404,27 +407,10 @@ class LeasedTokenBucket(_SyncLimits):
                     return 0
         return self._reserve_in_redis(rkey, key, cost, now_ns, max_wait, shape)
 
-    def reconfigure(
-        self,
-        rate: RateLike | None = None,
-        capacity: int | None = None,
-        *,
-        now: int | None = None,
-        migrate: bool = True,
-    ) -> None:
-        """`RedisTokenBucket.reconfigure`, after giving every lease back (leased
-        tokens were counted in the old terms); ``min_lease`` and ``max_lease``
-        are capped at the new capacity.
-
-        >>> limiter = LeasedTokenBucket(redis.Redis(), rate=100, capacity=200, max_lease=50)
-        >>> limiter.reconfigure(capacity=20, migrate=False); limiter.capacity, limiter.max_lease
-        (20, 20)
-        """
-        params = self._new_params(rate, capacity, migrate)
+    def _reconfigure(self, params: tuple[Any, int, int], now: int | None, migrate: bool) -> None:
+        # Leased tokens were counted in the old terms: they go back first.
         self._give_back(None if now is None else validated_now(now))
-        if migrate:
-            self._migrate(params, now)
-        self._set_params(params)
+        super()._reconfigure(params, now, migrate)
         self._max_lease = min(self._max_lease, params[1])
         self._min_lease = min(self._min_lease, self._max_lease)
 

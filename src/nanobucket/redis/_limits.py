@@ -15,7 +15,7 @@ import contextlib
 import re
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -31,6 +31,7 @@ from .._params import (
     validated_cost,
 )
 from . import _clients
+from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
 
@@ -69,6 +70,7 @@ _RESERVE = _script("reserve.lua")
 _SWAP = _script("swap.lua")
 
 Steps = Generator[Any, Any, Any]
+_Limits = TypeVar("_Limits", bound="_RedisLimits")
 
 
 def drive(steps: Steps) -> Any:
@@ -147,6 +149,7 @@ class _RedisLimits(_FailurePolicy):
     """Parameters, key encoding, requests and replies shared by the Redis limiters."""
 
     keyed = True  # the verbs take the key first
+    _asyncio = False  # whether the limiter takes a redis.asyncio client
     _client: Any
     _cluster: bool
     _script: Any
@@ -171,6 +174,57 @@ class _RedisLimits(_FailurePolicy):
             raise ValueError("prefix must not contain '{' or '}': the key is the hash tag")
         self._prefix = prefix.encode("utf-8") + b":{"
         super().__init__(on_error, fallback, breaker)
+
+    def _connect(self, client: Any) -> None:
+        """Take *client*: keep it, make the limiter's own bounded client to its server,
+        and register there the scripts no decision runs."""
+        if not hasattr(client, "register_script"):
+            kind = "redis.asyncio.Redis" if self._asyncio else "redis.Redis"
+            raise TypeError(f"client must be a {kind}, not {type(client).__name__}")
+        self._user_client = client
+        self._client = bounded_client(client, self._timeout)
+        self._cluster = _clients.is_cluster(self._client)
+        self._give_script = self._client.register_script(_LEASE)
+        self._reserve_script = self._client.register_script(_RESERVE)
+        self._swap_script = self._client.register_script(_SWAP)
+
+    @classmethod
+    def from_url(
+        cls: type[_Limits],
+        url: str,
+        rate: RateLike,
+        capacity: int,
+        *,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        **kwargs: Any,
+    ) -> _Limits:
+        """Build on a new client for *url* (an asyncio one for the asyncio limiter) with a
+        short timeout and no retries.
+
+        >>> limiter = RedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
+        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
+        0.1
+        >>> limiter = AsyncRedisTokenBucket.from_url("redis://127.0.0.1:6379/0", 100, 200)
+        >>> type(limiter.client).__module__
+        'redis.asyncio.client'
+        """
+        client = client_from_url(url, socket_timeout=socket_timeout, asyncio=cls._asyncio)
+        make: Any = cls  # a limiter class: the client first, as every one takes it
+        limiter: _Limits = make(client, rate, capacity, timeout=socket_timeout, **kwargs)
+        return limiter
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client it was given (calls go through a bounded pool to its server).
+
+        >>> client = redis.Redis()
+        >>> RedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        >>> client = redis.asyncio.Redis()
+        >>> AsyncRedisTokenBucket(client, rate=100, capacity=200).client is client
+        True
+        """
+        return self._user_client
 
     @property
     def rate(self) -> RateLike:

@@ -9,14 +9,11 @@ from typing import TYPE_CHECKING, Any
 from .. import _acquire
 from .._params import RateLike, validated_now, validated_timeout
 from . import _clients
-from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
+from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
 from ._limits import (
     _GCRA,
     _GCRA_MANY,
-    _LEASE,
-    _RESERVE,
-    _SWAP,
     _RedisLimits,
     _sleep_reserved,
     drive,
@@ -29,15 +26,13 @@ __all__ = ("RedisTokenBucket",)
 class _SyncLimits(_RedisLimits):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
-    def _connect(self, client: Any) -> None:
-        """Take *client*: keep it, and make the limiter's own bounded client to its server."""
-        if not hasattr(client, "register_script"):
-            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
-        self._user_client = client
-        self._client = bounded_client(client, self._timeout)
-        self._cluster = _clients.is_cluster(self._client)
-        self._reserve_script = self._client.register_script(_RESERVE)
-        self._swap_script = self._client.register_script(_SWAP)
+    def close(self) -> None:
+        """Close the limiter's own connections (the client it was given stays open).
+
+        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
+        """
+        if self._client is not self._user_client:
+            self._client.close()
 
     def _send(self, call: Any, *args: Any) -> tuple[bool, Any]:
         """``call(*args)`` guarded by the breaker: ``(True, reply)``, or ``(False, error)``
@@ -116,6 +111,41 @@ class _SyncLimits(_RedisLimits):
         ok, err = self._send(self._client.delete, rkey)
         return True if ok else self._lost("reset", key, (), err)
 
+    def reconfigure(
+        self,
+        rate: RateLike | None = None,
+        capacity: int | None = None,
+        *,
+        now: int | None = None,
+        migrate: bool = True,
+    ) -> None:
+        """Change this instance's rate and/or capacity; with *migrate*, every stored bucket too.
+
+        Rate and capacity travel with each call, so they are this instance's:
+        reconfigure every instance sharing the prefix, the first with
+        ``migrate=True`` (the default), the others with ``migrate=False``
+        (the stored state is already in the new terms). Migrating does what
+        the in-process ``reconfigure`` does to each bucket of the prefix:
+        the tokens it holds at *now* (default: Redis time) carry over as
+        they are, capped at the new capacity, the new debt rounded up to a
+        whole microsecond. One difference: a full bucket is a missing key,
+        so it stays full under a larger capacity (in process it keeps the old
+        capacity's tokens and refills the rest). Each bucket changes
+        atomically (a compare-and-swap: a decision made meanwhile is never
+        overwritten); the prefix as a whole does not. Redis errors raise.
+
+        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
+        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
+        >>> limiter.rate, limiter.capacity, limiter.interval_ns
+        (50, 200, 20000000)
+        """
+        self._reconfigure(self._new_params(rate, capacity, migrate), now, migrate)
+
+    def _reconfigure(self, params: tuple[Any, int, int], now: int | None, migrate: bool) -> None:
+        if migrate:
+            self._migrate(params, now)
+        self._set_params(params)
+
     def _migrate(self, params: tuple[Any, int, int], now: int | None) -> None:
         """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
         now_ns = None if now is None else validated_now(now)
@@ -163,44 +193,6 @@ class RedisTokenBucket(_SyncLimits):
         self._connect(client)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
-        self._give_script = self._client.register_script(_LEASE)
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        rate: RateLike,
-        capacity: int,
-        *,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
-        **kwargs: Any,
-    ) -> RedisTokenBucket:
-        """Build on a new client for *url* with a short timeout and no retries.
-
-        >>> limiter = RedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
-        >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
-        0.1
-        """
-        client = client_from_url(url, socket_timeout=socket_timeout)
-        return cls(client, rate, capacity, timeout=socket_timeout, **kwargs)
-
-    @property
-    def client(self) -> Any:
-        """The redis-py client it was given (calls go through a bounded pool to its server).
-
-        >>> client = redis.Redis()
-        >>> RedisTokenBucket(client, rate=100, capacity=200).client is client
-        True
-        """
-        return self._user_client
-
-    def close(self) -> None:
-        """Close the limiter's own connections (the client it was given stays open).
-
-        >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
-        """
-        if self._client is not self._user_client:
-            self._client.close()
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
@@ -324,7 +316,7 @@ class RedisTokenBucket(_SyncLimits):
         ok, reply = self._send(*self._many_call(rkeys, cost, now_ns, drive))
         return self._many_reply(reply, cost) if ok else self._policy_many(keys, cost, now_ns, reply)
 
-    # -- refund, reset, waiting, reconfigure -------------------------------------
+    # -- refund, reset -----------------------------------------------------------
 
     def refund(self, key: Hashable, cost: int = 1) -> bool:
         """Give back *cost* tokens to *key*'s bucket (Redis time), never above capacity.
@@ -363,39 +355,6 @@ class RedisTokenBucket(_SyncLimits):
         False
         """
         return self._reset(key, self.key(key))
-
-    def reconfigure(
-        self,
-        rate: RateLike | None = None,
-        capacity: int | None = None,
-        *,
-        now: int | None = None,
-        migrate: bool = True,
-    ) -> None:
-        """Change this instance's rate and/or capacity; with *migrate*, every stored bucket too.
-
-        Rate and capacity travel with each call, so they are this instance's:
-        reconfigure every instance sharing the prefix, the first with
-        ``migrate=True`` (the default), the others with ``migrate=False``
-        (the stored state is already in the new terms). Migrating does what
-        the in-process ``reconfigure`` does to each bucket of the prefix:
-        the tokens it holds at *now* (default: Redis time) carry over as
-        they are, capped at the new capacity, the new debt rounded up to a
-        whole microsecond. One difference: a full bucket is a missing key,
-        so it stays full under a larger capacity (in process it keeps the old
-        capacity's tokens and refills the rest). Each bucket changes
-        atomically (a compare-and-swap: a decision made meanwhile is never
-        overwritten); the prefix as a whole does not. Redis errors raise.
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
-        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
-        >>> limiter.rate, limiter.capacity, limiter.interval_ns
-        (50, 200, 20000000)
-        """
-        params = self._new_params(rate, capacity, migrate)
-        if migrate:
-            self._migrate(params, now)
-        self._set_params(params)
 
     def __repr__(self) -> str:
         return f"RedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"
