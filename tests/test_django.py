@@ -610,6 +610,7 @@ def flood(view: Any, threads: int, each: int) -> int:
 ROUNDS = 10
 
 
+@pytest.mark.gil_atomic
 def test_the_throttle_is_atomic_under_concurrent_requests() -> None:
     # 8 threads, 5 requests each, one client, a capacity of 10 that does not
     # refill within the test: exactly 10 pass, however the threads interleave.
