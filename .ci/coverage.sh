@@ -4,7 +4,7 @@
 # The extensions are rebuilt with Cython line tracing (NANOBUCKET_CYTHON_TRACE=1)
 # in a scratch COPY of the repository with its own virtual environment: the
 # .so files of the working tree, which other runs may be using, are never
-# touched. coverage.py reads the .pyx through the Cython.Coverage plugin;
+# touched. coverage.py reads the .pyx through the Cython.Coverage plugin (wrapped);
 # the settings are [tool.coverage.*] in pyproject.toml.
 #
 #   bash .ci/coverage.sh              # uses python3 (PYTHON=... to choose)
@@ -24,6 +24,8 @@ py="$work/venv/bin/python"
 "$py" -m pip install -q --upgrade pip
 # Cython in the venv itself: coverage's Cython.Coverage plugin imports it.
 "$py" -m pip install -q "Cython>=3.1" "setuptools>=77" "coverage>=7.10"
+# ...wrapped so that a .pxd is reported the same under every hash seed.
+cp .ci/cython_pxd_coverage.py "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 NANOBUCKET_CYTHON_TRACE=1 "$py" -m pip install -q --no-build-isolation -e ".[test,plot]"
 # In place, so each .c (which the plugin maps back to its .pyx) sits beside its .so.
 NANOBUCKET_CYTHON_TRACE=1 "$py" setup.py -q build_ext --inplace
