@@ -1,6 +1,6 @@
 """Shared-memory table speed: per call against the in-process table, and 1 vs 2 processes.
 
-    python benchmarks/bench_shared.py [--keys 100000] [--n 1000000] [--seconds 2]
+    python benchmarks/bench_shared.py [percall|full|scaling] [--keys 100000] [--n 1000000]
 
 ``percall``: keyed ``allow(key)`` over ``--keys`` distinct str keys, every
 one a live bucket for the whole run (rate 1/s, a capacity no run exhausts:
@@ -10,6 +10,9 @@ then shuffled; median of 5 rounds of ``--n`` calls each, for the in-process
 ``KeyedTokenBucket`` (Cython and pure Python) and the
 ``SharedKeyedTokenBucket``, in the same run; prints ns/call and the ratio
 shared / in-process Cython for each order (goal <= 1.3).
+
+``full``: a table whose every slot holds a live bucket (frozen time): the
+cost of refusing a new key, which scans its whole window of slots.
 
 ``scaling``: 1 then 2 forked processes call ``allow`` on one shared table
 for ``--seconds`` each; prints decisions/s and the ratio (goal >= 1.6 on 2
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 from nanobucket import _bucket_c, _bucket_py
 from nanobucket.bench.timer import median_of_rounds
-from nanobucket.shared import SharedKeyedTokenBucket
+from nanobucket.shared import PROBE, SharedKeyedTokenBucket
 
 # percall: each call spends 1 s of a bucket holding 10**9 s, so every
 # bucket stays live (owing tokens) for the whole run and none is reclaimed.
@@ -84,6 +87,24 @@ def percall(args: argparse.Namespace) -> None:
         for row, ns in rows:
             print(f"  {row:44s} {ns:8.1f}")
         print(f"  shared / in-process Cython: {rows[1][1] / rows[0][1]:.2f}x (goal <= 1.3x)")
+
+
+def full(args: argparse.Namespace) -> None:
+    table = SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2, max_keys=4096)
+    with table:
+        # Every slot live at time 0: a key that finds no room is refused, and
+        # once 1,000 new keys in a row are, no slot is left.
+        key, refused_in_a_row = 0, 0
+        while refused_in_a_row < 1000:
+            refused_in_a_row = 0 if table.allow_at(key, 0) else refused_in_a_row + 1
+            key += 1
+        new = list(range(key, key + 1000))
+        assert table.allow_many_at(new, 0).count(0) == len(new)
+        ns = median_of_rounds(lambda: table.allow_many_at(new, 0), len(new))
+    print(
+        f"a new key refused by a table of {table.slot_count} live slots "
+        f"(window {min(PROBE, table.slot_count)}): {ns:.0f} ns, median of 5 rounds"
+    )
 
 
 def run(
@@ -149,7 +170,9 @@ def scaling(args: argparse.Namespace, table: SharedKeyedTokenBucket) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["percall", "scaling", "all"], default="all")
+    parser.add_argument(
+        "what", nargs="?", choices=["percall", "full", "scaling", "all"], default="all"
+    )
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -157,6 +180,8 @@ def main() -> None:
     print(f"cpus: {os.cpu_count()}")
     if args.what in ("percall", "all"):
         percall(args)
+    if args.what in ("full", "all"):
+        full(args)
     if args.what in ("scaling", "all"):
         name = f"nanobucket-bench-{uuid.uuid4().hex}"
         table = SharedKeyedTokenBucket.create(

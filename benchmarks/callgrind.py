@@ -41,6 +41,7 @@ for _ in r:
 KEYED = """
 import sys
 from nanobucket import _bucket_c, _bucket_py
+from nanobucket.shared import SharedKeyedTokenBucket
 from nanobucket.bench._floor import Floor
 passes = int(sys.argv[1]) // {keys}
 keys = [f"user:{{i:07d}}" for i in range({keys})]
@@ -71,6 +72,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
         "KeyedTokenBucket.allow(k) (py), 100k str keys",
     ),
+    "shared_keyed": (
+        KEYED,
+        "SharedKeyedTokenBucket.create_anonymous(rate=0.01, capacity=10_000).allow",
+        "SharedKeyedTokenBucket.allow(k), 100k str keys",
+    ),
 }
 FLOOR_OF = {
     "floor_clock": "floor_allow",
@@ -80,6 +86,7 @@ FLOOR_OF = {
     "dict_get": "floor_keyed",
     "c_keyed": "floor_keyed",
     "py_keyed": "floor_keyed",
+    "shared_keyed": "floor_keyed",
 }
 
 

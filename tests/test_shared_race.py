@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from test_shared_procs import run_children
 
+from nanobucket import Decision
 from nanobucket.shared import SharedKeyedTokenBucket
 
 from conftest import NEEDS_SHARED_TABLE, shared_c
@@ -152,6 +153,21 @@ def test_a_claim_of_another_key_left_in_a_full_window_is_taken_over(tmp_path: Pa
 
 
 # -- capacity: max_keys live keys all fit --------------------------------------------
+
+
+def test_a_key_lives_in_any_of_128_slots_from_its_home(tmp_path: Path) -> None:
+    # 129 keys with one home slot, all live (frozen time): the first 128 fill
+    # the window, the 129th finds it all live. (With a window of 64, the
+    # default until it was measured to refuse some key in 1 of 550 tables of
+    # 2**20 live keys, the 65th was refused.)
+    path = tmp_path / "t"
+    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2, max_keys=128) as t:
+        assert t.slot_count == 256
+        keys = [k for k in map(str, range(100_000)) if _slot_of(t, path, k)[1] == 7][:129]
+        assert len(keys) == 129
+        assert [t.allow_at(k, 0) for k in keys] == [True] * 128 + [False]
+        assert t.check_at(keys[128], 0) == Decision(False, 0, S, S, 2)
+        assert t.allow_at(keys[128], S) is True  # at 1 s every bucket in the window is full
 
 
 @pytest.mark.parametrize("max_keys", [1_000_000, 2**20])

@@ -202,7 +202,7 @@ def siphash(data, uint64_t k0, uint64_t k1, int c_rounds=1, uint64_t tweak=0):
 
 cdef int64_t PEND = INT64_MIN  # fingerprint flag: a claim in progress (see the module docstring)
 cdef int64_t FREE = INT64_MIN   # a free slot: a claim of no key
-DEF MAX_PROBE = 64              # the most slots a window may have (fixed-size scan arrays)
+DEF MAX_PROBE = 128             # the most slots a window may have (fixed-size scan arrays)
 
 
 cdef inline int take(int64_t *slot, int64_t key, int64_t now, int64_t cost_t, int64_t slack,
