@@ -9,15 +9,17 @@ of a .pxd only if it has already read one that includes it while reporting
 another file, and coverage asks for the files in the order of a set, which
 the hash seed decides: `coverage report` failed with "did not provide a
 file reporter for _gcra.pxd" under 4 seeds of 10, and the lines it counted
-for the .pxd were those of whichever .c it had read last. Here a .pxd's
-executable lines are the union over every .c beside it, so the report is
-the same under any seed.
+for the .pxd were those of whichever .c it had read last (and its
+``_find_dep_file_path`` takes "_gcra.pxd", cited in _bucket_c.c, for
+_bucket_c.pxd). Here a .pxd's executable lines are the union of those that
+every .c beside it cites under its own name, so the report is the same
+under any seed.
 """
 
 import os
 
 from coverage.files import canonical_filename
-from Cython.Coverage import C_FILE_EXTENSIONS, CythonModuleReporter, _find_dep_file_path
+from Cython.Coverage import C_FILE_EXTENSIONS, CythonModuleReporter
 from Cython.Coverage import Plugin as CythonPlugin
 
 
@@ -35,7 +37,7 @@ class Plugin(CythonPlugin):
             path = os.path.join(directory, name)
             self._read_source_lines(path, filename)  # parses each .c once
             for included, lines in self._parsed_c_files[path].items():
-                if _find_dep_file_path(path, included, relative_path_search=True) == filename:
+                if filename.endswith(os.sep + os.path.normpath(included)):
                     c_file = c_file or path
                     rel_file_path = included
                     code.update(lines)
