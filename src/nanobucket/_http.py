@@ -45,6 +45,7 @@ from .tiered import AsyncTiered, Tiered
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+# What `nanobucket.asgi` and `nanobucket.wsgi` offer besides their middleware.
 __all__ = (
     "Counters",
     "Route",
