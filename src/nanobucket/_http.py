@@ -33,6 +33,7 @@ import threading
 import urllib.parse
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._charge import Charge, check_charge, settlers
@@ -44,6 +45,7 @@ from .tiered import AsyncTiered, Tiered
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+# What `nanobucket.asgi` and `nanobucket.wsgi` offer besides their middleware.
 __all__ = (
     "Counters",
     "Route",
@@ -775,27 +777,21 @@ def wsgi_path(path: str) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+@dataclass(slots=True, eq=False)
 class Rule:
     """A resolved `Route`: what the middleware does for a request that matches it."""
 
-    __slots__ = ("cost", "cost_fn", "exempt", "key", "pattern", "peer_key", "policy")
+    pattern: str
+    policy: Policy | None
+    key: KeyFunc | None
+    cost: int
+    cost_fn: Callable[[Any], int] | None
+    exempt: bool
+    peer_key: bool = field(init=False)
 
-    def __init__(
-        self,
-        pattern: str,
-        policy: Policy | None,
-        key: KeyFunc | None,
-        cost: int,
-        cost_fn: Callable[[Any], int] | None,
-        exempt: bool,
-    ) -> None:
-        self.pattern = pattern
-        self.policy = policy
-        self.key = key
-        self.cost = cost
-        self.cost_fn = cost_fn
-        self.exempt = exempt
+    def __post_init__(self) -> None:
         # The default key (the peer, no proxies trusted) is inlined by the ASGI hot path.
+        key = self.key
         self.peer_key = type(key) is client_address and not key._reads_header
 
 

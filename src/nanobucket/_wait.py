@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ._params import NS_PER_S, validated_cost
@@ -192,6 +193,18 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
                 behind.waiter.wake()
 
 
+@contextmanager
+def in_line(limiter: Any, key: Key, w: Waiter) -> Iterator[None]:
+    """Around *w*'s sleep: served when the block ends, or its place handed back
+    when an exception leaves it (an interrupted thread, a cancelled task)."""
+    try:
+        yield
+    except BaseException:
+        give_up(limiter, key, w)
+        raise
+    leave(w)
+
+
 class Bell:
     """What a thread waiter sleeps on: ``threading.Event``'s ``set`` / ``is_set``
     / ``wait`` / ``clear``, built on two locks (an Event builds a Condition,
@@ -259,13 +272,9 @@ def wait_sync(
     wait, w = join(limiter, key, cost, max_wait, shape, bell.set, movable)
     if w is None:
         return wait >= 0
-    try:
+    with in_line(limiter, key, w):
         while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
             wait = remaining(w, bell.clear)
-    except BaseException:  # interrupted: hand the place in line back
-        give_up(limiter, key, w)
-        raise
-    leave(w)
     return True
 
 
@@ -334,11 +343,7 @@ async def wait_async(
     wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
     if w is None:
         return wait >= 0
-    try:
+    with in_line(limiter, key, w):
         while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
             wait = remaining(w, alarm.clear)
-    except BaseException:  # cancelled: hand the place in line back
-        give_up(limiter, key, w)
-        raise
-    leave(w)
     return True

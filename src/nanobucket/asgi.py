@@ -14,20 +14,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._http import (
-    Counters,
-    Middleware,
-    Route,
-    Rule,
-    client_address,
-    header,
-    limit_headers,
-    rejection,
-    route,
-)
+from . import _http
+from ._http import *  # noqa: F403 - `_http.__all__`: the names both middleware modules offer
+from ._http import Middleware, Rule, limit_headers, rejection
 from .hooks import LimitEvent
 
-__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+__all__ = ["RateLimitMiddleware"]
+__all__ += _http.__all__
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

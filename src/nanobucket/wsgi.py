@@ -13,22 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from . import _http
 from ._charge import Charge, Settler
-from ._http import (
-    Counters,
-    Middleware,
-    Route,
-    Rule,
-    client_address,
-    header,
-    limit_headers,
-    rejection,
-    route,
-    wsgi_path,
-)
+from ._http import *  # noqa: F403 - `_http.__all__`: the names both middleware modules offer
+from ._http import Middleware, Rule, limit_headers, rejection, wsgi_path
 from .hooks import LimitEvent
 
-__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+__all__ = ["RateLimitMiddleware"]
+__all__ += _http.__all__
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]

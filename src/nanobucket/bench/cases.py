@@ -130,34 +130,22 @@ class Group:
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much work each group does; `FULL` for the real figures, `QUICK` for a smoke run."""
+    """Work per group: `FULL` (the defaults) for the real figures, `QUICK` for a smoke run."""
 
-    calls: int  # calls per round, single-bucket groups
-    keyed_small: int
-    keyed_large: int
-    keyed_chunk: int  # calls per round, keyed groups (consecutive slices, round-robin)
-    first_touch: int  # new keys per round
-    evict_max_keys: int
-    evict_stream: int  # new keys per round into a full table
-    many_str: int  # keys per allow_many batch (str)
-    many_u64: int  # keys per allow_many batch (uint64 buffer)
-    memory_keys: int
-    aimed: int  # new keys per round, hash-flooding group
+    calls: int = 10_000  # calls per round, single-bucket groups
+    keyed_small: int = 100_000
+    keyed_large: int = 1_000_000
+    keyed_chunk: int = 10_000  # calls per round, keyed groups (consecutive slices, round-robin)
+    first_touch: int = 20_000  # new keys per round
+    evict_max_keys: int = 10_000
+    evict_stream: int = 20_000  # new keys per round into a full table
+    many_str: int = 100_000  # keys per allow_many batch (str)
+    many_u64: int = 1_000_000  # keys per allow_many batch (uint64 buffer)
+    memory_keys: int = 1_000_000
+    aimed: int = 60_000  # new keys per round, hash-flooding group
 
 
-FULL = Sizes(
-    calls=10_000,
-    keyed_small=100_000,
-    keyed_large=1_000_000,
-    keyed_chunk=10_000,
-    first_touch=20_000,
-    evict_max_keys=10_000,
-    evict_stream=20_000,
-    many_str=100_000,
-    many_u64=1_000_000,
-    memory_keys=1_000_000,
-    aimed=60_000,
-)
+FULL = Sizes()
 QUICK = Sizes(
     calls=2_000,
     keyed_small=10_000,
