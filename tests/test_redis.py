@@ -20,15 +20,8 @@ from redis.crc import key_slot
 import nanobucket as nb
 from nanobucket import redis as nbr
 
-from redis_server import (
-    RedisServer,
-    leased,
-    own_redis_server,
-    redis_session_server,
-    redis_url,
-)
-
-__all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
+from conftest import ManualClock
+from redis_server import RedisServer, leased
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -38,17 +31,6 @@ SPAWN = multiprocessing.get_context("spawn")
 #: The `client` fixture's socket timeout; the limiters on it wait as long
 #: (their own default, 0.1 s, could time out on a loaded test machine).
 CLIENT_TIMEOUT = 2.0
-
-
-class ManualClock:
-    def __init__(self, now: int = 0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ns: int) -> None:
-        self.now += ns
 
 
 def _fresh(prefix: str) -> str:

@@ -24,9 +24,7 @@ import pytest
 from nanobucket import redis as nbr
 from nanobucket.redis import _coalesce
 
-from redis_server import RedisServer, own_redis_server
-
-__all__ = ("own_redis_server",)  # fixture, re-exported
+from redis_server import RedisServer
 
 T = TypeVar("T")
 S = 1_000_000_000

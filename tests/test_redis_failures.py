@@ -30,13 +30,10 @@ from nanobucket import redis as nbr
 from redis_server import (
     RedisServer,
     free_port,
-    own_redis_server,
     require_redis_server,
     running_server,
     threads_within,
 )
-
-__all__ = ("own_redis_server",)  # fixture, re-exported
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -229,12 +226,6 @@ def _busy(server: RedisServer) -> Iterator[None]:
         probe.close()
         blocker.close()
     assert errors and "killed" in str(errors[0]).lower()
-
-
-@pytest.fixture
-def busy_server() -> Iterator[RedisServer]:
-    """A server whose scripts count as busy after 20 ms (the default is 5 s)."""
-    yield from running_server("--lua-time-limit", "20")
 
 
 def test_busy_redis_threads_get_the_policy(busy_server: RedisServer) -> None:

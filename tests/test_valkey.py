@@ -22,7 +22,7 @@ import valkey.asyncio
 import nanobucket as nb
 from nanobucket import redis as nbr
 
-from redis_server import RedisServer, own_redis_server, require_redis_server
+from redis_server import RedisServer, require_redis_server
 from test_redis_failures import (
     PHASE,
     SLOW_OK,
@@ -30,10 +30,7 @@ from test_redis_failures import (
     _check_bounded,
     _timed_in_threads,
     async_failing,
-    busy_server,
 )
-
-__all__ = ("busy_server", "own_redis_server")  # fixtures, re-exported
 
 S = 1_000_000_000
 MS = 1_000_000
