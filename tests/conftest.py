@@ -23,6 +23,10 @@ except ImportError:  # pragma: no cover - a pure-Python install
 
 shared_c = _shared_c  # the shared-table extension, for the tests that call it directly
 
+# The Redis fixtures (`redis_session_server`, `redis_url`, `own_redis_server`,
+# `busy_server`) for every test module, without importing them into each.
+pytest_plugins = ("redis_server",)
+
 # The marks of every shared-table test module (its `pytestmark`): the table
 # needs the extension, and CI must not skip it.
 NEEDS_SHARED_TABLE = [

@@ -316,6 +316,12 @@ def own_redis_server() -> Iterator[RedisServer]:
     yield from running_server()
 
 
+@pytest.fixture
+def busy_server() -> Iterator[RedisServer]:
+    """A server whose scripts count as busy after 20 ms (the default is 5 s)."""
+    yield from running_server("--lua-time-limit", "20")
+
+
 def threads_within(count: int, target: Callable[[int], Any], phase: float) -> list[Any]:
     """``target(i)`` in *count* threads released together; their results.
 

@@ -12,7 +12,7 @@ import multiprocessing
 import random
 import time
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 from redis.crc import key_slot
@@ -20,15 +20,8 @@ from redis.crc import key_slot
 import nanobucket as nb
 from nanobucket import redis as nbr
 
-from redis_server import (
-    RedisServer,
-    leased,
-    own_redis_server,
-    redis_session_server,
-    redis_url,
-)
-
-__all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
+from conftest import ManualClock
+from redis_server import RedisServer, leased
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -38,17 +31,7 @@ SPAWN = multiprocessing.get_context("spawn")
 #: The `client` fixture's socket timeout; the limiters on it wait as long
 #: (their own default, 0.1 s, could time out on a loaded test machine).
 CLIENT_TIMEOUT = 2.0
-
-
-class ManualClock:
-    def __init__(self, now: int = 0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ns: int) -> None:
-        self.now += ns
+L = TypeVar("L", nbr.RedisTokenBucket, nbr.AsyncRedisTokenBucket)
 
 
 def _fresh(prefix: str) -> str:
@@ -312,22 +295,31 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return result, time.monotonic() - start
 
 
+def _going_away(
+    cls: type[L], server: RedisServer, clock: ManualClock, rate: int, capacity: int, **kwargs: Any
+) -> L:
+    """*cls* on a client of *server* with a 0.25 s socket timeout, its breaker backing off
+    1 s by *clock*: calls to a server that goes away return within HANG."""
+    breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
+    return cls.from_url(server.url, rate, capacity, socket_timeout=0.25, breaker=breaker, **kwargs)
+
+
 @pytest.mark.parametrize("policy", ["open", "closed", "raise", "fallback"])
 def test_redis_stopped_mid_run(own_redis_server: RedisServer, policy: str) -> None:
     clock = ManualClock()
-    breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
     fallback = (
         nb.KeyedTokenBucket(rate=50, capacity=2, clock=clock) if policy == "fallback" else None
     )
-    limiter = nbr.RedisTokenBucket.from_url(
-        own_redis_server.url,
-        rate=100,
-        capacity=200,
-        socket_timeout=0.25,
+    limiter = _going_away(
+        nbr.RedisTokenBucket,
+        own_redis_server,
+        clock,
+        100,
+        200,
         on_error=cast(Any, "raise" if policy == "fallback" else policy),
         fallback=fallback,
-        breaker=breaker,
     )
+    breaker = limiter.breaker
     assert limiter.check("k").remaining == 199
     own_redis_server.stop()
 
@@ -371,14 +363,8 @@ def test_redis_stopped_mid_run(own_redis_server: RedisServer, policy: str) -> No
 
 def test_redis_paused_calls_time_out(own_redis_server: RedisServer) -> None:
     clock = ManualClock()
-    breaker = nbr.CircuitBreaker(backoff=1.0, clock=clock)
-    limiter = nbr.RedisTokenBucket.from_url(
-        own_redis_server.url,
-        rate=100,
-        capacity=200,
-        socket_timeout=0.25,
-        on_error="closed",
-        breaker=breaker,
+    limiter = _going_away(
+        nbr.RedisTokenBucket, own_redis_server, clock, 100, 200, on_error="closed"
     )
     assert limiter.allow("k")
     own_redis_server.pause()  # connections stay open, replies never come
@@ -415,13 +401,8 @@ def test_async_limiter(redis_url: str, own_redis_server: RedisServer) -> None:
         await limiter.aclose()
 
         clock = ManualClock()
-        down = nbr.AsyncRedisTokenBucket.from_url(
-            own_redis_server.url,
-            rate=4,
-            capacity=3,
-            socket_timeout=0.25,
-            on_error="open",
-            breaker=nbr.CircuitBreaker(backoff=1.0, clock=clock),
+        down = _going_away(
+            nbr.AsyncRedisTokenBucket, own_redis_server, clock, 4, 3, on_error="open"
         )
         assert (await down.check("k")).source == "redis"
         own_redis_server.stop()

@@ -24,9 +24,7 @@ import pytest
 from nanobucket import redis as nbr
 from nanobucket.redis import _coalesce
 
-from redis_server import RedisServer, own_redis_server
-
-__all__ = ("own_redis_server",)  # fixture, re-exported
+from redis_server import RedisServer
 
 T = TypeVar("T")
 S = 1_000_000_000
@@ -76,6 +74,26 @@ def limiter_on(server: RedisServer, **kwargs: Any) -> nbr.AsyncRedisTokenBucket:
     )
 
 
+def run_warm(
+    server: RedisServer,
+    body: Callable[[nbr.AsyncRedisTokenBucket], Awaitable[None]],
+    **kwargs: Any,
+) -> None:
+    """``body(limiter)`` in a new event loop on a `limiter_on` *server* (with *kwargs*),
+    warmed and the server's stats reset first, closed after."""
+
+    async def main() -> None:
+        limiter = limiter_on(server, **kwargs)
+        await warm(limiter)
+        reset_stats(server)
+        try:
+            await body(limiter)
+        finally:
+            await limiter.aclose()
+
+    run(main())
+
+
 async def together(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
     """Start every call in this order on the loop at once; their results, in that order."""
     return list(await asyncio.gather(*(c() for c in calls)))
@@ -85,10 +103,7 @@ async def together(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
 
 
 def test_256_tasks_on_one_key_admit_exactly_the_first_100(own_redis_server: RedisServer) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         ds = await together([lambda: limiter.check("k")] * 256)
         assert script_calls(own_redis_server) == 2  # the first alone, then the 255 that waited
         assert [d.allowed for d in ds] == [True] * 100 + [False] * 156
@@ -96,19 +111,15 @@ def test_256_tasks_on_one_key_admit_exactly_the_first_100(own_redis_server: Redi
         assert {d.source for d in ds} == {"redis"}
         assert all(d.retry_after_ns > 0 for d in ds[100:])
         assert (await limiter.peek("k", 0)).remaining == 0
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body)
 
 
 def test_mixed_costs_and_peeks_are_decided_as_in_sequence(own_redis_server: RedisServer) -> None:
     costs = [(i * 7) % 5 for i in range(300)]  # 0..4, zeros included
     peeks = {i for i in range(300) if i % 11 == 3}
 
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server, capacity=200)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         calls = [
             (lambda c=c: limiter.peek("k", c))
             if i in peeks
@@ -127,18 +138,14 @@ def test_mixed_costs_and_peeks_are_decided_as_in_sequence(own_redis_server: Redi
         assert [(d.allowed, d.remaining) for d in ds] == expected
         assert any(not a for a, _ in expected)  # the bucket ran dry on the way
         assert (await limiter.peek("k", 0)).remaining == left
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, capacity=200)
 
 
 def test_a_batch_of_peeks_spends_nothing_and_allow_answers_bools(
     own_redis_server: RedisServer,
 ) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         ds = await together([lambda: limiter.check("k")] + [lambda: limiter.peek("k", 3)] * 255)
         assert script_calls(own_redis_server) == 2  # the 255 peeks: one code for all
         assert [(d.allowed, d.remaining) for d in ds] == [(True, 99)] + [(True, 96)] * 255
@@ -148,9 +155,8 @@ def test_a_batch_of_peeks_spends_nothing_and_allow_answers_bools(
         assert admitted == [True] * 99 + [False] * 51
         assert {type(a) for a in admitted} == {bool}
         assert (await limiter.peek("k", 0)).remaining == 0
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body)
 
 
 def test_coalesced_decisions_equal_the_in_process_table(
@@ -161,10 +167,8 @@ def test_coalesced_decisions_equal_the_in_process_table(
     costs = [1 + (i * 3) % 4 for i in range(256)]
     waves = [10 * S, 10 * S + 50 * MS, 10 * S + 900 * MS]
 
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server, rate=100, capacity=20)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         reference = impl.KeyedTokenBucket(rate=100, capacity=20)
-        await warm(limiter)
         for now in waves:
             reset_stats(own_redis_server)
             calls = [
@@ -181,19 +185,16 @@ def test_coalesced_decisions_equal_the_in_process_table(
             ]
             assert got == want
             assert [d.source for d in got] == ["redis"] * 256
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, rate=100, capacity=20)
 
 
 def test_coalesced_equals_not_coalesced(own_redis_server: RedisServer) -> None:
     keys = [f"v{i % 5}" for i in range(120)]
     costs = [i % 4 for i in range(120)]
 
-    async def main() -> None:
-        on = limiter_on(own_redis_server, rate=1000, capacity=30, prefix="on")
+    async def body(on: nbr.AsyncRedisTokenBucket) -> None:
         off = limiter_on(own_redis_server, rate=1000, capacity=30, prefix="off", coalesce=False)
-        await warm(on)
         await warm(off)
         now = 5 * S
         reset_stats(own_redis_server)
@@ -205,34 +206,26 @@ def test_coalesced_equals_not_coalesced(own_redis_server: RedisServer) -> None:
         want = [await off.check_at(k, now, c) for k, c in zip(keys, costs)]
         assert script_calls(own_redis_server) == 120  # off: one round trip each
         assert got == want
-        await on.aclose()
         await off.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, rate=1000, capacity=30, prefix="on")
 
 
 def test_a_flood_goes_in_batches_of_at_most_max_batch(own_redis_server: RedisServer) -> None:
     n = 2 * _coalesce.MAX_BATCH + 175
 
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server, capacity=1000)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         ds = await together([lambda: limiter.check("k")] * n)
         # One alone, then the n - 1 that waited: two full batches and the rest.
         assert script_calls(own_redis_server) == 1 + 3
         assert [d.allowed for d in ds] == [True] * 1000 + [False] * (n - 1000)
         assert [d.remaining for d in ds[:1000]] == [*range(999, -1, -1)]
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, capacity=1000)
 
 
 def test_a_batch_holds_one_clock_and_arrival_order_holds(own_redis_server: RedisServer) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server, rate=1, capacity=10)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         t1, t2 = 100 * S, 200 * S
         calls: list[Callable[[], Awaitable[nbr.RedisDecision]]] = [
             lambda: limiter.check("lone"),  # alone
@@ -247,18 +240,14 @@ def test_a_batch_holds_one_clock_and_arrival_order_holds(own_redis_server: Redis
         assert script_calls(own_redis_server) == 5
         assert [d.remaining for d in ds] == [9, 6, 2, 9, 8, 2, 9]
         assert [d.allowed for d in ds] == [True, True, True, True, True, False, True]
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, rate=1, capacity=10)
 
 
 def test_a_lone_call_is_one_round_trip_and_off_means_one_each(
     own_redis_server: RedisServer,
 ) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         for i in range(5):
             assert (await limiter.check("k")).remaining == 99 - i  # nothing in flight: alone
         assert script_calls(own_redis_server) == 5
@@ -269,10 +258,9 @@ def test_a_lone_call_is_one_round_trip_and_off_means_one_each(
         # Off: a connection and a round trip each, answered in whatever order they come back.
         assert sorted(d.remaining for d in ds) == [*range(80, 100)]
         assert script_calls(own_redis_server) == 20
-        await limiter.aclose()
         await off.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body)
     with pytest.raises(TypeError, match="coalesce must be a bool"):
         nbr.AsyncRedisTokenBucket.from_url(own_redis_server.url, 1, 1, coalesce=1)
 
@@ -302,10 +290,7 @@ def test_256_tasks_from_url_need_one_connection(own_redis_server: RedisServer) -
 
 
 def test_a_caller_cancelled_while_queued_spends_nothing(own_redis_server: RedisServer) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server)
-        await warm(limiter)
-        reset_stats(own_redis_server)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         lone = asyncio.ensure_future(limiter.check("other"))
         queued = [asyncio.ensure_future(limiter.check("k", 10)) for _ in range(3)]
         await asyncio.sleep(0)  # all started: the first in flight, the others queued
@@ -327,17 +312,14 @@ def test_a_caller_cancelled_while_queued_spends_nothing(own_redis_server: RedisS
         await asyncio.gather(*queued, return_exceptions=True)
         assert script_calls(own_redis_server) == 1
         assert (await limiter.peek("k", 0)).remaining == 80
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body)
 
 
 def test_a_caller_cancelled_in_flight_does_not_cancel_the_batch(
     own_redis_server: RedisServer,
 ) -> None:
-    async def main() -> None:
-        limiter = limiter_on(own_redis_server)
-        await warm(limiter)
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         lone = asyncio.ensure_future(limiter.check("other"))
         queued = [asyncio.ensure_future(limiter.check("k")) for _ in range(10)]
         await asyncio.sleep(0)
@@ -351,9 +333,8 @@ def test_a_caller_cancelled_in_flight_does_not_cancel_the_batch(
         # The queue works on: the next burst is decided as usual.
         ds = await together([lambda: limiter.check("k")] * 5)
         assert [d.remaining for d in ds] == [89, 88, 87, 86, 85]
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body)
 
 
 # -- 3. Redis failing: every caller of the batch gets the policy ---------------------------------
@@ -362,15 +343,7 @@ def test_a_caller_cancelled_in_flight_does_not_cancel_the_batch(
 def test_hung_redis_every_caller_gets_the_policy_within_the_timeout(
     own_redis_server: RedisServer,
 ) -> None:
-    async def main() -> None:
-        limiter = limiter_on(
-            own_redis_server,
-            timeout=TIMEOUT,
-            on_error="closed",
-            breaker=nbr.CircuitBreaker(backoff=60.0, max_backoff=60.0),
-        )
-        await warm(limiter)
-
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         async def timed() -> tuple[nbr.RedisDecision, float]:
             start = time.monotonic()
             d = await limiter.check("k")
@@ -387,18 +360,22 @@ def test_hung_redis_every_caller_gets_the_policy_within_the_timeout(
             assert elapsed < TIMEOUT + MARGIN, f"{elapsed:.3f} s for {d}"
         assert results[0][0].reason == "timeout"  # the one in flight
         assert limiter.breaker.state == "open"
-        await limiter.aclose()
 
-    run(main())
+    run_warm(
+        own_redis_server,
+        body,
+        timeout=TIMEOUT,
+        on_error="closed",
+        breaker=nbr.CircuitBreaker(backoff=60.0, max_backoff=60.0),
+    )
 
 
 def test_dead_redis_the_breaker_counts_each_round_trip_once(
     own_redis_server: RedisServer,
 ) -> None:
-    async def main() -> None:
-        breaker = nbr.CircuitBreaker(failures=3, backoff=60.0, max_backoff=60.0)
-        limiter = limiter_on(own_redis_server, on_error="closed", breaker=breaker)
-        await warm(limiter)
+    breaker = nbr.CircuitBreaker(failures=3, backoff=60.0, max_backoff=60.0)
+
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         own_redis_server.stop()
         ds = await together([lambda: limiter.check("k")] * 256)
         assert {(d.allowed, d.source, d.reason) for d in ds} == {
@@ -409,9 +386,8 @@ def test_dead_redis_the_breaker_counts_each_round_trip_once(
         assert (await limiter.check("k")).reason == "connection"  # the third
         assert str(breaker.state) == "open"
         assert (await limiter.check("k")).reason == "breaker-open"
-        await limiter.aclose()
 
-    run(main())
+    run_warm(own_redis_server, body, on_error="closed", breaker=breaker)
 
 
 def test_dead_redis_each_caller_gets_its_own_exception_or_the_fallback(

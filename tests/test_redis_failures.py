@@ -30,13 +30,10 @@ from nanobucket import redis as nbr
 from redis_server import (
     RedisServer,
     free_port,
-    own_redis_server,
     require_redis_server,
     running_server,
     threads_within,
 )
-
-__all__ = ("own_redis_server",)  # fixture, re-exported
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -184,13 +181,7 @@ def test_hung_redis_threads_return_within_the_timeout(own_redis_server: RedisSer
 
 
 def test_dead_redis_threads_return_within_the_timeout(own_redis_server: RedisServer) -> None:
-    limiter = _limiter(_user_client(own_redis_server))
-    assert limiter.check("warm").source == "redis"
-    own_redis_server.stop()
-    results = _timed_in_threads(lambda: limiter.check("k"))
-    _check_bounded(results, "connection")
-    assert limiter.breaker.state == "open" and limiter.check("k").reason == "breaker-open"
-    limiter.close()
+    sync_failing(own_redis_server, "dead", lambda: _user_client(own_redis_server))
 
 
 @contextlib.contextmanager
@@ -231,12 +222,6 @@ def _busy(server: RedisServer) -> Iterator[None]:
     assert errors and "killed" in str(errors[0]).lower()
 
 
-@pytest.fixture
-def busy_server() -> Iterator[RedisServer]:
-    """A server whose scripts count as busy after 20 ms (the default is 5 s)."""
-    yield from running_server("--lua-time-limit", "20")
-
-
 def test_busy_redis_threads_get_the_policy(busy_server: RedisServer) -> None:
     limiter = _limiter(_user_client(busy_server))
     assert limiter.check("warm").source == "redis"
@@ -244,6 +229,34 @@ def test_busy_redis_threads_get_the_policy(busy_server: RedisServer) -> None:
         results = _timed_in_threads(lambda: limiter.check("k"))
     _check_bounded(results, "busy")
     assert limiter.breaker.state == "open"
+    limiter.close()
+
+
+@contextlib.contextmanager
+def failing(server: RedisServer, state: str) -> Iterator[str]:
+    """*server* hung, dead or busy meanwhile (*state*); yields the reason a decision gets."""
+    if state == "busy":
+        with _busy(server):
+            yield "busy"
+    elif state == "hung":
+        server.pause()
+        try:
+            yield "timeout"
+        finally:
+            server.resume()
+    else:
+        server.stop()
+        yield "connection"
+
+
+def sync_failing(server: RedisServer, state: str, make_client: Callable[[], Any]) -> None:
+    """A limiter on ``make_client()``, *server* then hung, dead or busy: bounded policy."""
+    limiter = _limiter(make_client())
+    assert limiter.check("warm").source == "redis"
+    with failing(server, state) as reason:
+        results = _timed_in_threads(lambda: limiter.check("k"))
+    _check_bounded(results, reason)
+    assert limiter.breaker.state == "open" and limiter.check("k").reason == "breaker-open"
     limiter.close()
 
 
@@ -259,19 +272,9 @@ def async_failing(server: RedisServer, state: str, make_client: Callable[[], Any
             breaker=nbr.CircuitBreaker(backoff=60.0, max_backoff=60.0),
         )
         assert (await limiter.check("warm")).source == "redis"
-        if state == "busy":
-            with _busy(server):
-                results = await _timed_tasks(lambda: limiter.check("k"))
-        elif state == "hung":
-            server.pause()
-            try:
-                results = await _timed_tasks(lambda: limiter.check("k"))
-            finally:
-                server.resume()
-        else:
-            server.stop()
+        with failing(server, state) as reason:
             results = await _timed_tasks(lambda: limiter.check("k"))
-        _check_bounded(results, {"hung": "timeout", "dead": "connection", "busy": "busy"}[state])
+        _check_bounded(results, reason)
         assert (await limiter.check("k")).reason == "breaker-open"
         await limiter.aclose()
 

@@ -18,16 +18,7 @@ import redis
 
 from nanobucket import redis as nbr
 
-from redis_server import (
-    RedisServer,
-    leased,
-    own_redis_server,
-    redis_session_server,
-    redis_url,
-    threads_within,
-)
-
-__all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
+from redis_server import RedisServer, leased, threads_within
 
 S = 1_000_000_000
 THREADS = 8

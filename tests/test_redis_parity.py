@@ -12,10 +12,6 @@ import pytest
 from nanobucket import all_of
 from nanobucket import redis as nbr
 
-from redis_server import redis_session_server, redis_url
-
-__all__ = ("redis_session_server", "redis_url")  # fixtures, re-exported
-
 S = 1_000_000_000
 MS = 1_000_000
 

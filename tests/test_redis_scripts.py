@@ -16,10 +16,6 @@ import pytest
 from nanobucket import redis as nbr
 from nanobucket._params import NOW_MAX
 
-from redis_server import redis_session_server, redis_url
-
-__all__ = ("redis_session_server", "redis_url")  # fixtures, re-exported
-
 US = 1000
 SLACK = nbr.EXPLICIT_TTL_SLACK_MS
 #: ms a PTTL may have run down between the write and the read on a busy machine.

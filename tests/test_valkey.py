@@ -22,18 +22,14 @@ import valkey.asyncio
 import nanobucket as nb
 from nanobucket import redis as nbr
 
-from redis_server import RedisServer, own_redis_server, require_redis_server
+from redis_server import RedisServer, require_redis_server
 from test_redis_failures import (
     PHASE,
     SLOW_OK,
     _busy,
-    _check_bounded,
-    _timed_in_threads,
     async_failing,
-    busy_server,
+    sync_failing,
 )
-
-__all__ = ("busy_server", "own_redis_server")  # fixtures, re-exported
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -102,34 +98,14 @@ def test_async_valkey_client_decides_exactly(own_redis_server: RedisServer) -> N
 
 
 @pytest.mark.parametrize("state", ["hung", "dead", "busy"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_valkey_failing_redis_returns_within_the_timeout(
-    busy_server: RedisServer, state: str
+    busy_server: RedisServer, state: str, asynchronous: bool
 ) -> None:
-    limiter = _limiter(_user_client(busy_server))
-    assert limiter.check("warm").source == "redis"
-    reason = {"hung": "timeout", "dead": "connection", "busy": "busy"}[state]
-    if state == "busy":
-        with _busy(busy_server):
-            results = _timed_in_threads(lambda: limiter.check("k"))
-    elif state == "hung":
-        busy_server.pause()
-        try:
-            results = _timed_in_threads(lambda: limiter.check("k"))
-        finally:
-            busy_server.resume()
+    if asynchronous:
+        async_failing(busy_server, state, lambda: _async_client(busy_server))
     else:
-        busy_server.stop()
-        results = _timed_in_threads(lambda: limiter.check("k"))
-    _check_bounded(results, reason)
-    assert limiter.breaker.state == "open" and limiter.check("k").reason == "breaker-open"
-    limiter.close()
-
-
-@pytest.mark.parametrize("state", ["hung", "dead", "busy"])
-def test_async_valkey_failing_redis_returns_within_the_timeout(
-    busy_server: RedisServer, state: str
-) -> None:
-    async_failing(busy_server, state, lambda: _async_client(busy_server))
+        sync_failing(busy_server, state, lambda: _user_client(busy_server))
 
 
 # -- error replies: the policy or the fallback, reason named --------------------------------------
