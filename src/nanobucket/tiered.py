@@ -593,7 +593,7 @@ class _WaitingTiered(Tiered):
         """Wait (block the thread) until *key*'s plan admits *cost*, or refuse: its own line.
 
         >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=1000, capacity=1)}, tier=lambda k: "free")
+        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=1)}, tier=lambda k: "free")
         >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
         (True, False, True)
         """
