@@ -14,7 +14,7 @@ import contextvars
 import random
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from conftest import ManualClock
 
 S = 1_000_000_000
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., None])
 
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("WHO", default="?")
@@ -113,13 +114,20 @@ def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[Any, tuple[
     return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()
 
 
+def napping(
+    impl: ModuleType, clock: ManualClock, keyed: bool = False
+) -> tuple[Waiting, Naps, tuple[str, ...]]:
+    """`make`'s limiter behind a `Waiting` that naps in `Naps`, and the key to pass."""
+    bucket, key = make(impl, clock, keyed)
+    naps = Naps()
+    return Waiting(bucket, async_sleep=naps), naps, key
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
 def test_a_cancelled_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock, keyed: bool
 ) -> None:
-    bucket, key = make(impl, clock, keyed)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps, key = napping(impl, clock, keyed)
 
     async def main() -> None:
         assert w.allow(*key)
@@ -200,9 +208,7 @@ def test_an_interrupted_thread_moves_the_waiters_behind_it_up(
 def test_a_timed_out_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket, _ = make(impl, clock, False)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps, _ = napping(impl, clock)
 
     async def main() -> None:
         assert w.allow()
@@ -288,9 +294,7 @@ def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock
 def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket, _ = make(impl, clock, False)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps, _ = napping(impl, clock)
 
     async def main() -> None:
         assert w.allow(cost=3)  # empty: full again at 3 s
@@ -400,8 +404,25 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
-@pytest.mark.parametrize("seed", range(6))
+RATE, CAPACITY = 3, 4  # the random runs' table
+
+
+def random_run(seeds: int) -> Callable[[F], F]:
+    """Run a test once per seed, with waiters paying in tokens and in shaped slots."""
+    by_shape = pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+    by_seed = pytest.mark.parametrize("seed", range(seeds))
+    return lambda test: by_shape(by_seed(test))
+
+
+def waiting_table(
+    impl: ModuleType, clock: ManualClock, shape: bool, naps: Naps
+) -> tuple[Any, Waiting]:
+    """The random runs' keyed table, and a `Waiting` of it napping in *naps*."""
+    table = impl.KeyedTokenBucket(rate=RATE, capacity=CAPACITY, clock=clock)
+    return table, Waiting(table, shape=shape, async_sleep=naps)
+
+
+@random_run(6)
 def test_after_any_give_ups_the_line_is_as_if_they_never_came(
     impl: ModuleType, clock: ManualClock, shape: bool, seed: int
 ) -> None:
@@ -410,10 +431,9 @@ def test_after_any_give_ups_the_line_is_as_if_they_never_came(
     # Every one left must be due exactly when it would be had the others
     # never come: what a fresh table gives the same callers, in order.
     rng = random.Random(seed)
-    table = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
-    fresh = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
     naps = Naps()
-    w = Waiting(table, shape=shape, async_sleep=naps)
+    table, w = waiting_table(impl, clock, shape, naps)
+    fresh = impl.KeyedTokenBucket(rate=RATE, capacity=CAPACITY, clock=clock)
     callers = [(f"w{i}", rng.choice("xy"), rng.randint(0, 4)) for i in range(12)]
     leaving = set(rng.sample(range(12), 6))
 
@@ -460,8 +480,7 @@ class TimedNaps(Naps):
         await super().__call__(seconds)
 
 
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
-@pytest.mark.parametrize("seed", range(8))
+@random_run(8)
 def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
     impl: ModuleType, clock: ManualClock, shape: bool, seed: int
 ) -> None:
@@ -472,10 +491,8 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
     # tokens after it are there to take), and no window admits more than
     # capacity + rate * window.
     rng = random.Random(seed)
-    rate, capacity = 3, 4
-    table = impl.KeyedTokenBucket(rate=rate, capacity=capacity, clock=clock)
     naps = TimedNaps(clock)
-    w = Waiting(table, shape=shape, async_sleep=naps)
+    table, w = waiting_table(impl, clock, shape, naps)
     admitted: dict[str, list[tuple[int, int]]] = {"x": [], "y": []}  # (time, cost)
     waiters: list[tuple[str, str, int, asyncio.Task[bool]]] = []  # name, key, cost, task
     served: dict[str, int] = {}
@@ -494,7 +511,7 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
             sleeping = [(n, t) for n, _, _, t in waiters if not t.done()]
             if action < 0.35:
                 name = f"w{step}"
-                cost = rng.randint(0, capacity)
+                cost = rng.randint(0, CAPACITY)
                 waiters.append((name, key, cost, task(name, w.acquire_async(key, cost=cost))))
                 await settle()
             elif action < 0.55:
@@ -531,7 +548,7 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
         for i, (t0, _) in enumerate(events):
             for t1, _ in events[i:]:
                 tokens = sum(c for t, c in events if t0 <= t <= t1)
-                assert tokens * S <= capacity * S + rate * (t1 - t0), (key, t0, t1)
+                assert tokens * S <= CAPACITY * S + RATE * (t1 - t0), (key, t0, t1)
 
 
 def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
