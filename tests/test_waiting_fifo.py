@@ -108,26 +108,28 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def example(impl: ModuleType, clock: ManualClock, keyed: bool = False) -> Any:
+    """The running example's limiter, 1 token/s and capacity 3: a bucket, or a keyed table."""
+    return (impl.KeyedTokenBucket if keyed else impl.TokenBucket)(rate=1, capacity=3, clock=clock)
+
+
 def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[Any, tuple[str, ...]]:
-    if keyed:
-        return impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock), ("k",)
-    return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()
+    """`example`, and the key arguments its verbs take."""
+    return example(impl, clock, keyed), ("k",) if keyed else ()
 
 
-def napping(
-    impl: ModuleType, clock: ManualClock, keyed: bool = False
-) -> tuple[Waiting, Naps, tuple[str, ...]]:
-    """`make`'s limiter behind a `Waiting` that naps in `Naps`, and the key to pass."""
-    bucket, key = make(impl, clock, keyed)
+def napping(limiter: Any, **options: Any) -> tuple[Waiting, Naps]:
+    """A `Waiting` of *limiter* that naps in `Naps`, and its naps."""
     naps = Naps()
-    return Waiting(bucket, async_sleep=naps), naps, key
+    return Waiting(limiter, async_sleep=naps, **options), naps
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
 def test_a_cancelled_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock, keyed: bool
 ) -> None:
-    w, naps, key = napping(impl, clock, keyed)
+    bucket, key = make(impl, clock, keyed)
+    w, naps = napping(bucket)
 
     async def main() -> None:
         assert w.allow(*key)
@@ -208,7 +210,7 @@ def test_an_interrupted_thread_moves_the_waiters_behind_it_up(
 def test_a_timed_out_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    w, naps, _ = napping(impl, clock)
+    w, naps = napping(example(impl, clock))
 
     async def main() -> None:
         assert w.allow()
@@ -228,9 +230,7 @@ def test_a_timed_out_task_moves_the_waiters_behind_it_up(
 
 
 def test_only_the_same_keys_waiters_move(impl: ModuleType, clock: ManualClock) -> None:
-    table = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(table, async_sleep=naps)
+    w, naps = napping(example(impl, clock, keyed=True))
 
     async def main() -> None:
         assert w.allow("k") and w.allow("j")
@@ -272,8 +272,7 @@ def test_a_shaper_moves_its_slots_up(clock: ManualClock) -> None:
 
 
 def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock) -> None:
-    naps = Naps()
-    w = Waiting(impl.TokenBucket(rate=1, capacity=3, clock=clock), shape=True, async_sleep=naps)
+    w, naps = napping(example(impl, clock), shape=True)
 
     async def main() -> None:
         assert await w.acquire_async(cost=2)  # slot [0, 2 s)
@@ -294,7 +293,7 @@ def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock
 def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    w, naps, _ = napping(impl, clock)
+    w, naps = napping(example(impl, clock))
 
     async def main() -> None:
         assert w.allow(cost=3)  # empty: full again at 3 s
@@ -318,7 +317,7 @@ def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled
 def test_core_acquire_async_moves_up_too(impl: ModuleType, clock: ManualClock) -> None:
     # The core verbs sleep in asyncio for real; the bucket's clock is the
     # test's. A is cancelled at 1 s, its own time: B, behind it, is due then.
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
 
     async def main() -> None:
         assert bucket.allow()
@@ -348,10 +347,9 @@ def test_all_of_waiters_move_up_in_the_layer_they_share(
     impl: ModuleType, clock: ManualClock
 ) -> None:
     # Two clients wait on the instance-wide layer; the first gives up.
-    instance = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    instance = example(impl, clock)
     per_client = impl.KeyedTokenBucket(rate=100, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(all_of(per_client, instance), async_sleep=naps)
+    w, naps = napping(all_of(per_client, instance))
 
     async def main() -> None:
         assert instance.allow()
@@ -377,10 +375,9 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
     impl: ModuleType, clock: ManualClock
 ) -> None:
     # B waits on two layers; A's give-up frees only the faster one for it.
-    slow = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
+    slow = example(impl, clock, keyed=True)
     fast = impl.TokenBucket(rate=2, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(all_of(slow, fast), async_sleep=naps)
+    w, naps = napping(all_of(slow, fast))
     core = Waiting(fast, async_sleep=naps)
 
     async def main() -> None:
@@ -556,7 +553,7 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
 ) -> None:
     # B blocks in the core acquire (a real sleep of 3 s); A, ahead of it,
     # is interrupted at A's own time: B is due at once and wakes.
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
     asleep, interrupt = threading.Event(), threading.Event()
 
     def sleep(seconds: float) -> None:
@@ -596,7 +593,7 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
 def test_a_give_up_in_one_thread_wakes_a_task_in_another(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
     dozes, naps = Dozes(), Naps()
     w = Waiting(bucket, sleep_or_wake=dozes, async_sleep=naps)
     got: list[object] = []
