@@ -75,6 +75,6 @@ class Recorder:
 class AsyncRecorder(Recorder):
     """A `Recorder` with ``async def check``, as the Redis limiter has."""
 
-    async def check(self, key: Hashable, cost: int = 1) -> Any:  # type: ignore[override]
+    async def check(self, key: Hashable, cost: int = 1) -> Any:
         await asyncio.sleep(0)
         return super().check(key, cost)
