@@ -222,14 +222,23 @@ class BadHash:
         raise KeyError_("hash")
 
 
-class BadEq:
-    """Keys that all hash alike and whose ``__eq__`` raises (unless identical)."""
+class Colliding:
+    """Keys that all hash alike, equal when their names are."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, name: object) -> None:
+        self.name = name
 
     def __hash__(self) -> int:
         return 42
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Colliding) and other.name == self.name
+
+
+class BadEq(Colliding):
+    """`Colliding` keys whose ``__eq__`` raises (unless identical)."""
+
+    __hash__ = Colliding.__hash__  # defining __eq__ alone would unset it
 
     def __eq__(self, other: object) -> bool:
         raise KeyError_("eq")

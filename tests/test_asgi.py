@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-import httpx
 import pytest
+from http_checks import PROBLEM_429_1S, AsyncRecorder, Client, MakeClient, asgi_client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
@@ -31,6 +30,8 @@ from nanobucket._http import (
     route,
 )
 from nanobucket.asgi import RateLimitMiddleware
+
+__all__ = ("Client", "asgi_client")  # a fixture, and the client other modules import
 
 S = 1_000_000_000
 
@@ -56,45 +57,12 @@ def starlette_app() -> Starlette:
     )
 
 
-class Client:
-    """A synchronous face on ``httpx.AsyncClient(transport=ASGITransport(...))``."""
-
-    def __init__(self, app: Any, client: tuple[str, int] = ("127.0.0.1", 40000)) -> None:
-        self.loop = asyncio.new_event_loop()
-        transport = httpx.ASGITransport(app=app, client=client)
-        self.http = httpx.AsyncClient(transport=transport, base_url="http://test")
-
-    def get(self, path: str = "/", **kwargs: Any) -> httpx.Response:
-        return self.loop.run_until_complete(self.http.get(path, **kwargs))
-
-    def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        return self.loop.run_until_complete(self.http.post(path, **kwargs))
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.http.aclose())
-        self.loop.close()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def client_for(clients: list[Client], app: Any, host: str = "127.0.0.1") -> Client:
-    c = Client(app, (host, 40000))
-    clients.append(c)
-    return c
-
-
 def test_admitted_then_429_with_exact_headers(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter)
-    c = client_for(clients, app)
+    c = asgi_client(app)
 
     r = c.get("/")
     assert r.status_code == 200 and r.text == "hello"
@@ -113,13 +81,7 @@ def test_admitted_then_429_with_exact_headers(
     assert r.headers["content-type"] == "application/problem+json"
     assert r.headers["ratelimit-policy"] == '"default";q=2;w=2'
     assert r.headers["ratelimit"] == '"default";r=0;t=2'
-    assert r.json() == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": "Rate limit 'default' exceeded; retry after 1 s.",
-        "retry_after": 1,
-    }
+    assert r.json() == PROBLEM_429_1S
     assert int(r.headers["content-length"]) == len(r.content)
 
     clock.advance(S - 1)  # 1 ns short of the next token: still limited, never "0"
@@ -140,11 +102,11 @@ def test_admitted_then_429_with_exact_headers(
 
 
 def test_retry_after_rounds_up_whole_seconds(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     # 1 token per 4 s: after the one token is spent, the wait is 4 s, then 2.5 s -> "3".
     limiter = impl.KeyedTokenBucket(rate=0.25, capacity=1, clock=clock)
-    c = client_for(clients, RateLimitMiddleware(starlette_app(), limiter))
+    c = asgi_client(RateLimitMiddleware(starlette_app(), limiter))
     assert c.get("/").status_code == 200
     assert c.get("/").headers["retry-after"] == "4"
     clock.advance(S * 3 // 2)
@@ -167,11 +129,11 @@ def test_retry_after_never_zero() -> None:
     assert [retry_after_seconds(ns) for ns in (0, 1, S - 1, S, S + 1)] == [1, 1, 1, 1, 2]
 
 
-def test_legacy_and_off_headers(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_legacy_and_off_headers(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
     legacy = RateLimitMiddleware(
         starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock), headers="legacy"
     )
-    c = client_for(clients, legacy)
+    c = asgi_client(legacy)
     r = c.get("/")
     assert (r.headers["x-ratelimit-limit"], r.headers["x-ratelimit-remaining"]) == ("2", "1")
     assert r.headers["x-ratelimit-reset"] == "1"
@@ -184,7 +146,7 @@ def test_legacy_and_off_headers(impl: ModuleType, clock: Any, clients: list[Clie
     off = RateLimitMiddleware(
         starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), headers="off"
     )
-    c = client_for(clients, off)
+    c = asgi_client(off)
     r = c.get("/")
     assert r.status_code == 200
     assert not [h for h in r.headers if "ratelimit" in h]
@@ -194,11 +156,11 @@ def test_legacy_and_off_headers(impl: ModuleType, clock: Any, clients: list[Clie
 
 
 def test_unkeyed_bucket_is_one_limit_for_everyone(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     app = RateLimitMiddleware(starlette_app(), impl.TokenBucket(rate=1, capacity=2, clock=clock))
-    a = client_for(clients, app, "10.0.0.1")
-    b = client_for(clients, app, "10.0.0.2")
+    a = asgi_client(app, "10.0.0.1")
+    b = asgi_client(app, "10.0.0.2")
     assert [a.get("/").status_code, b.get("/").status_code, b.get("/").status_code] == [
         200,
         200,
@@ -207,35 +169,35 @@ def test_unkeyed_bucket_is_one_limit_for_everyone(
 
 
 def test_clients_have_their_own_buckets(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     app = RateLimitMiddleware(
         starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     )
-    a = client_for(clients, app, "10.0.0.1")
-    b = client_for(clients, app, "10.0.0.2")
+    a = asgi_client(app, "10.0.0.1")
+    b = asgi_client(app, "10.0.0.2")
     assert [a.get("/").status_code, a.get("/").status_code] == [200, 429]
     assert [b.get("/").status_code, b.get("/").status_code] == [200, 429]
 
 
 def test_spoofed_forwarded_for_does_not_change_the_key(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     app = RateLimitMiddleware(
         starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     )
-    c = client_for(clients, app, "203.0.113.9")
+    c = asgi_client(app, "203.0.113.9")
     codes = [
         c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)
     ]
     assert codes == [200, 200, 429, 429, 429]
 
 
-def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     key = client_address(trusted_proxies=["10.0.0.0/8"])
     app = RateLimitMiddleware(starlette_app(), limiter, key=key)
-    proxy = client_for(clients, app, "10.1.2.3")
+    proxy = asgi_client(app, "10.1.2.3")
     # Behind the trusted proxy, each real client has its own bucket...
     assert proxy.get("/", headers={"X-Forwarded-For": "198.51.100.1"}).status_code == 200
     assert proxy.get("/", headers={"X-Forwarded-For": "198.51.100.2"}).status_code == 200
@@ -244,7 +206,7 @@ def test_trusted_proxy_forwarded_for(impl: ModuleType, clock: Any, clients: list
     forged = {"X-Forwarded-For": "192.0.2.77, 198.51.100.1"}
     assert proxy.get("/", headers=forged).status_code == 429
     # A client that is not a trusted proxy cannot use the header at all.
-    direct = client_for(clients, app, "203.0.113.9")
+    direct = asgi_client(app, "203.0.113.9")
     assert direct.get("/", headers={"X-Forwarded-For": "192.0.2.1"}).status_code == 200
     assert direct.get("/", headers={"X-Forwarded-For": "192.0.2.2"}).status_code == 429
     assert limiter.tokens_at("192.0.2.1", clock.now) == 1.0  # never charged
@@ -279,11 +241,11 @@ def test_two_forwarded_for_fields_are_joined() -> None:
 
 
 def test_header_key_with_address_fallback(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter, key=header("X-API-Key"))
-    c = client_for(clients, app)
+    c = asgi_client(app)
     assert c.get("/", headers={"X-API-Key": "alice"}).status_code == 200
     assert c.get("/", headers={"X-API-Key": "alice"}).status_code == 429
     assert c.get("/", headers={"X-API-Key": "bob"}).status_code == 200
@@ -294,7 +256,7 @@ def test_header_key_with_address_fallback(
 
 
 def test_routes_costs_exempt_and_route_key(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     default = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
     search = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
@@ -309,7 +271,7 @@ def test_routes_costs_exempt_and_route_key(
             Route("/remaining", key=route()),
         ],
     )
-    c = client_for(clients, app)
+    c = asgi_client(app)
     for _ in range(20):
         r = c.get("/healthz")
         assert r.status_code == 200 and "ratelimit" not in r.headers
@@ -340,7 +302,7 @@ def test_routes_costs_exempt_and_route_key(
 
 
 def test_cost_callable_and_composite_key(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
 
@@ -354,7 +316,7 @@ def test_cost_callable_and_composite_key(
         key=(client_address(), route()),
         routes=[Route("/search")],
     )
-    c = client_for(clients, app)
+    c = asgi_client(app)
     assert c.post("/search").headers["ratelimit"] == '"default";r=5;t=5'
     assert c.get("/").headers["ratelimit"] == '"default";r=9;t=1'
     assert limiter.tokens_at("127.0.0.1\n/search", clock.now) == 5.0
@@ -362,12 +324,12 @@ def test_cost_callable_and_composite_key(
 
 
 def test_shadow_mode_counts_and_never_rejects(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     counters = Counters()
     limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     app = RateLimitMiddleware(starlette_app(), limiter, shadow=True, counters=counters)
-    c = client_for(clients, app)
+    c = asgi_client(app)
     responses = [c.get("/") for _ in range(5)]
     assert [r.status_code for r in responses] == [200] * 5
     assert not [h for r in responses for h in r.headers if "ratelimit" in h]
@@ -376,37 +338,20 @@ def test_shadow_mode_counts_and_never_rejects(
     assert counters.limited == counters.admitted == 0
 
 
-def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
     app = RateLimitMiddleware(
         starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock)
     )
-    c = client_for(clients, app)
+    c = asgi_client(app)
     assert [c.get("/remaining").json()["remaining"] for _ in range(3)] == [4, 3, 2]
 
 
-class AsyncLimiter:
-    """An asyncio limiter, as the Redis one will be: ``async def check``."""
-
-    keyed = True
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.rate = inner.rate
-        self.capacity = inner.capacity
-        self.calls = 0
-
-    async def check(self, key: Any, cost: int = 1) -> Any:
-        self.calls += 1
-        await asyncio.sleep(0)
-        return self.inner.check(key, cost)
-
-
-def test_async_limiter_is_awaited(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
-    limiter = AsyncLimiter(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock))
-    c = client_for(clients, RateLimitMiddleware(starlette_app(), limiter))
+def test_async_limiter_is_awaited(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
+    limiter = AsyncRecorder(impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock))
+    c = asgi_client(RateLimitMiddleware(starlette_app(), limiter))
     r1, r2 = c.get("/"), c.get("/")
     assert (r1.status_code, r2.status_code, r2.headers["retry-after"]) == (200, 429, "1")
-    assert limiter.calls == 2
+    assert len(limiter.keys) == 2
 
 
 def test_non_http_scopes_pass_through(impl: ModuleType) -> None:
@@ -494,9 +439,9 @@ def test_bad_arguments(impl: ModuleType) -> None:
         RateLimitMiddleware(None, keyed)  # type: ignore[arg-type]
 
 
-def test_problem_body_is_json(impl: ModuleType, clock: Any, clients: list[Client]) -> None:
+def test_problem_body_is_json(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
     app = RateLimitMiddleware(starlette_app(), impl.TokenBucket(rate=2, capacity=1, clock=clock))
-    c = client_for(clients, app)
+    c = asgi_client(app)
     c.get("/")
     r = c.get("/")
     assert json.loads(r.content)["detail"] == "Rate limit 'default' exceeded; retry after 1 s."
@@ -528,7 +473,7 @@ def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) ->
 
 
 def test_all_of_sends_the_binding_layers_policy(
-    impl: ModuleType, clock: Any, clients: list[Client]
+    impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     # The README's per-client and global limits: the policy field is the
     # binding layer's (it was missing from every response).
@@ -539,7 +484,7 @@ def test_all_of_sends_the_binding_layers_policy(
     app = RateLimitMiddleware(starlette_app(), all_of(per_client, instance))
     seen = []
     for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"):
-        r = client_for(clients, app, host).get("/")
+        r = asgi_client(app, host).get("/")
         seen.append((r.status_code, r.headers["ratelimit-policy"], r.headers["ratelimit"]))
     assert seen == [
         (200, '"default";q=2;w=2', '"default";r=1;t=1'),  # the client's bucket binds

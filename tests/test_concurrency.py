@@ -51,10 +51,15 @@ class Sleeper:
             raise Interrupted(name)
         return outcome != "time up"
 
-    def end(self, name: str, outcome: str) -> None:
+    def end(self, name: str, outcome: str, by_release: Concurrency | None = None) -> None:
+        """End *name*'s sleep on *outcome*: rung by the test, or by *by_release*
+        releasing a slot, which hands it to *name* at that very moment."""
         until(lambda: name in self.bells)
         self.outcome[name] = outcome
-        self.bells[name].set()
+        if by_release is None:
+            self.bells[name].set()
+        else:
+            by_release.release()
 
 
 class Interrupted(Exception):
@@ -89,6 +94,23 @@ class Waiters:
         self.threads[name].join(10)
         assert not self.threads[name].is_alive()
         return self.got[name]
+
+
+def run_all(threads: list[threading.Thread]) -> None:
+    """Start every thread, then see each end (within a minute)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
+def sleeping_line(max_in_flight: int, held: int = 1) -> tuple[Sleeper, Concurrency, Waiters]:
+    """A pool with *held* slots taken, whose waiters sleep in a `Sleeper` the test drives."""
+    sleeper = Sleeper()
+    pool = Concurrency(max_in_flight, sleep_or_wake=sleeper)
+    assert pool.allow(cost=held)
+    return sleeper, pool, Waiters(pool)
 
 
 # -- counts, decisions, bad input -------------------------------------------
@@ -220,10 +242,7 @@ def test_a_large_cost_is_not_passed_by_small_ones() -> None:
 
 
 def test_a_waiter_that_times_out_holds_nothing_and_moves_the_line_up() -> None:
-    sleeper = Sleeper()
-    pool = Concurrency(3, sleep_or_wake=sleeper)
-    assert pool.allow(cost=2)
-    waiters = Waiters(pool)
+    sleeper, pool, waiters = sleeping_line(3, held=2)
     waiters.start("big", cost=2, timeout=0.25)
     waiters.start("small", cost=1, timeout=None)
     sleeper.end("big", "time up")  # big gives up: small fits in the free slot at once
@@ -234,15 +253,11 @@ def test_a_waiter_that_times_out_holds_nothing_and_moves_the_line_up() -> None:
 
 
 def test_handed_its_slot_as_its_time_runs_out_a_waiter_keeps_it() -> None:
-    sleeper = Sleeper()
-    pool = Concurrency(1, sleep_or_wake=sleeper)
-    assert pool.allow()
-    waiters = Waiters(pool)
+    sleeper, pool, waiters = sleeping_line(1)
     waiters.start("a", timeout=1.0)
     waiters.start("b", timeout=1.0)
-    until(lambda: "a" in sleeper.bells)
-    sleeper.outcome["a"] = "time up"  # its sleep ends on the timeout...
-    pool.release()  # ...as the release hands it the slot (and rings it)
+    # Its sleep ends on the timeout as the release hands it the slot (and rings it).
+    sleeper.end("a", "time up", by_release=pool)
     assert waiters.join("a") is True  # told True: it holds the slot and knows it
     assert (pool.in_flight, pool.waiters) == (1, 1)
     pool.release()
@@ -250,15 +265,10 @@ def test_handed_its_slot_as_its_time_runs_out_a_waiter_keeps_it() -> None:
 
 
 def test_interrupted_as_it_is_handed_its_slot_a_waiter_passes_it_on() -> None:
-    sleeper = Sleeper()
-    pool = Concurrency(1, sleep_or_wake=sleeper)
-    assert pool.allow()
-    waiters = Waiters(pool)
+    sleeper, pool, waiters = sleeping_line(1)
     waiters.start("a")
     waiters.start("b")
-    until(lambda: "a" in sleeper.bells)
-    sleeper.outcome["a"] = "interrupt"
-    pool.release()  # hands a the slot; a is interrupted before it returns
+    sleeper.end("a", "interrupt", by_release=pool)  # a: handed the slot, then interrupted
     assert isinstance(waiters.join("a"), Interrupted)
     assert waiters.join("b") is True  # a's slot went on to b
     assert waiters.order == ["b"]
@@ -266,10 +276,7 @@ def test_interrupted_as_it_is_handed_its_slot_a_waiter_passes_it_on() -> None:
 
 
 def test_an_interrupted_waiter_leaves_the_line() -> None:
-    sleeper = Sleeper()
-    pool = Concurrency(1, sleep_or_wake=sleeper)
-    assert pool.allow()
-    waiters = Waiters(pool)
+    sleeper, pool, waiters = sleeping_line(1)
     waiters.start("a")
     sleeper.end("a", "interrupt")
     assert isinstance(waiters.join("a"), Interrupted)
@@ -318,14 +325,22 @@ def test_with_blocks_release_even_when_the_block_raises() -> None:
 # -- asyncio ------------------------------------------------------------------
 
 
+async def held_with_two_waiting(
+    pool: Concurrency,
+) -> tuple[asyncio.Task[bool], asyncio.Task[bool]]:
+    """Take *pool*'s one slot, then line tasks a and b up for it, in that order."""
+    assert await pool.acquire_async()
+    a = asyncio.create_task(pool.acquire_async())
+    b = asyncio.create_task(pool.acquire_async())
+    await asyncio.sleep(0)
+    return a, b
+
+
 def test_a_cancelled_task_holds_nothing() -> None:
     pool = Concurrency(1)
 
     async def main() -> None:
-        assert await pool.acquire_async()
-        a = asyncio.create_task(pool.acquire_async())
-        b = asyncio.create_task(pool.acquire_async())
-        await asyncio.sleep(0)
+        a, b = await held_with_two_waiting(pool)
         assert pool.waiters == 2
         a.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -344,10 +359,7 @@ def test_release_and_cancel_together_pass_the_slot_on() -> None:
     pool = Concurrency(1)
 
     async def main() -> None:
-        assert await pool.acquire_async()
-        a = asyncio.create_task(pool.acquire_async())
-        b = asyncio.create_task(pool.acquire_async())
-        await asyncio.sleep(0)
+        a, b = await held_with_two_waiting(pool)
         pool.release()  # hands a the slot...
         a.cancel()  # ...and a is cancelled before it runs again
         with pytest.raises(asyncio.CancelledError):
@@ -480,11 +492,7 @@ def test_eight_threads_never_exceed_the_limit_and_lose_nothing() -> None:
                 pool.release()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    run_all(threads)
     assert 1 <= inside[1] <= 3
     assert inside[0] == 0 and inside[2] == 8 * iterations
     assert (pool.in_flight, pool.waiters, pool._counts) == (0, 0, {})
@@ -524,11 +532,7 @@ def test_threads_and_tasks_together_never_exceed_the_limit() -> None:
 
     threads = [threading.Thread(target=thread) for _ in range(4)]
     threads.append(threading.Thread(target=asyncio.run, args=(tasks(),)))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    run_all(threads)
     assert 1 <= inside[1] <= 2 and inside[0] == 0 and inside[2] == 8 * 500
     assert (pool.in_flight, pool.waiters, pool._counts) == (0, 0, {})
 
@@ -554,11 +558,7 @@ def test_keyed_under_threads(impl: ModuleType) -> None:
                     done[0] += 1
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    run_all(threads)
     assert max(most.values()) <= 2 and done[0] == 8 * 500
     assert (len(per_key), per_key.waiters) == (0, 0)
 
@@ -611,11 +611,14 @@ def test_keyed_waiters_wait_per_key() -> None:
 # -- all_of ---------------------------------------------------------------------
 
 
-def test_all_of_holds_a_slot_only_if_every_layer_admits(
-    impl: ModuleType, clock: ManualClock
-) -> None:
+@pytest.fixture
+def bucket(impl: ModuleType, clock: ManualClock) -> Any:
+    """The token layer of the all_of tests: 1 token/s, capacity 3, on the test's clock."""
+    return impl.TokenBucket(rate=1, capacity=3, clock=clock)
+
+
+def test_all_of_holds_a_slot_only_if_every_layer_admits(clock: ManualClock, bucket: Any) -> None:
     pool = Concurrency(2)
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
     limit = all_of(pool, bucket)
     assert limit.releases and not all_of(bucket).releases
     assert [limit.allow(), limit.allow(), limit.allow()] == [True, True, False]
@@ -638,11 +641,8 @@ def test_all_of_holds_a_slot_only_if_every_layer_admits(
     assert (pool.in_flight, bucket.tokens()) == (0, 1.0)
 
 
-def test_all_of_with_the_slot_last_gives_the_token_back(
-    impl: ModuleType, clock: ManualClock
-) -> None:
+def test_all_of_with_the_slot_last_gives_the_token_back(bucket: Any) -> None:
     pool = Concurrency(1)
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
     limit = all_of(bucket, pool)
     assert limit.allow_at(None, 0) and not limit.allow_at(None, 0)
     assert (pool.in_flight, bucket.tokens_at(0)) == (1, 2.0)

@@ -35,8 +35,12 @@ WHOLE_RATES: list[RateLike] = [
 ODD_RATES: list[RateLike] = [3, 7, Fraction(7, 60), 0.3, 333, Fraction(10**6, 7)]
 
 
+# A rate, a capacity and (time, cost) events at increasing times from 1 s.
+Trace = tuple[RateLike, int, list[tuple[int, int]]]
+
+
 @st.composite
-def traces(draw: st.DrawFn, rates: list[RateLike]) -> tuple[RateLike, int, list[tuple[int, int]]]:
+def traces(draw: st.DrawFn, rates: list[RateLike]) -> Trace:
     rate = draw(st.sampled_from(rates))
     capacity = draw(st.integers(1, 40))
     interval = -(-S * Fraction(1) // Fraction(rate))
@@ -47,25 +51,18 @@ def traces(draw: st.DrawFn, rates: list[RateLike]) -> tuple[RateLike, int, list[
             max_size=400,
         )
     )
-    return rate, capacity, steps
-
-
-def _times(steps: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    now, out = S, []
+    now, events = S, []
     for gap, cost in steps:
         now += gap
-        out.append((now, cost))
-    return out
+        events.append((now, cost))
+    return rate, capacity, events
 
 
 @settings(max_examples=150, deadline=None)
 @given(traces(WHOLE_RATES))
-def test_whole_ns_rates_agree_with_the_exact_model(
-    trace: tuple[object, int, list[tuple[int, int]]],
-) -> None:
-    rate, capacity, steps = trace
-    events = _times(steps)
-    exact = ExactBucket(rate, capacity)  # type: ignore[arg-type]
+def test_whole_ns_rates_agree_with_the_exact_model(trace: Trace) -> None:
+    rate, capacity, events = trace
+    exact = ExactBucket(rate, capacity)
     expected = [exact.allow_at(now, cost) for now, cost in events]
     for impl in IMPLS:
         b = impl.TokenBucket(rate=rate, capacity=capacity)
@@ -76,14 +73,12 @@ def test_whole_ns_rates_agree_with_the_exact_model(
 
 @settings(max_examples=100, deadline=None)
 @given(traces(WHOLE_RATES))
-def test_decisions_match_the_exact_model_field_by_field(
-    trace: tuple[object, int, list[tuple[int, int]]],
-) -> None:
-    rate, capacity, steps = trace
-    exact = ExactBucket(rate, capacity)  # type: ignore[arg-type]
+def test_decisions_match_the_exact_model_field_by_field(trace: Trace) -> None:
+    rate, capacity, events = trace
+    exact = ExactBucket(rate, capacity)
     buckets = [impl.TokenBucket(rate=rate, capacity=capacity) for impl in IMPLS]
     interval = S / exact.rate
-    for now, cost in _times(steps):
+    for now, cost in events:
         decisions = [b.check_at(now, cost) for b in buckets]
         allowed = exact.allow_at(now, cost)
         tokens = exact.tokens
@@ -98,16 +93,13 @@ def test_decisions_match_the_exact_model_field_by_field(
 
 @settings(max_examples=150, deadline=None)
 @given(traces(ODD_RATES))
-def test_odd_rates_never_admit_what_the_exact_model_rejects(
-    trace: tuple[object, int, list[tuple[int, int]]],
-) -> None:
-    rate, capacity, steps = trace
-    events = _times(steps)
+def test_odd_rates_never_admit_what_the_exact_model_rejects(trace: Trace) -> None:
+    rate, capacity, events = trace
     results = []
     for impl in IMPLS:
         b = impl.TokenBucket(rate=rate, capacity=capacity)
         # The exact bucket, charged with our admissions, must afford each one.
-        exact = ExactBucket(rate, capacity)  # type: ignore[arg-type]
+        exact = ExactBucket(rate, capacity)
         ours = []
         for now, cost in events:
             admitted = b.allow_at(now, cost)

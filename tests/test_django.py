@@ -26,6 +26,7 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client, override_settings
 from django.test.client import RequestFactory
 from django.utils.module_loading import import_string
+from http_checks import PROBLEM_429_1S
 from test_http_servers import Server, connect, free_port, get
 
 import nanobucket as nb
@@ -113,13 +114,7 @@ def test_the_middleware_answers_as_the_wsgi_middleware_does() -> None:
         "ratelimit": '"default";r=0;t=2',
     }
     assert r.content == body
-    assert r.json() == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": "Rate limit 'default' exceeded; retry after 1 s.",
-        "retry_after": 1,
-    }
+    assert r.json() == PROBLEM_429_1S
     assert r.wsgi_request.META["nanobucket.decision"].retry_after_ns == 400_000_000
 
 

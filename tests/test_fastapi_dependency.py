@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from test_asgi import Client
+from http_checks import PROBLEM_429_1S, MakeClient, asgi_client
 from test_http_servers import Server, connect, free_port, get
 
 import nanobucket as nb
@@ -24,7 +23,7 @@ from nanobucket.fastapi import RateLimit, RateLimited, header, rate_limited_hand
 from conftest import ManualClock
 from redis_server import redis_session_server, redis_url
 
-__all__ = ("redis_session_server", "redis_url")  # fixtures, re-exported
+__all__ = ("asgi_client", "redis_session_server", "redis_url")  # fixtures, re-exported
 
 S = 1_000_000_000
 
@@ -48,22 +47,8 @@ def bearer(user: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {user}"}
 
 
-@pytest.fixture
-def client() -> Iterator[Callable[[FastAPI], Client]]:
-    """httpx through the ASGI transport (FastAPI's TestClient is httpx's, too)."""
-    made: list[Client] = []
-
-    def make(app: FastAPI) -> Client:
-        made.append(Client(app))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
-
-
 def test_keyed_by_the_authenticated_user_with_exact_headers(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
+    clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     limiter = nb.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     per_user = RateLimit(limiter, key=user_key)
@@ -73,7 +58,7 @@ def test_keyed_by_the_authenticated_user_with_exact_headers(
     async def items() -> list[str]:
         return ["a"]
 
-    http = client(app)
+    http = asgi_client(app)
     first = http.get("/items", headers=bearer("alice"))
     assert first.status_code == 200 and first.json() == ["a"]
     assert first.headers["ratelimit-policy"] == '"default";q=2;w=2'
@@ -84,13 +69,7 @@ def test_keyed_by_the_authenticated_user_with_exact_headers(
     assert refused.headers["retry-after"] == "1"
     assert refused.headers["ratelimit"] == '"default";r=0;t=2'
     assert refused.headers["content-type"] == "application/problem+json"
-    assert refused.json() == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": "Rate limit 'default' exceeded; retry after 1 s.",
-        "retry_after": 1,
-    }
+    assert refused.json() == PROBLEM_429_1S
     # Another user has a bucket of their own; no user is a 401 before any token.
     assert http.get("/items", headers=bearer("bob")).status_code == 200
     assert http.get("/items").status_code == 401
@@ -100,7 +79,7 @@ def test_keyed_by_the_authenticated_user_with_exact_headers(
 
 
 def test_without_the_handler_the_429_is_fastapis_own_body_with_the_same_headers(
-    client: Callable[[FastAPI], Client],
+    asgi_client: MakeClient,
 ) -> None:
     app = FastAPI()
     limit = RateLimit(nb.TokenBucket(rate=1, capacity=1, clock=lambda: 0))
@@ -109,7 +88,7 @@ def test_without_the_handler_the_429_is_fastapis_own_body_with_the_same_headers(
     def root() -> str:
         return "ok"
 
-    http = client(app)
+    http = asgi_client(app)
     assert http.get("/").status_code == 200
     refused = http.get("/")
     assert (refused.status_code, refused.json()) == (429, {"detail": "Too Many Requests"})
@@ -128,7 +107,7 @@ UserLimited = Annotated[nb.Decision, Depends(PER_USER)]
 
 
 def test_annotated_router_and_two_limits_on_one_route(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
+    clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     # One limit for the whole router by API key, one for the route by user:
     # both fields are sent, each under its own name.
@@ -143,7 +122,7 @@ def test_annotated_router_and_two_limits_on_one_route(
 
     app = FastAPI(exception_handlers={RateLimited: rate_limited_handler})
     app.include_router(router)
-    http = client(app)
+    http = asgi_client(app)
     ok = http.get("/me", headers={**bearer("alice"), "X-API-Key": "k1"})
     assert ok.json() == {"user": "alice", "remaining": 0}
     assert ok.headers.get_list("ratelimit-policy") == ['"key";q=10;w=1', '"user";q=1;w=1']
@@ -156,7 +135,7 @@ def test_annotated_router_and_two_limits_on_one_route(
 
 
 def test_cost_from_a_query_parameter_and_the_decision_in_the_scope(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
+    clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     limiter = nb.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
     seen: list[Any] = []
@@ -172,7 +151,7 @@ def test_cost_from_a_query_parameter_and_the_decision_in_the_scope(
         seen.append(request.scope["nanobucket.decision"])
         return name
 
-    http = client(app)
+    http = asgi_client(app)
     assert http.get("/batch/x?n=7").status_code == 200
     assert http.get("/batch/y?n=3").headers["ratelimit"] == '"default";r=0;t=10'
     assert http.get("/batch/z?n=1").status_code == 429
@@ -180,9 +159,7 @@ def test_cost_from_a_query_parameter_and_the_decision_in_the_scope(
     assert limiter.tokens_at("/batch/{name}", clock.now) == 0.0  # keyed by the pattern
 
 
-def test_a_cost_over_capacity_is_a_clear_error(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
-) -> None:
+def test_a_cost_over_capacity_is_a_clear_error(clock: ManualClock, asgi_client: MakeClient) -> None:
     def cost(n: int = 1) -> int:
         return n
 
@@ -194,7 +171,7 @@ def test_a_cost_over_capacity_is_a_clear_error(
         return "ok"
 
     with pytest.raises(ValueError, match="cost"):
-        client(app).get("/?n=11")
+        asgi_client(app).get("/?n=11")
     with pytest.raises(ValueError, match="cost"):
         RateLimit(nb.KeyedTokenBucket(rate=1, capacity=10), cost=11)
     with pytest.raises(TypeError, match=r"\*args"):
@@ -203,9 +180,7 @@ def test_a_cost_over_capacity_is_a_clear_error(
         RateLimit(nb.KeyedTokenBucket(rate=1, capacity=10), shadow=1)  # type: ignore[arg-type]
 
 
-def test_shadow_counts_and_never_refuses(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
-) -> None:
+def test_shadow_counts_and_never_refuses(clock: ManualClock, asgi_client: MakeClient) -> None:
     limit = RateLimit(nb.TokenBucket(rate=1, capacity=1, clock=clock), shadow=True)
     app = FastAPI()
 
@@ -213,7 +188,7 @@ def test_shadow_counts_and_never_refuses(
     async def root() -> str:
         return "ok"
 
-    http = client(app)
+    http = asgi_client(app)
     responses = [http.get("/") for _ in range(3)]
     assert [r.status_code for r in responses] == [200, 200, 200]
     assert all("ratelimit" not in r.headers for r in responses)
@@ -226,7 +201,7 @@ def test_shadow_counts_and_never_refuses(
 
 
 def test_an_async_key_function_and_legacy_headers(
-    clock: ManualClock, client: Callable[[FastAPI], Client]
+    clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     async def tenant(request: Request) -> str:
         return request.headers.get("x-tenant", "anonymous")
@@ -240,15 +215,13 @@ def test_an_async_key_function_and_legacy_headers(
     async def root() -> str:
         return "ok"
 
-    r = client(app).get("/", headers={"x-tenant": "acme"})
+    r = asgi_client(app).get("/", headers={"x-tenant": "acme"})
     assert (r.headers["x-ratelimit-limit"], r.headers["x-ratelimit-remaining"]) == ("4", "3")
     assert r.headers["x-ratelimit-reset"] == "1"
     assert "ratelimit" not in r.headers
 
 
-def test_an_asyncio_redis_limiter_is_awaited(
-    redis_url: str, client: Callable[[FastAPI], Client]
-) -> None:
+def test_an_asyncio_redis_limiter_is_awaited(redis_url: str, asgi_client: MakeClient) -> None:
     # Redis's own clock: a rate of one an hour keeps the counts exact.
     limiter = nbr.AsyncRedisTokenBucket.from_url(
         redis_url, rate=1 / 3600, capacity=2, prefix="fastapi-dep"
@@ -260,7 +233,7 @@ def test_an_asyncio_redis_limiter_is_awaited(
     async def root() -> str:
         return "ok"
 
-    http = client(app)
+    http = asgi_client(app)
     got = [http.get("/", headers=bearer("carol")) for _ in range(3)]
     assert [r.status_code for r in got] == [200, 200, 429]
     assert got[1].headers["ratelimit"] == '"default";r=0;t=7200'

@@ -313,20 +313,13 @@ def lockstep(keyed: bool, rate: object, capacity: int, ops: list[tuple[Any, ...]
             assert 0.0 <= first[1] <= float(capacity)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["token_bucket", "keyed"])
 @fuzz(300)
-@given(limits(), operations(keyed=False))
-def test_token_bucket_verbs_agree_under_hostile_arguments(
-    lim: tuple[object, int], ops: list[tuple[Any, ...]]
+@given(lim=limits(), data=st.data())
+def test_verbs_agree_under_hostile_arguments(
+    keyed: bool, lim: tuple[object, int], data: st.DataObject
 ) -> None:
-    lockstep(False, *lim, ops)
-
-
-@fuzz(300)
-@given(limits(), operations(keyed=True))
-def test_keyed_verbs_agree_under_hostile_arguments(
-    lim: tuple[object, int], ops: list[tuple[Any, ...]]
-) -> None:
-    lockstep(True, *lim, ops)
+    lockstep(keyed, *lim, data.draw(operations(keyed=keyed), label="ops"))
 
 
 EDGE_NOW = [

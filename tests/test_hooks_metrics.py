@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from http_checks import MakeClient, asgi_client
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
@@ -35,7 +36,6 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
 from starlette.routing import Route as StarletteRoute
-from test_asgi import Client
 
 import nanobucket as nb
 from nanobucket import _bucket_py, asgi, wsgi
@@ -46,10 +46,10 @@ from nanobucket.metrics import OpenTelemetryMetrics, PrometheusMetrics
 from conftest import ManualClock, shared_c
 from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
 
-__all__ = ("own_redis_server", "redis_session_server", "redis_url")  # fixtures, re-exported
+__all__ = ("asgi_client", "own_redis_server", "redis_session_server", "redis_url")  # fixtures
 
 S = 1_000_000_000
-PEER = "127.0.0.1"  # the address test_asgi.Client connects from
+PEER = "127.0.0.1"  # the address http_checks.Client connects from
 
 
 # -- apps -------------------------------------------------------------------------------------
@@ -122,19 +122,6 @@ class WsgiServer:
         return int(status[-1][:3])
 
 
-@pytest.fixture
-def asgi_client() -> Iterator[Callable[[Any], Client]]:
-    made: list[Client] = []
-
-    def make(app: Any) -> Client:
-        made.append(Client(app))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
-
-
 def fields(e: nb.LimitEvent) -> tuple[Any, ...]:
     return (e.key, e.route, e.cost, e.decision.allowed, e.decision.remaining, e.shadow, e.outcome)
 
@@ -196,7 +183,7 @@ def test_bad_hooks_and_charges_fail_at_construction() -> None:
 
 
 def test_asgi_hooks_get_exact_events(
-    impl: ModuleType, clock: ManualClock, asgi_client: Callable[[Any], Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     every: list[nb.LimitEvent] = []
     refused: list[nb.LimitEvent] = []
@@ -221,7 +208,7 @@ def test_asgi_hooks_get_exact_events(
 
 
 def test_asgi_async_hooks_are_awaited_and_shadow_is_told_apart(
-    impl: ModuleType, clock: ManualClock, asgi_client: Callable[[Any], Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     seen: list[tuple[str, str]] = []
 
@@ -250,7 +237,7 @@ def test_asgi_async_hooks_are_awaited_and_shadow_is_told_apart(
 def test_a_raising_hook_is_logged_and_the_request_goes_on(
     impl: ModuleType,
     clock: ManualClock,
-    asgi_client: Callable[[Any], Client],
+    asgi_client: MakeClient,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def broken(event: nb.LimitEvent) -> None:
@@ -321,7 +308,7 @@ def test_wsgi_hooks_get_exact_events(impl: ModuleType, clock: ManualClock) -> No
 
 
 def test_fastapi_hooks_name_the_route_pattern(
-    impl: ModuleType, clock: ManualClock, asgi_client: Callable[[Any], Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     every: list[nb.LimitEvent] = []
     refused: list[nb.LimitEvent] = []
@@ -419,7 +406,7 @@ def _otel_points(reader: InMemoryMetricReader, name: str) -> dict[tuple[Any, ...
 
 
 def test_prometheus_and_otel_count_exactly_by_route_and_outcome(
-    impl: ModuleType, clock: ManualClock, asgi_client: Callable[[Any], Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     registry = CollectorRegistry()
     prom = PrometheusMetrics(registry=registry)
@@ -475,7 +462,7 @@ def test_prometheus_and_otel_count_exactly_by_route_and_outcome(
 
 
 def test_prometheus_scrape_text_and_asgi_endpoint(
-    impl: ModuleType, clock: ManualClock, asgi_client: Callable[[Any], Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry=registry)
@@ -498,7 +485,7 @@ def test_prometheus_scrape_text_and_asgi_endpoint(
 
 
 def test_breaker_state_and_fallbacks_when_redis_stops(
-    own_redis_server: RedisServer, asgi_client: Callable[[Any], Client]
+    own_redis_server: RedisServer, asgi_client: MakeClient
 ) -> None:
     registry = CollectorRegistry()
     prom = PrometheusMetrics(registry=registry)
@@ -644,9 +631,7 @@ def _llm_script(get: Callable[[str], int], owed: Callable[[], int]) -> list[tupl
 LLM = [(200, 4), (200, 4), (200, 7), (429, 7), (429, 7), (429, 7)]
 
 
-def test_asgi_charge_after_the_response(
-    sync_backend: Backend, asgi_client: Callable[[Any], Client]
-) -> None:
+def test_asgi_charge_after_the_response(sync_backend: Backend, asgi_client: MakeClient) -> None:
     limiter = sync_backend.limiter
     crash_safe = asgi_client(
         asgi.RateLimitMiddleware(starlette_app(), limiter, key=lambda s: "f", charge=failures_only)
@@ -688,7 +673,7 @@ def test_wsgi_charge_after_the_response(sync_backend: Backend) -> None:
     assert llm.closed == 3  # the server closed every charged body (a 429's is a plain list)
 
 
-def test_charge_in_quiet_modes_and_clamped(clock: ManualClock, asgi_client: Any) -> None:
+def test_charge_in_quiet_modes_and_clamped(clock: ManualClock, asgi_client: MakeClient) -> None:
     limiter = nb.KeyedTokenBucket(RATE, CAPACITY, clock=clock)
     owed = Backend(limiter).owed
     off = asgi.RateLimitMiddleware(
@@ -711,7 +696,7 @@ def test_charge_in_quiet_modes_and_clamped(clock: ManualClock, asgi_client: Any)
 
 
 def test_a_failing_charge_keeps_the_up_front_cost(
-    clock: ManualClock, asgi_client: Any, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, asgi_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     limiter = nb.KeyedTokenBucket(RATE, CAPACITY, clock=clock)
     owed = Backend(limiter).owed
@@ -751,7 +736,9 @@ def test_a_failing_charge_keeps_the_up_front_cost(
     assert "settling a charge of -1" in caplog.records[-1].getMessage()
 
 
-def test_unkeyed_limiters_and_all_of_are_charged(clock: ManualClock, asgi_client: Any) -> None:
+def test_unkeyed_limiters_and_all_of_are_charged(
+    clock: ManualClock, asgi_client: MakeClient
+) -> None:
     one = nb.TokenBucket(RATE, CAPACITY, clock=clock)
     per_key = nb.KeyedTokenBucket(RATE, CAPACITY, clock=clock)
     for limiter in (one, nb.all_of(per_key, one)):
@@ -797,9 +784,7 @@ def _state_tokens(request: Request, status: int) -> int:
     return int(getattr(request.state, "llm_tokens", 1))
 
 
-def test_fastapi_charge_after_the_route(
-    sync_backend: Backend, asgi_client: Callable[[Any], Client]
-) -> None:
+def test_fastapi_charge_after_the_route(sync_backend: Backend, asgi_client: MakeClient) -> None:
     limiter = sync_backend.limiter
     statuses: list[int] = []
 
@@ -824,7 +809,7 @@ def test_fastapi_charge_after_the_route(
 
 
 def test_fastapi_charge_shadow_is_never_charged(
-    clock: ManualClock, asgi_client: Callable[[Any], Client]
+    clock: ManualClock, asgi_client: MakeClient
 ) -> None:
     limiter = nb.KeyedTokenBucket(RATE, 1, clock=clock)
     limit = RateLimit(limiter, key=lambda: "s", shadow=True, charge=_state_tokens)
@@ -834,9 +819,7 @@ def test_fastapi_charge_shadow_is_never_charged(
     assert limit.counters.snapshot()["shadow_limited"] == 2
 
 
-def test_async_redis_charge_on_asgi_and_fastapi(
-    redis_url: str, asgi_client: Callable[[Any], Client]
-) -> None:
+def test_async_redis_charge_on_asgi_and_fastapi(redis_url: str, asgi_client: MakeClient) -> None:
     def limiter() -> nbr.AsyncRedisTokenBucket:  # one per event loop (its connections are)
         return nbr.AsyncRedisTokenBucket.from_url(
             redis_url, RATE, CAPACITY, prefix=f"a-{uuid.uuid4().hex}", socket_timeout=2.0
@@ -884,7 +867,7 @@ def test_shared_table_refund_and_reserve_exactly(tmp_path: Path) -> None:
         t.unlink()
 
 
-def test_small_parts(clock: ManualClock, asgi_client: Callable[[Any], Client]) -> None:
+def test_small_parts(clock: ManualClock, asgi_client: MakeClient) -> None:
     assert (wsgi._status_code("404 Not Found"), wsgi._status_code("nonsense")) == (404, 500)
     provider = MeterProvider(metric_readers=[reader := InMemoryMetricReader()])
     otel = OpenTelemetryMetrics(meter=provider.get_meter("mine"))

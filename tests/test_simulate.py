@@ -149,8 +149,8 @@ def test_both_implementations_decide_the_same(impl: ModuleType, seed_run: Simula
     assert [s.admitted for s in mine.strategies] == [s.admitted for s in seed_run.strategies]
 
 
-def test_table_shows_the_numbers(seed_run: Simulation) -> None:
-    text = render_table(seed_run)
+def check_seed_table(text: str) -> None:
+    """The seed run's table (120 s, seed 1), as rendered and as the CLI prints it."""
     lines = text.splitlines()
     assert lines[0] == (
         "the case study, 120 s, random seed 1: 11884 requests from 9 client keys over 120 s"
@@ -200,9 +200,27 @@ def test_table_shows_the_numbers(seed_run: Simulation) -> None:
         "61.9",
         "s",
     ]
+    assert lines[6].split() == [
+        "token",
+        "bucket",
+        "100/200",
+        "91.0%",
+        "9.0%",
+        "0",
+        "s",
+        "0",
+        "s",
+        "-",
+        "196",
+        "-",
+    ]
     assert lines[7].split()[:5] == ["per", "key", "25/50", "+", "100/200"]
     assert "unbounded queue   100.0% [2.5 s]  100.0% [1.6 s]" in text
     assert "per-key + global   44.3%   99.3%" in text
+
+
+def test_table_shows_the_numbers(seed_run: Simulation) -> None:
+    check_seed_table(render_table(seed_run))
 
 
 def test_json(seed_run: Simulation) -> None:

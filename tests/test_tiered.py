@@ -21,8 +21,8 @@ import pytest
 import redis
 import redis.asyncio
 from fastapi import Depends, FastAPI
+from http_checks import MakeClient, asgi_client
 from starlette.responses import PlainTextResponse
-from test_asgi import Client
 
 import nanobucket as nb
 from nanobucket import redis as nbr
@@ -34,11 +34,19 @@ from nanobucket.shared import SharedKeyedTokenBucket
 from conftest import ManualClock
 from redis_server import redis_session_server, redis_url
 
-__all__ = ("redis_session_server", "redis_url")  # fixtures, re-exported
+__all__ = ("asgi_client", "redis_session_server", "redis_url")  # fixtures, re-exported
 
 S = 1_000_000_000
 MS = 1_000_000
 FREE, PRO = (10, 20), (100, 200)  # rate, capacity: a free token every 100 ms, a pro one every 10
+
+
+def plans_of(impl: ModuleType, clock: ManualClock | None = None) -> dict[str, Any]:
+    """The free and the pro plan as in-process tables of *impl*."""
+    return {
+        "free": impl.KeyedTokenBucket(*FREE, clock=clock),
+        "pro": impl.KeyedTokenBucket(*PRO, clock=clock),
+    }
 
 
 async def _v(value: Any) -> Any:
@@ -100,13 +108,11 @@ async def scenario(plans: dict[str, Any]) -> None:
 
 
 def test_in_process(impl: ModuleType) -> None:
-    asyncio.run(
-        scenario({"free": impl.KeyedTokenBucket(*FREE), "pro": impl.KeyedTokenBucket(*PRO)})
-    )
+    asyncio.run(scenario(plans_of(impl)))
 
 
 def test_default_plan_for_unknown_names_and_plan_of(impl: ModuleType) -> None:
-    plans = {"free": impl.KeyedTokenBucket(*FREE), "pro": impl.KeyedTokenBucket(*PRO)}
+    plans = plans_of(impl)
     t = nb.tiered(plans, tier={"alice": "pro"}.get, default="free")
     assert (t.plan("alice"), t.plan("anonymous"), t.default) == ("pro", "free", "free")
     assert sum(t.allow_at("anonymous", 0) for _ in range(30)) == 20
@@ -120,7 +126,7 @@ def test_default_plan_for_unknown_names_and_plan_of(impl: ModuleType) -> None:
 
 
 def test_the_memory_is_bounded_and_forgetting_loses_nothing(impl: ModuleType) -> None:
-    plans = {"free": impl.KeyedTokenBucket(*FREE), "pro": impl.KeyedTokenBucket(*PRO)}
+    plans = plans_of(impl)
     plan_of = {f"user-{i}": "free" for i in range(20)}
     t = nb.tiered(plans, tier=plan_of.__getitem__, max_keys=8)
     assert t.allow_at("user-0", 0, cost=15) is True
@@ -134,7 +140,7 @@ def test_the_memory_is_bounded_and_forgetting_loses_nothing(impl: ModuleType) ->
 
 
 def test_two_threads_moving_one_key_carry_it_once(impl: ModuleType) -> None:
-    plans = {"free": impl.KeyedTokenBucket(*FREE), "pro": impl.KeyedTokenBucket(*PRO)}
+    plans = plans_of(impl)
     plan_of = {"alice": "free"}
     t = nb.tiered(plans, tier=plan_of.__getitem__)
     assert t.allow_at("alice", 0, cost=15)
@@ -155,10 +161,7 @@ def test_two_threads_moving_one_key_carry_it_once(impl: ModuleType) -> None:
 
 
 def test_refund_reset_tokens_and_the_decision(impl: ModuleType, clock: ManualClock) -> None:
-    plans = {
-        "free": impl.KeyedTokenBucket(*FREE, clock=clock),
-        "pro": impl.KeyedTokenBucket(*PRO, clock=clock),
-    }
+    plans = plans_of(impl, clock)
     plan_of = {"alice": "free"}
     t = nb.tiered(plans, tier=plan_of.__getitem__)
     assert t.allow("alice", cost=10) and t.tokens("alice") == 10.0
@@ -191,7 +194,7 @@ def test_a_tiered_decision_is_a_decision_equal_on_its_five_fields(impl: ModuleTy
 
 
 def test_in_all_of_with_a_global_limit(impl: ModuleType) -> None:
-    plans = {"free": impl.KeyedTokenBucket(*FREE), "pro": impl.KeyedTokenBucket(*PRO)}
+    plans = plans_of(impl)
     t = nb.tiered(plans, tier={"alice": "pro", "bob": "free"}.__getitem__)
     instance = impl.TokenBucket(rate=1000, capacity=25)
     limit = nb.all_of(t, instance)
@@ -260,30 +263,13 @@ async def _hello(scope: Any, receive: Any, send: Any) -> None:
     await PlainTextResponse("hello")(scope, receive, send)
 
 
-def _client(clients: list[Client], app: Any) -> Client:
-    c = Client(app)
-    clients.append(c)
-    return c
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
 def test_asgi_middleware_headers_name_the_plan(
-    impl: ModuleType, clock: ManualClock, clients: list[Client]
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
 ) -> None:
-    plans = {
-        "free": impl.KeyedTokenBucket(*FREE, clock=clock),
-        "pro": impl.KeyedTokenBucket(*PRO, clock=clock),
-    }
+    plans = plans_of(impl, clock)
     plan_of = {"header:k-alice": "free"}
     t = nb.tiered(plans, tier=plan_of.__getitem__)
-    c = _client(clients, RateLimitMiddleware(_hello, t, key=header("X-API-Key")))
+    c = asgi_client(RateLimitMiddleware(_hello, t, key=header("X-API-Key")))
     alice = {"X-API-Key": "k-alice"}
     first = c.get("/", headers=alice)
     assert first.status_code == 200
@@ -302,15 +288,11 @@ def test_asgi_middleware_headers_name_the_plan(
     assert up.headers["ratelimit-policy"] == '"pro";q=200;w=2'
     assert up.headers["ratelimit"] == '"pro";r=179;t=1'
     # Legacy headers: the plan's capacity.
-    legacy = _client(
-        clients, RateLimitMiddleware(_hello, t, key=header("X-API-Key"), headers="legacy")
-    )
+    legacy = asgi_client(RateLimitMiddleware(_hello, t, key=header("X-API-Key"), headers="legacy"))
     assert legacy.get("/", headers=alice).headers["x-ratelimit-limit"] == "200"
     # In all_of with a global limit: the binding layer's policy, a plan's or the global one's.
     instance = impl.TokenBucket(rate=1, capacity=200, clock=clock)
-    both = _client(
-        clients, RateLimitMiddleware(_hello, nb.all_of(t, instance), key=header("X-API-Key"))
-    )
+    both = asgi_client(RateLimitMiddleware(_hello, nb.all_of(t, instance), key=header("X-API-Key")))
     r = both.get("/", headers=alice)
     assert r.headers["ratelimit-policy"] == '"pro";q=200;w=2'
     assert r.headers["ratelimit"] == '"pro";r=177;t=1'
@@ -325,11 +307,10 @@ def current_user(request: Any) -> str:
     return str(request.headers.get("authorization", "")).removeprefix("Bearer ")
 
 
-def test_fastapi_dependency_headers_name_the_plan(impl: ModuleType, clock: ManualClock) -> None:
-    plans = {
-        "free": impl.KeyedTokenBucket(*FREE, clock=clock),
-        "pro": impl.KeyedTokenBucket(*PRO, clock=clock),
-    }
+def test_fastapi_dependency_headers_name_the_plan(
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
+) -> None:
+    plans = plans_of(impl, clock)
     plan_of = {"alice": "free"}
     limit = RateLimit(nb.tiered(plans, tier=plan_of.__getitem__), key=current_user)
     app = FastAPI(exception_handlers={RateLimited: rate_limited_handler})
@@ -338,21 +319,18 @@ def test_fastapi_dependency_headers_name_the_plan(impl: ModuleType, clock: Manua
     async def items() -> list[str]:
         return ["a"]
 
-    http = Client(app)
-    try:
-        alice = {"Authorization": "Bearer alice"}
-        got = [http.get("/items", headers=alice) for _ in range(21)]
-        assert [r.status_code for r in got] == [200] * 20 + [429]
-        assert got[0].headers["ratelimit-policy"] == '"free";q=20;w=2'
-        assert got[19].headers["ratelimit"] == '"free";r=0;t=2'
-        assert got[20].headers["retry-after"] == "1"
-        plan_of["alice"] = "pro"
-        up = http.get("/items", headers=alice)
-        assert up.status_code == 200
-        assert up.headers["ratelimit-policy"] == '"pro";q=200;w=2'
-        assert up.headers["ratelimit"] == '"pro";r=179;t=1'
-    finally:
-        http.close()
+    http = asgi_client(app)
+    alice = {"Authorization": "Bearer alice"}
+    got = [http.get("/items", headers=alice) for _ in range(21)]
+    assert [r.status_code for r in got] == [200] * 20 + [429]
+    assert got[0].headers["ratelimit-policy"] == '"free";q=20;w=2'
+    assert got[19].headers["ratelimit"] == '"free";r=0;t=2'
+    assert got[20].headers["retry-after"] == "1"
+    plan_of["alice"] = "pro"
+    up = http.get("/items", headers=alice)
+    assert up.status_code == 200
+    assert up.headers["ratelimit-policy"] == '"pro";q=200;w=2'
+    assert up.headers["ratelimit"] == '"pro";r=179;t=1'
 
 
 # -- shared memory ----------------------------------------------------------------

@@ -14,7 +14,7 @@ import contextvars
 import random
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from conftest import ManualClock
 
 S = 1_000_000_000
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., None])
 
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("WHO", default="?")
@@ -107,10 +108,20 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def example(impl: ModuleType, clock: ManualClock, keyed: bool = False) -> Any:
+    """The running example's limiter, 1 token/s and capacity 3: a bucket, or a keyed table."""
+    return (impl.KeyedTokenBucket if keyed else impl.TokenBucket)(rate=1, capacity=3, clock=clock)
+
+
 def make(impl: ModuleType, clock: ManualClock, keyed: bool) -> tuple[Any, tuple[str, ...]]:
-    if keyed:
-        return impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock), ("k",)
-    return impl.TokenBucket(rate=1, capacity=3, clock=clock), ()
+    """`example`, and the key arguments its verbs take."""
+    return example(impl, clock, keyed), ("k",) if keyed else ()
+
+
+def napping(limiter: Any, **options: Any) -> tuple[Waiting, Naps]:
+    """A `Waiting` of *limiter* that naps in `Naps`, and its naps."""
+    naps = Naps()
+    return Waiting(limiter, async_sleep=naps, **options), naps
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
@@ -118,8 +129,7 @@ def test_a_cancelled_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock, keyed: bool
 ) -> None:
     bucket, key = make(impl, clock, keyed)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps = napping(bucket)
 
     async def main() -> None:
         assert w.allow(*key)
@@ -200,9 +210,7 @@ def test_an_interrupted_thread_moves_the_waiters_behind_it_up(
 def test_a_timed_out_task_moves_the_waiters_behind_it_up(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket, _ = make(impl, clock, False)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps = napping(example(impl, clock))
 
     async def main() -> None:
         assert w.allow()
@@ -222,9 +230,7 @@ def test_a_timed_out_task_moves_the_waiters_behind_it_up(
 
 
 def test_only_the_same_keys_waiters_move(impl: ModuleType, clock: ManualClock) -> None:
-    table = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(table, async_sleep=naps)
+    w, naps = napping(example(impl, clock, keyed=True))
 
     async def main() -> None:
         assert w.allow("k") and w.allow("j")
@@ -266,8 +272,7 @@ def test_a_shaper_moves_its_slots_up(clock: ManualClock) -> None:
 
 
 def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock) -> None:
-    naps = Naps()
-    w = Waiting(impl.TokenBucket(rate=1, capacity=3, clock=clock), shape=True, async_sleep=naps)
+    w, naps = napping(example(impl, clock), shape=True)
 
     async def main() -> None:
         assert await w.acquire_async(cost=2)  # slot [0, 2 s)
@@ -288,9 +293,7 @@ def test_shaping_over_either_implementation(impl: ModuleType, clock: ManualClock
 def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket, _ = make(impl, clock, False)
-    naps = Naps()
-    w = Waiting(bucket, async_sleep=naps)
+    w, naps = napping(example(impl, clock))
 
     async def main() -> None:
         assert w.allow(cost=3)  # empty: full again at 3 s
@@ -314,7 +317,7 @@ def test_a_waiter_cancelled_after_its_time_gives_back_only_what_has_not_refilled
 def test_core_acquire_async_moves_up_too(impl: ModuleType, clock: ManualClock) -> None:
     # The core verbs sleep in asyncio for real; the bucket's clock is the
     # test's. A is cancelled at 1 s, its own time: B, behind it, is due then.
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
 
     async def main() -> None:
         assert bucket.allow()
@@ -344,10 +347,9 @@ def test_all_of_waiters_move_up_in_the_layer_they_share(
     impl: ModuleType, clock: ManualClock
 ) -> None:
     # Two clients wait on the instance-wide layer; the first gives up.
-    instance = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    instance = example(impl, clock)
     per_client = impl.KeyedTokenBucket(rate=100, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(all_of(per_client, instance), async_sleep=naps)
+    w, naps = napping(all_of(per_client, instance))
 
     async def main() -> None:
         assert instance.allow()
@@ -373,10 +375,9 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
     impl: ModuleType, clock: ManualClock
 ) -> None:
     # B waits on two layers; A's give-up frees only the faster one for it.
-    slow = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
+    slow = example(impl, clock, keyed=True)
     fast = impl.TokenBucket(rate=2, capacity=3, clock=clock)
-    naps = Naps()
-    w = Waiting(all_of(slow, fast), async_sleep=naps)
+    w, naps = napping(all_of(slow, fast))
     core = Waiting(fast, async_sleep=naps)
 
     async def main() -> None:
@@ -400,8 +401,25 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
-@pytest.mark.parametrize("seed", range(6))
+RATE, CAPACITY = 3, 4  # the random runs' table
+
+
+def random_run(seeds: int) -> Callable[[F], F]:
+    """Run a test once per seed, with waiters paying in tokens and in shaped slots."""
+    by_shape = pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+    by_seed = pytest.mark.parametrize("seed", range(seeds))
+    return lambda test: by_shape(by_seed(test))
+
+
+def waiting_table(
+    impl: ModuleType, clock: ManualClock, shape: bool, naps: Naps
+) -> tuple[Any, Waiting]:
+    """The random runs' keyed table, and a `Waiting` of it napping in *naps*."""
+    table = impl.KeyedTokenBucket(rate=RATE, capacity=CAPACITY, clock=clock)
+    return table, Waiting(table, shape=shape, async_sleep=naps)
+
+
+@random_run(6)
 def test_after_any_give_ups_the_line_is_as_if_they_never_came(
     impl: ModuleType, clock: ManualClock, shape: bool, seed: int
 ) -> None:
@@ -410,10 +428,9 @@ def test_after_any_give_ups_the_line_is_as_if_they_never_came(
     # Every one left must be due exactly when it would be had the others
     # never come: what a fresh table gives the same callers, in order.
     rng = random.Random(seed)
-    table = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
-    fresh = impl.KeyedTokenBucket(rate=3, capacity=4, clock=clock)
     naps = Naps()
-    w = Waiting(table, shape=shape, async_sleep=naps)
+    table, w = waiting_table(impl, clock, shape, naps)
+    fresh = impl.KeyedTokenBucket(rate=RATE, capacity=CAPACITY, clock=clock)
     callers = [(f"w{i}", rng.choice("xy"), rng.randint(0, 4)) for i in range(12)]
     leaving = set(rng.sample(range(12), 6))
 
@@ -460,8 +477,7 @@ class TimedNaps(Naps):
         await super().__call__(seconds)
 
 
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
-@pytest.mark.parametrize("seed", range(8))
+@random_run(8)
 def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
     impl: ModuleType, clock: ManualClock, shape: bool, seed: int
 ) -> None:
@@ -472,10 +488,8 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
     # tokens after it are there to take), and no window admits more than
     # capacity + rate * window.
     rng = random.Random(seed)
-    rate, capacity = 3, 4
-    table = impl.KeyedTokenBucket(rate=rate, capacity=capacity, clock=clock)
     naps = TimedNaps(clock)
-    w = Waiting(table, shape=shape, async_sleep=naps)
+    table, w = waiting_table(impl, clock, shape, naps)
     admitted: dict[str, list[tuple[int, int]]] = {"x": [], "y": []}  # (time, cost)
     waiters: list[tuple[str, str, int, asyncio.Task[bool]]] = []  # name, key, cost, task
     served: dict[str, int] = {}
@@ -494,7 +508,7 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
             sleeping = [(n, t) for n, _, _, t in waiters if not t.done()]
             if action < 0.35:
                 name = f"w{step}"
-                cost = rng.randint(0, capacity)
+                cost = rng.randint(0, CAPACITY)
                 waiters.append((name, key, cost, task(name, w.acquire_async(key, cost=cost))))
                 await settle()
             elif action < 0.55:
@@ -531,7 +545,7 @@ def test_random_arrivals_give_ups_and_plain_callers_keep_the_line_and_the_limit(
         for i, (t0, _) in enumerate(events):
             for t1, _ in events[i:]:
                 tokens = sum(c for t, c in events if t0 <= t <= t1)
-                assert tokens * S <= capacity * S + rate * (t1 - t0), (key, t0, t1)
+                assert tokens * S <= CAPACITY * S + RATE * (t1 - t0), (key, t0, t1)
 
 
 def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
@@ -539,7 +553,7 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
 ) -> None:
     # B blocks in the core acquire (a real sleep of 3 s); A, ahead of it,
     # is interrupted at A's own time: B is due at once and wakes.
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
     asleep, interrupt = threading.Event(), threading.Event()
 
     def sleep(seconds: float) -> None:
@@ -579,7 +593,7 @@ def test_core_acquire_in_a_thread_is_woken_by_a_give_up(
 def test_a_give_up_in_one_thread_wakes_a_task_in_another(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    bucket = impl.TokenBucket(rate=1, capacity=3, clock=clock)
+    bucket = example(impl, clock)
     dozes, naps = Dozes(), Naps()
     w = Waiting(bucket, sleep_or_wake=dozes, async_sleep=naps)
     got: list[object] = []

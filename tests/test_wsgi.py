@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from flask import Flask, request
+from http_checks import PROBLEM_429_1S
 from werkzeug.test import Client
 
 from nanobucket._http import Counters, Route, client_address, header, route
@@ -68,13 +69,7 @@ def test_admitted_then_429_with_exact_headers(impl: ModuleType, clock: Any) -> N
     assert r.headers["Retry-After"] == "1"
     assert r.headers["Content-Type"] == "application/problem+json"
     assert r.headers["RateLimit"] == '"default";r=0;t=2'
-    assert r.json == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": "Rate limit 'default' exceeded; retry after 1 s.",
-        "retry_after": 1,
-    }
+    assert r.json == PROBLEM_429_1S
     clock.advance(S - 1)
     r = c.get("/")
     assert (r.status_code, r.headers["Retry-After"]) == (429, "1")
