@@ -13,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from http_checks import PROBLEM_429_1S, AsyncRecorder, Client, MakeClient, asgi_client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
@@ -31,7 +30,9 @@ from nanobucket._http import (
 )
 from nanobucket.asgi import RateLimitMiddleware
 
-__all__ = ("Client", "asgi_client")  # a fixture, and the client other modules import
+from http_checks import PROBLEM_429_1S, AsyncRecorder, MakeClient, asgi_client
+
+__all__ = ("asgi_client",)  # a fixture, used by name
 
 S = 1_000_000_000
 

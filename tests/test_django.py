@@ -26,7 +26,6 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client, override_settings
 from django.test.client import RequestFactory
 from django.utils.module_loading import import_string
-from http_checks import PROBLEM_429_1S
 from test_http_servers import Server, connect, free_port, get
 
 import nanobucket as nb
@@ -44,6 +43,7 @@ from nanobucket.wsgi import RateLimitMiddleware as WSGIMiddleware
 
 import django_urls
 from conftest import ManualClock, run_threads
+from http_checks import PROBLEM_429_1S
 from redis_server import redis_session_server, redis_url
 
 __all__ = ("redis_session_server", "redis_url")  # fixtures, re-exported

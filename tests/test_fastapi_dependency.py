@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import pytest
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
-from http_checks import PROBLEM_429_1S, MakeClient, asgi_client
 from test_http_servers import Server, connect, free_port, get
 
 import nanobucket as nb
@@ -21,6 +20,7 @@ from nanobucket import redis as nbr
 from nanobucket.fastapi import RateLimit, RateLimited, header, rate_limited_handler, route
 
 from conftest import ManualClock
+from http_checks import PROBLEM_429_1S, MakeClient, asgi_client
 from redis_server import redis_session_server, redis_url
 
 __all__ = ("asgi_client", "redis_session_server", "redis_url")  # fixtures, re-exported

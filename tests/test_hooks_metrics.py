@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from http_checks import MakeClient, asgi_client
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
@@ -44,6 +43,7 @@ from nanobucket.fastapi import RateLimit, RateLimited, rate_limited_handler
 from nanobucket.metrics import OpenTelemetryMetrics, PrometheusMetrics
 
 from conftest import ManualClock, shared_c
+from http_checks import MakeClient, asgi_client
 from redis_server import RedisServer, own_redis_server, redis_session_server, redis_url
 
 __all__ = ("asgi_client", "own_redis_server", "redis_session_server", "redis_url")  # fixtures

@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 from flask import Flask
-from http_checks import Recorder
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.applications import Starlette
@@ -32,6 +31,7 @@ from nanobucket import asgi, wsgi
 from nanobucket._http import Route, bounded, client_address, header, route
 
 from fuzz_values import fuzz
+from http_checks import Recorder
 
 S = 1_000_000_000
 

@@ -21,7 +21,6 @@ import pytest
 import redis
 import redis.asyncio
 from fastapi import Depends, FastAPI
-from http_checks import MakeClient, asgi_client
 from starlette.responses import PlainTextResponse
 
 import nanobucket as nb
@@ -32,6 +31,7 @@ from nanobucket.fastapi import RateLimit, RateLimited, rate_limited_handler
 from nanobucket.shared import SharedKeyedTokenBucket
 
 from conftest import ManualClock
+from http_checks import MakeClient, asgi_client
 from redis_server import redis_session_server, redis_url
 
 __all__ = ("asgi_client", "redis_session_server", "redis_url")  # fixtures, re-exported

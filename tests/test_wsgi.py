@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 from flask import Flask, request
-from http_checks import PROBLEM_429_1S
 from werkzeug.test import Client
 
 from nanobucket._http import Counters, Route, client_address, header, route
 from nanobucket.wsgi import RateLimitMiddleware
+
+from http_checks import PROBLEM_429_1S
 
 S = 1_000_000_000
 
