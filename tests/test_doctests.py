@@ -11,7 +11,9 @@ import asyncio
 import doctest
 import importlib
 import inspect
+import os
 import re
+import tempfile
 from pathlib import Path
 from types import MemberDescriptorType, ModuleType
 
@@ -29,6 +31,9 @@ REDIS_MODULES = [
     "nanobucket.redis._async",
     "nanobucket.redis._lease",
 ]
+#: The modules whose examples make files: each docstring's examples get ``tmp_dir``, a
+#: fresh scratch directory removed after them, and ``os`` (see `nanobucket.shared`).
+SCRATCH_MODULES = ["nanobucket.shared", "nanobucket._shared_c", "nanobucket.simulate"]
 MODULES = [
     "nanobucket",
     "nanobucket.reference",
@@ -120,6 +125,8 @@ def _redis_globals() -> dict[str, object]:
 
 
 def _doctest(module: ModuleType) -> doctest.TestResults:
+    if module.__name__ in SCRATCH_MODULES:
+        return _run(doctest.DocTestFinder().find(module), scratch=True)
     extra = _redis_globals() if module.__name__ in REDIS_MODULES else None
     return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)
 
@@ -161,10 +168,16 @@ def _examples_of(module: ModuleType) -> list[doctest.DocTest]:
     return tests
 
 
-def _run(tests: list[doctest.DocTest]) -> doctest.TestResults:
+def _run(tests: list[doctest.DocTest], scratch: bool = False) -> doctest.TestResults:
+    """Run *tests*; with *scratch*, each docstring's in a fresh ``tmp_dir`` (`SCRATCH_MODULES`)."""
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for test in tests:
-        runner.run(test)
+        if not scratch:
+            runner.run(test)
+            continue
+        with tempfile.TemporaryDirectory(prefix="nanobucket-example-") as tmp_dir:
+            test.globs.update(os=os, tmp_dir=tmp_dir)
+            runner.run(test)
     return runner.summarize(verbose=False)
 
 
@@ -193,7 +206,7 @@ def _is_member(member: object) -> bool:
 def test_docstring_examples_of_the_core_and_the_extensions(name: str) -> None:
     module = pytest.importorskip(name)
     tests = _examples_of(module)
-    result = _run(tests)
+    result = _run(tests, scratch=name in SCRATCH_MODULES)
     assert (result.attempted, result.failed) == (sum(len(t.examples) for t in tests), 0)
     if name in CORE:  # every member's example was attempted, not just found
         assert {n for n, _ in _core_members(module)} <= {t.name for t in tests}

@@ -401,6 +401,12 @@ def test_bad_arguments() -> None:
         RateLimitedTransport(api, rate=1, capacity=1, timeout=-1)
     with pytest.raises(TypeError, match="clock"):
         RateLimitedTransport(api, rate=1, capacity=1, clock=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'time_out'"):
+        RateLimitedTransport(api, rate=1, capacity=1, time_out=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'async_sleep'"):
+        RateLimitedTransport(api, rate=1, capacity=1, async_sleep=asyncio.sleep)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sleep'"):
+        AsyncRateLimitedTransport(rate=1, capacity=1, sleep=time.sleep)
 
 
 def test_a_transport_error_is_not_learned_from() -> None:
@@ -496,6 +502,9 @@ def test_requests_adapter_connection_error_and_key_check() -> None:
     assert adapter.pacer._keys["127.0.0.1:9"].inflight == 0
     with pytest.raises(TypeError, match="key"):
         RateLimitedAdapter(rate=1, capacity=1, key=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'async_sleep'"):
+        RateLimitedAdapter(rate=1, capacity=1, async_sleep=asyncio.sleep)
+    assert RateLimitedAdapter(rate=1, capacity=1, pool_maxsize=3)._pool_maxsize == 3
 
 
 # ------------------------------------------------------- a real server

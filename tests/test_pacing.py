@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -51,15 +51,22 @@ class Held(Advance):
         await super().__call__(seconds)
 
 
-def on_clock(impl: ModuleType, rate: int, capacity: int) -> tuple[Any, Any, ManualClock, Advance]:
+Nap = TypeVar("Nap", bound=Advance)
+
+
+def on_clock(
+    impl: ModuleType, nap: type[Nap], rate: int, capacity: int
+) -> tuple[Any, Any, ManualClock, Nap]:
+    """A bucket on a `ManualClock`, a `Waiting` over it that sleeps with *nap*, the clock
+    and the nap."""
     clock = ManualClock()
     bucket = impl.TokenBucket(rate=rate, capacity=capacity, clock=clock)
-    sleep = Advance(clock)
+    sleep = nap(clock)
     return bucket, nb.Waiting(bucket, async_sleep=sleep), clock, sleep
 
 
 def test_paced_releases_items_at_the_exact_times_in_order(impl: ModuleType) -> None:
-    _, limiter, clock, sleep = on_clock(impl, rate=4, capacity=2)
+    _, limiter, clock, sleep = on_clock(impl, Advance, rate=4, capacity=2)
 
     async def source() -> AsyncIterator[str]:
         for item in "abcde":
@@ -90,10 +97,7 @@ def test_paced_over_a_plain_iterable_with_a_key_and_a_cost(impl: ModuleType) -> 
 
 
 def test_a_cancelled_paced_gives_its_reservation_back(impl: ModuleType) -> None:
-    clock = ManualClock()
-    bucket = impl.TokenBucket(rate=1, capacity=1, clock=clock)
-    held = Held(clock)
-    limiter = nb.Waiting(bucket, async_sleep=held)
+    bucket, limiter, _, held = on_clock(impl, Held, rate=1, capacity=1)
     got: list[int] = []
 
     async def consume() -> None:
@@ -125,7 +129,7 @@ def test_paced_refuses_a_wait_longer_than_its_timeout(impl: ModuleType) -> None:
 
 
 def test_paced_gather_starts_each_at_its_time_and_keeps_order(impl: ModuleType) -> None:
-    _, limiter, clock, _ = on_clock(impl, rate=10, capacity=3)
+    _, limiter, clock, _ = on_clock(impl, Advance, rate=10, capacity=3)
     started: list[tuple[int, int]] = []
 
     async def job(n: int) -> int:
@@ -139,7 +143,7 @@ def test_paced_gather_starts_each_at_its_time_and_keeps_order(impl: ModuleType) 
 
 
 def test_paced_gather_holds_at_most_max_in_flight(impl: ModuleType) -> None:
-    _, limiter, _, _ = on_clock(impl, rate=1000, capacity=100)
+    _, limiter, _, _ = on_clock(impl, Advance, rate=1000, capacity=100)
     running = peak = 0
 
     async def job(n: int) -> int:
@@ -157,7 +161,7 @@ def test_paced_gather_holds_at_most_max_in_flight(impl: ModuleType) -> None:
 def test_paced_gather_stops_at_the_first_error(impl: ModuleType) -> None:
     """One raises: it is raised, the running one is cancelled, the rest never start
     (their coroutines are closed: no "never awaited" warning, an error here)."""
-    _, limiter, _, _ = on_clock(impl, rate=1000, capacity=100)
+    _, limiter, _, _ = on_clock(impl, Advance, rate=1000, capacity=100)
     events: list[str] = []
 
     async def slow() -> None:
@@ -181,7 +185,7 @@ def test_paced_gather_stops_at_the_first_error(impl: ModuleType) -> None:
 
 
 def test_paced_gather_return_exceptions_collects_them(impl: ModuleType) -> None:
-    _, limiter, _, _ = on_clock(impl, rate=1000, capacity=100)
+    _, limiter, _, _ = on_clock(impl, Advance, rate=1000, capacity=100)
 
     async def div(n: int) -> float:
         return 1 / n
@@ -193,10 +197,7 @@ def test_paced_gather_return_exceptions_collects_them(impl: ModuleType) -> None:
 
 
 def test_a_cancelled_paced_gather_leaves_nothing_behind(impl: ModuleType) -> None:
-    clock = ManualClock()
-    bucket = impl.TokenBucket(rate=1, capacity=2, clock=clock)
-    held = Held(clock)
-    limiter = nb.Waiting(bucket, async_sleep=held)
+    bucket, limiter, _, held = on_clock(impl, Held, rate=1, capacity=2)
     events: list[str] = []
 
     async def job(n: int) -> None:

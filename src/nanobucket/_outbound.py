@@ -2,8 +2,9 @@
 
 ``Pacer`` holds one `TokenBucket` per key (a host, by default), at the
 rate and capacity the user configured, and lowers them to what the server
-announces; `nanobucket.httpx` and `nanobucket.requests` call it before and
-after each request. Nothing here imports an HTTP client.
+announces. ``Outbound``, the base of the `nanobucket.httpx` transports and
+the `nanobucket.requests` adapter, takes their keywords and runs each request
+through the pacer (and again after a 429). Nothing here imports an HTTP client.
 
 What a response teaches, per key:
 
@@ -42,9 +43,9 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar
 
 from ._bucket import TokenBucket
 from ._learn import Refill
@@ -66,6 +67,9 @@ __all__ = (
     "IDEMPOTENT",
     "Announced",
     "KeyLimit",
+    "LimitTimeout",
+    "Options",
+    "Outbound",
     "Pacer",
     "Retries",
     "Ticket",
@@ -332,12 +336,12 @@ class Pacer:
         rate: RateLike,
         capacity: int,
         *,
-        timeout: float | None = 30.0,
-        max_keys: int = 1024,
-        max_waiters: int = DEFAULT_MAX_WAITERS,
-        clock: Clock | None = None,
-        sleep: Callable[[float], object] | None = None,
-        async_sleep: Callable[[float], Any] | None = None,
+        timeout: float | None,
+        max_keys: int,
+        max_waiters: int,
+        clock: Clock | None,
+        sleep: Callable[[float], object] | None,
+        async_sleep: Callable[[float], Any] | None,
     ) -> None:
         exact, self.capacity, _, _ = bucket_params(rate, capacity)
         self.rate: RateLike = public_rate(rate, exact)
@@ -577,6 +581,222 @@ class Retries:
         if pacer.timeout is not None and pause > pacer.timeout * NS_PER_S:
             return False
         return pacer.clock() + pause <= end
+
+
+# --------------------------------------------------------------------------
+# What the adapters share
+
+
+class Options(TypedDict, total=False):
+    """The keywords every outbound adapter takes (`nanobucket.httpx.RateLimitedTransport`
+    says what each does; the defaults are `Outbound._configure`'s). *sleep* is for
+    the adapters that block a thread, *async_sleep* for the asyncio transport."""
+
+    timeout: float | None  # 30.0
+    retries: int  # 0
+    retry_budget: float  # 60.0
+    retry_methods: Iterable[str] | None  # IDEMPOTENT
+    max_keys: int  # 1024
+    max_waiters: int  # DEFAULT_MAX_WAITERS
+    clock: Clock | None
+    sleep: Callable[[float], object] | None
+    async_sleep: Callable[[float], Any] | None
+
+
+class LimitTimeout(Exception):
+    """The base of the adapters' ``RateLimitTimeout``: the wait for a token would pass
+    the timeout. ``key`` is the request's key; ``retry_after_ns`` says when a request
+    of that key may start, as far as is known now. Other keywords (``request=``) go
+    to the HTTP client's exception, the other base.
+
+    >>> err = LimitTimeout("wait", key="api.example.com", retry_after_ns=1_500_000_000)
+    >>> err.key, err.retry_after_ns
+    ('api.example.com', 1500000000)
+    """
+
+    def __init__(self, message: str, *, key: Hashable, retry_after_ns: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.key = key
+        self.retry_after_ns = retry_after_ns
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until a request of the key may start.
+
+        >>> LimitTimeout("wait", key="h", retry_after_ns=250_000_000).retry_after
+        0.25
+        """
+        return self.retry_after_ns / NS_PER_S
+
+
+class Answer(Protocol):
+    """A response as the retry loop reads it (httpx's and requests' alike)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncAnswer(Answer, Protocol):
+    """An `Answer` that an asyncio client closes."""
+
+    async def aclose(self) -> None: ...
+
+
+_Request = TypeVar("_Request")
+_Answer = TypeVar("_Answer", bound=Answer)
+_AsyncAnswer = TypeVar("_AsyncAnswer", bound=AsyncAnswer)
+
+
+class Outbound:
+    """What the outbound adapters share: a `Pacer`, `Retries` and key function set from
+    their `Options`, and the loop that paces a request and sends it again after a 429.
+
+    A subclass names its `LimitTimeout` (``_timeout_error``) and whether it waits
+    in asyncio (``_async``: it takes *async_sleep*, not *sleep*).
+    """
+
+    _timeout_error: type[LimitTimeout] = LimitTimeout
+    _async = False
+    pacer: Pacer
+    retry: Retries
+    _key: Callable[[Any], Hashable]
+
+    def _configure(
+        self,
+        rate: RateLike,
+        capacity: int,
+        key: Callable[[Any], Hashable] | None,
+        default_key: Callable[[Any], Hashable],
+        options: Mapping[str, Any],
+    ) -> None:
+        """Check *options* (an `Options`) and set the pacer, key and retries from them.
+
+        >>> o = Outbound()
+        >>> o._configure(5, 10, None, str, {"retries": 2})
+        >>> o.retry.retries, o.pacer.timeout, o.limit("api.example.com")
+        (2, 30.0, KeyLimit(rate=5, capacity=10, paused_for=0.0))
+        >>> o._configure(5, 10, None, str, {"async_sleep": None})
+        Traceback (most recent call last):
+        TypeError: unexpected keyword argument 'async_sleep'
+        """
+        not_taken = "sleep" if self._async else "async_sleep"
+        unknown = options.keys() - (Options.__optional_keys__ - {not_taken})
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
+        if key is not None and not callable(key):
+            raise TypeError(f"key must be a callable taking the request, not {key!r}")
+        self.pacer = Pacer(
+            rate,
+            capacity,
+            timeout=options.get("timeout", 30.0),
+            max_keys=options.get("max_keys", 1024),
+            max_waiters=options.get("max_waiters", DEFAULT_MAX_WAITERS),
+            clock=options.get("clock"),
+            sleep=options.get("sleep"),
+            async_sleep=options.get("async_sleep"),
+        )
+        self._key = key if key is not None else default_key
+        self.retry = Retries(
+            options.get("retries", 0),
+            options.get("retry_budget", 60.0),
+            options.get("retry_methods"),
+        )
+
+    def limit(self, key: Hashable) -> KeyLimit:
+        """*key*'s rate and capacity now, and the seconds left of its pause.
+
+        >>> from nanobucket.httpx import RateLimitedTransport
+        >>> RateLimitedTransport(rate=5, capacity=10).limit("api.example.com")
+        KeyLimit(rate=5, capacity=10, paused_for=0.0)
+        """
+        return self.pacer.limit(key)
+
+    def _timeout(self, err: WaitTooLong, request: object) -> LimitTimeout:
+        return self._timeout_error(
+            str(err), key=err.key, retry_after_ns=err.retry_after_ns, request=request
+        )
+
+    def _again(
+        self, ticket: Ticket, answer: Answer, method: str, replayable: bool, tries: int, end: int
+    ) -> bool:
+        """Learn from *answer*; whether to send its request again (see `Retries`)."""
+        pacer = self.pacer
+        status = answer.status_code
+        pause = pacer.done(ticket, status, answer.headers.get)
+        return self.retry.again(pacer, status, method, replayable, tries, pause, end)
+
+    def _paced(
+        self,
+        request: _Request,
+        send: Callable[[_Request], _Answer],
+        method: str,
+        replayable: bool,
+    ) -> _Answer:
+        """Wait (block the thread) for *request*'s token, then ``send(request)``; again
+        after a 429 while `Retries` allow (*replayable*: its body can go twice).
+
+        >>> class Answered(NamedTuple):
+        ...     status_code: int
+        ...     headers: dict
+        ...     def close(self): pass
+        >>> o = Outbound()   # 10/s, 1 at once, and a clock that stands still
+        >>> o._configure(10, 1, None, str, {"clock": lambda: 0, "sleep": print})
+        >>> [o._paced("h", lambda r: Answered(204, {}), "GET", True).status_code for _ in "ab"]
+        0.1
+        [204, 204]
+        """
+        key = self._key(request)
+        pacer = self.pacer
+        end = self.retry.deadline(pacer)
+        tries = 0
+        while True:
+            try:
+                ticket = pacer.start(key)
+            except WaitTooLong as err:
+                raise self._timeout(err, request) from None
+            try:
+                answer = send(request)
+            except BaseException:
+                pacer.failed(ticket)
+                raise
+            if not self._again(ticket, answer, method, replayable, tries, end):
+                return answer
+            answer.close()
+            tries += 1
+
+    async def _paced_async(
+        self,
+        request: _Request,
+        send: Callable[[_Request], Awaitable[_AsyncAnswer]],
+        method: str,
+        replayable: bool,
+    ) -> _AsyncAnswer:
+        """`_paced` for asyncio: waits in the event loop (a cancelled waiter gives its
+        place back) and awaits *send*. The twin of `_paced` but for its awaits: one
+        loop for both would cost every request a call."""
+        key = self._key(request)
+        pacer = self.pacer
+        end = self.retry.deadline(pacer)
+        tries = 0
+        while True:
+            try:
+                ticket = await pacer.start_async(key)
+            except WaitTooLong as err:
+                raise self._timeout(err, request) from None
+            try:
+                answer = await send(request)
+            except BaseException:
+                pacer.failed(ticket)
+                raise
+            if not self._again(ticket, answer, method, replayable, tries, end):
+                return answer
+            await answer.aclose()
+            tries += 1
 
 
 def _lower(bucket: TokenBucket, at: int, most: int) -> None:

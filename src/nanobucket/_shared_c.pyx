@@ -315,12 +315,10 @@ cdef class SharedTable:
     cdef readonly object path
     """The table's file, as given to ``create`` or ``open``; None for an anonymous table.
 
-    >>> import os, tempfile
     >>> from nanobucket import SharedKeyedTokenBucket
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "api")
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-    ...         t.path == path
+    >>> path = os.path.join(tmp_dir, "api")
+    >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+    ...     t.path == path
     True
     """
     cdef object clock
@@ -378,13 +376,11 @@ cdef class SharedTable:
     def close(self):
         """Detach from the table (the file stays: see ``unlink``). Idempotent.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     t = SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2)
-        ...     t.close(); t.close()
-        ...     t.closed, os.path.exists(path)
+        >>> path = os.path.join(tmp_dir, "api")
+        >>> t = SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2)
+        >>> t.close(); t.close()
+        >>> t.closed, os.path.exists(path)
         (True, True)
         """
         cdef void *p
@@ -406,14 +402,12 @@ cdef class SharedTable:
     def closed(self):
         """True after ``close()``.
 
-        >>> import os, tempfile
         >>> from nanobucket import SharedKeyedTokenBucket
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-        ...         t.closed
+        >>> path = os.path.join(tmp_dir, "api")
+        >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
         ...     t.closed
         False
+        >>> t.closed
         True
         """
         return self.is_closed

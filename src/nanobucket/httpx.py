@@ -19,14 +19,16 @@ KeyLimit(rate=Fraction(10, 1), capacity=10, paused_for=0.0)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import httpx
 
-from ._outbound import IDEMPOTENT, KeyLimit, Pacer, Retries, WaitTooLong
-from ._params import NS_PER_S, RateLike
-from .waiting import DEFAULT_MAX_WAITERS
+from ._outbound import IDEMPOTENT, KeyLimit, LimitTimeout, Options, Outbound
+from ._params import RateLike
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = (
     "IDEMPOTENT",
@@ -38,9 +40,10 @@ __all__ = (
 )
 
 KeyFunc = Callable[[httpx.Request], Hashable]
+_Transport = TypeVar("_Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
-class RateLimitTimeout(httpx.TimeoutException):
+class RateLimitTimeout(LimitTimeout, httpx.TimeoutException):
     """The wait for a token would pass the timeout: raised at once, nothing sent.
 
     ``key`` is the request's key; ``retry_after`` (s) and ``retry_after_ns``
@@ -51,27 +54,6 @@ class RateLimitTimeout(httpx.TimeoutException):
     >>> isinstance(err, httpx.TimeoutException), err.retry_after
     (True, 1.5)
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        key: Hashable,
-        retry_after_ns: int,
-        request: httpx.Request | None = None,
-    ) -> None:
-        super().__init__(message, request=request)
-        self.key = key
-        self.retry_after_ns = retry_after_ns
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until a request of the key may start.
-
-        >>> RateLimitTimeout("wait", key="h", retry_after_ns=250_000_000).retry_after
-        0.25
-        """
-        return self.retry_after_ns / NS_PER_S
 
 
 def host_key(request: httpx.Request) -> str:
@@ -86,80 +68,45 @@ def host_key(request: httpx.Request) -> str:
     return url.host if url.port is None else f"{url.host}:{url.port}"
 
 
-class _Limited:
-    """What both transports share: the pacer, the key, the retry rule."""
+class _Limited(Outbound, Generic[_Transport]):
+    """The constructor both transports share (their docstrings say what it takes)."""
+
+    _timeout_error = RateLimitTimeout
+    _transport_type: type[_Transport]
+    _default_transport: Callable[[], _Transport]
 
     def __init__(
         self,
+        transport: _Transport | None = None,
+        *,
         rate: RateLike,
         capacity: int,
-        key: KeyFunc | None,
-        timeout: float | None,
-        retries: int,
-        retry_budget: float,
-        retry_methods: Iterable[str] | None,
-        max_keys: int,
-        max_waiters: int,
-        clock: Callable[[], int] | None,
-        sleep: Callable[[float], object] | None,
-        async_sleep: Callable[[float], Any] | None,
+        key: KeyFunc | None = None,
+        **options: Unpack[Options],
     ) -> None:
-        if key is not None and not callable(key):
-            raise TypeError(f"key must be a callable taking the request, not {key!r}")
-        self.pacer = Pacer(
-            rate,
-            capacity,
-            timeout=timeout,
-            max_keys=max_keys,
-            max_waiters=max_waiters,
-            clock=clock,
-            sleep=sleep,
-            async_sleep=async_sleep,
-        )
-        self._key: KeyFunc = key if key is not None else host_key
-        self.retry = Retries(retries, retry_budget, retry_methods)
-
-    def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate and capacity now, and the seconds left of its pause.
-
-        >>> RateLimitedTransport(rate=5, capacity=10).limit("api.example.com")
-        KeyLimit(rate=5, capacity=10, paused_for=0.0)
-        """
-        return self.pacer.limit(key)
-
-    def _error(self, err: WaitTooLong, request: httpx.Request) -> RateLimitTimeout:
-        return RateLimitTimeout(
-            str(err), key=err.key, retry_after_ns=err.retry_after_ns, request=request
-        )
-
-    def _again(
-        self,
-        request: httpx.Request,
-        response: httpx.Response,
-        replayable: bool,
-        tries: int,
-        pause: int,
-        end: int,
-    ) -> bool:
-        return self.retry.again(
-            self.pacer, response.status_code, request.method, replayable, tries, pause, end
+        kind = self._transport_type
+        if transport is not None and not isinstance(transport, kind):
+            raise TypeError(f"transport must be an httpx.{kind.__name__}, not {transport!r}")
+        self._configure(rate, capacity, key, host_key, options)
+        self.transport: _Transport = (
+            transport if transport is not None else self._default_transport()
         )
 
 
-class RateLimitedTransport(_Limited, httpx.BaseTransport):
+class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
     """An httpx transport that waits for each host's token and learns its limit.
 
     * *transport*: the one that sends (default ``httpx.HTTPTransport()``).
     * *rate*, *capacity*: your limit per key; the server's may only lower it.
     * *key*: ``request -> key`` (default `host_key`).
-    * *timeout*: the longest wait for a token, in seconds (None: no limit);
-      a longer one raises `RateLimitTimeout` at once, nothing sent.
+    * *timeout*: the longest wait for a token, in seconds (default 30; None: no
+      limit); a longer one raises `RateLimitTimeout` at once, nothing sent.
     * *retries*: how many times a 429 is sent again once its pause is over
       (default 0), for *retry_methods* (default the idempotent ones) and
-      only while all its waits fit in *retry_budget* seconds; otherwise the
-      429 is returned.
-    * *max_keys*, *max_waiters*: bounds on the keys remembered and on the
-      requests waiting per key (past it: `RateLimitTimeout`).
+      only while all its waits fit in *retry_budget* seconds (default 60);
+      otherwise the 429 is returned.
+    * *max_keys*, *max_waiters*: bounds on the keys remembered (default 1024)
+      and on the requests waiting per key (past it: `RateLimitTimeout`).
     * *clock* (int ns) and *sleep* serve tests.
 
     >>> import httpx
@@ -170,29 +117,8 @@ class RateLimitedTransport(_Limited, httpx.BaseTransport):
     ([204, 204], [0.1])
     """
 
-    def __init__(
-        self,
-        transport: httpx.BaseTransport | None = None,
-        *,
-        rate: RateLike,
-        capacity: int,
-        key: KeyFunc | None = None,
-        timeout: float | None = 30.0,
-        retries: int = 0,
-        retry_budget: float = 60.0,
-        retry_methods: Iterable[str] | None = None,
-        max_keys: int = 1024,
-        max_waiters: int = DEFAULT_MAX_WAITERS,
-        clock: Callable[[], int] | None = None,
-        sleep: Callable[[float], object] | None = None,
-    ) -> None:
-        if transport is not None and not isinstance(transport, httpx.BaseTransport):
-            raise TypeError(f"transport must be an httpx.BaseTransport, not {transport!r}")
-        super().__init__(
-            rate, capacity, key, timeout, retries, retry_budget, retry_methods,
-            max_keys, max_waiters, clock, sleep, None,
-        )  # fmt: skip
-        self.transport = transport if transport is not None else httpx.HTTPTransport()
+    _transport_type = httpx.BaseTransport
+    _default_transport = httpx.HTTPTransport
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Wait for the key's token, send, learn from the answer (and maybe retry).
@@ -203,26 +129,8 @@ class RateLimitedTransport(_Limited, httpx.BaseTransport):
         >>> t.handle_request(httpx.Request("GET", "http://h/")).status_code
         200
         """
-        key = self._key(request)
-        pacer = self.pacer
-        end = self.retry.deadline(pacer)
         replayable = isinstance(request.stream, httpx.ByteStream)  # a stream cannot go twice
-        tries = 0
-        while True:
-            try:
-                state = pacer.start(key)
-            except WaitTooLong as err:
-                raise self._error(err, request) from None
-            try:
-                response = self.transport.handle_request(request)
-            except BaseException:
-                pacer.failed(state)
-                raise
-            pause = pacer.done(state, response.status_code, response.headers.get)
-            if not self._again(request, response, replayable, tries, pause, end):
-                return response
-            response.close()
-            tries += 1
+        return self._paced(request, self.transport.handle_request, request.method, replayable)
 
     def close(self) -> None:
         """Close the wrapped transport.
@@ -233,11 +141,12 @@ class RateLimitedTransport(_Limited, httpx.BaseTransport):
         self.transport.close()
 
 
-class AsyncRateLimitedTransport(_Limited, httpx.AsyncBaseTransport):
+class AsyncRateLimitedTransport(_Limited[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport):
     """`RateLimitedTransport` for ``httpx.AsyncClient``: waits in asyncio.
 
     *transport* defaults to ``httpx.AsyncHTTPTransport()``; *async_sleep*
-    replaces ``asyncio.sleep`` in tests. A cancelled waiter gives its place back.
+    (instead of *sleep*) replaces ``asyncio.sleep`` in tests. A cancelled
+    waiter gives its place back.
 
     >>> import asyncio, httpx
     >>> api = httpx.MockTransport(lambda request: httpx.Response(200))
@@ -249,29 +158,9 @@ class AsyncRateLimitedTransport(_Limited, httpx.AsyncBaseTransport):
     200
     """
 
-    def __init__(
-        self,
-        transport: httpx.AsyncBaseTransport | None = None,
-        *,
-        rate: RateLike,
-        capacity: int,
-        key: KeyFunc | None = None,
-        timeout: float | None = 30.0,
-        retries: int = 0,
-        retry_budget: float = 60.0,
-        retry_methods: Iterable[str] | None = None,
-        max_keys: int = 1024,
-        max_waiters: int = DEFAULT_MAX_WAITERS,
-        clock: Callable[[], int] | None = None,
-        async_sleep: Callable[[float], Any] | None = None,
-    ) -> None:
-        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
-            raise TypeError(f"transport must be an httpx.AsyncBaseTransport, not {transport!r}")
-        super().__init__(
-            rate, capacity, key, timeout, retries, retry_budget, retry_methods,
-            max_keys, max_waiters, clock, None, async_sleep,
-        )  # fmt: skip
-        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+    _async = True
+    _transport_type = httpx.AsyncBaseTransport
+    _default_transport = httpx.AsyncHTTPTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """`RateLimitedTransport.handle_request` for asyncio.
@@ -282,26 +171,9 @@ class AsyncRateLimitedTransport(_Limited, httpx.AsyncBaseTransport):
         >>> asyncio.run(t.handle_async_request(httpx.Request("GET", "http://h/"))).status_code
         200
         """
-        key = self._key(request)
-        pacer = self.pacer
-        end = self.retry.deadline(pacer)
-        replayable = isinstance(request.stream, httpx.ByteStream)  # a stream cannot go twice
-        tries = 0
-        while True:
-            try:
-                state = await pacer.start_async(key)
-            except WaitTooLong as err:
-                raise self._error(err, request) from None
-            try:
-                response = await self.transport.handle_async_request(request)
-            except BaseException:
-                pacer.failed(state)
-                raise
-            pause = pacer.done(state, response.status_code, response.headers.get)
-            if not self._again(request, response, replayable, tries, pause, end):
-                return response
-            await response.aclose()
-            tries += 1
+        replayable = isinstance(request.stream, httpx.ByteStream)
+        send = self.transport.handle_async_request
+        return await self._paced_async(request, send, request.method, replayable)
 
     async def aclose(self) -> None:
         """Close the wrapped transport.

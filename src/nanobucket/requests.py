@@ -15,22 +15,36 @@ KeyLimit(rate=500, capacity=50, paused_for=0.0)
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
 import requests
 import requests.adapters
 
-from ._outbound import IDEMPOTENT, KeyLimit, Pacer, Retries, WaitTooLong
-from ._params import NS_PER_S, RateLike
-from .waiting import DEFAULT_MAX_WAITERS
+from ._outbound import IDEMPOTENT, KeyLimit, LimitTimeout, Options, Outbound
+from ._params import RateLike
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ("IDEMPOTENT", "KeyLimit", "RateLimitTimeout", "RateLimitedAdapter", "host_key")
 
 KeyFunc = Callable[[requests.PreparedRequest], Hashable]
 
+#: ``HTTPAdapter``'s own keywords, which the adapter passes on.
+_POOL = ("pool_connections", "pool_maxsize", "max_retries", "pool_block")
 
-class RateLimitTimeout(requests.exceptions.Timeout):
+
+class AdapterOptions(Options, total=False):
+    """The outbound `Options`, and the ``HTTPAdapter`` keywords passed on to it."""
+
+    pool_connections: int
+    pool_maxsize: int
+    max_retries: Any  # an int, or a urllib3 Retry
+    pool_block: bool
+
+
+class RateLimitTimeout(LimitTimeout, requests.exceptions.Timeout):
     """The wait for a token would pass the timeout: raised at once, nothing sent.
 
     ``key``, ``retry_after`` (s) and ``retry_after_ns`` as in
@@ -40,27 +54,6 @@ class RateLimitTimeout(requests.exceptions.Timeout):
     >>> isinstance(err, requests.exceptions.Timeout), err.retry_after
     (True, 2.0)
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        key: Hashable,
-        retry_after_ns: int,
-        request: requests.PreparedRequest | None = None,
-    ) -> None:
-        super().__init__(message, request=request)
-        self.key = key
-        self.retry_after_ns = retry_after_ns
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until a request of the key may start.
-
-        >>> RateLimitTimeout("wait", key="h", retry_after_ns=500_000_000).retry_after
-        0.5
-        """
-        return self.retry_after_ns / NS_PER_S
 
 
 def host_key(request: requests.PreparedRequest) -> str:
@@ -74,17 +67,19 @@ def host_key(request: requests.PreparedRequest) -> str:
     return host if parts.port is None else f"{host}:{parts.port}"
 
 
-class RateLimitedAdapter(requests.adapters.HTTPAdapter):
+class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
     """A ``requests`` transport adapter that waits for each host's token and learns its limit.
 
     The arguments are those of `nanobucket.httpx.RateLimitedTransport` (*key*
-    takes the ``PreparedRequest``); *adapter_kwargs* go to ``HTTPAdapter``
-    (``pool_maxsize=``, ...). A wait past *timeout* raises `RateLimitTimeout`.
+    takes the ``PreparedRequest``); ``HTTPAdapter``'s own (``pool_maxsize=``,
+    ...) go to it. A wait past *timeout* raises `RateLimitTimeout`.
 
     >>> a = RateLimitedAdapter(rate=10, capacity=5, retries=2, pool_maxsize=8)
     >>> a.retry.retries, a.limit("h")
     (2, KeyLimit(rate=10, capacity=5, paused_for=0.0))
     """
+
+    _timeout_error = RateLimitTimeout
 
     def __init__(
         self,
@@ -92,38 +87,12 @@ class RateLimitedAdapter(requests.adapters.HTTPAdapter):
         rate: RateLike,
         capacity: int,
         key: KeyFunc | None = None,
-        timeout: float | None = 30.0,
-        retries: int = 0,
-        retry_budget: float = 60.0,
-        retry_methods: Iterable[str] | None = None,
-        max_keys: int = 1024,
-        max_waiters: int = DEFAULT_MAX_WAITERS,
-        clock: Callable[[], int] | None = None,
-        sleep: Callable[[float], object] | None = None,
-        **adapter_kwargs: Any,
+        **options: Unpack[AdapterOptions],
     ) -> None:
-        if key is not None and not callable(key):
-            raise TypeError(f"key must be a callable taking the request, not {key!r}")
-        self.pacer = Pacer(
-            rate,
-            capacity,
-            timeout=timeout,
-            max_keys=max_keys,
-            max_waiters=max_waiters,
-            clock=clock,
-            sleep=sleep,
-        )
-        self.retry = Retries(retries, retry_budget, retry_methods)
-        self._key: KeyFunc = key if key is not None else host_key
-        super().__init__(**adapter_kwargs)
-
-    def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate and capacity now, and the seconds left of its pause.
-
-        >>> RateLimitedAdapter(rate=1, capacity=2).limit("h")
-        KeyLimit(rate=1, capacity=2, paused_for=0.0)
-        """
-        return self.pacer.limit(key)
+        ours: dict[str, Any] = dict(options)
+        pool = {name: ours.pop(name) for name in _POOL if name in ours}
+        self._configure(rate, capacity, key, host_key, ours)
+        super().__init__(**pool)
 
     def send(
         self, request: requests.PreparedRequest, *args: Any, **kwargs: Any
@@ -140,28 +109,8 @@ class RateLimitedAdapter(requests.adapters.HTTPAdapter):
         >>> a.send(requests.Request("GET", "http://h/").prepare()).status_code, a.limit("h")
         (200, KeyLimit(rate=10, capacity=3, paused_for=0.0))
         """
-        key = self._key(request)
-        pacer = self.pacer
-        end = self.retry.deadline(pacer)
-        tries = 0
-        while True:
-            try:
-                state = pacer.start(key)
-            except WaitTooLong as err:
-                raise RateLimitTimeout(
-                    str(err), key=err.key, retry_after_ns=err.retry_after_ns, request=request
-                ) from None
-            try:
-                response = super().send(request, *args, **kwargs)
-            except BaseException:
-                pacer.failed(state)
-                raise
-            pause = pacer.done(state, response.status_code, response.headers.get)
-            replayable = request.body is None or isinstance(request.body, (bytes, str))
-            method = request.method or "GET"
-            if not self.retry.again(
-                pacer, response.status_code, method, replayable, tries, pause, end
-            ):
-                return response
-            response.close()
-            tries += 1
+        send = super().send
+        replayable = request.body is None or isinstance(request.body, (bytes, str))
+        return self._paced(
+            request, lambda r: send(r, *args, **kwargs), request.method or "GET", replayable
+        )

@@ -15,6 +15,10 @@ It needs the Cython extension (``_shared_c``): on a pure-Python install
 (``NANOBUCKET_NO_EXTENSIONS=1`` or non-CPython) ``create`` and ``open``
 raise ``RuntimeError``.
 
+The examples of this module and of the table's methods make their files in
+``tmp_dir``, a scratch directory (``tempfile.mkdtemp()``, say), and take
+``os`` as imported.
+
 File layout (native byte order; the file is only shared on one machine):
 a 128-byte header, then ``slot_count`` 16-byte slots of two int64 words
 (key fingerprint, GCRA tat; see ``_shared_c`` for their states). The header
@@ -99,11 +103,10 @@ class BadTableError(ValueError):
     a file owned by another user, or one writable by group or others. The
     message names the reason.
 
-    >>> import pathlib, tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     notes = pathlib.Path(d, "notes.txt")
-    ...     n = notes.write_text("not a table" * 20)
-    ...     SharedKeyedTokenBucket.open(path=notes)
+    >>> import pathlib
+    >>> notes = pathlib.Path(tmp_dir, "notes.txt")
+    >>> n = notes.write_text("not a table" * 20)
+    >>> SharedKeyedTokenBucket.open(path=notes)
     Traceback (most recent call last):
     ...
     nanobucket.shared.BadTableError: ...notes.txt: not a nanobucket shared table
@@ -183,11 +186,9 @@ class SharedKeyedTokenBucket(_Table):
     closed) refuses the new key until one fills up, with ``retry_after`` set
     to that moment; ``"admit"`` (fail open) admits it without tracking it.
 
-    >>> import os, tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = os.path.join(d, "demo")   # or create("demo", ...): /dev/shm/demo
-    ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
-    ...         [t.allow_at("alice", 0) for _ in range(3)]
+    >>> path = os.path.join(tmp_dir, "demo")   # or create("demo", ...): /dev/shm/demo
+    >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as t:
+    ...     [t.allow_at("alice", 0) for _ in range(3)]
     [True, True, False]
     """
 
@@ -229,11 +230,9 @@ class SharedKeyedTokenBucket(_Table):
         write the directory can take the name first (``create`` then fails).
         `create_anonymous` has no name and cannot be truncated.
 
-        >>> import os, tempfile
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")   # or create("api", ...): /dev/shm/api
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=100, capacity=200) as t:
-        ...         t.rate, t.capacity, t.max_keys, t.when_full
+        >>> path = os.path.join(tmp_dir, "api")   # or create("api", ...): /dev/shm/api
+        >>> with SharedKeyedTokenBucket.create(path=path, rate=100, capacity=200) as t:
+        ...     t.rate, t.capacity, t.max_keys, t.when_full
         (100, 200, 100000, 'reject')
         """
         _require_extension()
@@ -377,12 +376,10 @@ class SharedKeyedTokenBucket(_Table):
         The header's checksum only catches accidents (a foreign or damaged
         file); it is no seal against forgery, which ownership and mode are.
 
-        >>> import os, tempfile
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as a:
-        ...         with SharedKeyedTokenBucket.open(path=path) as b:   # as another worker would
-        ...             a.allow_at("alice", 0), b.allow_at("alice", 0), b.allow_at("alice", 0)
+        >>> path = os.path.join(tmp_dir, "api")
+        >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2) as a:
+        ...     with SharedKeyedTokenBucket.open(path=path) as b:   # as another worker would
+        ...         a.allow_at("alice", 0), b.allow_at("alice", 0), b.allow_at("alice", 0)
         (True, True, False)
         """
         _require_extension()
@@ -424,12 +421,10 @@ class SharedKeyedTokenBucket(_Table):
 
         An anonymous table has no file: nothing to remove.
 
-        >>> import os, tempfile
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     path = os.path.join(d, "api")
-        ...     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
-        ...         t.unlink()
-        ...         os.path.exists(t.path), t.allow_at("alice", 0)
+        >>> path = os.path.join(tmp_dir, "api")
+        >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
+        ...     t.unlink()
+        ...     os.path.exists(t.path), t.allow_at("alice", 0)
         (False, True)
         """
         if self.path is not None:

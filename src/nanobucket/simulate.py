@@ -174,11 +174,9 @@ def load_trace(path: str | Path, duration_s: int | None = None) -> Traffic:
     Every row needs a key. Rows need not be sorted.
     With *duration_s*, requests from that many seconds on are dropped.
 
-    >>> import pathlib, tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     path = pathlib.Path(d, "trace.csv")
-    ...     n = path.write_text("timestamp,key,cost\\n1714000000.25,alice\\n1714000000.5,bob,3\\n")
-    ...     t = load_trace(path)
+    >>> path = Path(tmp_dir, "trace.csv")   # tmp_dir: a scratch directory
+    >>> n = path.write_text("timestamp,key,cost\\n1714000000.25,alice\\n1714000000.5,bob,3\\n")
+    >>> t = load_trace(path)
     >>> t.times, t.keys, t.costs, t.duration_ns
     ([250000000, 500000000], ['alice', 'bob'], [1, 3], 1000000000)
     """
