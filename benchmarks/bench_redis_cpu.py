@@ -207,6 +207,13 @@ def bench_callgrind(binary: str, n: int) -> None:
             limiter._many_args(1, None),
             100,
         ),
+        (
+            "lua/gcra_batch.lua (100 full keys, one cost)",
+            nbr._GCRA_BATCH,
+            many,
+            (limiter._head[1], b"", 0, limiter._interval_us),
+            100,
+        ),
     ]
     print(f"redis-server under callgrind: instructions per decision, {n} and {2 * n} calls")
     for label, script, keys, args, per in cases:

@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry store
+-- lib: clock read_tat digits expiry set_tat store
 -- nanobucket: take or give back a lease of tokens on one key (see
 -- LeasedTokenBucket); lib.lua comes first. Same state and units as gcra.lua.
 --

@@ -67,12 +67,45 @@ local function expiry(tat, now, slack)
   return floor((tat - now) / 1000) + 1 + slack
 end
 
+--- decide
+-- One GCRA decision on key at now: the debt before it, owed = max(tat -
+-- now, 0); the tat after it, cost_t spent iff cost_t > 0 and owed <= tau -
+-- cost_t; and whether that tat is to be written (spent, or the key held no
+-- bucket: see read_tat). A rejected decision changes nothing.
+local function decide(key, now, tau, cost_t)
+  local tat, write = read_tat(key, now, tau)
+  local owed = (tat or now) - now
+  if owed < 0 then owed = 0 end
+  if cost_t > 0 and owed <= tau - cost_t then
+    return owed, now + owed + cost_t, true
+  end
+  return owed, tat, write
+end
+
+--- set_tat
+-- SET key to tat (past now) with its TTL. The keys of a batch that were full
+-- (the common case) get the same tat and TTL for the same cost: each distinct
+-- value is formatted once per call, not once per key.
+local last_tat, last_value, last_ttl, last_ttl_s
+local function set_tat(key, tat, now, slack)
+  if tat ~= last_tat then
+    last_tat = tat
+    last_value = digits(tat)
+    local ttl = expiry(tat, now, slack)
+    if ttl ~= last_ttl then
+      last_ttl = ttl
+      last_ttl_s = digits(ttl)
+    end
+  end
+  call('SET', key, last_value, 'PX', last_ttl_s)
+end
+
 --- store
 -- Store tat at key with its TTL; a tat not past now is a full bucket: no key.
 local function store(key, tat, now, slack)
   if tat <= now then
     call('DEL', key)
   else
-    call('SET', key, digits(tat), 'PX', digits(expiry(tat, now, slack)))
+    set_tat(key, tat, now, slack)
   end
 end
