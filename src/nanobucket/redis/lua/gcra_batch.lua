@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry decide set_tat
+-- lib: clock digits expiry decide
 -- nanobucket: single decisions coalesced into one call (see the asyncio
 -- limiter); lib.lua comes first. Decision i is gcra.lua on KEYS[i], run in
 -- order at one reading of the clock, so each gets the reply that script would
@@ -22,15 +22,13 @@ local same = nil
 if ARGV[4] ~= '' then same = tonumber(ARGV[4]) end
 local out = {}
 for i = 1, #KEYS do
-  local key = KEYS[i]
   local cost_t = same or tonumber(ARGV[4 + i])
   local consume = true
   if cost_t < 0 then
     cost_t = -cost_t - 1
     consume = false
   end
-  local owed, tat, write = decide(key, now, tau, cost_t)
-  if write and consume then set_tat(key, tat, now, slack) end
+  local owed = decide(KEYS[i], now, slack, tau, cost_t, consume)
   if owed == 0 then
     out[i] = '0'
   else

@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry decide set_tat
+-- lib: clock digits expiry decide
 -- nanobucket: a batch of GCRA decisions, one per key in KEYS, in order, at
 -- one reading of the clock; lib.lua comes first (see gcra.lua for the math).
 -- For a single Redis only: a Cluster rejects keys of different slots in one
@@ -8,7 +8,7 @@
 -- ARGV[5] extra ms of TTL for explicit times.
 -- returns a string of one byte per key: 1 admitted, 0 refused
 -- A key that does not hold a bucket counts as an empty one and is replaced
--- by one (see read_tat).
+-- by one (see decide).
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local cost_t = ARGV[3] * interval
@@ -16,8 +16,10 @@ local room = tau - cost_t
 local now, slack = clock(ARGV[4], ARGV[5])
 local out = {}
 for i = 1, #KEYS do
-  local owed, tat, write = decide(KEYS[i], now, tau, cost_t)
-  if owed <= room then out[i] = '\1' else out[i] = '\0' end
-  if write then set_tat(KEYS[i], tat, now, slack) end
+  if decide(KEYS[i], now, slack, tau, cost_t, true) <= room then
+    out[i] = '\1'
+  else
+    out[i] = '\0'
+  end
 end
 return table.concat(out)

@@ -35,20 +35,6 @@ local function clock(now_arg, slack_arg)
   return tonumber(now_arg), tonumber(slack_arg)
 end
 
---- read_tat
--- The bucket's tat, or nil for a missing key (a full bucket), and whether
--- the key holds no bucket: another type (pcall: WRONGTYPE is a value, not
--- an error), not a number, inf, nan, negative or past 2^53. Such a key is
--- an empty bucket (tat = now + tau), replaced by a real one on a write:
--- never an error, never a token the bucket did not have.
-local function read_tat(key, now, tau)
-  local raw = pcall('GET', key)
-  if not raw then return nil, false end
-  local tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
-  if tat and tat >= 0 and tat <= 9007199254740991 then return tat, false end
-  return now + tau, true
-end
-
 --- digits
 -- A whole number as exact decimal digits. '%d' formats a C long, 32 bits on
 -- some platforms: past 10^8 the number goes as two halves (Lua's tostring
@@ -68,36 +54,46 @@ local function expiry(tat, now, slack)
 end
 
 --- decide
--- One GCRA decision on key at now: the debt before it, owed = max(tat -
--- now, 0); the tat after it, cost_t spent iff cost_t > 0 and owed <= tau -
--- cost_t; and whether that tat is to be written (spent, or the key held no
--- bucket: see read_tat). A rejected decision changes nothing.
-local function decide(key, now, tau, cost_t)
-  local tat, write = read_tat(key, now, tau)
-  local owed = (tat or now) - now
-  if owed < 0 then owed = 0 end
-  if cost_t > 0 and owed <= tau - cost_t then
-    return owed, now + owed + cost_t, true
-  end
-  return owed, tat, write
-end
-
---- set_tat
--- SET key to tat (past now) with its TTL. The keys of a batch that were full
--- (the common case) get the same tat and TTL for the same cost: each distinct
--- value is formatted once per call, not once per key.
+-- One GCRA decision on key at now: cost_t is spent iff cost_t > 0 and owed
+-- <= tau - cost_t, where owed = max(tat - now, 0) is the debt before it, the
+-- value returned. With consume, the new tat is written (spent, or the key
+-- held no bucket). A key that holds another type (pcall: WRONGTYPE is a
+-- value, not an error), not a number, inf, nan, negative or past 2^53 is an
+-- empty bucket (tat = now + tau), replaced by a real one on a write: never
+-- an error, never a token the bucket did not have. The keys of a batch that
+-- were full (the common case) get the same tat and TTL for the same cost:
+-- each distinct value is formatted once per call, not once per key.
 local last_tat, last_value, last_ttl, last_ttl_s
-local function set_tat(key, tat, now, slack)
-  if tat ~= last_tat then
-    last_tat = tat
-    last_value = digits(tat)
-    local ttl = expiry(tat, now, slack)
-    if ttl ~= last_ttl then
-      last_ttl = ttl
-      last_ttl_s = digits(ttl)
+local function decide(key, now, slack, tau, cost_t, consume)
+  local raw = pcall('GET', key)
+  local tat = now
+  local write = false
+  if raw then
+    tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
+    if not (tat and tat >= 0 and tat <= 9007199254740991) then
+      tat = now + tau
+      write = true
     end
   end
-  call('SET', key, last_value, 'PX', last_ttl_s)
+  local owed = tat - now
+  if owed < 0 then owed = 0 end
+  if cost_t > 0 and owed <= tau - cost_t then
+    tat = now + owed + cost_t
+    write = true
+  end
+  if write and consume then
+    if tat ~= last_tat then
+      last_tat = tat
+      last_value = digits(tat)
+      local ttl = expiry(tat, now, slack)
+      if ttl ~= last_ttl then
+        last_ttl = ttl
+        last_ttl_s = digits(ttl)
+      end
+    end
+    call('SET', key, last_value, 'PX', last_ttl_s)
+  end
+  return owed
 end
 
 --- store
@@ -106,6 +102,6 @@ local function store(key, tat, now, slack)
   if tat <= now then
     call('DEL', key)
   else
-    set_tat(key, tat, now, slack)
+    call('SET', key, digits(tat), 'PX', digits(expiry(tat, now, slack)))
   end
 end
