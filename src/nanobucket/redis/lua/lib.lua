@@ -6,20 +6,18 @@
 -- microseconds; a missing key is a full bucket. Every value stays below
 -- 2^53, so Lua's doubles hold them exactly.
 --
--- Cost. Each function here is a closure made anew on every call of the
--- script (Redis runs the whole chunk each time; a script cannot keep a
--- global): 1,500 to 4,000 instructions of Redis's CPU each, more than the
--- lines it saves. Prepended whole to gcra.lua, the library made a single
--- decision cost 15 % more (58,000 -> 67,000 instructions per call under
--- callgrind) though gcra.lua called none of it. So a script takes only the
--- parts it names on its first line (`-- lib: clock digits`; the locals below
--- always come), and the hot paths stay inline, as measured: gcra.lua (one
--- decision per call) takes none and keeps its own copy; the batch scripts
--- take the parts they call once per batch or once per distinct value (no
--- more per key than before), and keep the per-key tat read inline;
--- lease.lua and reserve.lua, run once per lease or reservation, take what
--- they use (about 3 % more per call than their inline forms). Parts start
--- with a line `--- name`.
+-- Cost. Redis runs a script's whole chunk on every call (a script cannot
+-- keep a global), so each function here is made anew each time, with the
+-- locals it captures, and each call of it costs Redis's CPU more than the
+-- same lines inline. Measured under callgrind (benchmarks/bench_redis_cpu.py
+-- --callgrind), the single decision (gcra.lua) costs 15 % more through
+-- decide (58,000 -> 67,000 instructions per call) and 5 % more through a
+-- decide that captures nothing: gcra.lua takes no part and keeps its own
+-- copy of the rule. The batch scripts take decide, made once per call and
+-- called once per key. lease.lua and reserve.lua, run once per lease or
+-- reservation, take what they use. A script takes only the parts it names
+-- on its first line (`-- lib: clock digits`), in the order they come here;
+-- the locals below always come. Parts start with a line `--- name`.
 local fmt, fmod, floor = string.format, math.fmod, math.floor
 local call, pcall = redis.call, redis.pcall
 
