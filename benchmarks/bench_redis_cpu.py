@@ -38,6 +38,7 @@ import redis
 from bench_redis import on_server, redis_server_binary
 
 from nanobucket import redis as nbr
+from nanobucket.redis import _limits
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
@@ -202,6 +203,20 @@ def bench_callgrind(binary: str, n: int) -> None:
         ("floor, earlier form (single)", FLOOR_ONE_OLD, one, OLD_ARGS, 1),
         ("TIME + GET + SET PX only (single)", CALLS_ONE, one, limiter._args(1, None, True), 1),
         ("lua/gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
+        (
+            "lua/lease.lua (take 1, granted)",
+            _limits._LEASE,
+            one,
+            (*limiter._head, b"take", 1, 1, b"", 0),
+            1,
+        ),
+        (
+            "lua/reserve.lua (1 token)",
+            _limits._RESERVE,
+            one,
+            limiter._reserve_args(1, None, 0, False),
+            1,
+        ),
         ("floor (batch of 100)", FLOOR_MANY, many, limiter._many_args(1, None), 100),
         ("TIME + 100 x (GET + SET PX) only", CALLS_MANY, many, limiter._many_args(1, None), 100),
         (
