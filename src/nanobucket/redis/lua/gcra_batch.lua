@@ -1,4 +1,4 @@
--- lib: clock digits expiry decide
+-- lib: clock digits expiry
 -- nanobucket: single decisions coalesced into one call (see the asyncio
 -- limiter); lib.lua comes first. Decision i is gcra.lua on KEYS[i], run in
 -- order at one reading of the clock, so each gets the reply that script would
@@ -20,15 +20,20 @@ local tau = tonumber(ARGV[1])
 local now, slack = clock(ARGV[2], ARGV[3])
 local same = nil
 if ARGV[4] ~= '' then same = tonumber(ARGV[4]) end
+local last_tat, last_value, last_ttl, last_ttl_s  -- see set_cached
 local out = {}
 for i = 1, #KEYS do
+  local key = KEYS[i]
   local cost_t = same or tonumber(ARGV[4 + i])
   local consume = true
   if cost_t < 0 then
     cost_t = -cost_t - 1
     consume = false
   end
-  local owed = decide(KEYS[i], now, slack, tau, cost_t, consume)
+  -- use: read decide
+  if write and consume then
+    -- use: set_cached
+  end
   if owed == 0 then
     out[i] = '0'
   else

@@ -1,4 +1,4 @@
--- lib: clock digits expiry decide store
+-- lib: clock digits expiry store
 -- nanobucket: take or give back a lease of tokens on one key (see
 -- LeasedTokenBucket); lib.lua comes first. Same state and units as gcra.lua.
 --
@@ -12,15 +12,16 @@
 -- ARGV[7]  extra ms of TTL for explicit times
 -- take returns {granted, retry_after_us, reset_after_us}; give returns {given, 0, reset_after_us}
 -- A key that does not hold a bucket counts as an empty one and is replaced
--- by one (see decide).
+-- by one (see read).
 local key = KEYS[1]
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local n = tonumber(ARGV[4])
 local now, slack = clock(ARGV[6], ARGV[7])
--- Spending nothing, decide reads the debt and replaces a key holding no bucket.
-local base = now + decide(key, now, slack, tau, 0, true)
-local tat = base
+-- use: read
+local base = tat
+if now > base then base = now end
+if write then store(key, tat, now, slack) end
 
 if ARGV[3] == 'give' then
   -- Unspent tokens go back, but never past full (tat >= now): the bucket
