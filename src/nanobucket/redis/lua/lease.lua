@@ -19,8 +19,8 @@ local tau = tonumber(ARGV[2])
 local n = tonumber(ARGV[4])
 local now, slack = clock(ARGV[6], ARGV[7])
 -- use: read
+if now > tat then tat = now end  -- a full bucket: no debt
 local base = tat
-if now > base then base = now end
 if write then store(key, tat, now, slack) end
 
 if ARGV[3] == 'give' then
