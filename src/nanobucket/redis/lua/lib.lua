@@ -12,15 +12,16 @@
 -- same lines inline: under callgrind (benchmarks/bench_redis_cpu.py
 -- --callgrind) the single decision (gcra.lua) cost 15 % more through a
 -- decide function (58,000 -> 67,000 instructions per call), a batch 4 %
--- more per key. So the rule itself is two blocks, read and decide, that
--- the limiter pastes where a script has a line `-- use: read decide`: no
--- function, no call, written once. The functions (clock, digits, expiry,
+-- more per key. So the rule itself is two blocks, read and decide (and the
+-- batch write one more, set_cached), that the limiter pastes where a script
+-- has a line `-- use: read decide`: no function, no call, written once
+-- (gcra.lua, without the head below, takes only blocks). The functions (clock, digits, expiry,
 -- store) serve once per call or once per distinct value; a script takes
 -- those it names on its first line (`-- lib: clock digits`), in the order
 -- they come here; the locals below always come. Parts start with a line
 -- `--- name`.
 local fmt, fmod, floor = string.format, math.fmod, math.floor
-local call, pcall = redis.call, redis.pcall
+local call = redis.call
 
 --- clock
 -- now_us and the TTL slack in ms: the server's clock (TIME) when the caller
