@@ -129,25 +129,37 @@ def bench_async(host: str, port: int, url: str, seconds: float) -> None:
     asyncio.run(run())
 
 
+def redis_server_binary(script: str) -> str:
+    """The redis-server binary, or exit saying that *script* needs one."""
+    from redis_server import find_redis_server
+
+    binary = find_redis_server()
+    if binary is None:
+        sys.exit(f"{script}: no redis-server binary; install one or pass --url")
+    return binary
+
+
+def on_server(url: str | None, script: str, bench: Callable[[str], None]) -> None:
+    """``bench(url)``; without *url*, on a redis-server of its own, closed afterwards."""
+    if url:
+        bench(url)
+        return
+    from redis_server import RedisServer
+
+    server = RedisServer(redis_server_binary(script))
+    server.start()
+    try:
+        bench(server.url)
+    finally:
+        server.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     args = parser.parse_args()
-    if args.url:
-        bench_redis_all(args.url, args.seconds)
-        return
-    from redis_server import RedisServer, find_redis_server
-
-    binary = find_redis_server()
-    if binary is None:
-        sys.exit("bench_redis: no redis-server binary; install one or pass --url")
-    server = RedisServer(binary)
-    server.start()
-    try:
-        bench_redis_all(server.url, args.seconds)
-    finally:
-        server.close()
+    on_server(args.url, "bench_redis", lambda url: bench_redis_all(url, args.seconds))
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from bench_redis import on_server, redis_server_binary
 
 from nanobucket import redis as nbr
+from nanobucket.redis import _limits
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 
@@ -158,6 +160,9 @@ def _instructions(
                 *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary),
                 *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
                 *("--dir", folder, "--loglevel", "warning"),
+                # Its timers run per second, not per call: at the slowest rate
+                # they add least to the difference of the two runs.
+                *("--hz", "1"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -198,6 +203,20 @@ def bench_callgrind(binary: str, n: int) -> None:
         ("floor, earlier form (single)", FLOOR_ONE_OLD, one, OLD_ARGS, 1),
         ("TIME + GET + SET PX only (single)", CALLS_ONE, one, limiter._args(1, None, True), 1),
         ("lua/gcra.lua (admit, write)", nbr._GCRA, one, limiter._args(1, None, True), 1),
+        (
+            "lua/lease.lua (take 1, granted)",
+            _limits._LEASE,
+            one,
+            (*limiter._head, b"take", 1, 1, b"", 0),
+            1,
+        ),
+        (
+            "lua/reserve.lua (1 token)",
+            _limits._RESERVE,
+            one,
+            limiter._reserve_args(1, None, 0, False),
+            1,
+        ),
         ("floor (batch of 100)", FLOOR_MANY, many, limiter._many_args(1, None), 100),
         ("TIME + 100 x (GET + SET PX) only", CALLS_MANY, many, limiter._many_args(1, None), 100),
         (
@@ -205,6 +224,13 @@ def bench_callgrind(binary: str, n: int) -> None:
             nbr._GCRA_MANY,
             many,
             limiter._many_args(1, None),
+            100,
+        ),
+        (
+            "lua/gcra_batch.lua (100 full keys, one cost)",
+            nbr._GCRA_BATCH,
+            many,
+            (limiter._head[1], b"", 0, limiter._interval_us),
             100,
         ),
     ]
@@ -216,15 +242,6 @@ def bench_callgrind(binary: str, n: int) -> None:
         print(f"  {label:<48} {(long - short) / calls / per:9.0f} instructions/decision")
 
 
-def find_redis_binary() -> str:
-    from redis_server import find_redis_server
-
-    binary = find_redis_server()
-    if binary is None:
-        sys.exit("bench_redis_cpu: no redis-server binary; install one or pass --url")
-    return binary
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
@@ -232,20 +249,9 @@ def main() -> None:
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     args = parser.parse_args()
     if args.callgrind:
-        binary = find_redis_binary()
-        bench_callgrind(binary, min(args.n, 2000))
-        return
-    if args.url:
-        bench(args.url, args.n)
-        return
-    from redis_server import RedisServer
-
-    server = RedisServer(find_redis_binary())
-    server.start()
-    try:
-        bench(server.url, args.n)
-    finally:
-        server.close()
+        bench_callgrind(redis_server_binary("bench_redis_cpu"), min(args.n, 2000))
+    else:
+        on_server(args.url, "bench_redis_cpu", lambda url: bench(url, args.n))
 
 
 if __name__ == "__main__":

@@ -54,12 +54,15 @@ _LIB_PARTS = {part.partition("\n")[0]: "--- " + part for part in _parts}
 
 def _script(name: str) -> str:
     """A script's text: the library's head and the parts its first line names
-    (``-- lib: clock digits``), then the script; a script without that line as it is."""
+    (``-- lib: clock digits``), then the script, each line ``-- use: read decide``
+    replaced by those parts (blocks pasted in, not functions called)."""
     text = _LUA.joinpath(name).read_text(encoding="utf-8")
     first = text.partition("\n")[0]
-    if not first.startswith("-- lib:"):
-        return text
-    return "".join([_LIB_HEAD, *(_LIB_PARTS[part] for part in first[7:].split())]) + text
+    if first.startswith("-- lib:"):
+        text = "".join([_LIB_HEAD, *(_LIB_PARTS[part] for part in first[7:].split())]) + text
+    return re.sub(
+        r"(?m)^ *-- use: (.*)\n", lambda use: "".join(_LIB_PARTS[p] for p in use[1].split()), text
+    )
 
 
 _GCRA = _script("gcra.lua")

@@ -1,7 +1,6 @@
--- nanobucket: one GCRA decision on one key. The hottest script: it takes
--- no part of lib.lua and keeps its own inline copy of the clock, the tat
--- read, the expiry and the digits (see lib.lua's header for the cost
--- measured; what they do is said there once). Integers in microseconds.
+-- nanobucket: one GCRA decision on one key. The hottest script: it calls
+-- no function of lib.lua (see its header for the cost measured) and takes
+-- the rule as blocks pasted in (read, decide). Integers in microseconds.
 --
 -- KEYS[1]  the bucket: a string holding tat (theoretical arrival time, us)
 -- ARGV[1]  tau_us        capacity * interval_us
@@ -17,7 +16,6 @@
 -- negative, past 2^53) counts as an empty bucket (owed_us = tau_us) and,
 -- when consuming, is replaced by one: never an error, never a token the
 -- bucket did not have.
-local fmt = string.format
 local tau = tonumber(ARGV[1])
 local cost_t = tonumber(ARGV[2])
 local now
@@ -29,39 +27,11 @@ else
   now = tonumber(ARGV[3])
   slack = tonumber(ARGV[5])
 end
-local raw = redis.pcall('GET', KEYS[1])  -- pcall: WRONGTYPE is a value, not an error
-local tat = now
-local write = false
-if raw then
-  tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
-  if not (tat and tat >= 0 and tat <= 9007199254740991) then
-    tat = now + tau
-    write = true  -- replace it by a real (empty) bucket
-  end
-end
-local owed = tat - now
-if owed < 0 then owed = 0 end
-if cost_t > 0 and owed <= tau - cost_t then
-  tat = now + owed + cost_t
-  write = true
-end
+local key = KEYS[1]
+-- use: read decide
 if write and ARGV[4] == '1' then
-  -- floor(debt / 1000) + 1 >= ceil(debt / 1000) even when the division
-  -- rounds: the key outlives its debt, so expiry never frees a token early.
-  local ttl = math.floor((tat - now) / 1000) + 1 + slack
-  local value
-  if tat < 100000000 then
-    value = fmt('%d', tat)
-  else
-    local lo = math.fmod(tat, 100000000)
-    value = fmt('%d%08d', (tat - lo) / 100000000, lo)
-  end
-  if ttl < 2147483648 then
-    ttl = fmt('%d', ttl)
-  else
-    local l = math.fmod(ttl, 100000000)
-    ttl = fmt('%d%08d', (ttl - l) / 100000000, l)
-  end
-  redis.call('SET', KEYS[1], value, 'PX', ttl)
+  -- redis.call formats a number argument itself, exactly below 2^53 ('%.17g';
+  -- Redis 7.2 and Valkey as an integer): no digits of our own to format.
+  redis.call('SET', key, tat, 'PX', math.floor((tat - now) / 1000) + 1 + slack)
 end
 return owed

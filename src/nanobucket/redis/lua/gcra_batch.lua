@@ -20,10 +20,7 @@ local tau = tonumber(ARGV[1])
 local now, slack = clock(ARGV[2], ARGV[3])
 local same = nil
 if ARGV[4] ~= '' then same = tonumber(ARGV[4]) end
--- Buckets that were full (the common case) get the same tat and TTL for the
--- same cost: format them once per distinct value, not once per key. The tat
--- read (read_tat) is inline: it runs once per key.
-local last_tat, last_value, last_ttl, last_ttl_s
+local last_tat, last_value, last_ttl, last_ttl_s  -- see set_cached
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -33,33 +30,9 @@ for i = 1, #KEYS do
     cost_t = -cost_t - 1
     consume = false
   end
-  local raw = pcall('GET', key)
-  local tat = now
-  local write = false
-  if raw then
-    tat = tonumber(raw)
-    if not (tat and tat >= 0 and tat <= 9007199254740991) then
-      tat = now + tau
-      write = true
-    end
-  end
-  local owed = tat - now
-  if owed < 0 then owed = 0 end
-  if cost_t > 0 and owed <= tau - cost_t then
-    tat = now + owed + cost_t
-    write = true
-  end
+  -- use: read decide
   if write and consume then
-    if tat ~= last_tat then
-      last_tat = tat
-      last_value = digits(tat)
-      local ttl = expiry(tat, now, slack)
-      if ttl ~= last_ttl then
-        last_ttl = ttl
-        last_ttl_s = digits(ttl)
-      end
-    end
-    call('SET', key, last_value, 'PX', last_ttl_s)
+    -- use: set_cached
   end
   if owed == 0 then
     out[i] = '0'

@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry store
+-- lib: clock digits expiry store
 -- nanobucket: take or give back a lease of tokens on one key (see
 -- LeasedTokenBucket); lib.lua comes first. Same state and units as gcra.lua.
 --
@@ -12,18 +12,17 @@
 -- ARGV[7]  extra ms of TTL for explicit times
 -- take returns {granted, retry_after_us, reset_after_us}; give returns {given, 0, reset_after_us}
 -- A key that does not hold a bucket counts as an empty one and is replaced
--- by one (see read_tat).
+-- by one (see read).
 local key = KEYS[1]
 local interval = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
 local n = tonumber(ARGV[4])
 local now, slack = clock(ARGV[6], ARGV[7])
-local tat, bad = read_tat(key, now, tau)
-if not tat then tat = 0 end
+-- use: read
+if now > tat then tat = now end  -- a full bucket: no debt
 local base = tat
-if now > base then base = now end
+if write then store(key, tat, now, slack) end
 
-if bad then store(key, tat, now, slack) end
 if ARGV[3] == 'give' then
   -- Unspent tokens go back, but never past full (tat >= now): the bucket
   -- ends where it would be had they never been taken, or full.
@@ -32,9 +31,7 @@ if ARGV[3] == 'give' then
     if tat < now then tat = now end
     store(key, tat, now, slack)
   end
-  local debt = tat - now
-  if debt < 0 then debt = 0 end
-  return {n, 0, debt}
+  return {n, 0, tat - now}
 end
 
 local free = tau - (base - now)
@@ -50,6 +47,4 @@ if grant > 0 then
   tat = base + grant * interval
   store(key, tat, now, slack)
 end
-local debt = tat - now
-if debt < 0 then debt = 0 end
-return {grant, 0, debt}
+return {grant, 0, tat - now}

@@ -6,22 +6,22 @@
 -- microseconds; a missing key is a full bucket. Every value stays below
 -- 2^53, so Lua's doubles hold them exactly.
 --
--- Cost. Each function here is a closure made anew on every call of the
--- script (Redis runs the whole chunk each time; a script cannot keep a
--- global): 1,500 to 4,000 instructions of Redis's CPU each, more than the
--- lines it saves. Prepended whole to gcra.lua, the library made a single
--- decision cost 15 % more (58,000 -> 67,000 instructions per call under
--- callgrind) though gcra.lua called none of it. So a script takes only the
--- parts it names on its first line (`-- lib: clock digits`; the locals below
--- always come), and the hot paths stay inline, as measured: gcra.lua (one
--- decision per call) takes none and keeps its own copy; the batch scripts
--- take the parts they call once per batch or once per distinct value (no
--- more per key than before), and keep the per-key tat read inline;
--- lease.lua and reserve.lua, run once per lease or reservation, take what
--- they use (about 3 % more per call than their inline forms). Parts start
--- with a line `--- name`.
+-- Cost. Redis runs a script's whole chunk on every call (a script cannot
+-- keep a global), so a function here is made anew each time, with the
+-- locals it captures, and each call of it costs Redis's CPU more than the
+-- same lines inline: under callgrind (benchmarks/bench_redis_cpu.py
+-- --callgrind) the single decision (gcra.lua) cost 15 % more through a
+-- decide function (58,000 -> 67,000 instructions per call), a batch 4 %
+-- more per key. So the rule itself is two blocks, read and decide (and the
+-- batch write one more, set_cached), that the limiter pastes where a script
+-- has a line `-- use: read decide`: no function, no call, written once
+-- (gcra.lua, without the head below, takes only blocks). The functions (clock, digits, expiry,
+-- store) serve once per call or once per distinct value; a script takes
+-- those it names on its first line (`-- lib: clock digits`), in the order
+-- they come here; the locals below always come. Parts start with a line
+-- `--- name`.
 local fmt, fmod, floor = string.format, math.fmod, math.floor
-local call, pcall = redis.call, redis.pcall
+local call = redis.call
 
 --- clock
 -- now_us and the TTL slack in ms: the server's clock (TIME) when the caller
@@ -33,20 +33,6 @@ local function clock(now_arg, slack_arg)
     return t[1] * 1000000 + t[2], 0
   end
   return tonumber(now_arg), tonumber(slack_arg)
-end
-
---- read_tat
--- The bucket's tat, or nil for a missing key (a full bucket), and whether
--- the key holds no bucket: another type (pcall: WRONGTYPE is a value, not
--- an error), not a number, inf, nan, negative or past 2^53. Such a key is
--- an empty bucket (tat = now + tau), replaced by a real one on a write:
--- never an error, never a token the bucket did not have.
-local function read_tat(key, now, tau)
-  local raw = pcall('GET', key)
-  if not raw then return nil, false end
-  local tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
-  if tat and tat >= 0 and tat <= 9007199254740991 then return tat, false end
-  return now + tau, true
 end
 
 --- digits
@@ -66,6 +52,52 @@ end
 local function expiry(tat, now, slack)
   return floor((tat - now) / 1000) + 1 + slack
 end
+
+--- read
+-- A block (`-- use: read`). In: key, now, tau. Out: tat, the bucket's (now
+-- for a missing key: a full bucket), and write, true when the key holds no
+-- bucket: another type (pcall: WRONGTYPE is a value, not an error), not a
+-- number, inf, nan, negative or past 2^53. Such a key is an empty bucket
+-- (tat = now + tau), replaced by a real one on a write: never an error,
+-- never a token the bucket did not have.
+local raw = redis.pcall('GET', key)
+local tat = now
+local write = false
+if raw then
+  tat = tonumber(raw)  -- nil for an error reply (a table) or a non-number
+  if not (tat and tat >= 0 and tat <= 9007199254740991) then
+    tat = now + tau
+    write = true
+  end
+end
+
+--- decide
+-- A block (`-- use: decide`, after read): one GCRA decision. In: tat, now,
+-- tau, cost_t, write. Out: owed = max(tat - now, 0), the debt before it;
+-- cost_t spent (tat moved, write set) iff cost_t > 0 and owed <= tau - cost_t.
+local owed = tat - now
+if owed < 0 then owed = 0 end
+if cost_t > 0 and owed <= tau - cost_t then
+  tat = now + owed + cost_t
+  write = true
+end
+
+--- set_cached
+-- A block (`-- use: set_cached`, in a batch's loop): SET key to tat with its
+-- TTL. The keys of a batch that were full (the common case) get the same tat
+-- and TTL for the same cost, so each distinct value is formatted once per
+-- call, not once per key: the loop keeps the last in locals declared before
+-- it, `local last_tat, last_value, last_ttl, last_ttl_s`.
+if tat ~= last_tat then
+  last_tat = tat
+  last_value = digits(tat)
+  local ttl = expiry(tat, now, slack)
+  if ttl ~= last_ttl then
+    last_ttl = ttl
+    last_ttl_s = digits(ttl)
+  end
+end
+call('SET', key, last_value, 'PX', last_ttl_s)
 
 --- store
 -- Store tat at key with its TTL; a tat not past now is a full bucket: no key.

@@ -1,4 +1,4 @@
--- lib: clock read_tat digits expiry
+-- lib: clock digits expiry
 -- nanobucket: reserve tokens on one key, possibly past empty (see acquire);
 -- lib.lua comes first. Same state and units as gcra.lua. A reservation is a
 -- place in line: the tat moves past "empty" and every later caller sees it owed.
@@ -11,11 +11,12 @@
 -- ARGV[5]  '1' shape (due at the start of its slot), '0' due when the tokens exist
 -- ARGV[6]  extra ms of TTL for explicit times
 -- returns the us to wait before the tokens may be used, or -1 (nothing reserved)
--- A key that does not hold a bucket counts as an empty one (see read_tat).
+-- A key that does not hold a bucket counts as an empty one (see read).
 local tau = tonumber(ARGV[1])
 local cost_t = tonumber(ARGV[2])
 local now, slack = clock(ARGV[3], ARGV[6])
-local tat = read_tat(KEYS[1], now, tau) or now
+local key = KEYS[1]
+-- use: read
 local base = tat
 if now > base then base = now end
 local lead = tau
@@ -25,6 +26,6 @@ if wait < 0 then wait = 0 end
 if wait > tonumber(ARGV[4]) or base + cost_t > 9007199254740991 then return -1 end
 if cost_t > 0 then
   tat = base + cost_t
-  call('SET', KEYS[1], digits(tat), 'PX', digits(expiry(tat, now, slack)))
+  call('SET', key, digits(tat), 'PX', digits(expiry(tat, now, slack)))
 end
 return wait
