@@ -55,6 +55,18 @@ def test_threads_missing_the_lease_together_take_one_lease(redis_url: str) -> No
     client.close()
 
 
+def test_a_bucket_full_for_long_grants_capacity_not_the_idle_time(redis_url: str) -> None:
+    # The key's tat (1 s) lies 9 s in the past at 10 s: the bucket is full,
+    # not 9 s "more than full": the instant admits capacity, and the first
+    # lease (10 tokens at 100/s) leaves 100 ms owed.
+    client, limiter = leased(redis_url, f"idle{random.getrandbits(48):x}", 10)
+    assert _drain(limiter, 0) == 100
+    d = limiter.check_at("k", 10 * S)
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (True, 9, 0, S // 10)
+    assert 1 + _drain(limiter, 10 * S) == 100
+    client.close()
+
+
 def test_threads_with_larger_costs_keep_the_bound(redis_url: str) -> None:
     prefix = f"costs{random.getrandbits(48):x}"
     client, limiter = leased(redis_url, prefix, 10)
