@@ -535,7 +535,10 @@ def test_real_server_announcing_its_limit(servers: dict[str, str], fields: str, 
     # IETF fields say the rate. X-RateLimit-* alone: Limit is the capacity and
     # Reset whole seconds until full, so the rate is learned from Remaining
     # (a few answers: a longer run) and an empty bucket is not waited out.
-    seconds = 2.0 if (fields, kind) == ("ietf", "requests") else SECONDS
+    # The asyncio client learns X-RateLimit-* about 0.5 s later than the
+    # threads (its 8 first requests answer together): 5 s, where it admits
+    # 219-257 (3 s: 110-123, against a bound of 112.5).
+    seconds = 5.0 if fields == "x-ratelimit" else 2.0 if kind == "requests" else SECONDS
     run = drive(servers[fields], fresh_key(), kind, WORKERS, seconds)
     assert not run.errors, run.errors
     assert {s for _, s in run.statuses} <= {200, 429}
