@@ -447,6 +447,10 @@ cdef class _Limits:
             return nb_monotonic_ns()
         return gcra.as_now(self.clock(), parse_now)
 
+    def _clock_ns(self):
+        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
+        return self._now()
+
     cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
                             int64_t base):
         return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, self.tau,
@@ -638,10 +642,6 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         cdef int64_t mw = max_wait
         cdef int64_t cost_t = c * self.interval_ns
         return gcra.reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
-
-    def _clock_ns(self):
-        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
-        return self._now()
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.

@@ -236,6 +236,7 @@ class _Limits:
     """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
     __slots__ = ("_capacity", "_interval", "_rate", "_tau")
+    _now: Clock  # each subclass's slot: its clock, read as int ns
 
     # Each subclass's __init__ checks every argument first (`_new_limits`,
     # then its own), then sets the fields, `_lock` last: an __init__ that
@@ -311,6 +312,10 @@ class _Limits:
         if debt >= self._tau:
             return 0.0
         return (self._tau - debt) / self._interval
+
+    def _clock_ns(self) -> int:
+        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
+        return self._now()
 
 
 def _validated(rate: object, capacity: object) -> tuple[RateLike, int, int, int]:
@@ -508,10 +513,6 @@ class TokenBucket(_Limits):
                 self._tat, now, cost_t, cost_t if shape else self._tau, max_wait
             )
             return wait
-
-    def _clock_ns(self) -> int:
-        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
-        return self._now()
 
     def reconfigure(
         self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
@@ -886,10 +887,6 @@ class KeyedTokenBucket(_Limits):
             if wait >= 0 and cost_t:  # a place only when charged (`_allow`)
                 tats[key] = after
             return wait
-
-    def _clock_ns(self) -> int:
-        """`TokenBucket._clock_ns`."""
-        return self._now()
 
     def reconfigure(
         self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None

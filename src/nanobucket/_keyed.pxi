@@ -749,10 +749,6 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
             wait = gcra.reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
         return wait
 
-    def _clock_ns(self):
-        """`TokenBucket._clock_ns`."""
-        return self._now()
-
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity of every bucket, keeping their state.
 
