@@ -33,8 +33,8 @@ import threading
 import urllib.parse
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ._charge import Charge, check_charge, settlers
 from ._limiter import is_keyed
@@ -693,6 +693,7 @@ def rejection(mode: str, policy: Policy, decision: Any) -> tuple[Headers, bytes]
 # Routes
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Route:
     """A rule for some paths: its own limiter, cost, key, or exempt.
 
@@ -712,40 +713,34 @@ class Route:
     Route('/healthz', exempt=True)
     """
 
-    __slots__ = ("cost", "exempt", "key", "limiter", "methods", "name", "path")
+    path: str
+    limiter: object | None = None
+    _: KW_ONLY
+    cost: int | Callable[[Any], int] | None = None
+    key: object | None = None
+    exempt: bool = False
+    name: str | None = None
+    methods: Iterable[str] | None = None  # kept as a frozenset of upper-case names
 
-    def __init__(
-        self,
-        path: str,
-        limiter: object | None = None,
-        *,
-        cost: int | Callable[[Any], int] | None = None,
-        key: object | None = None,
-        exempt: bool = False,
-        name: str | None = None,
-        methods: Iterable[str] | None = None,
-    ) -> None:
+    def __post_init__(self) -> None:
+        path = self.path
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"route path must start with '/', got {path!r}")
         if "*" in path[:-1] or (path.endswith("*") and not path.endswith("/*")):
             raise ValueError(f"only a trailing '/*' is a wildcard, got {path!r}")
-        if not isinstance(exempt, bool):
+        if not isinstance(self.exempt, bool):
             raise TypeError("exempt must be a bool")
-        if exempt and (limiter is not None or cost is not None):
+        if self.exempt and (self.limiter is not None or self.cost is not None):
             raise ValueError("an exempt route takes no limiter or cost")
-        if isinstance(methods, str) or (
-            methods is not None and not all(isinstance(m, str) and m for m in methods)
-        ):
-            raise TypeError("methods must be a collection of method names, e.g. {'POST'}")
-        self.path = path
-        self.limiter = limiter
-        self.cost = cost
-        self.key = key
-        self.exempt = exempt
-        self.name = name
-        self.methods = frozenset(m.upper() for m in methods) if methods is not None else None
-        if self.methods is not None and not self.methods:
-            raise ValueError("methods=() matches no request; leave it out to match every method")
+        methods = self.methods
+        if methods is not None:
+            if isinstance(methods, str) or not all(isinstance(m, str) and m for m in methods):
+                raise TypeError("methods must be a collection of method names, e.g. {'POST'}")
+            self.methods = methods = frozenset(m.upper() for m in methods)
+            if not methods:
+                raise ValueError(
+                    "methods=() matches no request; leave it out to match every method"
+                )
 
     def __repr__(self) -> str:
         extra = ", exempt=True" if self.exempt else ""
@@ -837,7 +832,7 @@ class Router:
         # takes HEAD too (or HEAD would dodge it), unless a rule names HEAD.
         head_named = {r.path for r, _ in routes if r.methods and "HEAD" in r.methods}
         for r, rule in routes:
-            methods = r.methods
+            methods = cast("frozenset[str] | None", r.methods)  # as `Route` keeps them
             if methods and "GET" in methods and r.path not in head_named:
                 methods = methods | {"HEAD"}
             if r.path.endswith("/*"):
