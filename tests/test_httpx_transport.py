@@ -437,6 +437,30 @@ def test_async_exact_pacing_pause_and_retry() -> None:
     assert clock.slept == [0.1, 2.0] and len(calls) == 3
 
 
+def test_async_a_cancelled_send_is_not_in_flight() -> None:
+    """A caller that gives up while its request is out leaves no request counted out."""
+    sent = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.set()
+        await asyncio.sleep(60)
+        return httpx.Response(200)
+
+    async def main() -> AsyncRateLimitedTransport:
+        t = AsyncRateLimitedTransport(httpx.MockTransport(handler), rate=10, capacity=5)
+        async with httpx.AsyncClient(transport=t) as http:
+            task = asyncio.ensure_future(http.get("http://h/"))
+            await sent.wait()
+            assert t.pacer._keys["h"].inflight == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return t
+
+    t = asyncio.run(main())
+    assert t.pacer._keys["h"].inflight == 0
+
+
 def test_async_timeout() -> None:
     clock = Clock()
     api, _ = answers((200, {}))

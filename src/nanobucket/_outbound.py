@@ -43,11 +43,12 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
 from fractions import Fraction
 from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar
 
 from ._bucket import TokenBucket
+from ._drive import Call, drive, drive_async
 from ._learn import Refill
 from ._params import (
     NS_PER_S,
@@ -750,24 +751,13 @@ class Outbound:
         0.1
         [204, 204]
         """
-        key = self._key(request)
-        pacer = self.pacer
-        end = self.retry.deadline(pacer)
-        tries = 0
-        while True:
-            try:
-                ticket = pacer.start(key)
-            except WaitTooLong as err:
-                raise self._timeout(err, request) from None
-            try:
-                answer = send(request)
-            except BaseException:
-                pacer.failed(ticket)
-                raise
-            if not self._again(ticket, answer, method, replayable, tries, end):
-                return answer
-            answer.close()
-            tries += 1
+        try:
+            answer: _Answer = drive(
+                self._tries(request, send, method, replayable, self.pacer.start, "close")
+            )
+        except WaitTooLong as err:
+            raise self._timeout(err, request) from None
+        return answer
 
     async def _paced_async(
         self,
@@ -777,25 +767,42 @@ class Outbound:
         replayable: bool,
     ) -> _AsyncAnswer:
         """`_paced` for asyncio: waits in the event loop (a cancelled waiter gives its
-        place back) and awaits *send*. The twin of `_paced` but for its awaits: one
-        loop for both would cost every request a call."""
+        place back) and awaits *send*."""
+        start = self.pacer.start_async
+        try:
+            answer: _AsyncAnswer = await drive_async(
+                self._tries(request, send, method, replayable, start, "aclose")
+            )
+        except WaitTooLong as err:
+            raise self._timeout(err, request) from None
+        return answer
+
+    def _tries(
+        self,
+        request: _Request,
+        send: Callable[[_Request], Any],
+        method: str,
+        replayable: bool,
+        start: Callable[[Hashable], Any],
+        close: str,
+    ) -> Generator[Call, Any, Any]:
+        """The loop of `_paced` and `_paced_async`, as the calls it makes (see `drive`):
+        *start* waits for a ticket (or raises `WaitTooLong`), *send* sends, and the
+        answer's *close* method closes an answer whose request is sent again."""
         key = self._key(request)
         pacer = self.pacer
         end = self.retry.deadline(pacer)
         tries = 0
         while True:
+            ticket = yield start, (key,)
             try:
-                ticket = await pacer.start_async(key)
-            except WaitTooLong as err:
-                raise self._timeout(err, request) from None
-            try:
-                answer = await send(request)
-            except BaseException:
+                answer = yield send, (request,)
+            except BaseException:  # GeneratorExit: send raised, or its caller gave up
                 pacer.failed(ticket)
                 raise
             if not self._again(ticket, answer, method, replayable, tries, end):
                 return answer
-            await answer.aclose()
+            yield getattr(answer, close), ()
             tries += 1
 
 

@@ -51,9 +51,10 @@ import itertools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from ._bucket import Decision
+from ._drive import Call, drive, drive_async
 from ._params import validated_max_keys
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
@@ -67,9 +68,6 @@ _WAIT_VERBS = ("refund", "refund_at", "reset", "_reserve", "acquire", "acquire_a
 # Decisions that are not the stored bucket's (the Redis limiters' failure path).
 _NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
 _TRIES = 8  # charges of a move that a concurrent spender may make fail
-
-Call = tuple[Callable[..., Any], tuple[Any, ...]]
-T = TypeVar("T")
 
 
 class TieredDecision(Decision):
@@ -215,26 +213,6 @@ def _carry(
     return True  # spent meanwhile by others each time: it holds at least as much now
 
 
-def _drive(steps: Generator[Call, Any, T]) -> T:
-    try:
-        fn, args = next(steps)
-        while True:
-            fn, args = steps.send(fn(*args))
-    except StopIteration as done:
-        result: T = done.value
-        return result
-
-
-async def _drive_async(steps: Generator[Call, Any, T]) -> T:
-    try:
-        fn, args = next(steps)
-        while True:
-            fn, args = steps.send(await fn(*args))
-    except StopIteration as done:
-        result: T = done.value
-        return result
-
-
 class _Plans:
     """What the sync and asyncio tiered limiters share: plans, the choice, the memory."""
 
@@ -347,7 +325,7 @@ class _Plans:
         self, keys: Iterable[Hashable], cost: int, now: int | None
     ) -> Generator[Call, Any, bytearray]:
         """A batch as the calls it makes (one `_pick` per distinct key, one
-        ``allow_many`` per plan), for `_drive` or `_drive_async` to run."""
+        ``allow_many`` per plan), for `drive` or `drive_async` to run."""
         if isinstance(keys, (str, bytes)):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes")
         keys = list(keys)
@@ -428,7 +406,7 @@ class Tiered(_Plans):
         name, plan = found
         with self._move_lock:  # one move at a time: a second caller finds it done
             last = self._last.get(key)
-            if last is not name and _drive(_carry(key, now, plan, self._sources(last, name))):
+            if last is not name and drive(_carry(key, now, plan, self._sources(last, name))):
                 self._remember(key, name)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
@@ -530,7 +508,7 @@ limit=20, plan='free')
         >>> list(t.allow_many(["alice", "bob", "alice", "bob", "alice"]))
         [1, 1, 1, 0, 0]
         """
-        return _drive(self._many(keys, cost, None))
+        return drive(self._many(keys, cost, None))
 
     def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -540,7 +518,7 @@ limit=20, plan='free')
         >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
         [1, 1, 0]
         """
-        return _drive(self._many(keys, cost, now))
+        return drive(self._many(keys, cost, now))
 
 
 class _WaitingTiered(Tiered):
@@ -648,7 +626,7 @@ class AsyncTiered(_Plans):
             return
         done = self._moves[key] = asyncio.get_running_loop().create_future()
         try:
-            if await _drive_async(_carry(key, now, plan, self._sources(self._last.get(key), name))):
+            if await drive_async(_carry(key, now, plan, self._sources(self._last.get(key), name))):
                 self._remember(key, name)
         finally:
             del self._moves[key]
@@ -729,7 +707,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
         [1, 1]
         """
-        return await _drive_async(self._many(keys, cost, None))
+        return await drive_async(self._many(keys, cost, None))
 
     async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
         """`allow_many` at an explicit time *now* (int ns).
@@ -739,7 +717,7 @@ class AsyncTiered(_Plans):
         >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
         [1]
         """
-        return await _drive_async(self._many(keys, cost, now))
+        return await drive_async(self._many(keys, cost, now))
 
     async def refund(self, key: Hashable, cost: int = 1) -> Any:
         """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
