@@ -20,6 +20,16 @@ PROBLEM_429_1S = {
 }
 
 
+def counts(*, admitted: int, limited: int, shadow_limited: int, exempt: int) -> dict[str, int]:
+    """What a front end's ``counters.snapshot()`` is for these counts: its four keys."""
+    return {
+        "admitted": admitted,
+        "limited": limited,
+        "shadow_limited": shadow_limited,
+        "exempt": exempt,
+    }
+
+
 class Client:
     """A synchronous face on ``httpx.AsyncClient(transport=ASGITransport(...))``."""
 

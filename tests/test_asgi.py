@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -30,7 +31,7 @@ from nanobucket._http import (
 )
 from nanobucket.asgi import RateLimitMiddleware
 
-from http_checks import PROBLEM_429_1S, AsyncRecorder, MakeClient, asgi_client
+from http_checks import PROBLEM_429_1S, AsyncRecorder, MakeClient, asgi_client, counts
 
 __all__ = ("asgi_client",)  # a fixture, used by name
 
@@ -58,11 +59,24 @@ def starlette_app() -> Starlette:
     )
 
 
+KeyedApp = Callable[..., RateLimitMiddleware]  # the `keyed_app` fixture: (capacity, **options)
+
+
+@pytest.fixture
+def keyed_app(impl: ModuleType, clock: Any) -> KeyedApp:
+    """Makes the Starlette app behind a per-client bucket of 1 token/s and *capacity*."""
+
+    def make(capacity: int, **options: Any) -> RateLimitMiddleware:
+        limiter = impl.KeyedTokenBucket(rate=1, capacity=capacity, clock=clock)
+        return RateLimitMiddleware(starlette_app(), limiter, **options)
+
+    return make
+
+
 def test_admitted_then_429_with_exact_headers(
-    impl: ModuleType, clock: Any, asgi_client: MakeClient
+    keyed_app: KeyedApp, clock: Any, asgi_client: MakeClient
 ) -> None:
-    limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
-    app = RateLimitMiddleware(starlette_app(), limiter)
+    app = keyed_app(2)
     c = asgi_client(app)
 
     r = c.get("/")
@@ -94,12 +108,7 @@ def test_admitted_then_429_with_exact_headers(
     r = c.get("/")
     assert r.status_code == 200
     assert r.headers["ratelimit"] == '"default";r=0;t=2'
-    assert app.counters.snapshot() == {
-        "admitted": 3,
-        "limited": 2,
-        "shadow_limited": 0,
-        "exempt": 0,
-    }
+    assert app.counters.snapshot() == counts(admitted=3, limited=2, shadow_limited=0, exempt=0)
 
 
 def test_retry_after_rounds_up_whole_seconds(
@@ -130,11 +139,8 @@ def test_retry_after_never_zero() -> None:
     assert [retry_after_seconds(ns) for ns in (0, 1, S - 1, S, S + 1)] == [1, 1, 1, 1, 2]
 
 
-def test_legacy_and_off_headers(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
-    legacy = RateLimitMiddleware(
-        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock), headers="legacy"
-    )
-    c = asgi_client(legacy)
+def test_legacy_and_off_headers(keyed_app: KeyedApp, asgi_client: MakeClient) -> None:
+    c = asgi_client(keyed_app(2, headers="legacy"))
     r = c.get("/")
     assert (r.headers["x-ratelimit-limit"], r.headers["x-ratelimit-remaining"]) == ("2", "1")
     assert r.headers["x-ratelimit-reset"] == "1"
@@ -144,10 +150,7 @@ def test_legacy_and_off_headers(impl: ModuleType, clock: Any, asgi_client: MakeC
     assert r.status_code == 429
     assert (r.headers["x-ratelimit-remaining"], r.headers["retry-after"]) == ("0", "1")
 
-    off = RateLimitMiddleware(
-        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock), headers="off"
-    )
-    c = asgi_client(off)
+    c = asgi_client(keyed_app(1, headers="off"))
     r = c.get("/")
     assert r.status_code == 200
     assert not [h for h in r.headers if "ratelimit" in h]
@@ -169,12 +172,8 @@ def test_unkeyed_bucket_is_one_limit_for_everyone(
     ]
 
 
-def test_clients_have_their_own_buckets(
-    impl: ModuleType, clock: Any, asgi_client: MakeClient
-) -> None:
-    app = RateLimitMiddleware(
-        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
-    )
+def test_clients_have_their_own_buckets(keyed_app: KeyedApp, asgi_client: MakeClient) -> None:
+    app = keyed_app(1)
     a = asgi_client(app, "10.0.0.1")
     b = asgi_client(app, "10.0.0.2")
     assert [a.get("/").status_code, a.get("/").status_code] == [200, 429]
@@ -182,12 +181,9 @@ def test_clients_have_their_own_buckets(
 
 
 def test_spoofed_forwarded_for_does_not_change_the_key(
-    impl: ModuleType, clock: Any, asgi_client: MakeClient
+    keyed_app: KeyedApp, asgi_client: MakeClient
 ) -> None:
-    app = RateLimitMiddleware(
-        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
-    )
-    c = asgi_client(app, "203.0.113.9")
+    c = asgi_client(keyed_app(2), "203.0.113.9")
     codes = [
         c.get("/", headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code for i in range(5)
     ]
@@ -294,12 +290,7 @@ def test_routes_costs_exempt_and_route_key(
     # The route key: one bucket for the route, whoever calls.
     assert c.get("/remaining").json() == {"remaining": 9}
     assert default.tokens_at("/remaining", clock.now) == 9.0
-    assert app.counters.snapshot() == {
-        "admitted": 6,
-        "limited": 2,
-        "shadow_limited": 0,
-        "exempt": 20,
-    }
+    assert app.counters.snapshot() == counts(admitted=6, limited=2, shadow_limited=0, exempt=20)
 
 
 def test_cost_callable_and_composite_key(
@@ -334,16 +325,13 @@ def test_shadow_mode_counts_and_never_rejects(
     responses = [c.get("/") for _ in range(5)]
     assert [r.status_code for r in responses] == [200] * 5
     assert not [h for r in responses for h in r.headers if "ratelimit" in h]
-    assert counters.snapshot() == {"admitted": 2, "limited": 0, "shadow_limited": 3, "exempt": 0}
+    assert counters.snapshot() == counts(admitted=2, limited=0, shadow_limited=3, exempt=0)
     counters.reset()
     assert counters.limited == counters.admitted == 0
 
 
-def test_decision_is_in_the_scope(impl: ModuleType, clock: Any, asgi_client: MakeClient) -> None:
-    app = RateLimitMiddleware(
-        starlette_app(), impl.KeyedTokenBucket(rate=1, capacity=5, clock=clock)
-    )
-    c = asgi_client(app)
+def test_decision_is_in_the_scope(keyed_app: KeyedApp, asgi_client: MakeClient) -> None:
+    c = asgi_client(keyed_app(5))
     assert [c.get("/remaining").json()["remaining"] for _ in range(3)] == [4, 3, 2]
 
 

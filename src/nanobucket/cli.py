@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NoReturn, TextIO
 
@@ -85,15 +85,32 @@ def _seconds(text: str) -> Fraction:
     return value
 
 
+# An option's row: its name, its type, its default (or _REQUIRED) and its help.
+_Option = tuple[str, Callable[[str], Any], Any, str]
+_REQUIRED = object()  # the default of an option that must be given
+
+
+def _options(parser: argparse.ArgumentParser, *rows: _Option) -> None:
+    """Declare one ``--option`` per row, in order (the order ``--help`` lists them)."""
+    for name, kind, default, text in rows:
+        required = default is _REQUIRED
+        parser.add_argument(
+            name, type=kind, required=required, default=None if required else default, help=text
+        )
+
+
 def _traffic_arguments(parser: argparse.ArgumentParser) -> None:
     """--duration, --seed and --trace: the traffic `simulate` and `size` replay."""
-    parser.add_argument(
-        "--duration",
-        type=_count(1),
-        default=None,
-        help="seconds of traffic (default 120; with --trace: the whole trace)",
+    _options(
+        parser,
+        (
+            "--duration",
+            _count(1),
+            None,
+            "seconds of traffic (default 120; with --trace: the whole trace)",
+        ),
+        ("--seed", _count(0), None, "random seed (default 1)"),
     )
-    parser.add_argument("--seed", type=_count(0), default=None, help="random seed (default 1)")
     parser.add_argument(
         "--trace",
         metavar="FILE.csv",
@@ -154,21 +171,19 @@ def _build_parser() -> argparse.ArgumentParser:
         "most admitted in T seconds, how long a burst is absorbed, what N instances admit. "
         "Numbers are exact (fractions where needed).",
     )
-    ex.add_argument("--rate", type=_rate, required=True, help="tokens per second (100, 0.5, 1/3)")
-    ex.add_argument("--capacity", type=_count(1), required=True, help="bucket size in tokens")
-    ex.add_argument("--cost", type=_count(1), default=1, help="tokens per request (default 1)")
-    ex.add_argument(
-        "--instances",
-        type=_count(1),
-        default=1,
-        help="processes each holding such a bucket locally (default 1)",
-    )
-    ex.add_argument(
-        "--burst-rps",
-        type=_rate,
-        default=None,
-        help="a burst to judge, requests/s (default 1.8 x the sustained rate, "
-        "the case study's 180 against 100)",
+    _options(
+        ex,
+        ("--rate", _rate, _REQUIRED, "tokens per second (100, 0.5, 1/3)"),
+        ("--capacity", _count(1), _REQUIRED, "bucket size in tokens"),
+        ("--cost", _count(1), 1, "tokens per request (default 1)"),
+        ("--instances", _count(1), 1, "processes each holding such a bucket locally (default 1)"),
+        (
+            "--burst-rps",
+            _rate,
+            None,
+            "a burst to judge, requests/s (default 1.8 x the sustained rate, "
+            "the case study's 180 against 100)",
+        ),
     )
     _output_arguments(ex, json="print JSON (rationals as exact strings)")
 
@@ -180,24 +195,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "The default traffic is the case study (70-90 req/s, bursts to 180 req/s, one "
         "greedy client), random but repeatable (--seed); --trace replays your own.",
     )
-    sim.add_argument(
-        "--rate",
-        type=_rate,
-        default=Fraction(100),
-        help="limit in tokens/s for every strategy (default 100)",
-    )
-    sim.add_argument(
-        "--capacity", type=_count(1), default=200, help="token bucket size (default 200)"
-    )
-    sim.add_argument(
-        "--queue-bound",
-        type=_count(1),
-        default=None,
-        help="most waiting requests in the bounded queue (default: capacity)",
-    )
-    sim.add_argument("--key-rate", type=_rate, default=None, help="per-key rate (default rate/4)")
-    sim.add_argument(
-        "--key-capacity", type=_count(1), default=None, help="per-key capacity (default capacity/4)"
+    _options(
+        sim,
+        ("--rate", _rate, Fraction(100), "limit in tokens/s for every strategy (default 100)"),
+        ("--capacity", _count(1), 200, "token bucket size (default 200)"),
+        (
+            "--queue-bound",
+            _count(1),
+            None,
+            "most waiting requests in the bounded queue (default: capacity)",
+        ),
+        ("--key-rate", _rate, None, "per-key rate (default rate/4)"),
+        ("--key-capacity", _count(1), None, "per-key capacity (default capacity/4)"),
     )
     _traffic_arguments(sim)
     _output_arguments(
@@ -216,35 +225,28 @@ def _build_parser() -> argparse.ArgumentParser:
         "capacity, where they fall, and what N instances with local buckets admit. The "
         "default traffic is the case study; --trace replays your own.",
     )
-    sz.add_argument(
-        "--max-rate",
-        type=_rate,
-        required=True,
-        help="requests/s the downstream sustains (the bucket's rate)",
-    )
-    sz.add_argument(
-        "--max-burst",
-        type=_count(1),
-        required=True,
-        help="requests the downstream takes at once (the largest capacity)",
-    )
-    sz.add_argument(
-        "--max-reject",
-        type=_share,
-        default=Fraction(1, 1000),
-        help="the share that may be rejected: 0.1%% (default) or 0.001",
-    )
-    sz.add_argument(
-        "--max-wait",
-        type=_seconds,
-        default=Fraction(0),
-        help="seconds a request may wait in a queue in front (default 0: no queue)",
-    )
-    sz.add_argument(
-        "--instances",
-        type=_count(1),
-        default=1,
-        help="processes that would each hold a local share (default 1)",
+    _options(
+        sz,
+        ("--max-rate", _rate, _REQUIRED, "requests/s the downstream sustains (the bucket's rate)"),
+        (
+            "--max-burst",
+            _count(1),
+            _REQUIRED,
+            "requests the downstream takes at once (the largest capacity)",
+        ),
+        (
+            "--max-reject",
+            _share,
+            Fraction(1, 1000),
+            "the share that may be rejected: 0.1%% (default) or 0.001",
+        ),
+        (
+            "--max-wait",
+            _seconds,
+            Fraction(0),
+            "seconds a request may wait in a queue in front (default 0: no queue)",
+        ),
+        ("--instances", _count(1), 1, "processes that would each hold a local share (default 1)"),
     )
     _traffic_arguments(sz)
     _output_arguments(
