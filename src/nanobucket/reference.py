@@ -29,17 +29,13 @@ class NaiveBucket:
         self.tokens = capacity
         self.last_time = 0.0
 
-    def allow(self, now: float | None = None) -> bool:
+    def allow(self, now: float) -> bool:
         """Refill for the time since the last call, then spend one token if there is one.
-
-        *now* is in seconds; without it, ``time.monotonic()``.
 
         >>> b = NaiveBucket(rate=1, capacity=1)
         >>> b.allow(0.0), b.allow(0.5), b.allow(1.5)
         (True, False, True)
         """
-        if now is None:
-            now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
         self.last_time = now
         if self.tokens < 1:
@@ -48,20 +44,34 @@ class NaiveBucket:
         return True
 
 
-class MonotonicNaiveBucket(NaiveBucket):
-    """`NaiveBucket` on ``time.monotonic()``, its clock started when it is made: call ``allow()``.
+class MonotonicNaiveBucket:
+    """The textbook algorithm as a class that reads ``time.monotonic()``.
 
     >>> b = MonotonicNaiveBucket(rate=1, capacity=5)
     >>> sum(b.allow() for _ in range(10))   # a burst: the first 5 pass
     5
-    >>> b = MonotonicNaiveBucket(rate=1, capacity=1)
-    >>> b.allow(), b.allow()
-    (True, False)
     """
 
     def __init__(self, rate: float = 100, capacity: float = 200) -> None:
-        super().__init__(rate, capacity)
+        self.capacity = capacity
+        self.rate = rate
+        self.tokens = capacity
         self.last_time = time.monotonic()
+
+    def allow(self) -> bool:
+        """`NaiveBucket.allow` at ``time.monotonic()``.
+
+        >>> b = MonotonicNaiveBucket(rate=1, capacity=1)
+        >>> b.allow(), b.allow()
+        (True, False)
+        """
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last_time) * self.rate)
+        self.last_time = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class ExactBucket:
