@@ -55,6 +55,7 @@ MODULES = [
     "nanobucket.hooks",
     "nanobucket.metrics",
     "nanobucket._outbound",
+    "nanobucket._drive",
     "nanobucket.httpx",
     "nanobucket.requests",
     "nanobucket.executor",
