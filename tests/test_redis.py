@@ -257,6 +257,18 @@ def test_bad_calls(client: Any) -> None:
         nbr.CircuitBreaker(backoff=0)
 
 
+@pytest.mark.parametrize("cls", [nbr.RedisTokenBucket, nbr.AsyncRedisTokenBucket])
+def test_from_url_names_its_timeout(cls: Any) -> None:
+    """``timeout=`` (the constructor's name) is refused with the name `from_url` takes."""
+    with pytest.raises(
+        TypeError,
+        match=r"^from_url takes socket_timeout= \(the limiter's timeout too\), not timeout=$",
+    ):
+        cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, timeout=0.5)
+    limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, socket_timeout=0.5)
+    assert limiter.timeout == 0.5
+
+
 # -- the circuit breaker ------------------------------------------------------------------------
 
 

@@ -202,7 +202,7 @@ class _RedisLimits(_FailurePolicy):
         **kwargs: Any,
     ) -> _Limits:
         """Build on a new client for *url* (an asyncio one for the asyncio limiter) with a
-        short timeout and no retries.
+        short timeout and no retries; *socket_timeout* is the limiter's ``timeout`` too.
 
         >>> limiter = RedisTokenBucket.from_url("redis://127.0.0.1:6379/0", rate=100, capacity=200)
         >>> limiter.client.get_connection_kwargs()["socket_timeout"]   # no connection made yet
@@ -211,6 +211,10 @@ class _RedisLimits(_FailurePolicy):
         >>> type(limiter.client).__module__
         'redis.asyncio.client'
         """
+        if "timeout" in kwargs:
+            raise TypeError(
+                "from_url takes socket_timeout= (the limiter's timeout too), not timeout="
+            )
         client = client_from_url(url, socket_timeout=socket_timeout, asyncio=cls._asyncio)
         make: Any = cls  # a limiter class: the client first, as every one takes it
         limiter: _Limits = make(client, rate, capacity, timeout=socket_timeout, **kwargs)
