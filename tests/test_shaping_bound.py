@@ -24,6 +24,7 @@ import asyncio
 import threading
 import time
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,8 @@ from nanobucket.waiting import Waiting
 from conftest import ManualClock
 
 S = 1_000_000_000
+#: Waiters paying in tokens (their part is the bucket's capacity long), or shaped (their cost).
+BY_SHAPE = pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
 
 
 class Timer:
@@ -57,6 +60,11 @@ class Timer:
         await settle()
 
 
+@pytest.fixture
+def timer(clock: ManualClock) -> Timer:
+    return Timer(clock)
+
+
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
@@ -75,9 +83,18 @@ def over_the_bound(events: list[tuple[int, int]], capacity: int, rate: int) -> l
     ]
 
 
+def bucket_or_key(
+    impl: ModuleType, keyed: bool, rate: float, capacity: int, clock: ManualClock
+) -> tuple[Any, tuple[str, ...]]:
+    """A `TokenBucket`, or a `KeyedTokenBucket` and the key its verbs take first."""
+    if keyed:
+        return impl.KeyedTokenBucket(rate=rate, capacity=capacity, clock=clock), ("k",)
+    return impl.TokenBucket(rate=rate, capacity=capacity, clock=clock), ()
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
 def test_shaped_waiters_moved_up_and_plain_callers_admit_exactly_the_bound(
-    impl: ModuleType, clock: ManualClock, keyed: bool
+    impl: ModuleType, clock: ManualClock, timer: Timer, keyed: bool
 ) -> None:
     # rate 1/s, capacity 3. At 0 a plain caller takes 2; shaped A (cost 2)
     # is given the part [2, 4) s and B (cost 1) [4, 5). A gives up at 1: B
@@ -85,13 +102,7 @@ def test_shaped_waiters_moved_up_and_plain_callers_admit_exactly_the_bound(
     # 3). B and a plain caller at 2; C (cost 3) is given [5, 8) and admitted
     # at 5, before a last plain caller at 6. The windows [0, 2], [5, 6] and
     # [0, 6] admit exactly capacity + rate * T, none more.
-    if keyed:
-        table = impl.KeyedTokenBucket(rate=1, capacity=3, clock=clock)
-        key: tuple[str, ...] = ("k",)
-    else:
-        table = impl.TokenBucket(rate=1, capacity=3, clock=clock)
-        key = ()
-    timer = Timer(clock)
+    table, key = bucket_or_key(impl, keyed, 1, 3, clock)
     w = Waiting(table, shape=True, async_sleep=timer)
     events: list[tuple[int, int]] = []
     plain: list[tuple[int, int, bool]] = []
@@ -154,9 +165,9 @@ def test_shaped_waiters_moved_up_and_plain_callers_admit_exactly_the_bound(
         assert sum(c for t, c in events if t0 <= t <= t1) * S == 3 * S + (t1 - t0)
 
 
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+@BY_SHAPE
 def test_a_give_up_ahead_of_a_sleep_nothing_cuts_short_gives_nothing_back(
-    impl: ModuleType, clock: ManualClock, shape: bool
+    impl: ModuleType, clock: ManualClock, timer: Timer, shape: bool
 ) -> None:
     # rate 1/s, capacity 1, the token spent at 0. Task A is given the slot
     # [1, 2) s, thread B -- a plain sleep=, which a move up cannot shorten --
@@ -165,7 +176,6 @@ def test_a_give_up_ahead_of_a_sleep_nothing_cuts_short_gives_nothing_back(
     # would find a token too: two admitted at 2 s by a bucket of capacity 1.
     # So A's token is not given back: B at 2 s, the next caller at 3 s.
     table = impl.TokenBucket(rate=1, capacity=1, clock=clock)
-    timer = Timer(clock)
     naps: list[float] = []
     release = threading.Event()
 
@@ -212,14 +222,123 @@ def test_a_give_up_ahead_of_a_sleep_nothing_cuts_short_gives_nothing_back(
     assert sorted(events) == [(0, 1), (2 * S, 1), (3 * S, 1)]
 
 
+@BY_SHAPE
+@pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
+def test_a_faster_rate_moves_the_waiters_up_with_their_parts(
+    impl: ModuleType, clock: ManualClock, timer: Timer, keyed: bool, shape: bool
+) -> None:
+    # rate 1/s, capacity 1. At 0 a plain caller takes the token and a waiter
+    # is given the part [1, 2) s. At 0 the rate becomes 10/s: the tokens
+    # carry over (-1 of them), so the waiter's part is now [0.1, 0.2) s and
+    # it is admitted at 0.1 s; plain callers then every 0.1 s from 0.2 s.
+    # Left asleep until 1 s, it would be admitted beside the plain caller
+    # of 1 s: two in an instant, capacity 1.
+    table, key = bucket_or_key(impl, keyed, 1, 1, clock)
+    w = Waiting(table, shape=shape, async_sleep=timer)
+    events: list[tuple[int, int]] = []
+    tenth = S // 10
+
+    async def main() -> None:
+        assert table.allow(*key)
+        events.append((0, 1))
+        waiter = asyncio.create_task(w.acquire_async(*key))
+        await settle()
+        assert [due for due, _ in timer.naps] == [S]
+        table.reconfigure(rate=10, now=0)
+        await settle()
+        assert [due for due, _ in timer.naps][1:] == [tenth]  # woken: due at 0.1 s
+        await timer.advance_to(tenth)
+        assert waiter.done() and waiter.result() is True
+        events.append((tenth, 1))
+        assert not table.allow(*key)  # its part is [0.1, 0.2) s
+        for now in range(2 * tenth, S + 1, tenth):
+            await timer.advance_to(now)
+            assert table.allow(*key), now
+            events.append((now, 1))
+
+    asyncio.run(main())
+    assert _wait._lines == {}
+    assert over_the_bound(events, capacity=1, rate=10) == []
+
+
+@BY_SHAPE
+def test_a_slower_rate_moves_the_waiters_later_within_their_timeouts(
+    impl: ModuleType, clock: ManualClock, timer: Timer, shape: bool
+) -> None:
+    # rate 10/s, capacity 1. At 0 a plain caller takes the token; A (no
+    # timeout) is given [0.1, 0.2) s and B (timeout 0.5 s) [0.2, 0.3) s. At 0
+    # the rate becomes 1/s: A's part moves to [1, 2) s and A with it; B's to
+    # [2, 3) s, past its timeout: B is refused at once, its token given back.
+    # Left at 0.1 s, A would be admitted before its part began.
+    table = impl.TokenBucket(rate=10, capacity=1, clock=clock)
+    w = Waiting(table, shape=shape, async_sleep=timer)
+
+    async def main() -> None:
+        assert table.allow()
+        a = asyncio.create_task(w.acquire_async())
+        await settle()
+        b = asyncio.create_task(w.acquire_async(timeout=0.5))
+        await settle()
+        assert [due for due, _ in timer.naps] == [S // 10, 2 * S // 10]
+        table.reconfigure(rate=1, now=0)
+        await settle()
+        assert b.done() and b.result() is False
+        assert [due for due, _ in timer.naps][2:] == [S]  # A woken: due at 1 s
+        await timer.advance_to(S // 10)
+        assert not a.done()
+        await timer.advance_to(S)
+        assert a.done() and a.result() is True
+        assert table.peek().retry_after_ns == S  # A's part [1, 2) s: B's went back
+
+    asyncio.run(main())
+    assert _wait._lines == {}
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["bucket", "keyed"])
+def test_a_reconfigure_wakes_a_thread_waiter_to_its_new_time(
+    impl: ModuleType, clock: ManualClock, keyed: bool
+) -> None:
+    # The clock stands at 0. A thread due in 50 s (rate 1/50 s) is woken by
+    # a faster rate: due at 1 ms, it is admitted at once (its part [1, 2)
+    # ms: -1 token). At 12.5 s a token, another thread with a 30 s timeout
+    # is due at 25 s; a slower rate (100 s a token) moves it to 200 s, past
+    # its timeout: it is refused at once and its token goes back.
+    table, key = bucket_or_key(impl, keyed, 0.02, 1, clock)
+    results: list[bool] = []
+
+    def acquire(timeout: float | None) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.append(table.acquire(*key, timeout=timeout))
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not _wait._lines:  # in line: asleep, or about to be
+            assert time.monotonic() < deadline, "the waiter never joined the line"
+            time.sleep(0.001)
+        return thread
+
+    assert table.allow(*key)
+    first = acquire(None)
+    table.reconfigure(rate=1000, now=0)
+    first.join(10)
+    assert not first.is_alive() and results == [True]
+    table.reconfigure(rate=0.08, now=0)
+    assert table.peek(*key).retry_after_ns == 25 * S  # -1 token: 2 to refill
+    second = acquire(30)
+    table.reconfigure(rate=0.01, now=0)
+    second.join(10)
+    assert not second.is_alive() and results == [True, False]
+    assert table.peek(*key).retry_after_ns == 200 * S and _wait._lines == {}
+
+
 @pytest.mark.xfail(
     reason="an all_of waiter's part in a faster layer starts before it is admitted "
     "and refills meanwhile: that layer admits it twice",
     strict=True,
 )
-@pytest.mark.parametrize("shape", [False, True], ids=["tokens", "shape"])
+@BY_SHAPE
 def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
-    impl: ModuleType, clock: ManualClock, shape: bool
+    impl: ModuleType, clock: ManualClock, timer: Timer, shape: bool
 ) -> None:
     # Two layers of rate 1/s, capacity 1; the slow one is owed until 5 s.
     # The waiter is given the fast layer's token at 0 and is admitted at
@@ -228,7 +347,6 @@ def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
     fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     assert slow.allow() and all(slow._reserve(0, 1, 1 << 62, False) >= 0 for _ in range(4))
-    timer = Timer(clock)
     w = Waiting(all_of(fast, slow), shape=shape, async_sleep=timer)
     events: list[tuple[int, int]] = []
 

@@ -45,6 +45,7 @@ from nanobucket._capi cimport (
 import os
 
 from . import _acquire
+from ._wait import retimed
 from ._params import (
     bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys, validated_now,
     validated_timeout)
@@ -653,7 +654,10 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         free-threaded build the Cython core's verbs read the rate and
         capacity without a lock: a request decided at the very moment of a
         reconfigure may be decided with the old parameters, or (once) with
-        the old rate and the new capacity.
+        the old rate and the new capacity. Callers waiting in line
+        (``acquire``, `Waiting`) move with the tokens they reserved: woken
+        earlier by a faster rate, later by a slower one, and refused at once
+        when that is past their timeout.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)
@@ -665,7 +669,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         self._ready()
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
-        with cython.critical_section(self):
+        with retimed(self, t), cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
             old = nb_load(&self.tat)
             while True:

@@ -29,6 +29,7 @@ from ._params import (
     validated_now,
     validated_timeout,
 )
+from ._wait import retimed
 
 __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
 
@@ -526,7 +527,10 @@ class TokenBucket(_Limits):
         free-threaded build the Cython core's verbs read the rate and
         capacity without a lock: a request decided at the very moment of a
         reconfigure may be decided with the old parameters, or (once) with
-        the old rate and the new capacity.
+        the old rate and the new capacity. Callers waiting in line
+        (``acquire``, `Waiting`) move with the tokens they reserved: woken
+        earlier by a faster rate, later by a slower one, and refused at once
+        when that is past their timeout.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)
@@ -537,7 +541,7 @@ class TokenBucket(_Limits):
         """
         new_rate, cap, interval, tau = self._new_params(rate, capacity)
         now = self._now() if now is None else validated_now(now)
-        with self._lock:
+        with retimed(self, now), self._lock:
             self._tat = carry_over(self._tat, now, self._interval, self._tau, interval, tau)
             self._rate, self._capacity, self._interval, self._tau = new_rate, cap, interval, tau
 
@@ -898,6 +902,8 @@ class KeyedTokenBucket(_Limits):
         were full: with a larger capacity they keep the old capacity's tokens
         and refill the rest). Takes time in proportion to the table's size,
         and excludes every other keyed verb meanwhile, on every build.
+        Callers waiting in line move with their tokens, as in
+        `TokenBucket.reconfigure`.
 
         >>> t = KeyedTokenBucket(rate=1, capacity=4)
         >>> t.allow_at("alice", 0, cost=3)
@@ -908,7 +914,7 @@ class KeyedTokenBucket(_Limits):
         """
         new_rate, cap, interval, tau = self._new_params(rate, capacity)
         now = self._now() if now is None else validated_now(now)
-        with self._lock:
+        with retimed(self, now), self._lock:
             old_interval, old_tau = self._interval, self._tau
             tats = self._tats
             for key, tat in tats.items():

@@ -757,6 +757,8 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         were full: with a larger capacity they keep the old capacity's tokens
         and refill the rest). Takes time in proportion to the table's size,
         and excludes every other keyed verb meanwhile, on every build.
+        Callers waiting in line move with their tokens, as in
+        `TokenBucket.reconfigure`.
 
         >>> t = KeyedTokenBucket(rate=1, capacity=4)
         >>> t.allow_at("alice", 0, cost=3)
@@ -769,7 +771,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         cdef Py_ssize_t i
-        with cython.critical_section(self):
+        with retimed(self, t), cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
             for i in range(self.used):
                 old = nb_load(&self.slots[i].tat)

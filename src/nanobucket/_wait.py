@@ -8,8 +8,9 @@ order, and when each is due (an ``all_of`` waiter has a place in the line
 of each layer, and is due when its last place is). When a waiter gives up
 (a cancelled task, a timeout around it, an interrupted thread), its tokens
 go back to the word and every waiter behind it is moved earlier by exactly
-as much and woken to sleep again for what is left. A line exists only
-while it has waiters.
+as much and woken to sleep again for what is left. A reconfigure of the
+bucket moves every place with its part of the word (`retimed`). A line
+exists only while it has waiters.
 
 Why that is exact: a waiter still asleep has all of its place ahead of the
 clock, so whatever was stacked on the word after it (waiters, or plain
@@ -44,27 +45,34 @@ Key = tuple[Hashable, ...]
 class Place:
     """A waiter's part of one bucket's word, in that bucket's line."""
 
-    __slots__ = ("bucket", "key", "line", "slack", "target", "waiter")
+    __slots__ = ("bucket", "deadline", "key", "line", "slack", "target", "waiter")
 
-    def __init__(self, waiter: Waiter, bucket: Any, key: Key, slack: int, target: int) -> None:
+    def __init__(
+        self, waiter: Waiter, bucket: Any, key: Key, slack: int, target: int, deadline: int
+    ) -> None:
         self.waiter = waiter
         self.bucket = bucket
         self.key = key
         self.line = (id(bucket), key)
         self.slack = slack  # its part of the word ends at target + slack
         self.target = target  # when it is due, in ns of the bucket's own clock
+        self.deadline = deadline  # the latest it may be due (its waiter's timeout)
 
 
 class Waiter:
     """One sleeping caller: its cost and its places (one per bucket it waits on)."""
 
-    __slots__ = ("cost", "movable", "places", "wake")
+    __slots__ = ("cost", "movable", "places", "refused", "shape", "wake")
 
-    def __init__(self, cost: Any, wake: Callable[[], object], movable: bool = True) -> None:
+    def __init__(
+        self, cost: Any, wake: Callable[[], object], movable: bool = True, shape: bool = False
+    ) -> None:
         self.cost = cost
         self.wake = wake
         self.movable = movable  # False: its sleep cannot be cut short
+        self.shape = shape  # its parts are its cost long (else: the bucket's capacity)
         self.places: list[Place] = []  # none: its limiter cannot be re-timed
+        self.refused = False  # moved past its timeout (`retimed`): it gave its place up
 
 
 # Lines by (id(bucket), key). A place holds a reference to its bucket, so
@@ -127,21 +135,26 @@ def join(
         if not longest:
             return 0, None
         c = validated_cost(cost, buckets[0][0].capacity)
-        w = Waiter(c, wake, movable)
+        w = Waiter(c, wake, movable, shape)
         for bucket, k, now, wait in done:
             interval = bucket.interval_ns
             slack = c * interval if shape else bucket.capacity * interval
-            place = Place(w, bucket, k, slack, now + wait)
+            place = Place(w, bucket, k, slack, now + wait, now + max_wait)
             w.places.append(place)
             _lines.setdefault(place.line, []).append(place)
         return longest, w
 
 
 def remaining(w: Waiter, clear: Callable[[], object]) -> int:
-    """Ns left to wait for *w*, woken early; clears its bell in step with the line."""
+    """Ns left to wait for *w*, woken early; clears its bell in step with the line.
+
+    Raises `_TooLate` when a reconfigure moved one of its places past its deadline.
+    """
     nows: list[int] = [place.bucket._clock_ns() for place in w.places]
     with _lock:
         clear()  # a later move sets it again
+        if any(place.target > place.deadline for place in w.places):
+            raise _TooLate
         return max(place.target - now for place, now in zip(w.places, nows))
 
 
@@ -193,16 +206,61 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
                 behind.waiter.wake()
 
 
+class _TooLate(Exception):
+    """A waiter moved past its timeout: it gives its place up and is refused."""
+
+
+@contextmanager
+def retimed(bucket: Any, now: int) -> Iterator[None]:
+    """Around a reconfigure of *bucket* at *now* (ns): its waiters move with their parts.
+
+    The reconfigure carries the bucket's word over as tokens (`carry_over`),
+    so each waiter's part of it moves; its place follows, and its waiter
+    wakes to sleep again for what is left (left asleep, it would be admitted
+    after its part had refilled, beside the plain callers admitted on that
+    refill, or before its part began). A waiter whose place moved past its
+    timeout gives it up and is refused (`remaining`, `in_line`).
+    """
+    with _lock:  # no waiter joins or gives up meanwhile
+        interval = bucket.interval_ns
+        tau = bucket.capacity * interval
+        yield
+        new_interval = bucket.interval_ns
+        new_tau = bucket.capacity * new_interval
+        if (new_interval, new_tau) == (interval, tau):
+            return
+        me = id(bucket)
+        for (owner, _), line in _lines.items():
+            if owner != me:
+                continue
+            for place in line:
+                end = place.target + place.slack - now  # the word ahead of now at its end
+                if end <= 0:
+                    continue
+                w = place.waiter
+                new_end = new_tau - ((tau - end) * new_interval) // interval  # as carry_over
+                slack = w.cost * new_interval if w.shape else new_tau
+                target = now + new_end - slack
+                if target != place.target:
+                    place.target, place.slack = target, slack
+                    w.wake()
+
+
 @contextmanager
 def in_line(limiter: Any, key: Key, w: Waiter) -> Iterator[None]:
     """Around *w*'s sleep: served when the block ends, or its place handed back
-    when an exception leaves it (an interrupted thread, a cancelled task)."""
+    when an exception leaves it (an interrupted thread, a cancelled task, or
+    `_TooLate`: then *w* is `refused` and the block ends quietly)."""
     try:
         yield
+    except _TooLate:
+        give_up(limiter, key, w)
+        w.refused = True
     except BaseException:
         give_up(limiter, key, w)
         raise
-    leave(w)
+    else:
+        leave(w)
 
 
 class Bell:
@@ -275,7 +333,7 @@ def wait_sync(
     with in_line(limiter, key, w):
         while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
             wait = remaining(w, bell.clear)
-    return True
+    return not w.refused
 
 
 def _time_up(fut: asyncio.Future[bool]) -> None:
@@ -346,4 +404,4 @@ async def wait_async(
     with in_line(limiter, key, w):
         while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
             wait = remaining(w, alarm.clear)
-    return True
+    return not w.refused
