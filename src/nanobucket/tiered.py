@@ -25,22 +25,30 @@ refilled counts as spent) are carried: the new plan's bucket is charged
 until it has spent as many, at most its capacity. An upgrade of a key with
 15 of 20 spent leaves 185 of 200; a downgrade with 150 of 200 spent leaves
 an empty bucket of 20, the next token one interval away. The plan left keeps
-its bucket, which refills on its own: going back later carries the larger
-of the two, so a key that hops between plans never gains a token (and a
-backend needs no verb but ``peek`` and ``allow`` for it). A key this limiter
-has not seen (or has forgotten) is carried from every other plan.
+its bucket, which refills on its own.
+
+**Hopping never gains a token.** Over any span of time a key is admitted at
+most what the most generous plan it was served on admits: the largest
+capacity among those plans plus the fastest rate times the span. A key that
+went down to a smaller plan with more spent than it holds keeps that debt
+here, so coming back up through a third plan, or to its old plan after a
+smaller, faster one refilled, gives nothing twice (see `_carry`). A key this
+limiter has not seen (or has forgotten) is carried from every other plan.
 
 Bounds and races. At most ``max_keys`` plans are remembered; past it the
-oldest eighth is forgotten, which costs each of those keys one ``peek`` per
-other plan at its next request, never a token. Moves are one at a time per
-limiter (a lock; per key in asyncio), so two callers switching one key at
-once carry it once. A request another thread or process decides on the
-plan left while the move reads it is not carried; with shared memory or
-Redis each process remembers what it saw, so a key whose plan changes and
-changes back while this process does not see it is not carried here (its
-bucket of that plan is as this process left it, refilled since). A plan
-whose backend cannot answer (Redis down: a fallback or policy decision) is
-not read: the move is tried again on the next request.
+oldest eighth is forgotten: a forgotten key's next request costs one
+``peek`` per plan, and one still in debt has its debt charged to its bucket
+of the largest plan first, so forgetting never gains a token (it may cost a
+forgotten key some of the extra a larger plan would have given it). Moves
+are one at a time per limiter (a lock; per key in asyncio), so two callers
+switching one key at once carry it once. A request another thread or
+process decides on the plan left while the move reads it is not carried;
+with shared memory or Redis each process remembers what it saw, so a key
+whose plan changes and changes back while this process does not see it is
+not carried here (its bucket of that plan is as this process left it,
+refilled since). A plan whose backend cannot answer (Redis down: a fallback
+or policy decision) is not read: the move is tried again on the next
+request.
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
@@ -68,6 +78,9 @@ _WAIT_VERBS = ("refund", "refund_at", "reset", "_reserve", "acquire", "acquire_a
 # Decisions that are not the stored bucket's (the Redis limiters' failure path).
 _NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
 _TRIES = 8  # charges of a move that a concurrent spender may make fail
+# What this limiter knows of a key beyond its plan, while that is not what a key
+# served on that plan alone would have: see `_carry`.
+Owed = tuple[int, int, Fraction]
 
 
 class TieredDecision(Decision):
@@ -185,32 +198,121 @@ def _stored(decision: Any) -> bool:
     return getattr(decision, "source", None) not in _NOT_STORED
 
 
-def _carry(
-    key: Hashable, now: int | None, plan: Any, sources: list[Any]
-) -> Generator[Call, Any, bool]:
-    """The move of *key* onto *plan*, as the calls it makes (the driver calls or
-    awaits each and sends back its result): True once carried, False when a
-    plan could not be read (nothing charged; try again later)."""
-    spent = 0
-    for source in sources:
-        d = yield _peek(source, key, now)
-        if not _stored(d):
-            return False
-        spent = max(spent, source.capacity - d.remaining)
-    if not spent:
-        return True  # nothing to carry (a new key's common case: one peek per other plan)
-    target = min(spent, plan.capacity)
+def _tokens(plan: Any, decision: Any) -> Fraction:
+    """The exact tokens *plan*'s bucket holds, as a decision of it shows them."""
+    interval: int = plan.interval_ns
+    return Fraction(plan.capacity * interval - decision.reset_after_ns, interval)
+
+
+class _Unread(Exception):
+    """A plan could not be read (Redis down: a fallback or policy decision)."""
+
+
+def _read(plan: Any, key: Hashable, now: int | None) -> Generator[Call, Any, Any]:
+    d = yield _peek(plan, key, now)
+    if not _stored(d):
+        raise _Unread
+    return d
+
+
+def _charge_down(
+    plan: Any, key: Hashable, now: int | None, most: Fraction
+) -> Generator[Call, Any, Fraction]:
+    """Charge *key*'s bucket of *plan* until it holds at most *most* (>= 0) tokens; what
+    it holds then. A fraction of a token is charged as a whole one, which the bucket
+    owes (a reservation of less than one interval's wait), so the move is exact."""
+    tokens = Fraction(0)
     for _ in range(_TRIES):
-        d = yield _peek(plan, key, now)
-        if not _stored(d):
-            return False
-        charge = target - (plan.capacity - d.remaining)
+        tokens = _tokens(plan, (yield from _read(plan, key, now)))
+        charge = math.ceil(tokens - most)
         if charge <= 0:
-            return True
-        allow = (plan.allow, (key, charge)) if now is None else (plan.allow_at, (key, now, charge))
-        if (yield allow):
-            return True
-    return True  # spent meanwhile by others each time: it holds at least as much now
+            return tokens
+        if (yield plan._reserve, (key, now, charge, plan.interval_ns, False)) >= 0:
+            return tokens - charge
+    return tokens  # spent meanwhile by others each time: it holds less than this now
+
+
+def _least(plan: Any, tokens: Fraction, owed: Owed | None) -> Fraction:
+    """The fewest tokens the key's model bucket (see `_carry`) can hold, given the
+    *tokens* of its bucket of *plan*, the plan it is on, and what is known (*owed*)."""
+    if owed is not None:
+        low, _, gap = owed
+        tokens += min(gap, low - plan.capacity)
+    return max(tokens, Fraction(0))  # a bucket owing a fraction (see `_charge_down`)
+
+
+def _carry(
+    key: Hashable,
+    now: int | None,
+    plan: Any,
+    left: Any | None,
+    owed: Owed | None,
+    others: list[Any],
+    largest: int,
+) -> Generator[Call, Any, Owed | None]:
+    """The move of *key* onto *plan*, as the calls it makes (the driver calls or
+    awaits each and sends back its result); what is then known of the key (None:
+    what a key served on *plan* alone would have). Raises `_Unread` when a plan
+    could not be read (nothing charged; the move is tried again later).
+
+    *left* is the plan the key leaves and *owed* what was known of it there.
+    A key not known (*left* None) is carried from every plan in *others*.
+
+    The bound kept: the key is admitted no more than one bucket would admit
+    it, a model of the capacity of the largest plan it was served on and the
+    rate of the fastest, fed every request the key is admitted. Its bucket
+    of the plan it is on never holds more than the model; a move charges the
+    plan it comes to down to the least the model can hold. That least is the
+    bucket left's tokens plus a *gap*: the model's lead over the bucket,
+    which only grows while the key stays on one plan (the model refills at
+    least as fast) but to the model's capacity less the bucket's. So *owed*
+    is ``(low, high, gap)``: bounds of the model's capacity (the largest
+    plan the key was served on; a forgotten key's is known only to be
+    between the plan it comes back to and the largest plan of all) and the
+    gap when it came to its plan. A move to a plan above ``high`` grows the
+    model by the difference. A key that moved down with more spent than its
+    new plan holds keeps its debt in *owed*, and is not forgotten without it
+    (`_settle`).
+    """
+    capacity = plan.capacity
+    if left is None:
+        spent = 0
+        for source in others:
+            d = yield from _read(source, key, now)
+            spent = max(spent, source.capacity - d.remaining)
+        target = Fraction(capacity - min(capacity, spent))
+        tokens = yield from _charge_down(plan, key, now, target)
+        if not spent and tokens == capacity:
+            return None  # full in every plan: new, or as good as new
+        return None if capacity == largest else (capacity, largest, target - tokens)
+    d = yield from _read(left, key, now)
+    low, high, _ = owed if owed is not None else (left.capacity, left.capacity, 0)
+    least = _least(left, _tokens(left, d), owed)
+    if capacity > high:  # a larger plan than the model's: it grows by the difference
+        least += capacity - high
+    low, high = max(low, capacity), max(high, capacity)
+    spent = left.capacity - d.remaining  # whole tokens: a fraction refilled counts as spent
+    tokens = yield from _charge_down(
+        plan, key, now, min(Fraction(capacity - min(capacity, spent)), least)
+    )
+    gap = least - tokens
+    return None if low == high and gap >= low - capacity else (low, high, gap)
+
+
+def _settle(
+    forgotten: list[tuple[Hashable, Any, Owed]], largest: Any, now: int | None
+) -> Generator[Call, Any, None]:
+    """Before keys known to owe more than their bucket shows are forgotten, charge
+    their bucket of the *largest* plan down to the least their model holds: a key
+    not known is carried from it (keys whose plan cannot be read go as they are)."""
+    for key, plan, owed in forgotten:
+        if plan is largest:
+            continue  # its bucket is the model's least already
+        try:
+            least = _least(plan, _tokens(plan, (yield from _read(plan, key, now))), owed)
+            yield from _charge_down(largest, key, now, least)
+        except _Unread:
+            continue
 
 
 class _Plans:
@@ -242,6 +344,8 @@ class _Plans:
         if any(_is_async(lr) is not self._asyncio for lr in self._view.values()):
             raise TypeError(self._wrong_kind)
         self._last: dict[Hashable, str] = {}  # key -> the plan it was last served on
+        self._owed: dict[Hashable, Owed] = {}  # key -> what it owes (few keys: see `Owed`)
+        self._largest = max(self._view.values(), key=lambda lr: lr.capacity)
         self._lock = threading.Lock()
         # Moves in progress: a sync one holds the lock, an asyncio one leaves a future per key.
         self._move_lock = threading.Lock()
@@ -305,21 +409,46 @@ class _Plans:
             return self._default
         return found
 
-    def _sources(self, last: str | None, name: str) -> list[Any]:
-        """The plans to carry from: the one left, or every other for a key not known."""
-        if last is not None:
-            return [self._plans[last][1]]
-        return [lr for n, (_, lr) in self._plans.items() if n != name]
+    def _carrying(
+        self, key: Hashable, now: int | None, found: tuple[str, Any]
+    ) -> Generator[Call, Any, bool]:
+        """The move of *key* to the plan *found* as the calls it makes (see `_carry`),
+        remembered at its end; False when a plan could not be read (nothing is charged
+        nor remembered: the next request tries again)."""
+        name, plan = found
+        last = self._last.get(key)
+        left = None if last is None else self._plans[last][1]
+        others = [lr for n, (_, lr) in self._plans.items() if n != name]
+        try:
+            owed = yield from _carry(
+                key, now, plan, left, self._owed.get(key), others, self._largest.capacity
+            )
+        except _Unread:
+            return False
+        forgotten = self._remember(key, name, owed)
+        yield from _settle(forgotten, self._largest, now)
+        return True
 
-    def _remember(self, key: Hashable, name: str) -> None:
+    def _remember(
+        self, key: Hashable, name: str, owed: Owed | None
+    ) -> list[tuple[Hashable, Any, Owed]]:
+        """Remember *key*'s plan (and what it owes); the keys forgotten for room that owed."""
         last = self._last
+        forgotten: list[tuple[Hashable, Any, Owed]] = []
         with self._lock:
             if key in last:
                 del last[key]  # inserted again: the newest
             elif len(last) >= self._max_keys:
                 for old in list(itertools.islice(last, max(1, self._max_keys // 8))):
-                    del last[old]
+                    plan = self._plans[last.pop(old)][1]
+                    if (was := self._owed.pop(old, None)) is not None:
+                        forgotten.append((old, plan, was))
             last[key] = name
+            if owed is None:
+                self._owed.pop(key, None)
+            else:
+                self._owed[key] = owed
+        return forgotten
 
     def _many(
         self, keys: Iterable[Hashable], cost: int, now: int | None
@@ -403,11 +532,9 @@ class Tiered(_Plans):
         return found
 
     def _move(self, key: Hashable, found: tuple[str, Any], now: int | None) -> None:
-        name, plan = found
         with self._move_lock:  # one move at a time: a second caller finds it done
-            last = self._last.get(key)
-            if last is not name and drive(_carry(key, now, plan, self._sources(last, name))):
-                self._remember(key, name)
+            if self._last.get(key) is not found[0]:
+                drive(self._carrying(key, now, found))
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
@@ -554,6 +681,7 @@ class _WaitingTiered(Tiered):
         """
         for _, plan in self._plans.values():
             plan.reset(key)
+        self._owed.pop(key, None)  # full in every plan: it owes nothing
 
     def _reserve(
         self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
@@ -619,15 +747,13 @@ class AsyncTiered(_Plans):
         return found
 
     async def _move(self, key: Hashable, found: tuple[str, Any], now: int | None) -> None:
-        name, plan = found
         while (pending := self._moves.get(key)) is not None:
             await asyncio.shield(pending)  # another task is moving this key
-        if self._last.get(key) is name:
+        if self._last.get(key) is found[0]:
             return
         done = self._moves[key] = asyncio.get_running_loop().create_future()
         try:
-            if await drive_async(_carry(key, now, plan, self._sources(self._last.get(key), name))):
-                self._remember(key, name)
+            await drive_async(self._carrying(key, now, found))
         finally:
             del self._moves[key]
             done.set_result(None)
@@ -750,6 +876,7 @@ class AsyncTiered(_Plans):
         """
         for _, plan in self._plans.values():
             await plan.reset(key)
+        self._owed.pop(key, None)
 
     async def _reserve(
         self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
