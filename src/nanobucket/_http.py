@@ -28,7 +28,6 @@ import inspect
 import ipaddress
 import json
 import math
-import posixpath
 import threading
 import urllib.parse
 import warnings
@@ -707,7 +706,8 @@ class Route:
     "POST"}`` does not apply to ``OPTIONS``. ``GET`` brings ``HEAD`` along
     (the frameworks answer HEAD with the GET handler) unless a rule for the
     same path names ``HEAD``. Anything left as None comes from the
-    middleware's own arguments.
+    middleware's own arguments. A path with a ``.`` or ``..`` segment, or
+    with ``//``, never matches an exempt rule (see `Router`).
 
     >>> Route("/healthz", exempt=True)
     Route('/healthz', exempt=True)
@@ -819,10 +819,42 @@ def make_rule(
     return Rule(pattern, policy, key_func(key), fixed, cost_fn, False)
 
 
-class Router:
-    """Finds the `Rule` for a path and method: exact first, then longest prefix."""
+def suspect_path(path: str) -> str | None:
+    """The path to match for *path* with a dot segment or ``//``, else None.
 
-    __slots__ = ("default", "exact", "prefixes")
+    Such a path never takes an exempt rule (see `Router`). Its runs of
+    ``/`` count as one, as Werkzeug routes them (it serves ``//login`` as
+    ``/login``, and a server decodes ``/%2Flogin`` into that); dot segments
+    stay as they are, as every framework routes them.
+
+    >>> suspect_path("/files/../healthz"), suspect_path("//login")
+    ('/files/../healthz', '/login')
+    >>> suspect_path("/.well-known/security.txt") is None
+    True
+    """
+    if "//" not in path:
+        segments = path.split("/")
+        return path if "." in segments or ".." in segments else None
+    while "//" in path:
+        path = path.replace("//", "/")
+    return path
+
+
+class Router:
+    """Finds the `Rule` for a path and method: exact first, then longest prefix.
+
+    The path is matched as the server handed it over (percent-decoded, dot
+    segments and all), because that is the path the app routes: uvicorn and
+    gunicorn remove no dot segment, and Starlette, Django and Werkzeug serve
+    ``/files/../healthz`` from their ``/files/{p:path}`` route, not from
+    ``/healthz``. Resolving the dots here would lend such a request the
+    rule of a path the app does not serve it under. As defence in depth, a
+    path with a ``.`` or ``..`` segment, or with ``//``, never takes an
+    exempt rule: it takes the most specific other rule that matches (runs
+    of ``/`` as one, see `suspect_path`), else the default.
+    """
+
+    __slots__ = ("_guarded", "default", "exact", "prefixes")
 
     def __init__(self, default: Rule, routes: list[tuple[Route, Rule]]) -> None:
         self.default = default
@@ -844,6 +876,20 @@ class Router:
         for rules in self.exact.values():
             rules.sort(key=lambda p: p[0] is None)
         self.prefixes = prefixes
+        self._guarded: Router | None = self._without_exempt()
+
+    def _without_exempt(self) -> Router:
+        """A twin of this router without its exempt rules: it matches suspect paths."""
+        twin = Router.__new__(Router)
+        twin.default = self.default
+        twin.exact = {}
+        for path, rules in self.exact.items():
+            kept = [(methods, rule) for methods, rule in rules if not rule.exempt]
+            if kept:
+                twin.exact[path] = kept
+        twin.prefixes = [p for p in self.prefixes if not p[2].exempt]
+        twin._guarded = None  # it is the guard: it looks the path up as given
+        return twin
 
     def policies(self) -> list[Policy]:
         """The policy of every rule that is not exempt, the default's first."""
@@ -853,13 +899,12 @@ class Router:
         return [rule.policy for rule in rules if rule.policy is not None]
 
     def match(self, path: str, method: str) -> Rule:
-        """The rule for *path* and *method*."""
-        if "/." in path or "//" in path:
-            # Match what the app will serve, so "/healthz/../admin" or
-            # "//admin" cannot borrow an exempt route or escape a stricter one.
-            path = posixpath.normpath(path)
-            if path.startswith("//"):
-                path = "/" + path.lstrip("/")
+        """The rule for *path* (as received) and *method*."""
+        # An ordinary path pays two substring tests; one with "/." or "//" looks further.
+        if ("/." in path or "//" in path) and self._guarded is not None:
+            suspect = suspect_path(path)
+            if suspect is not None:
+                return self._guarded.match(suspect, method)
         for methods, rule in self.exact.get(path, ()):
             if methods is None or method in methods:
                 return rule

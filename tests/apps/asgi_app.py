@@ -4,6 +4,8 @@ Configured by the environment: ``NB_RATE`` (float), ``NB_CAPACITY`` (int),
 ``NB_KEY`` (``address``, ``header``: the ``X-API-Key`` header, or ``unix``:
 the address in ``X-Forwarded-For`` from the proxy on a unix socket);
 ``NB_CAFE_CAPACITY``: ``/café`` gets its own, stricter limiter.
+``/healthz`` and ``/stats`` are exempt; ``/files/{p:path}`` serves any path
+below it, ``/files/../healthz`` included.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ counters = Counters()
 
 async def hello(request: Request) -> PlainTextResponse:
     return PlainTextResponse("hello")
+
+
+async def files(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("files:" + request.path_params["p"])
 
 
 async def stats(request: Request) -> JSONResponse:
@@ -47,11 +53,13 @@ app = RateLimitMiddleware(
             StarletteRoute("/", hello),
             StarletteRoute("/café", hello),
             StarletteRoute("/stats", stats),
+            StarletteRoute("/healthz", hello),
+            StarletteRoute("/files/{p:path}", files),
         ]
     ),
     limiter,
     key=key,
     routes=routes,
-    exempt=["/stats"],
+    exempt=["/stats", "/healthz"],
     counters=counters,
 )

@@ -28,6 +28,10 @@ async def hello_async(request: HttpRequest) -> HttpResponse:
     return HttpResponse("hello async")
 
 
+def files(request: HttpRequest, p: str) -> HttpResponse:
+    return HttpResponse("files:" + p)
+
+
 def status(request: HttpRequest, code: int) -> HttpResponse:
     return HttpResponse("status", status=code)
 
@@ -103,6 +107,7 @@ urlpatterns = [
     path("hello-async", hello_async),
     path("status/<int:code>", status),
     path("boom", boom),
+    path("files/<path:p>", files),
     path("limited", limited),
     path("limited-async", limited_async),
     path("class", Limited.as_view()),

@@ -5,7 +5,8 @@ when ``NB_SHARED_PATH`` is set, every worker instead opens the shared-memory
 table that `gunicorn_conf.on_starting` created there, so all workers share
 one limit. ``NB_KEY=unix`` keys by the ``X-Forwarded-For`` of the proxy on
 a unix socket; ``NB_CAFE_CAPACITY`` gives ``/café`` its own, stricter
-in-process limiter.
+in-process limiter. ``/healthz`` is exempt; ``/files/<path:p>`` serves any
+path below it, ``/files/../healthz`` included.
 """
 
 from __future__ import annotations
@@ -36,13 +37,23 @@ def hello() -> str:
     return "hello"
 
 
+@app.route("/healthz")
+def healthz() -> str:
+    return "ok"
+
+
+@app.route("/files/<path:p>")
+def files(p: str) -> str:
+    return "files:" + p
+
+
 unix = os.environ.get("NB_KEY") == "unix"
 key = client_address(trusted_proxies=["unix:"]) if unix else client_address()
 cafe = os.environ.get("NB_CAFE_CAPACITY")
 rate = float(os.environ["NB_RATE"])
 routes = [Route("/café", nb.KeyedTokenBucket(rate=rate, capacity=int(cafe)))] if cafe else []
 app.wsgi_app = RateLimitMiddleware(  # type: ignore[method-assign]
-    app.wsgi_app, limiter, key=key, routes=routes
+    app.wsgi_app, limiter, key=key, routes=routes, exempt=["/healthz"]
 )
 limited_app = app.wsgi_app
 
