@@ -453,6 +453,9 @@ def test_problem_body_is_json(impl: ModuleType, clock: Any, asgi_client: MakeCli
         ("/apix", "GET", "*"),
         ("/login", "GET", "*"),
         ("/login", "POST", "/login"),
+        ("login", "POST", "/login"),  # a relative target: Werkzeug routes it as /login
+        ("healthz", "GET", "*"),  # never exempt
+        ("api/v1/x", "GET", "/api/v1/*"),
     ],
 )
 def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) -> None:

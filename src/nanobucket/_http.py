@@ -913,6 +913,11 @@ class Router:
                 methods is None or method in methods
             ):
                 return rule
+        if path[:1] != "/" and path and self._guarded is not None:
+            # A relative target ("GET login HTTP/1.1"): some servers pass it on
+            # and Werkzeug routes it as "/login". Only requests that found no
+            # rule pay this; like a suspect path, it is never exempt.
+            return self._guarded.match("/" + path, method)
         return self.default
 
 
