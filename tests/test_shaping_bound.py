@@ -331,19 +331,16 @@ def test_a_reconfigure_wakes_a_thread_waiter_to_its_new_time(
     assert table.peek(*key).retry_after_ns == 200 * S and _wait._lines == {}
 
 
-@pytest.mark.xfail(
-    reason="an all_of waiter's part in a faster layer starts before it is admitted "
-    "and refills meanwhile: that layer admits it twice",
-    strict=True,
-)
 @BY_SHAPE
 def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
     impl: ModuleType, clock: ManualClock, timer: Timer, shape: bool
 ) -> None:
     # Two layers of rate 1/s, capacity 1; the slow one is owed until 5 s.
-    # The waiter is given the fast layer's token at 0 and is admitted at
-    # 5 s; meanwhile plain callers of the fast layer take a token at 1, 2,
-    # 3, 4 and 5 s, so the fast layer admits two at 5 s.
+    # The waiter holds its place in the slow layer only; plain callers of
+    # the fast layer take its token at 1, 2, 3 and 4 s, and at 5 s the
+    # waiter, due, takes the fast layer's token of that instant: the plain
+    # caller after it finds none. (Holding a fast token from 0 on, it was
+    # admitted at 5 s beside the plain caller: two in an instant at capacity 1.)
     fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     assert slow.allow() and all(slow._reserve(0, 1, 1 << 62, False) >= 0 for _ in range(4))
@@ -353,12 +350,52 @@ def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
     async def main() -> None:
         waiter = asyncio.create_task(w.acquire_async())
         await settle()
+        assert fast.tokens() == 1.0  # nothing held in the fast layer while it waits
         for now in range(1 * S, 6 * S, S):
             await timer.advance_to(now)
+            if waiter.done() and (now, 1) not in events:
+                assert waiter.result() is True
+                events.append((now, 0))  # the waiter, before the plain caller of that instant
             if fast.allow():
                 events.append((now, 1))
         assert waiter.done() and waiter.result() is True
-        events.append((5 * S, 1))
 
     asyncio.run(main())
-    assert over_the_bound(events, capacity=1, rate=1) == []
+    assert events == [(1 * S, 1), (2 * S, 1), (3 * S, 1), (4 * S, 1), (5 * S, 0)]
+    admitted = [(t, 1) for t, _ in events]
+    assert over_the_bound(admitted, capacity=1, rate=1) == []
+    assert (fast.peek().retry_after_ns, slow.peek().retry_after_ns) == (S, S)
+
+
+@BY_SHAPE
+def test_an_all_of_waiter_refused_by_a_faster_layer_joins_again_behind(
+    impl: ModuleType, clock: ManualClock, timer: Timer, shape: bool
+) -> None:
+    # The slow layer is owed until 2 s. At 2 s a plain caller of the fast
+    # layer takes its token before the waiter runs: the waiter, due, finds
+    # the fast layer empty, gives the slow layer's token back and joins
+    # again in the fast layer's line (due at 3 s), where it is admitted.
+    fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
+    slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
+    assert slow.allow() and slow._reserve(0, 1, 1 << 62, False) == S  # owed until 2 s
+    w = Waiting(all_of(fast, slow), shape=shape, async_sleep=timer)
+
+    async def main() -> list[int]:
+        waiter = asyncio.create_task(w.acquire_async(timeout=10))
+        await settle()
+        admitted = []
+        clock.now = 2 * S
+        assert fast.allow()  # before the waiter's nap ends
+        admitted.append(2 * S)
+        await timer.advance_to(2 * S)
+        assert not waiter.done()
+        assert slow.peek().retry_after_ns == 0  # its slow token went back
+        await timer.advance_to(3 * S)
+        assert waiter.done() and waiter.result() is True
+        admitted.append(3 * S)
+        # Both layers admitted it at 3 s: each is empty then, its next token at 4 s.
+        assert (fast.peek().retry_after_ns, slow.peek().retry_after_ns) == (S, S)
+        return admitted
+
+    assert asyncio.run(main()) == [2 * S, 3 * S]
+    assert _wait._lines == {}

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket import _acquire
+from nanobucket import _acquire, _wait
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 
@@ -207,16 +207,35 @@ def test_shaping_spaces_requests_evenly_with_no_burst(clock: ManualClock) -> Non
 def test_all_of_waits_for_the_slowest_layer(impl: ModuleType, clock: ManualClock) -> None:
     fast = impl.TokenBucket(rate=10, capacity=1, clock=clock)
     slow = impl.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
-    rec = Recorder()
+    rec = Recorder(clock)  # each wait moves the clock
     w = Waiting(all_of(fast, slow), sleep=rec)
     assert w.acquire("a") and w.acquire("a") and w.acquire("b")
-    # "a" waits for its own bucket (1 s); "b" for the shared fast layer only
-    assert rec.waits == [S, 2 * S // 10]
-    assert fast.peek().retry_after_ns == 3 * S // 10
-    assert not w.acquire("a", timeout=1.5)  # "a" would wait 2 s
-    assert rec.waits == [S, 2 * S // 10]
-    # the fast layer, reserved first, got its slot back from the refused waiter
-    assert fast.peek().retry_after_ns == 3 * S // 10
+    # "a" waits for its own bucket (1 s) and takes the fast layer's token at 1 s;
+    # "b", at 1 s, for the fast layer only (its next token at 1.1 s)
+    assert rec.waits == [S, S // 10] and clock.now == 11 * S // 10
+    assert fast.peek().retry_after_ns == S // 10
+    assert slow.peek("a").retry_after_ns == 9 * S // 10  # its second token's refill
+    assert not w.acquire("a", timeout=0.5)  # "a" would wait 0.9 s
+    assert rec.waits == [S, S // 10]
+    # the refused waiter reserved nothing: not in its own bucket, nor in the fast layer
+    assert fast.peek().retry_after_ns == S // 10
+    assert slow.peek("a").retry_after_ns == 9 * S // 10
+
+
+def test_an_all_of_waiter_on_a_clock_that_stands_still_is_refused_not_stuck(
+    impl: ModuleType,
+) -> None:
+    # Its turn comes (the sleep returns) but no time passes: the faster layer,
+    # empty, stays empty, and the waiter sent back again and again gives up.
+    fast = impl.TokenBucket(rate=10, capacity=1, clock=lambda: 0)
+    slow = impl.TokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    rec = Recorder()
+    w = Waiting(all_of(fast, slow), sleep=rec)
+    assert w.acquire()
+    assert not w.acquire(timeout=5)
+    assert rec.waits == [S] * (_wait._STALLS + 1)  # its slow layer's turn, each time
+    assert (fast.tokens(), slow.tokens()) == (0.0, 0.0)  # nothing held: each given back
+    assert _wait._lines == {}
 
 
 def test_bad_waiting_arguments(impl: ModuleType) -> None:

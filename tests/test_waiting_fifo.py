@@ -361,11 +361,13 @@ def test_all_of_waiters_move_up_in_the_layer_they_share(
         a.cancel()
         await settle()
         assert naps.of("B") == [4 * S, S]
-        assert per_client.tokens("alice") == 3.0 and per_client.tokens("bob") == 0.0
+        # Each holds only its slowest layer: nothing of its own bucket while it waits.
+        assert per_client.tokens("alice") == 3.0 and per_client.tokens("bob") == 3.0
         assert instance.peek().retry_after_ns == 2 * S  # a later caller: behind bob
         clock.advance(S)
         naps.end("B")
         assert await b is True
+        assert per_client.tokens("bob") == 0.0  # taken at its turn, with the instance's
         assert _wait._lines == {}
 
     asyncio.run(main())
@@ -374,7 +376,8 @@ def test_all_of_waiters_move_up_in_the_layer_they_share(
 def test_all_of_waiter_is_due_when_its_slowest_layer_is(
     impl: ModuleType, clock: ManualClock
 ) -> None:
-    # B waits on two layers; A's give-up frees only the faster one for it.
+    # B waits on two layers and holds a place in its slowest only: A's
+    # give-up in the faster one neither wakes it nor frees anything of its.
     slow = example(impl, clock, keyed=True)
     fast = impl.TokenBucket(rate=2, capacity=3, clock=clock)
     w, naps = napping(all_of(slow, fast))
@@ -387,16 +390,20 @@ def test_all_of_waiter_is_due_when_its_slowest_layer_is(
         assert a.done() and naps.of("A") == []
         a = task("A", core.acquire_async(cost=3))  # fast: due at 1.5 s
         await settle()
-        b = task("B", w.acquire_async("b", cost=3))  # slow 3 s, fast 3 s
+        b = task("B", w.acquire_async("b", cost=3))  # slow 3 s, fast 3 s: it holds slow
         await settle()
         assert naps.of("A") == [3 * S // 2] and naps.of("B") == [3 * S]
+        assert fast.peek().retry_after_ns == 2 * S  # A's reservation alone
         a.cancel()
         await settle()
-        assert naps.of("B") == [3 * S, 3 * S]  # woken, still due at 3 s: its slow layer
-        assert fast.peek().retry_after_ns == 3 * S // 2 + S // 2
-        b.cancel()
-        await asyncio.gather(a, b, return_exceptions=True)
+        assert naps.of("B") == [3 * S]  # not woken: it has no place in fast's line
+        assert fast.peek().retry_after_ns == S // 2  # A's 3 back: full again at 1.5 s
+        clock.advance(3 * S)
+        naps.end("B")
+        assert await b is True  # at 3 s: slow's reservation, and fast's 3 taken then
         assert slow.tokens("b") == 0.0 and fast.tokens() == 0.0 and _wait._lines == {}
+        with pytest.raises(asyncio.CancelledError):
+            await a
 
     asyncio.run(main())
 

@@ -15,6 +15,7 @@ import operator
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import TYPE_CHECKING
 
 from . import _acquire
 from ._params import (
@@ -244,9 +245,22 @@ class _Limits:
     # raised sets nothing (the verbs raise), and a second __init__ raises.
 
     def _new_limits(self, rate: RateLike, capacity: int) -> tuple[RateLike, int, int, int]:
-        if hasattr(self, "_lock"):
-            raise RuntimeError(f"{type(self).__name__} is already initialised")
-        return _validated(rate, capacity)
+        try:
+            object.__getattribute__(self, "_lock")  # not __getattr__'s answer: is it set?
+        except AttributeError:
+            return _validated(rate, capacity)
+        raise RuntimeError(f"{type(self).__name__} is already initialised")
+
+    if not TYPE_CHECKING:  # (a __getattr__ would make every attribute one to mypy)
+
+        def __getattr__(self, name: str) -> object:
+            # Reached only when a lookup failed: an unset slot is an __init__ that did
+            # not complete, which says so as the Cython classes do (not AttributeError).
+            if any(name in getattr(cls, "__slots__", ()) for cls in type(self).__mro__):
+                raise RuntimeError(
+                    f"this {type(self).__name__} is not usable: its __init__ did not complete"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _set_limits(self, limits: tuple[RateLike, int, int, int]) -> None:
         self._rate, self._capacity, self._interval, self._tau = limits

@@ -4,8 +4,7 @@ A reservation lives in the bucket's word, which stays the authority: plain
 ``allow`` callers never wait and never look at a line, yet see every
 reserved token as owed. The line -- one per bucket, or per key of a keyed
 bucket, in this process -- records who sleeps on which part of the word, in
-order, and when each is due (an ``all_of`` waiter has a place in the line
-of each layer, and is due when its last place is). When a waiter gives up
+order, and when each is due. When a waiter gives up
 (a cancelled task, a timeout around it, an interrupted thread), its tokens
 go back to the word and every waiter behind it is moved earlier by exactly
 as much and woken to sleep again for what is left. A reconfigure of the
@@ -20,6 +19,18 @@ would be had it never come. A waiter past its time may have seen part of
 its place refill meanwhile; only the part still ahead goes back. So a
 later caller, waiting or not, finds the freed tokens owed to the ones in
 line, and the word never holds more than the bucket's capacity.
+
+An ``all_of`` waiter holds a place in one line only: its slowest layer's
+(the one it would wait longest for). When that place is due it takes the
+other layers at that instant, all or none, so that every layer admits it
+at the same moment; a layer that cannot (plain callers took what it had
+refilled meanwhile) sends it back: its place goes back to its line and it
+joins again, now in the line of whichever layer is slowest, at its end.
+That is where first in, first out gives way: a plain caller of a faster
+layer may take what an ``all_of`` waiter would have taken, and a waiter
+sent back queues behind those that joined after it. Holding its place in
+every layer at once instead would let a faster layer refill the token it
+held while it waited, and admit it twice.
 
 Waiters never poll: a thread sleeps on its own `Bell` with a timeout, a
 task on a future that its timer or its `Alarm` settles.
@@ -59,20 +70,35 @@ class Place:
         self.deadline = deadline  # the latest it may be due (its waiter's timeout)
 
 
-class Waiter:
-    """One sleeping caller: its cost and its places (one per bucket it waits on)."""
+Part = tuple[Any, Key]  # a single limiter (a bucket, a table, a Redis limiter) and its key
 
-    __slots__ = ("cost", "movable", "places", "refused", "shape", "wake")
+
+class Waiter:
+    """One sleeping caller: its cost, the part it holds (and its place in that part's
+    line, when the part can be re-timed), and the parts it takes when that is due."""
+
+    __slots__ = (
+        "budget", "cost", "held", "movable", "places", "refused", "rest", "shape", "wake",
+    )  # fmt: skip
 
     def __init__(
-        self, cost: Any, wake: Callable[[], object], movable: bool = True, shape: bool = False
+        self,
+        cost: Any,
+        wake: Callable[[], object],
+        held: Part,
+        movable: bool = True,
+        shape: bool = False,
+        rest: tuple[Part, ...] = (),
     ) -> None:
         self.cost = cost
         self.wake = wake
+        self.held = held
         self.movable = movable  # False: its sleep cannot be cut short
         self.shape = shape  # its parts are its cost long (else: the bucket's capacity)
         self.places: list[Place] = []  # none: its limiter cannot be re-timed
+        self.rest = rest  # an all_of's other layers: taken when its held one is due
         self.refused = False  # moved past its timeout (`retimed`): it gave its place up
+        self.budget = -1  # ns it may still wait after being sent back (see `finish`)
 
 
 # Lines by (id(bucket), key). A place holds a reference to its bucket, so
@@ -83,21 +109,60 @@ _lines: dict[tuple[int, Key], list[Place]] = {}
 _lock = threading.Lock()
 
 
-def _buckets(limiter: Any, key: Key) -> list[tuple[Any, Key]] | None:
-    """The single buckets *limiter* reserves on for *key*, each with its key, or
-    None when one of them cannot be re-timed."""
-    if hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns"):
-        return [(limiter, key)]  # a word in ns of its own clock
-    places = getattr(limiter, "_places", None)  # an all_of: one word per layer
+def _parts(limiter: Any, key: Key) -> list[Part]:
+    """The single limiters *limiter* decides with for *key*: each layer of an
+    ``all_of`` (flattened), the plan of a ``tiered``, else itself."""
+    places = getattr(limiter, "_places", None)
     if places is None:
-        return None
-    found: list[tuple[Any, Key]] = []
+        return [(limiter, key)]
+    found: list[Part] = []
     for layer, layer_key in places(*key):
-        inner = _buckets(layer, layer_key)
-        if inner is None:
-            return None
-        found += inner
+        found += _parts(layer, layer_key)
     return found
+
+
+def _retimable(limiter: Any) -> bool:
+    """Whether *limiter*'s word is in ns of a clock of its own: its waiters stand in line."""
+    return hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns")
+
+
+def _now(limiter: Any) -> int | None:
+    return limiter._clock_ns() if _retimable(limiter) else None
+
+
+def _slowest(parts: list[Part], cost: object, shape: bool) -> tuple[Part, tuple[Part, ...]]:
+    """The part a waiter of *parts* would wait longest for, and the others."""
+    longest, at = -1, 0
+    for i, (limiter, k) in enumerate(parts):
+        now = _now(limiter)
+        d = limiter.peek(*k, cost) if now is None else limiter.peek_at(*k, now, cost)
+        wait = d.reset_after_ns if shape else d.retry_after_ns  # shaped: its slot's start
+        if wait > longest:
+            longest, at = wait, i
+    return parts[at], tuple(parts[:at] + parts[at + 1 :])
+
+
+def _take(parts: tuple[Part, ...], cost: object, shape: bool) -> bool:
+    """Take *cost* from every part now, or from none."""
+    done: list[tuple[Any, Key, int | None]] = []
+    try:
+        for limiter, k in parts:
+            now = _now(limiter)
+            if limiter._reserve(*k, now, cost, 0, shape) < 0:
+                return False
+            done.append((limiter, k, now))
+        return True
+    finally:
+        if len(done) < len(parts):  # refused or failed: undo the others
+            for limiter, k, now in done:
+                _refund(limiter, k, now, cost)
+
+
+def _refund(limiter: Any, key: Key, now: int | None, cost: object) -> None:
+    if now is None:
+        limiter.refund(*key, cost)
+    else:
+        limiter.refund_at(*key, now, cost)
 
 
 def join(
@@ -112,37 +177,63 @@ def join(
     """Reserve *cost* and take the place in line: ``(ns to wait, the waiter)``.
 
     The waiter is None when nothing is to be waited for: refused (-1,
-    nothing reserved) or served at once (0).
+    nothing reserved) or served at once (0). An ``all_of``'s waiter holds
+    its slowest layer only (see the module); it may be due at once (0),
+    when that layer refilled since it was read: `finish` takes the rest.
     """
-    buckets = _buckets(limiter, key)
-    if buckets is None:
-        wait = limiter._reserve(*key, None, cost, max_wait, shape)
-        return wait, (Waiter(cost, wake, movable) if wait > 0 else None)  # cost: checked
-    with _lock:
-        done: list[tuple[Any, Key, int, int]] = []
-        try:
-            for bucket, k in buckets:
-                now = bucket._clock_ns()
-                wait = bucket._reserve(*k, now, cost, max_wait, shape)
-                if wait < 0:
-                    return -1, None
-                done.append((bucket, k, now, wait))
-        finally:
-            if len(done) < len(buckets):  # refused or failed: undo the others
-                for bucket, k, now, _ in done:
-                    bucket.refund_at(*k, now, cost)
-        longest = max(wait for _, _, _, wait in done)
-        if not longest:
+    parts = _parts(limiter, key)
+    rest: tuple[Part, ...] = ()
+    held = parts[0]
+    if len(parts) > 1:
+        if _take(tuple(parts), cost, shape):
             return 0, None
-        c = validated_cost(cost, buckets[0][0].capacity)
-        w = Waiter(c, wake, movable, shape)
-        for bucket, k, now, wait in done:
-            interval = bucket.interval_ns
-            slack = c * interval if shape else bucket.capacity * interval
-            place = Place(w, bucket, k, slack, now + wait, now + max_wait)
-            w.places.append(place)
-            _lines.setdefault(place.line, []).append(place)
-        return longest, w
+        held, rest = _slowest(parts, cost, shape)
+    bucket, k = held
+    if not _retimable(bucket):  # not in a line: its word is not ours to re-time
+        wait = bucket._reserve(*k, None, cost, max_wait, shape)
+        if wait < 0 or (not wait and not rest):
+            return min(wait, 0), None
+        return wait, Waiter(cost, wake, held, movable, shape, rest)  # cost: checked
+    with _lock:
+        now = bucket._clock_ns()
+        wait = bucket._reserve(*k, now, cost, max_wait, shape)
+        if wait < 0 or (not wait and not rest):
+            return min(wait, 0), None
+        c = validated_cost(cost, bucket.capacity)
+        w = Waiter(c, wake, held, movable, shape, rest)
+        interval = bucket.interval_ns
+        slack = c * interval if shape else bucket.capacity * interval
+        place = Place(w, bucket, k, slack, now + wait, now + max_wait)
+        w.places.append(place)
+        _lines.setdefault(place.line, []).append(place)
+        return wait, w
+
+
+def finish(w: Waiter, max_wait: int, wait: int) -> bool:
+    """*w*'s held part is due: take its other parts now and be served (True), or give
+    the held part back, with the ns *w* may still wait in ``w.budget`` (False).
+
+    *max_wait* and *wait* are what it was given and told to wait (for a part
+    without a line, whose clock is not ours to read).
+    """
+    if not w.rest:
+        with _lock:
+            for place in w.places:
+                _drop(place)
+        return True
+    if _take(w.rest, w.cost, w.shape):
+        with _lock:
+            for place in w.places:
+                _drop(place)
+        return True
+    with _lock:
+        if w.places:
+            place = w.places[0]
+            w.budget = place.deadline - place.bucket._clock_ns()
+        else:
+            w.budget = max_wait - wait
+        _give_back(w)
+    return False
 
 
 def remaining(w: Waiter, clear: Callable[[], object]) -> int:
@@ -158,13 +249,6 @@ def remaining(w: Waiter, clear: Callable[[], object]) -> int:
         return max(place.target - now for place, now in zip(w.places, nows))
 
 
-def leave(w: Waiter) -> None:
-    """*w* is served: its tokens are its own now."""
-    with _lock:
-        for place in w.places:
-            _drop(place)
-
-
 def _drop(place: Place) -> int:
     """Take *place* out of its line (dropped when empty); its index there."""
     line = _lines[place.line]
@@ -175,7 +259,7 @@ def _drop(place: Place) -> int:
     return i
 
 
-def give_up(limiter: Any, key: Key, w: Waiter) -> None:
+def give_up(w: Waiter) -> None:
     """*w* stops waiting: its tokens go back, and the places behind its own move up.
 
     Only the part of a place still ahead of the bucket's clock goes back (in
@@ -186,24 +270,30 @@ def give_up(limiter: Any, key: Key, w: Waiter) -> None:
     up: it would still wake at its old time, with its part of the word
     moved earlier and refilled meanwhile -- spent twice.
     """
+    with _lock:
+        _give_back(w)
+
+
+def _give_back(w: Waiter) -> None:
+    """`give_up`, in the lock."""
     if not w.places:
+        limiter, key = w.held
         limiter.refund(*key, w.cost)
         return
-    with _lock:
-        for place in w.places:
-            i = _drop(place)
-            bucket = place.bucket
-            now = bucket._clock_ns()
-            interval = bucket.interval_ns
-            ahead = place.target + place.slack - now  # of its part, not yet refilled
-            tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
-            behind_it = _lines.get(place.line, [])[i:]
-            if not tokens or not all(b.waiter.movable for b in behind_it):
-                continue
-            bucket.refund_at(*place.key, now, tokens)
-            for behind in behind_it:
-                behind.target -= tokens * interval
-                behind.waiter.wake()
+    for place in w.places:
+        i = _drop(place)
+        bucket = place.bucket
+        now = bucket._clock_ns()
+        interval = bucket.interval_ns
+        ahead = place.target + place.slack - now  # of its part, not yet refilled
+        tokens = min(w.cost, ahead // interval) if ahead > 0 else 0
+        behind_it = _lines.get(place.line, [])[i:]
+        if not tokens or not all(b.waiter.movable for b in behind_it):
+            continue
+        bucket.refund_at(*place.key, now, tokens)
+        for behind in behind_it:
+            behind.target -= tokens * interval
+            behind.waiter.wake()
 
 
 class _TooLate(Exception):
@@ -247,20 +337,22 @@ def retimed(bucket: Any, now: int) -> Iterator[None]:
 
 
 @contextmanager
-def in_line(limiter: Any, key: Key, w: Waiter) -> Iterator[None]:
-    """Around *w*'s sleep: served when the block ends, or its place handed back
-    when an exception leaves it (an interrupted thread, a cancelled task, or
-    `_TooLate`: then *w* is `refused` and the block ends quietly)."""
+def in_line(w: Waiter, max_wait: int, wait: int) -> Iterator[None]:
+    """Around *w*'s sleep: `finish` when the block ends (``w.budget`` >= 0 when it was
+    sent back to join again), or its place handed back when an exception leaves it
+    (an interrupted thread, a cancelled task, or `_TooLate`: then *w* is `refused`
+    and the block ends quietly)."""
     try:
         yield
     except _TooLate:
-        give_up(limiter, key, w)
+        give_up(w)
         w.refused = True
     except BaseException:
-        give_up(limiter, key, w)
+        give_up(w)
         raise
     else:
-        leave(w)
+        if not finish(w, max_wait, wait):
+            w.refused = w.budget < 0
 
 
 class Bell:
@@ -316,6 +408,17 @@ class PlainSleep:
         return False
 
 
+_STALLS = 16  # send-backs in a row with no time passing: a clock that stands still
+
+
+def _stalled(stalls: int, budget: int, before: int) -> int:
+    """The send-backs in a row that left as much of the timeout as the one before; -1
+    past `_STALLS`: refuse. Only an injected clock stands still (beside a sleep that
+    does not move it), and then a layer found empty at a waiter's turn stays so."""
+    stalls = stalls + 1 if budget >= before else 0
+    return -1 if stalls > _STALLS else stalls
+
+
 def wait_sync(
     limiter: Any,
     key: Key,
@@ -327,13 +430,19 @@ def wait_sync(
     """Reserve, then block until due; True if admitted, False if refused at once."""
     bell = Bell()
     movable = not isinstance(sleep_or_wake, PlainSleep)
-    wait, w = join(limiter, key, cost, max_wait, shape, bell.set, movable)
-    if w is None:
-        return wait >= 0
-    with in_line(limiter, key, w):
-        while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
-            wait = remaining(w, bell.clear)
-    return not w.refused
+    stalls = 0
+    while True:
+        wait, w = join(limiter, key, cost, max_wait, shape, bell.set, movable)
+        if w is None:
+            return wait >= 0
+        with in_line(w, max_wait, wait):
+            while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
+                wait = remaining(w, bell.clear)
+        if w.budget < 0:
+            return not w.refused
+        max_wait, stalls = w.budget, _stalled(stalls, w.budget, max_wait)
+        if stalls < 0:
+            return False
 
 
 def _time_up(fut: asyncio.Future[bool]) -> None:
@@ -398,10 +507,16 @@ async def wait_async(
 ) -> bool:
     """`wait_sync` for asyncio; a waiter of another thread may move this one up."""
     alarm = Alarm(asyncio.get_running_loop())
-    wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
-    if w is None:
-        return wait >= 0
-    with in_line(limiter, key, w):
-        while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
-            wait = remaining(w, alarm.clear)
-    return not w.refused
+    stalls = 0
+    while True:
+        wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
+        if w is None:
+            return wait >= 0
+        with in_line(w, max_wait, wait):
+            while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
+                wait = remaining(w, alarm.clear)
+        if w.budget < 0:
+            return not w.refused
+        max_wait, stalls = w.budget, _stalled(stalls, w.budget, max_wait)
+        if stalls < 0:
+            return False
