@@ -155,6 +155,21 @@ def test_all_of_redis_and_in_process(impl: ModuleType, client: Any) -> None:
     assert red.tokens_at("b", 0) == 1.0  # refunded after the in-process layer refused
 
 
+def test_all_of_waiter_holds_a_slow_redis_layer_and_takes_the_rest_at_its_turn(
+    impl: ModuleType, client: Any
+) -> None:
+    # The Redis layer refills every 0.5 s, the in-process one every 1 ms: the
+    # waiter holds its Redis token (no line: its clock is Redis's) and takes
+    # the in-process one when that token is due, all or none.
+    red = nbr.RedisTokenBucket(client, rate=2, capacity=1, prefix=_fresh("hw"), timeout=2.0)
+    local = impl.TokenBucket(rate=1000, capacity=1)
+    limit = all_of(red, local)
+    assert limit.acquire("a", timeout=0)
+    assert limit.acquire("a", timeout=2.0)
+    assert limit.acquire("a", timeout=0) is False  # both spent again; nothing kept
+    assert red.peek("a").retry_after_ns > 400_000_000  # its second token was taken at ~0.5 s
+
+
 def test_acquire_reserves_and_waits(client: Any) -> None:
     lim = nbr.RedisTokenBucket(client, rate=100, capacity=1, prefix=_fresh("aq"), timeout=2.0)
     assert lim.acquire("k")
