@@ -167,7 +167,7 @@ def test_all_of_waiter_holds_a_slow_redis_layer_and_takes_the_rest_at_its_turn(
     assert limit.acquire("a", timeout=0)
     assert limit.acquire("a", timeout=2.0)
     assert limit.acquire("a", timeout=0) is False  # both spent again; nothing kept
-    assert red.peek("a").retry_after_ns > 400_000_000  # its second token was taken at ~0.5 s
+    assert not red.peek("a").allowed  # its second token: taken by the waiter
 
 
 def test_acquire_reserves_and_waits(client: Any) -> None:
