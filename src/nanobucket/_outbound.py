@@ -29,7 +29,8 @@ What a response teaches, per key:
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again. A 429 forgets what the server was seen to hold.
-Fields that do not parse are ignored, as if absent.
+Fields that do not parse are ignored, as if absent. Whatever the numbers,
+an answer is learned from in a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
 recently used dropped first, a paused one last; a dropped key starts again
@@ -831,12 +832,13 @@ def _raise(bucket: TokenBucket, at: int, least: int) -> None:
     """Give *bucket* at least *least* tokens at *at* (ns), owed ones counted.
 
     The tokens owed to callers asleep in its line count as spent: they still
-    leave at their own times, so only the rest is given back.
+    leave at their own times, so only the rest is given back. One refund of
+    at most the capacity, whatever the server says it has left: the bucket
+    never holds more, and more would only cancel what it owes to its line or
+    to a pause.
     """
-    interval = bucket.interval_ns
-    free = bucket.capacity - bucket.peek_at(at).reset_after_ns / interval
-    lack = min(math.floor(least - free), least)
-    while lack > 0:
-        part = min(lack, bucket.capacity)
-        bucket.refund_at(at, part)
-        lack -= part
+    capacity = bucket.capacity
+    free = capacity - bucket.peek_at(at).reset_after_ns / bucket.interval_ns
+    lack = min(math.floor(least - free), least, capacity)
+    if lack > 0:
+        bucket.refund_at(at, lack)

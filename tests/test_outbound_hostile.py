@@ -1,0 +1,301 @@
+"""Hostile answers to the outbound clients: whatever numbers the fields hold, each
+request returns the server's answer or raises the client's ``RateLimitTimeout``.
+
+The three clients (httpx over ``MockTransport``, its asyncio twin, and the
+``requests`` adapter over a canned ``HTTPAdapter``) run on a clock that only
+the injected sleep moves, so nothing really sleeps: a request's real time
+measures the work it does, which must not grow with the numbers it reads
+(a ``Remaining`` of 10**15 was once 10**15 turns of a loop, holding the
+key's lock). Every answer the caller does not get back is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import requests
+import requests.adapters
+
+from nanobucket import _outbound
+from nanobucket._outbound import KeyLimit, Outbound
+from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
+from nanobucket.requests import RateLimitedAdapter
+from nanobucket.requests import RateLimitTimeout as RequestsTimeout
+
+NS = 1_000_000_000
+TAU_MAX = 1 << 62
+KINDS = ["sync", "async", "requests"]
+WALL_S = 1.0  # real seconds one request may take: bounded work, not speed
+
+Reply = tuple[int, list[tuple[str, str]]]
+T = TypeVar("T")
+
+
+class Clock:
+    """Int ns that only `sleep` moves; records every sleep (s)."""
+
+    def __init__(self) -> None:
+        self.now = 10 * NS
+        self.slept: list[float] = []
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += round(seconds * NS)
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+class Body(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """An httpx answer's body (empty), remembering whether it was closed."""
+
+    closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b""
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Raw:
+    """A requests answer's body stream, remembering whether it was closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Server:
+    """Answers *replies* in turn, the last one forever; keeps every answer it gave."""
+
+    def __init__(self, *replies: Reply) -> None:
+        self.replies = replies
+        self.answers: list[Any] = []
+
+    def _next(self) -> Reply:
+        return self.replies[min(len(self.answers), len(self.replies) - 1)]
+
+    def httpx(self, request: httpx.Request) -> httpx.Response:
+        status, fields = self._next()
+        # Bytes, as off the wire: httpx reads them as latin-1 (each line kept).
+        lines = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in fields]
+        answer = httpx.Response(status, headers=lines, stream=Body())
+        self.answers.append(answer)
+        return answer
+
+    def requests(self) -> requests.Response:
+        status, fields = self._next()
+        answer = requests.Response()
+        answer.status_code = status
+        for name, value in fields:  # repeated lines joined with ", ", as urllib3 does
+            old = answer.headers.get(name)
+            answer.headers[name] = value if old is None else f"{old}, {value}"
+        answer.raw = Raw()
+        self.answers.append(answer)
+        return answer
+
+
+def is_closed(answer: Any) -> bool:
+    body: Any = answer.stream if isinstance(answer, httpx.Response) else answer.raw
+    return bool(body.closed)
+
+
+class Canned(requests.adapters.HTTPAdapter):
+    """An adapter answering from its `Server`, without a network."""
+
+    server: Server
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
+        return self.server.requests()
+
+
+class CannedLimited(RateLimitedAdapter, Canned):
+    pass
+
+
+# One request's outcome: the answer returned (or the RateLimitTimeout raised),
+# the real seconds it took, and the answers the server gave it.
+Outcome = tuple[Any, float, list[Any]]
+
+
+def send_all(
+    kind: str, server: Server, clock: Clock, count: int, **options: Any
+) -> tuple[Outbound, list[Outcome]]:
+    """*count* GETs of ``http://h/`` in turn through a *kind* client over *server*."""
+    outcomes: list[Outcome] = []
+
+    def timed(begun: float, before: int, outcome: Any) -> None:
+        outcomes.append((outcome, time.perf_counter() - begun, server.answers[before:]))
+
+    if kind == "async":
+        api = httpx.MockTransport(server.httpx)
+        client = AsyncRateLimitedTransport(
+            api, clock=clock, async_sleep=clock.async_sleep, **options
+        )
+
+        async def main() -> None:
+            for _ in range(count):
+                begun, before = time.perf_counter(), len(server.answers)
+                try:
+                    answer = await client.handle_async_request(httpx.Request("GET", "http://h/"))
+                except RateLimitTimeout as err:
+                    timed(begun, before, err)
+                else:
+                    timed(begun, before, answer)
+
+        asyncio.run(main())
+        return client, outcomes
+    send: Callable[[], Any]
+    timeout: type[Exception]
+    limited: Outbound
+    if kind == "sync":
+        sync = RateLimitedTransport(
+            httpx.MockTransport(server.httpx), clock=clock, sleep=clock.sleep, **options
+        )
+        send, timeout, limited = (
+            lambda: sync.handle_request(httpx.Request("GET", "http://h/")),
+            RateLimitTimeout,
+            sync,
+        )
+    else:
+        adapter = CannedLimited(clock=clock, sleep=clock.sleep, **options)
+        adapter.server = server
+        send, timeout, limited = (
+            lambda: adapter.send(requests.Request("GET", "http://h/").prepare()),
+            RequestsTimeout,
+            adapter,
+        )
+    for _ in range(count):
+        begun, before = time.perf_counter(), len(server.answers)
+        try:
+            answer = send()
+        except timeout as err:
+            timed(begun, before, err)
+        else:
+            timed(begun, before, answer)
+    return limited, outcomes
+
+
+def status(outcome: Outcome) -> int | str:
+    """The status of the answer returned, or "timeout"."""
+    answer = outcome[0]
+    return "timeout" if isinstance(answer, Exception) else int(answer.status_code)
+
+
+def within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()`` in a daemon thread; its result, or the test fails after *seconds* (real)."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds} s")
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+# ------------------------------------------------- a huge Remaining (O(1))
+
+EMPTY = [("X-RateLimit-Limit", "1"), ("X-RateLimit-Remaining", "0"), ("X-RateLimit-Reset", "1")]
+PLENTY = [
+    ("X-RateLimit-Limit", "1"),
+    ("X-RateLimit-Remaining", "999999999999999"),
+    ("X-RateLimit-Reset", "1"),
+]
+
+
+@pytest.mark.wall_clock
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_huge_remaining_is_learned_at_once(kind: str) -> None:
+    # The first answer pauses the key for its reset (1 s); from the second
+    # the refill rate is learned and the 10**15 tokens left are given, at
+    # most the capacity (1, the Limit) at once.
+    clock = Clock()
+    server = Server((200, EMPTY), (200, PLENTY))
+    limited, outcomes = within(
+        5, lambda: send_all(kind, server, clock, 3, rate=100, capacity=10, timeout=5)
+    )
+    assert [status(o) for o in outcomes] == [200, 200, 200]
+    assert clock.slept == [1.0]
+    assert limited.limit("h") == KeyLimit(rate=100, capacity=1, paused_for=0.0)
+    assert all(seconds < WALL_S for _, seconds, _ in outcomes)
+
+
+@pytest.mark.wall_clock
+def test_a_huge_remaining_does_not_hold_the_other_callers() -> None:
+    # One thread's answer says Remaining: 10**15 while another thread's
+    # request waits for the key: that one returns within its timeout.
+    clock = Clock()
+    plenty_answered = threading.Event()
+    server = Server((200, EMPTY), (200, PLENTY))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = server.httpx(request)
+        if len(server.answers) == 2:
+            plenty_answered.set()
+        return answer
+
+    t = RateLimitedTransport(
+        httpx.MockTransport(handler),
+        rate=100,
+        capacity=10,
+        timeout=5,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    http = httpx.Client(transport=t)
+    assert http.get("http://h/").status_code == 200
+    first = threading.Thread(target=http.get, args=("http://h/",), daemon=True)
+    first.start()
+    assert plenty_answered.wait(5)
+    begun = time.perf_counter()
+    # The key's one token: at hand if the answer was learned from, else 10 ms on.
+    assert within(5, lambda: http.get("http://h/").status_code) == 200
+    assert time.perf_counter() - begun < 5
+    first.join(5)
+    assert not first.is_alive()
+    assert clock.slept in ([1.0], [1.0, 0.01])
+    assert len(server.answers) == 3
+    assert t.limit("h") == KeyLimit(rate=100, capacity=1, paused_for=0.0)
+    assert t.pacer._keys["h"].inflight == 0
+
+
+@pytest.mark.wall_clock
+def test_raise_gives_back_at_most_the_capacity_in_one_step(impl: ModuleType) -> None:
+    # Empty at 0: 10**15 tokens asked, the capacity (3) given.
+    bucket = impl.TokenBucket(rate=100, capacity=3)
+    bucket.allow_at(0, 3)
+    within(1, lambda: _outbound._raise(bucket, 0, 10**15))
+    assert bucket.tokens_at(0) == 3.0
+    # Emptied at 5 s (a pause): owed 503 tokens at 0. One capacity goes back;
+    # the rest stays owed, and the bucket is full from 5 s.
+    bucket.allow_at(5 * NS, 3)
+    within(1, lambda: _outbound._raise(bucket, 0, 10**15))
+    assert (bucket.tokens_at(5 * NS - 10**7), bucket.tokens_at(5 * NS)) == (2.0, 3.0)
