@@ -15,6 +15,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from fractions import Fraction
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -299,3 +300,27 @@ def test_raise_gives_back_at_most_the_capacity_in_one_step(impl: ModuleType) -> 
     bucket.allow_at(5 * NS, 3)
     within(1, lambda: _outbound._raise(bucket, 0, 10**15))
     assert (bucket.tokens_at(5 * NS - 10**7), bucket.tokens_at(5 * NS)) == (2.0, 3.0)
+    # Nothing lacking, or nothing asked: nothing given.
+    bucket.allow_at(5 * NS)
+    _outbound._raise(bucket, 5 * NS, 2)
+    _outbound._raise(bucket, 5 * NS, -(10**15))
+    assert bucket.tokens_at(5 * NS) == 2.0
+
+
+def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
+    # The rate is learned (4/s) from Remaining 0 then 4 a second later; the
+    # third answer says 2 left while the key holds 3: it keeps 2, sends them
+    # at once, then waits a token's time (0.25 s) for each. It used to keep
+    # 3 (its probe of the bucket counted a token as spent): a 429 to come.
+    clock = Clock()
+    fields = [("X-RateLimit-Limit", "10"), ("X-RateLimit-Reset", "1")]
+    server = Server(
+        (200, [*fields, ("X-RateLimit-Remaining", "0")]),
+        (200, [*fields, ("X-RateLimit-Remaining", "4")]),
+        (200, [*fields, ("X-RateLimit-Remaining", "2")]),
+        (200, []),
+    )
+    limited, outcomes = send_all("sync", server, clock, 7, rate=500, capacity=50)
+    assert [status(o) for o in outcomes] == [200] * 7
+    assert limited.limit("h") == KeyLimit(rate=Fraction(4), capacity=5, paused_for=0.0)
+    assert clock.slept == [1.0, 0.25, 0.25]  # the reset, then the 6th and 7th

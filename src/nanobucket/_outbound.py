@@ -838,7 +838,8 @@ def _raise(bucket: TokenBucket, at: int, least: int) -> None:
     to a pause.
     """
     capacity = bucket.capacity
-    free = capacity - bucket.peek_at(at).reset_after_ns / bucket.interval_ns
+    # A probe of cost 0: one of cost 1 would count its own token as spent.
+    free = capacity - bucket.peek_at(at, 0).reset_after_ns / bucket.interval_ns
     lack = min(math.floor(least - free), least, capacity)
     if lack > 0:
         bucket.refund_at(at, lack)
