@@ -324,3 +324,47 @@ def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
     assert [status(o) for o in outcomes] == [200] * 7
     assert limited.limit("h") == KeyLimit(rate=Fraction(4), capacity=5, paused_for=0.0)
     assert clock.slept == [1.0, 0.25, 0.25]  # the reset, then the 6th and 7th
+
+
+# ------------------------------------- a rate slower than a bucket can hold
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rate_past_146_years_is_the_slowest_the_bucket_holds(kind: str) -> None:
+    # 5 per 10**15 s: the capacity becomes 5 and the rate the slowest at
+    # which 5 tokens refill within 2**62 ns. The 5 tokens held go at once;
+    # the next waits a token's time, 2**62 // 5 ns: past the timeout.
+    clock = Clock()
+    server = Server((200, [("RateLimit-Policy", '"d";q=5;w=999999999999999')]))
+    limited, outcomes = send_all(kind, server, clock, 7, rate=100, capacity=10, timeout=5)
+    assert [status(o) for o in outcomes] == [200] * 6 + ["timeout"]
+    assert outcomes[-1][0].retry_after_ns == TAU_MAX // 5
+    slowest = Fraction(NS, TAU_MAX // 5)
+    assert limited.limit("h") == KeyLimit(rate=slowest, capacity=5, paused_for=0.0)
+    assert not any(is_closed(answer) for answer in server.answers)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_is_closed_when_learning_from_it_raises(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(get: Any) -> None:
+        raise RuntimeError("a bug in the learning")
+
+    monkeypatch.setattr(_outbound, "parse_limits", broken)
+    clock = Clock()
+    server = Server((200, []))
+    with pytest.raises(RuntimeError, match="a bug in the learning"):
+        send_all(kind, server, clock, 1, rate=100, capacity=10)
+    assert len(server.answers) == 1 and is_closed(server.answers[0])
+
+
+def test_learning_that_raises_leaves_nothing_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(get: Any) -> None:
+        raise RuntimeError("a bug in the learning")
+
+    t = RateLimitedTransport(httpx.MockTransport(lambda r: httpx.Response(200)), rate=1, capacity=1)
+    monkeypatch.setattr(_outbound, "parse_limits", broken)
+    with pytest.raises(RuntimeError):
+        t.handle_request(httpx.Request("GET", "http://h/"))
+    assert t.pacer._keys["h"].inflight == 0

@@ -29,8 +29,11 @@ What a response teaches, per key:
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again. A 429 forgets what the server was seen to hold.
-Fields that do not parse are ignored, as if absent. Whatever the numbers,
-an answer is learned from in a bounded number of steps.
+Fields that do not parse are ignored, as if absent; a wait announced past
+a day is one day, and a rate slower than a bucket can hold (its capacity
+refilled in more than 146 years) is that slowest one: the key waits and
+`LimitTimeout` says so. Whatever the numbers, an answer is learned from in
+a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
 recently used dropped first, a paused one last; a dropped key starts again
@@ -53,6 +56,7 @@ from ._drive import Call, drive, drive_async
 from ._learn import Refill
 from ._params import (
     NS_PER_S,
+    TAU_MAX,
     Clock,
     RateLike,
     bucket_params,
@@ -444,8 +448,12 @@ class Pacer:
 
     def done(self, ticket: Ticket, status: int, get: Get) -> int:
         """Learn from the answer of a request `start` let go; ns until the key's pause ends."""
-        announced = parse_limits(get)
-        pause = parse_retry_after(get) if status in (429, 503) else None
+        try:
+            announced = parse_limits(get)
+            pause = parse_retry_after(get) if status in (429, 503) else None
+        except BaseException:
+            self.failed(ticket)  # answered all the same: no longer in flight
+            raise
         now = self.clock()
         state = ticket.state
         with state.lock:
@@ -531,14 +539,19 @@ class Pacer:
     def _follow(
         self, state: _Key, rate_bound: Fraction | None, limit: int | None, now: int
     ) -> None:
-        """Set the bucket's rate and capacity to the server's, within the user's."""
-        rate: RateLike = self.rate
-        if rate_bound is not None and rate_bound < self._exact:
-            rate = rate_bound
+        """Set the bucket's rate and capacity to the server's, within the user's.
+
+        A rate slower than the bucket can hold at that capacity (a refill
+        past 146 years) is that slowest one: the key waits as long as the
+        server asks, and `LimitTimeout` says so.
+        """
         capacity = self.capacity
         for bound in (limit, state.seen or None):
             if bound is not None:
                 capacity = max(1, min(capacity, bound))
+        rate: RateLike = self.rate
+        if rate_bound is not None and rate_bound < self._exact:
+            rate = max(rate_bound, Fraction(NS_PER_S, TAU_MAX // capacity))
         bucket = state.bucket
         if rate != bucket.rate or capacity != bucket.capacity:
             bucket.reconfigure(rate, capacity, now=now)
@@ -801,7 +814,12 @@ class Outbound:
             except BaseException:  # GeneratorExit: send raised, or its caller gave up
                 pacer.failed(ticket)
                 raise
-            if not self._again(ticket, answer, method, replayable, tries, end):
+            try:
+                again = self._again(ticket, answer, method, replayable, tries, end)
+            except BaseException:
+                yield getattr(answer, close), ()  # the caller never sees it: not left open
+                raise
+            if not again:
                 return answer
             yield getattr(answer, close), ()
             tries += 1
