@@ -368,3 +368,16 @@ def test_learning_that_raises_leaves_nothing_in_flight(monkeypatch: pytest.Monke
     with pytest.raises(RuntimeError):
         t.handle_request(httpx.Request("GET", "http://h/"))
     assert t.pacer._keys["h"].inflight == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_many_429s_with_no_wait_slow_the_key_to_one_per_1000_s(kind: str) -> None:
+    # Each "429, Retry-After: 0" one request after the last halves the guessed
+    # rate (the span bounds nothing): 1/s, 1/2, 1/4, ... It stops at 1/1000
+    # per second; it used to reach 0 and then every request raised ValueError.
+    clock = Clock()
+    server = Server((429, [("Retry-After", "0")]))
+    limited, outcomes = send_all(kind, server, clock, 14, rate=1, capacity=1, timeout=3600)
+    assert [status(o) for o in outcomes] == [429] * 14
+    assert limited.limit("h") == KeyLimit(rate=Fraction(1, 1000), capacity=1, paused_for=0.0)
+    assert clock.slept[-3:] == [1000.0, 1000.0, 1000.0]
