@@ -106,9 +106,11 @@ class Server:
         status, fields = self._next()
         answer = requests.Response()
         answer.status_code = status
-        for name, value in fields:  # repeated lines joined with ", ", as urllib3 does
-            old = answer.headers.get(name)
-            answer.headers[name] = value if old is None else f"{old}, {value}"
+        lines: dict[str, list[str]] = {}
+        for name, value in fields:
+            lines.setdefault(name.lower(), []).append(value)
+        for name, values in lines.items():  # repeated lines joined with ", ", as urllib3 does
+            answer.headers[name] = ", ".join(values)
         answer.raw = Raw()
         self.answers.append(answer)
         return answer
@@ -381,3 +383,50 @@ def test_many_429s_with_no_wait_slow_the_key_to_one_per_1000_s(kind: str) -> Non
     assert [status(o) for o in outcomes] == [429] * 14
     assert limited.limit("h") == KeyLimit(rate=Fraction(1, 1000), capacity=1, paused_for=0.0)
     assert clock.slept[-3:] == [1000.0, 1000.0, 1000.0]
+
+
+# ---------------------------------------- a faster rate during a pause
+
+
+@pytest.mark.wall_clock
+def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
+    # Two requests out at once: the first answers 429 "Retry-After: 3600" at
+    # 1/s, then the second 200 at 10**6/s. The next request waits out the
+    # hour: 3.6 ms (the pause's 3600 tokens at the new rate), then the rest
+    # in one sleep. It used to wake once per 1 us token until the pause's
+    # end (3.6e9 times: a busy thread for an hour).
+    clock = Clock()
+    second_out, first_answered = asyncio.Event(), asyncio.Event()
+
+    def policy(rate: int) -> dict[str, str]:
+        return {"RateLimit-Policy": f'"d";q={rate};w=1', "RateLimit": f'"d";r={rate};t=1'}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if not second_out.is_set() and request.url.path == "/1":
+            await second_out.wait()
+            first_answered.set()
+            return httpx.Response(429, headers={"Retry-After": "3600", **policy(1)})
+        second_out.set()
+        await first_answered.wait()
+        await asyncio.sleep(0)  # the first learns from its answer meanwhile
+        return httpx.Response(200, headers=policy(10**6))
+
+    async def main() -> tuple[list[int], int]:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(handler),
+            rate=10**9,
+            capacity=2,
+            timeout=7200,
+            clock=clock,
+            async_sleep=clock.async_sleep,
+        )
+        async with httpx.AsyncClient(transport=t) as http:
+            both = await asyncio.gather(http.get("http://h/1"), http.get("http://h/2"))
+            paused = clock.now
+            third = await http.get("http://h/3")
+        return [r.status_code for r in (*both, third)], clock.now - paused
+
+    statuses, waited = within(5, lambda: asyncio.run(main()))
+    assert statuses == [429, 200, 200]
+    assert waited == 3600 * NS
+    assert clock.slept == [0.0036, 3599.9964]

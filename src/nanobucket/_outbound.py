@@ -400,7 +400,12 @@ class Pacer:
         with state.lock:
             now = self.clock()
             if now < state.paused_until:
-                return None  # its token predates the pause: it queues again behind it
+                # Its token predates the pause: it queues again behind it. The
+                # bucket may hold tokens before the pause's end again (a faster
+                # rate, a refund since): emptied to it, the wait is one sleep,
+                # not one per token of the pause.
+                _hold(state.bucket, now, state.paused_until)
+                return None
             state.inflight += 1
             state.refill.sent(now)
             return Ticket(state, now, state.refill.admitted)
@@ -496,8 +501,7 @@ class Pacer:
                     _lower(bucket, now, 0)
             if pause is not None and now + pause > state.paused_until:
                 state.paused_until = now + pause
-                # Empty one token's time before the end: the first token is due at it.
-                _lower(bucket, max(now, now + pause - bucket.interval_ns), 0)
+                _hold(bucket, now, state.paused_until)
             return max(0, state.paused_until - now)
 
     def _learn(
@@ -832,6 +836,11 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
         excess = math.ceil(bucket.tokens_at(at) - most)
         if excess <= 0 or bucket.allow_at(at, excess):
             return
+
+
+def _hold(bucket: TokenBucket, now: int, end: int) -> None:
+    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*."""
+    _lower(bucket, max(now, end - bucket.interval_ns), 0)
 
 
 def _spread(announced: Announced, most: int) -> Fraction | None:
