@@ -7,11 +7,17 @@ the injected sleep moves, so nothing really sleeps: a request's real time
 measures the work it does, which must not grow with the numbers it reads
 (a ``Remaining`` of 10**15 was once 10**15 turns of a loop, holding the
 key's lock). Every answer the caller does not get back is closed.
+
+The fuzz tests throw huge, negative, fractional, non-numeric, far-dated and
+malformed values, thousands of members and of repeated lines, at every
+field the pacer reads, with statuses 200, 429 and 503;
+``NANOBUCKET_FUZZ_EXAMPLES=N`` runs N examples each (``.ci/fuzz_long.sh``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,12 +29,16 @@ import httpx
 import pytest
 import requests
 import requests.adapters
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nanobucket import _outbound
-from nanobucket._outbound import KeyLimit, Outbound
+from nanobucket._outbound import KeyLimit, LimitTimeout, Outbound
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout
+
+from fuzz_values import fuzz
 
 NS = 1_000_000_000
 TAU_MAX = 1 << 62
@@ -40,11 +50,16 @@ T = TypeVar("T")
 
 
 class Clock:
-    """Int ns that only `sleep` moves; records every sleep (s)."""
+    """Int ns that only `sleep` moves; records every sleep (s).
 
-    def __init__(self) -> None:
+    More than *most_sleeps* sleeps fail the test: a wait woken once per
+    token of a long pause is work that grows with the numbers, too.
+    """
+
+    def __init__(self, most_sleeps: int = 1000) -> None:
         self.now = 10 * NS
         self.slept: list[float] = []
+        self.most_sleeps = most_sleeps
 
     def __call__(self) -> int:
         return self.now
@@ -52,6 +67,8 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += round(seconds * NS)
+        if len(self.slept) > self.most_sleeps:
+            raise AssertionError(f"{len(self.slept)} sleeps: {self.slept[-3:]} ...")
 
     async def async_sleep(self, seconds: float) -> None:
         self.sleep(seconds)
@@ -430,3 +447,277 @@ def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
     assert statuses == [429, 200, 200]
     assert waited == 3600 * NS
     assert clock.slept == [0.0036, 3599.9964]
+
+
+# ------------------------------------------------------------------ fuzz
+
+HUGE = [
+    "999999999999999",
+    "1000000000000000",
+    str(2**62),
+    str(2**63 - 1),
+    str(2**63),
+    str(2**64),
+    "9" * 400,
+    "1" + "0" * 400,
+    "0" * 30 + "7",
+]
+ODD = [
+    "0",
+    "1",
+    "2",
+    "60",
+    "86400",
+    "86401",
+    "1000000000",
+    "1000000001",
+    "1445412540",
+    "4102444800",
+    "-1",
+    "-0",
+    "+5",
+    "-999999999999999",
+    "NaN",
+    "nan",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e3",
+    "1E-3",
+    "0x10",
+    "1_000",
+    "1,000",
+    "",
+    " ",
+    "\t",
+    "  7  ",
+    "1.5",
+    "0.5",
+    "0.000000001",
+    "0.0000000001",
+    "999999999999999.999999999",
+    ".5",
+    "5.",
+    "1.2.3",
+    "\xb2",  # a latin-1 superscript two: str.isdigit() says True
+    "\xb9\xb2\xb3",
+]
+DATES = [
+    "Wed, 21 Oct 2015 07:28:00 GMT",
+    "Thu, 01 Jan 1970 00:00:00 GMT",
+    "Mon, 01 Jan 0001 00:00:00 GMT",
+    "Fri, 31 Dec 9999 23:59:59 GMT",
+    "Fri, 31 Dec 9999 23:59:59 -2359",
+    "Fri, 31 Dec 9999 23:59:59 -0000",
+    "Mon, 01 Jan 99999 00:00:00 GMT",
+    "Mon, 32 Jan 2000 00:00:00 GMT",
+    "Mon, 01 Jan 2000 25:00:00 GMT",
+    "Mon, 01 Jan 2000 00:00:00 +9999",
+    "Wednesday, 21-Oct-15 07:28:00 GMT",
+    "Wed Oct 21 07:28:00 2015",
+    "21 Oct 2015",
+    "Wed, 21 Oct 2015 07:28:00",
+    "GMT",
+    ",,,",
+]
+# Numbers the fields read (at most 15 digits), and numbers past them.
+valid = st.one_of(
+    st.sampled_from(["0", "1", "2", "5", "86400", "1000000001", "999999999999999"]),
+    st.integers(0, 10**15 - 1).map(str),
+)
+numbers = st.one_of(
+    valid,
+    st.sampled_from(HUGE + ODD),
+    st.integers(-(10**20), 10**20).map(str),
+    st.decimals(allow_nan=True, allow_infinity=True).map(str),
+)
+latin1 = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=24)
+BASE = 1445412480  # the DATES' first, in Unix seconds
+
+
+def http_date(offset: int) -> str:
+    return email.utils.formatdate(BASE + offset, usegmt=True)
+
+
+# Around BASE: past, near, far future (the year 9999 at most).
+offsets = st.one_of(st.integers(-100, 100), st.integers(-(10**10), 250 * 10**9))
+dates = st.one_of(st.sampled_from(DATES), offsets.map(http_date), latin1)
+names = st.sampled_from(  # "d" twice: a state then often names a policy given
+    ['"d"', '"d"', '"default"', "d", '"\\"q\\\\"', '"a,b;c"', '""', "1", "x y", '"open', "*", ""]
+)
+params = st.lists(
+    st.tuples(st.sampled_from(["q", "w", "r", "t", "Q", " r ", "pk", ""]), numbers).map("=".join),
+    max_size=4,
+)
+members = st.one_of(
+    st.builds(lambda name, q, w: f"{name};q={q};w={w}", names, numbers, numbers),
+    st.builds(lambda name, r, t: f"{name};r={r};t={t}", names, numbers, numbers),
+    st.builds(lambda name, ps: ";".join([name, *ps]), names, params),
+)
+structured = st.one_of(
+    st.lists(members, max_size=4).map(", ".join),
+    # One member thousands of times: past MAX_FIELD, or just within it.
+    st.builds(lambda m, n: ", ".join([m] * n), members, st.sampled_from([2, 200, 3000])),
+)
+policies = st.builds(lambda name, q, w: f"{name};q={q};w={w}", names, valid, valid)
+states = st.builds(lambda name, r, t: f"{name};r={r};t={t}", names, valid, valid)
+FIELDS = {
+    "RateLimit": st.one_of(st.lists(states, min_size=1, max_size=3).map(", ".join), structured),
+    "RateLimit-Policy": st.one_of(
+        st.lists(policies, min_size=1, max_size=3).map(", ".join), structured
+    ),
+    "X-RateLimit-Limit": st.one_of(numbers, structured),
+    "X-RateLimit-Remaining": st.one_of(numbers, structured),
+    "X-RateLimit-Reset": st.one_of(numbers, structured),
+    "RateLimit-Limit": numbers,
+    "RateLimit-Remaining": numbers,
+    "RateLimit-Reset": numbers,
+    "Retry-After": st.one_of(numbers, dates),
+    "Date": dates,
+}
+Lines = list[tuple[str, str]]
+
+
+def fields(*names: str) -> st.SearchStrategy[Lines]:
+    """The fields *names*, each with a value of its own."""
+    return st.tuples(*(FIELDS[name] for name in names)).map(lambda v: list(zip(names, v)))
+
+
+# The fields that make sense together, and any one alone.
+groups = st.one_of(
+    fields("RateLimit-Policy", "RateLimit"),
+    fields("Retry-After", "RateLimit-Policy", "RateLimit"),
+    fields("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"),
+    fields("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"),
+    st.tuples(offsets, offsets).map(
+        lambda at: [("Date", http_date(at[0])), ("Retry-After", http_date(at[1]))]
+    ),
+    st.sampled_from(sorted(FIELDS)).flatmap(fields),
+)
+
+
+def repeated(found: list[tuple[Lines, int]]) -> Lines:
+    """Each group's lines *n* times; a long value (thousands of members) twice at most."""
+    return [
+        line
+        for lines, n in found
+        for line in lines
+        for _ in range(n if len(line[1]) < 100 else min(n, 2))
+    ]
+
+
+field_lines = st.lists(st.tuples(groups, st.sampled_from([1, 1, 1, 2, 2000])), max_size=3).map(
+    repeated
+)
+statuses = st.sampled_from([200, 429, 503])
+replies = st.lists(st.tuples(statuses, field_lines), min_size=1, max_size=6)
+limits = st.sampled_from(
+    [(1, 1), (100, 10), (Fraction(1, 3), 5), (10**6, 1000), (1000, 10**6), (10**9, 1)]
+)
+
+
+@pytest.mark.wall_clock
+@pytest.mark.parametrize("kind", KINDS)
+@fuzz(80)
+@given(
+    replies=replies,
+    limit=limits,
+    timeout=st.sampled_from([0, 5, 3600]),
+    retries=st.sampled_from([0, 2]),
+)
+def test_hostile_fields_answer_or_time_out_in_bounded_work(
+    kind: str,
+    replies: list[Reply],
+    limit: tuple[Any, int],
+    timeout: float,
+    retries: int,
+) -> None:
+    clock = Clock()
+    server = Server(*replies)
+    rate, capacity = limit
+    count = len(replies) + 10  # the last answer again and again: what it teaches, repeated
+    limited, outcomes = send_all(
+        kind, server, clock, count, rate=rate, capacity=capacity, timeout=timeout, retries=retries
+    )
+    assert len(outcomes) == count
+    for answer, seconds, answers in outcomes:
+        assert seconds < WALL_S
+        if isinstance(answer, LimitTimeout):
+            # Refused before a send, or before a retry (its 429 closed).
+            assert all(is_closed(a) for a in answers)
+            assert answer.retry_after_ns >= 0 and answer.key == "h"
+        else:
+            # The server's own answer, open; any 429 sent again before it, closed.
+            assert answers[-1] is answer and not is_closed(answer)
+            assert all(is_closed(a) for a in answers[:-1])
+            assert len(answers) <= retries + 1
+    state = limited.pacer._keys["h"]
+    assert state.inflight == 0
+    now = limited.limit("h")
+    assert 0 < Fraction(now.rate) <= Fraction(rate)
+    assert 1 <= now.capacity <= capacity
+    assert 0 <= now.paused_for <= 86_400
+
+
+@pytest.mark.wall_clock
+@fuzz(50)
+@given(
+    replies=replies,
+    limit=limits,
+    timeout=st.sampled_from([0, 5, 3600]),
+    retries=st.sampled_from([0, 2]),
+    delays=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+)
+def test_hostile_fields_to_requests_out_at_once(
+    replies: list[Reply],
+    limit: tuple[Any, int],
+    timeout: float,
+    retries: int,
+    delays: list[int],
+) -> None:
+    # Three asyncio requests at a time, their answers learned in another
+    # order than they were sent in (each held a few turns of the loop).
+    clock = Clock()
+    server = Server(*replies)
+    rate, capacity = limit
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        answer = server.httpx(request)
+        for _ in range(delays[len(server.answers) % len(delays)]):
+            await asyncio.sleep(0)
+        return answer
+
+    async def main() -> tuple[Outbound, list[tuple[Any, float]]]:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(handler),
+            rate=rate,
+            capacity=capacity,
+            timeout=timeout,
+            retries=retries,
+            clock=clock,
+            async_sleep=clock.async_sleep,
+        )
+
+        async def one() -> tuple[Any, float]:
+            begun = time.perf_counter()
+            try:
+                answer: Any = await t.handle_async_request(httpx.Request("GET", "http://h/"))
+            except RateLimitTimeout as err:
+                answer = err
+            return answer, time.perf_counter() - begun
+
+        outcomes: list[tuple[Any, float]] = []
+        for _ in range(4):
+            outcomes += await asyncio.gather(one(), one(), one())
+        return t, outcomes
+
+    limited, outcomes = asyncio.run(main())
+    returned = [answer for answer, _ in outcomes if isinstance(answer, httpx.Response)]
+    assert all(seconds < 3 * WALL_S for _, seconds in outcomes)  # three at once
+    assert all(a.key == "h" for a, _ in outcomes if isinstance(a, LimitTimeout))
+    # Each answer is returned, open, or closed: none is left behind.
+    assert all(is_closed(a) != any(a is r for r in returned) for a in server.answers)
+    assert limited.pacer._keys["h"].inflight == 0
+    now = limited.limit("h")
+    assert 0 < Fraction(now.rate) <= Fraction(rate)
+    assert 1 <= now.capacity <= capacity
