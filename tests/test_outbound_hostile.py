@@ -402,6 +402,25 @@ def test_many_429s_with_no_wait_slow_the_key_to_one_per_1000_s(kind: str) -> Non
     assert clock.slept[-3:] == [1000.0, 1000.0, 1000.0]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_date_this_platform_cannot_read_is_ignored(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A zone of "-0000" is local time, and Windows' local time stops at the
+    # year 3000: its timestamp() raises OSError. As unreadable as any date.
+    class Local:
+        def timestamp(self) -> float:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(email.utils, "parsedate_to_datetime", lambda text: Local())
+    clock = Clock()
+    far = "Fri, 31 Dec 9999 23:59:59 -0000"
+    server = Server((429, [("Retry-After", far), ("Date", far)]), (200, [("Date", far)]))
+    limited, outcomes = send_all(kind, server, clock, 2, rate=10, capacity=5)
+    assert [status(o) for o in outcomes] == [429, 200]
+    assert limited.limit("h") == KeyLimit(rate=10, capacity=5, paused_for=0.0)
+
+
 # ---------------------------------------- a faster rate during a pause
 
 

@@ -164,13 +164,18 @@ def _items(field: str | None) -> list[tuple[str | int, dict[str, int]]]:
     return out
 
 
+# What reading an HTTP date may raise: OSError from a local time out of the
+# platform's range (a zone of "-0000" is local time; Windows stops at 3000).
+_BAD_DATE = (TypeError, ValueError, IndexError, OverflowError, OSError)
+
+
 def _wall_now(get: Get) -> float:
     """The server's time of the response: its ``Date``, else this machine's clock."""
     date = get("date")
     if date and len(date) < 64:
         try:
             return email.utils.parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError, IndexError, OverflowError):
+        except _BAD_DATE:
             pass
     return time.time()
 
@@ -201,7 +206,7 @@ def parse_retry_after(get: Get) -> int | None:
         return _seconds_ns(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
+    except _BAD_DATE:
         return None
     delta = Fraction(when) - Fraction(_wall_now(get))
     return _seconds_ns(max(delta, Fraction(0)))
