@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The long fuzz run: every fuzz test with NANOBUCKET_FUZZ_EXAMPLES examples
 # (default 2500; the one-call test runs 400 times that), then the total.
+# tests/test_outbound_hostile.py adds hostile answers to the outbound clients.
 #
 #   .ci/fuzz_long.sh                      # 2500 per test: about 1.02 million examples
 #   NANOBUCKET_FUZZ_EXAMPLES=100 .ci/fuzz_long.sh   # a quick look
@@ -14,7 +15,8 @@ log=$(mktemp "${TMPDIR:-/tmp}/nanobucket-fuzz.XXXXXX")
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 set +e
-"$python" -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/test_fuzz*.py "$@" \
+"$python" -m pytest -q -p no:cacheprovider --hypothesis-show-statistics tests/test_fuzz*.py \
+  tests/test_outbound_hostile.py "$@" \
   2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e

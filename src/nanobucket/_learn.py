@@ -31,7 +31,7 @@ ends in one more 429 after a longer, more exact span; once within 3% it
 sends none. From the first 429 on the key sends one request at a time (a
 capacity of 1), so that few are in flight to meet the next 429, and a span
 too short to bound anything (at most *first*) halves
-the rate instead: the decrease of AIMD, and like AIMD's the halved guess
+the rate instead (down to 1/1000 token/s): the decrease of AIMD, and like AIMD's the halved guess
 grows again, by a tenth of itself each second without a 429, so that a
 guess below the server does not stay there. A bound does not grow: a probe
 above the server costs a whole pause, more than it could win.
@@ -158,4 +158,5 @@ class Refill:
         if self.estimate is None or self.guessed < 0:
             return self.estimate
         grown = self.estimate * (1 + GROWTH * Fraction(max(now - self.guessed, 0), NS_PER_S))
-        return Fraction(math.floor(grown * 1000), 1000)  # down to 1/1000 token/s: kept small
+        # Down to 1/1000 token/s: kept small, and never 0 (a guess halved many times).
+        return Fraction(max(math.floor(grown * 1000), 1), 1000)

@@ -29,7 +29,11 @@ What a response teaches, per key:
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again. A 429 forgets what the server was seen to hold.
-Fields that do not parse are ignored, as if absent.
+Fields that do not parse are ignored, as if absent; a wait announced past
+a day is one day, and a rate slower than a bucket can hold (its capacity
+refilled in more than 146 years) is that slowest one: the key waits and
+`LimitTimeout` says so. Whatever the numbers, an answer is learned from in
+a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
 recently used dropped first, a paused one last; a dropped key starts again
@@ -52,6 +56,7 @@ from ._drive import Call, drive, drive_async
 from ._learn import Refill
 from ._params import (
     NS_PER_S,
+    TAU_MAX,
     Clock,
     RateLike,
     bucket_params,
@@ -159,13 +164,18 @@ def _items(field: str | None) -> list[tuple[str | int, dict[str, int]]]:
     return out
 
 
+# What reading an HTTP date may raise: OSError from a local time out of the
+# platform's range (a zone of "-0000" is local time; Windows stops at 3000).
+_BAD_DATE = (TypeError, ValueError, IndexError, OverflowError, OSError)
+
+
 def _wall_now(get: Get) -> float:
     """The server's time of the response: its ``Date``, else this machine's clock."""
     date = get("date")
     if date and len(date) < 64:
         try:
             return email.utils.parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError, IndexError, OverflowError):
+        except _BAD_DATE:
             pass
     return time.time()
 
@@ -196,7 +206,7 @@ def parse_retry_after(get: Get) -> int | None:
         return _seconds_ns(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
+    except _BAD_DATE:
         return None
     delta = Fraction(when) - Fraction(_wall_now(get))
     return _seconds_ns(max(delta, Fraction(0)))
@@ -395,7 +405,12 @@ class Pacer:
         with state.lock:
             now = self.clock()
             if now < state.paused_until:
-                return None  # its token predates the pause: it queues again behind it
+                # Its token predates the pause: it queues again behind it. The
+                # bucket may hold tokens before the pause's end again (a faster
+                # rate, a refund since): emptied to it, the wait is one sleep,
+                # not one per token of the pause.
+                _hold(state.bucket, now, state.paused_until)
+                return None
             state.inflight += 1
             state.refill.sent(now)
             return Ticket(state, now, state.refill.admitted)
@@ -443,8 +458,12 @@ class Pacer:
 
     def done(self, ticket: Ticket, status: int, get: Get) -> int:
         """Learn from the answer of a request `start` let go; ns until the key's pause ends."""
-        announced = parse_limits(get)
-        pause = parse_retry_after(get) if status in (429, 503) else None
+        try:
+            announced = parse_limits(get)
+            pause = parse_retry_after(get) if status in (429, 503) else None
+        except BaseException:
+            self.failed(ticket)  # answered all the same: no longer in flight
+            raise
         now = self.clock()
         state = ticket.state
         with state.lock:
@@ -487,8 +506,7 @@ class Pacer:
                     _lower(bucket, now, 0)
             if pause is not None and now + pause > state.paused_until:
                 state.paused_until = now + pause
-                # Empty one token's time before the end: the first token is due at it.
-                _lower(bucket, max(now, now + pause - bucket.interval_ns), 0)
+                _hold(bucket, now, state.paused_until)
             return max(0, state.paused_until - now)
 
     def _learn(
@@ -530,14 +548,19 @@ class Pacer:
     def _follow(
         self, state: _Key, rate_bound: Fraction | None, limit: int | None, now: int
     ) -> None:
-        """Set the bucket's rate and capacity to the server's, within the user's."""
-        rate: RateLike = self.rate
-        if rate_bound is not None and rate_bound < self._exact:
-            rate = rate_bound
+        """Set the bucket's rate and capacity to the server's, within the user's.
+
+        A rate slower than the bucket can hold at that capacity (a refill
+        past 146 years) is that slowest one: the key waits as long as the
+        server asks, and `LimitTimeout` says so.
+        """
         capacity = self.capacity
         for bound in (limit, state.seen or None):
             if bound is not None:
                 capacity = max(1, min(capacity, bound))
+        rate: RateLike = self.rate
+        if rate_bound is not None and rate_bound < self._exact:
+            rate = max(rate_bound, Fraction(NS_PER_S, TAU_MAX // capacity))
         bucket = state.bucket
         if rate != bucket.rate or capacity != bucket.capacity:
             bucket.reconfigure(rate, capacity, now=now)
@@ -800,7 +823,12 @@ class Outbound:
             except BaseException:  # GeneratorExit: send raised, or its caller gave up
                 pacer.failed(ticket)
                 raise
-            if not self._again(ticket, answer, method, replayable, tries, end):
+            try:
+                again = self._again(ticket, answer, method, replayable, tries, end)
+            except BaseException:
+                yield getattr(answer, close), ()  # the caller never sees it: not left open
+                raise
+            if not again:
                 return answer
             yield getattr(answer, close), ()
             tries += 1
@@ -813,6 +841,11 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
         excess = math.ceil(bucket.tokens_at(at) - most)
         if excess <= 0 or bucket.allow_at(at, excess):
             return
+
+
+def _hold(bucket: TokenBucket, now: int, end: int) -> None:
+    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*."""
+    _lower(bucket, max(now, end - bucket.interval_ns), 0)
 
 
 def _spread(announced: Announced, most: int) -> Fraction | None:
@@ -831,12 +864,14 @@ def _raise(bucket: TokenBucket, at: int, least: int) -> None:
     """Give *bucket* at least *least* tokens at *at* (ns), owed ones counted.
 
     The tokens owed to callers asleep in its line count as spent: they still
-    leave at their own times, so only the rest is given back.
+    leave at their own times, so only the rest is given back. One refund of
+    at most the capacity, whatever the server says it has left: the bucket
+    never holds more, and more would only cancel what it owes to its line or
+    to a pause.
     """
-    interval = bucket.interval_ns
-    free = bucket.capacity - bucket.peek_at(at).reset_after_ns / interval
-    lack = min(math.floor(least - free), least)
-    while lack > 0:
-        part = min(lack, bucket.capacity)
-        bucket.refund_at(at, part)
-        lack -= part
+    capacity = bucket.capacity
+    # A probe of cost 0: one of cost 1 would count its own token as spent.
+    free = capacity - bucket.peek_at(at, 0).reset_after_ns / bucket.interval_ns
+    lack = min(math.floor(least - free), least, capacity)
+    if lack > 0:
+        bucket.refund_at(at, lack)

@@ -1,0 +1,742 @@
+"""Hostile answers to the outbound clients: whatever numbers the fields hold, each
+request returns the server's answer or raises the client's ``RateLimitTimeout``.
+
+The three clients (httpx over ``MockTransport``, its asyncio twin, and the
+``requests`` adapter over a canned ``HTTPAdapter``) run on a clock that only
+the injected sleep moves, so nothing really sleeps: a request's real time
+measures the work it does, which must not grow with the numbers it reads
+(a ``Remaining`` of 10**15 was once 10**15 turns of a loop, holding the
+key's lock). Every answer the caller does not get back is closed.
+
+The fuzz tests throw huge, negative, fractional, non-numeric, far-dated and
+malformed values, thousands of members and of repeated lines, at every
+field the pacer reads, with statuses 200, 429 and 503;
+``NANOBUCKET_FUZZ_EXAMPLES=N`` runs N examples each (``.ci/fuzz_long.sh``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from fractions import Fraction
+from types import ModuleType
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import requests
+import requests.adapters
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanobucket import _outbound
+from nanobucket._outbound import KeyLimit, LimitTimeout, Outbound
+from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
+from nanobucket.requests import RateLimitedAdapter
+from nanobucket.requests import RateLimitTimeout as RequestsTimeout
+
+from fuzz_values import fuzz
+
+NS = 1_000_000_000
+TAU_MAX = 1 << 62
+KINDS = ["sync", "async", "requests"]
+WALL_S = 1.0  # real seconds one request may take: bounded work, not speed
+
+Reply = tuple[int, list[tuple[str, str]]]
+T = TypeVar("T")
+
+
+class Clock:
+    """Int ns that only `sleep` moves; records every sleep (s).
+
+    More than *most_sleeps* sleeps fail the test: a wait woken once per
+    token of a long pause is work that grows with the numbers, too.
+    """
+
+    def __init__(self, most_sleeps: int = 1000) -> None:
+        self.now = 10 * NS
+        self.slept: list[float] = []
+        self.most_sleeps = most_sleeps
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += round(seconds * NS)
+        if len(self.slept) > self.most_sleeps:
+            raise AssertionError(f"{len(self.slept)} sleeps: {self.slept[-3:]} ...")
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+class Body(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """An httpx answer's body (empty), remembering whether it was closed."""
+
+    closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b""
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Raw:
+    """A requests answer's body stream, remembering whether it was closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Server:
+    """Answers *replies* in turn, the last one forever; keeps every answer it gave."""
+
+    def __init__(self, *replies: Reply) -> None:
+        self.replies = replies
+        self.answers: list[Any] = []
+
+    def _next(self) -> Reply:
+        return self.replies[min(len(self.answers), len(self.replies) - 1)]
+
+    def httpx(self, request: httpx.Request) -> httpx.Response:
+        status, fields = self._next()
+        # Bytes, as off the wire: httpx reads them as latin-1 (each line kept).
+        lines = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in fields]
+        answer = httpx.Response(status, headers=lines, stream=Body())
+        self.answers.append(answer)
+        return answer
+
+    def requests(self) -> requests.Response:
+        status, fields = self._next()
+        answer = requests.Response()
+        answer.status_code = status
+        lines: dict[str, list[str]] = {}
+        for name, value in fields:
+            lines.setdefault(name.lower(), []).append(value)
+        for name, values in lines.items():  # repeated lines joined with ", ", as urllib3 does
+            answer.headers[name] = ", ".join(values)
+        answer.raw = Raw()
+        self.answers.append(answer)
+        return answer
+
+
+def is_closed(answer: Any) -> bool:
+    body: Any = answer.stream if isinstance(answer, httpx.Response) else answer.raw
+    return bool(body.closed)
+
+
+class Canned(requests.adapters.HTTPAdapter):
+    """An adapter answering from its `Server`, without a network."""
+
+    server: Server
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
+        return self.server.requests()
+
+
+class CannedLimited(RateLimitedAdapter, Canned):
+    pass
+
+
+# One request's outcome: the answer returned (or the RateLimitTimeout raised),
+# the real seconds it took, and the answers the server gave it.
+Outcome = tuple[Any, float, list[Any]]
+
+
+def send_all(
+    kind: str, server: Server, clock: Clock, count: int, **options: Any
+) -> tuple[Outbound, list[Outcome]]:
+    """*count* GETs of ``http://h/`` in turn through a *kind* client over *server*."""
+    outcomes: list[Outcome] = []
+
+    def timed(begun: float, before: int, outcome: Any) -> None:
+        outcomes.append((outcome, time.perf_counter() - begun, server.answers[before:]))
+
+    if kind == "async":
+        api = httpx.MockTransport(server.httpx)
+        client = AsyncRateLimitedTransport(
+            api, clock=clock, async_sleep=clock.async_sleep, **options
+        )
+
+        async def main() -> None:
+            for _ in range(count):
+                begun, before = time.perf_counter(), len(server.answers)
+                try:
+                    answer = await client.handle_async_request(httpx.Request("GET", "http://h/"))
+                except RateLimitTimeout as err:
+                    timed(begun, before, err)
+                else:
+                    timed(begun, before, answer)
+
+        asyncio.run(main())
+        return client, outcomes
+    send: Callable[[], Any]
+    timeout: type[Exception]
+    limited: Outbound
+    if kind == "sync":
+        sync = RateLimitedTransport(
+            httpx.MockTransport(server.httpx), clock=clock, sleep=clock.sleep, **options
+        )
+        send, timeout, limited = (
+            lambda: sync.handle_request(httpx.Request("GET", "http://h/")),
+            RateLimitTimeout,
+            sync,
+        )
+    else:
+        adapter = CannedLimited(clock=clock, sleep=clock.sleep, **options)
+        adapter.server = server
+        send, timeout, limited = (
+            lambda: adapter.send(requests.Request("GET", "http://h/").prepare()),
+            RequestsTimeout,
+            adapter,
+        )
+    for _ in range(count):
+        begun, before = time.perf_counter(), len(server.answers)
+        try:
+            answer = send()
+        except timeout as err:
+            timed(begun, before, err)
+        else:
+            timed(begun, before, answer)
+    return limited, outcomes
+
+
+def status(outcome: Outcome) -> int | str:
+    """The status of the answer returned, or "timeout"."""
+    answer = outcome[0]
+    return "timeout" if isinstance(answer, Exception) else int(answer.status_code)
+
+
+def within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()`` in a daemon thread; its result, or the test fails after *seconds* (real)."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds} s")
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+# ------------------------------------------------- a huge Remaining (O(1))
+
+EMPTY = [("X-RateLimit-Limit", "1"), ("X-RateLimit-Remaining", "0"), ("X-RateLimit-Reset", "1")]
+PLENTY = [
+    ("X-RateLimit-Limit", "1"),
+    ("X-RateLimit-Remaining", "999999999999999"),
+    ("X-RateLimit-Reset", "1"),
+]
+
+
+@pytest.mark.wall_clock
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_huge_remaining_is_learned_at_once(kind: str) -> None:
+    # The first answer pauses the key for its reset (1 s); from the second
+    # the refill rate is learned and the 10**15 tokens left are given, at
+    # most the capacity (1, the Limit) at once.
+    clock = Clock()
+    server = Server((200, EMPTY), (200, PLENTY))
+    limited, outcomes = within(
+        5, lambda: send_all(kind, server, clock, 3, rate=100, capacity=10, timeout=5)
+    )
+    assert [status(o) for o in outcomes] == [200, 200, 200]
+    assert clock.slept == [1.0]
+    assert limited.limit("h") == KeyLimit(rate=100, capacity=1, paused_for=0.0)
+    assert all(seconds < WALL_S for _, seconds, _ in outcomes)
+
+
+@pytest.mark.wall_clock
+def test_a_huge_remaining_does_not_hold_the_other_callers() -> None:
+    # One thread's answer says Remaining: 10**15 while another thread's
+    # request waits for the key: that one returns within its timeout.
+    clock = Clock()
+    plenty_answered = threading.Event()
+    server = Server((200, EMPTY), (200, PLENTY))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = server.httpx(request)
+        if len(server.answers) == 2:
+            plenty_answered.set()
+        return answer
+
+    t = RateLimitedTransport(
+        httpx.MockTransport(handler),
+        rate=100,
+        capacity=10,
+        timeout=5,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    http = httpx.Client(transport=t)
+    assert http.get("http://h/").status_code == 200
+    first = threading.Thread(target=http.get, args=("http://h/",), daemon=True)
+    first.start()
+    assert plenty_answered.wait(5)
+    begun = time.perf_counter()
+    # The key's one token: at hand if the answer was learned from, else 10 ms on.
+    assert within(5, lambda: http.get("http://h/").status_code) == 200
+    assert time.perf_counter() - begun < 5
+    first.join(5)
+    assert not first.is_alive()
+    assert clock.slept in ([1.0], [1.0, 0.01])
+    assert len(server.answers) == 3
+    assert t.limit("h") == KeyLimit(rate=100, capacity=1, paused_for=0.0)
+    assert t.pacer._keys["h"].inflight == 0
+
+
+@pytest.mark.wall_clock
+def test_raise_gives_back_at_most_the_capacity_in_one_step(impl: ModuleType) -> None:
+    # Empty at 0: 10**15 tokens asked, the capacity (3) given.
+    bucket = impl.TokenBucket(rate=100, capacity=3)
+    bucket.allow_at(0, 3)
+    within(1, lambda: _outbound._raise(bucket, 0, 10**15))
+    assert bucket.tokens_at(0) == 3.0
+    # Emptied at 5 s (a pause): owed 503 tokens at 0. One capacity goes back;
+    # the rest stays owed, and the bucket is full from 5 s.
+    bucket.allow_at(5 * NS, 3)
+    within(1, lambda: _outbound._raise(bucket, 0, 10**15))
+    assert (bucket.tokens_at(5 * NS - 10**7), bucket.tokens_at(5 * NS)) == (2.0, 3.0)
+    # Nothing lacking, or nothing asked: nothing given.
+    bucket.allow_at(5 * NS)
+    _outbound._raise(bucket, 5 * NS, 2)
+    _outbound._raise(bucket, 5 * NS, -(10**15))
+    assert bucket.tokens_at(5 * NS) == 2.0
+
+
+def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
+    # The rate is learned (4/s) from Remaining 0 then 4 a second later; the
+    # third answer says 2 left while the key holds 3: it keeps 2, sends them
+    # at once, then waits a token's time (0.25 s) for each. It used to keep
+    # 3 (its probe of the bucket counted a token as spent): a 429 to come.
+    clock = Clock()
+    fields = [("X-RateLimit-Limit", "10"), ("X-RateLimit-Reset", "1")]
+    server = Server(
+        (200, [*fields, ("X-RateLimit-Remaining", "0")]),
+        (200, [*fields, ("X-RateLimit-Remaining", "4")]),
+        (200, [*fields, ("X-RateLimit-Remaining", "2")]),
+        (200, []),
+    )
+    limited, outcomes = send_all("sync", server, clock, 7, rate=500, capacity=50)
+    assert [status(o) for o in outcomes] == [200] * 7
+    assert limited.limit("h") == KeyLimit(rate=Fraction(4), capacity=5, paused_for=0.0)
+    assert clock.slept == [1.0, 0.25, 0.25]  # the reset, then the 6th and 7th
+
+
+# ------------------------------------- a rate slower than a bucket can hold
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rate_past_146_years_is_the_slowest_the_bucket_holds(kind: str) -> None:
+    # 5 per 10**15 s: the capacity becomes 5 and the rate the slowest at
+    # which 5 tokens refill within 2**62 ns. The 5 tokens held go at once;
+    # the next waits a token's time, 2**62 // 5 ns: past the timeout.
+    clock = Clock()
+    server = Server((200, [("RateLimit-Policy", '"d";q=5;w=999999999999999')]))
+    limited, outcomes = send_all(kind, server, clock, 7, rate=100, capacity=10, timeout=5)
+    assert [status(o) for o in outcomes] == [200] * 6 + ["timeout"]
+    assert outcomes[-1][0].retry_after_ns == TAU_MAX // 5
+    slowest = Fraction(NS, TAU_MAX // 5)
+    assert limited.limit("h") == KeyLimit(rate=slowest, capacity=5, paused_for=0.0)
+    assert not any(is_closed(answer) for answer in server.answers)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_is_closed_when_learning_from_it_raises(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(get: Any) -> None:
+        raise RuntimeError("a bug in the learning")
+
+    monkeypatch.setattr(_outbound, "parse_limits", broken)
+    clock = Clock()
+    server = Server((200, []))
+    with pytest.raises(RuntimeError, match="a bug in the learning"):
+        send_all(kind, server, clock, 1, rate=100, capacity=10)
+    assert len(server.answers) == 1 and is_closed(server.answers[0])
+
+
+def test_learning_that_raises_leaves_nothing_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(get: Any) -> None:
+        raise RuntimeError("a bug in the learning")
+
+    t = RateLimitedTransport(httpx.MockTransport(lambda r: httpx.Response(200)), rate=1, capacity=1)
+    monkeypatch.setattr(_outbound, "parse_limits", broken)
+    with pytest.raises(RuntimeError):
+        t.handle_request(httpx.Request("GET", "http://h/"))
+    assert t.pacer._keys["h"].inflight == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_many_429s_with_no_wait_slow_the_key_to_one_per_1000_s(kind: str) -> None:
+    # Each "429, Retry-After: 0" one request after the last halves the guessed
+    # rate (the span bounds nothing): 1/s, 1/2, 1/4, ... It stops at 1/1000
+    # per second; it used to reach 0 and then every request raised ValueError.
+    clock = Clock()
+    server = Server((429, [("Retry-After", "0")]))
+    limited, outcomes = send_all(kind, server, clock, 14, rate=1, capacity=1, timeout=3600)
+    assert [status(o) for o in outcomes] == [429] * 14
+    assert limited.limit("h") == KeyLimit(rate=Fraction(1, 1000), capacity=1, paused_for=0.0)
+    assert clock.slept[-3:] == [1000.0, 1000.0, 1000.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_date_this_platform_cannot_read_is_ignored(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A zone of "-0000" is local time, and Windows' local time stops at the
+    # year 3000: its timestamp() raises OSError. As unreadable as any date.
+    class Local:
+        def timestamp(self) -> float:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(email.utils, "parsedate_to_datetime", lambda text: Local())
+    clock = Clock()
+    far = "Fri, 31 Dec 9999 23:59:59 -0000"
+    server = Server((429, [("Retry-After", far), ("Date", far)]), (200, [("Date", far)]))
+    limited, outcomes = send_all(kind, server, clock, 2, rate=10, capacity=5)
+    assert [status(o) for o in outcomes] == [429, 200]
+    assert limited.limit("h") == KeyLimit(rate=10, capacity=5, paused_for=0.0)
+
+
+# ---------------------------------------- a faster rate during a pause
+
+
+@pytest.mark.wall_clock
+def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
+    # Two requests out at once: the first answers 429 "Retry-After: 3600" at
+    # 1/s, then the second 200 at 10**6/s. The next request waits out the
+    # hour: 3.6 ms (the pause's 3600 tokens at the new rate), then the rest
+    # in one sleep. It used to wake once per 1 us token until the pause's
+    # end (3.6e9 times: a busy thread for an hour).
+    clock = Clock()
+    second_out, first_answered = asyncio.Event(), asyncio.Event()
+
+    def policy(rate: int) -> dict[str, str]:
+        return {"RateLimit-Policy": f'"d";q={rate};w=1', "RateLimit": f'"d";r={rate};t=1'}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if not second_out.is_set() and request.url.path == "/1":
+            await second_out.wait()
+            first_answered.set()
+            return httpx.Response(429, headers={"Retry-After": "3600", **policy(1)})
+        second_out.set()
+        await first_answered.wait()
+        await asyncio.sleep(0)  # the first learns from its answer meanwhile
+        return httpx.Response(200, headers=policy(10**6))
+
+    async def main() -> tuple[list[int], int]:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(handler),
+            rate=10**9,
+            capacity=2,
+            timeout=7200,
+            clock=clock,
+            async_sleep=clock.async_sleep,
+        )
+        async with httpx.AsyncClient(transport=t) as http:
+            both = await asyncio.gather(http.get("http://h/1"), http.get("http://h/2"))
+            paused = clock.now
+            third = await http.get("http://h/3")
+        return [r.status_code for r in (*both, third)], clock.now - paused
+
+    statuses, waited = within(5, lambda: asyncio.run(main()))
+    assert statuses == [429, 200, 200]
+    assert waited == 3600 * NS
+    assert clock.slept == [0.0036, 3599.9964]
+
+
+# ------------------------------------------------------------------ fuzz
+
+HUGE = [
+    "999999999999999",
+    "1000000000000000",
+    str(2**62),
+    str(2**63 - 1),
+    str(2**63),
+    str(2**64),
+    "9" * 400,
+    "1" + "0" * 400,
+    "0" * 30 + "7",
+]
+ODD = [
+    "0",
+    "1",
+    "2",
+    "60",
+    "86400",
+    "86401",
+    "1000000000",
+    "1000000001",
+    "1445412540",
+    "4102444800",
+    "-1",
+    "-0",
+    "+5",
+    "-999999999999999",
+    "NaN",
+    "nan",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e3",
+    "1E-3",
+    "0x10",
+    "1_000",
+    "1,000",
+    "",
+    " ",
+    "\t",
+    "  7  ",
+    "1.5",
+    "0.5",
+    "0.000000001",
+    "0.0000000001",
+    "999999999999999.999999999",
+    ".5",
+    "5.",
+    "1.2.3",
+    "\xb2",  # a latin-1 superscript two: str.isdigit() says True
+    "\xb9\xb2\xb3",
+]
+DATES = [
+    "Wed, 21 Oct 2015 07:28:00 GMT",
+    "Thu, 01 Jan 1970 00:00:00 GMT",
+    "Mon, 01 Jan 0001 00:00:00 GMT",
+    "Fri, 31 Dec 9999 23:59:59 GMT",
+    "Fri, 31 Dec 9999 23:59:59 -2359",
+    "Fri, 31 Dec 9999 23:59:59 -0000",
+    "Mon, 01 Jan 99999 00:00:00 GMT",
+    "Mon, 32 Jan 2000 00:00:00 GMT",
+    "Mon, 01 Jan 2000 25:00:00 GMT",
+    "Mon, 01 Jan 2000 00:00:00 +9999",
+    "Wednesday, 21-Oct-15 07:28:00 GMT",
+    "Wed Oct 21 07:28:00 2015",
+    "21 Oct 2015",
+    "Wed, 21 Oct 2015 07:28:00",
+    "GMT",
+    ",,,",
+]
+# Numbers the fields read (at most 15 digits), and numbers past them.
+valid = st.one_of(
+    st.sampled_from(["0", "1", "2", "5", "86400", "1000000001", "999999999999999"]),
+    st.integers(0, 10**15 - 1).map(str),
+)
+numbers = st.one_of(
+    valid,
+    st.sampled_from(HUGE + ODD),
+    st.integers(-(10**20), 10**20).map(str),
+    st.decimals(allow_nan=True, allow_infinity=True).map(str),
+)
+latin1 = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=24)
+BASE = 1445412480  # the DATES' first, in Unix seconds
+
+
+def http_date(offset: int) -> str:
+    return email.utils.formatdate(BASE + offset, usegmt=True)
+
+
+# Around BASE: past, near, far future (the year 9999 at most).
+offsets = st.one_of(st.integers(-100, 100), st.integers(-(10**10), 250 * 10**9))
+dates = st.one_of(st.sampled_from(DATES), offsets.map(http_date), latin1)
+names = st.sampled_from(  # "d" twice: a state then often names a policy given
+    ['"d"', '"d"', '"default"', "d", '"\\"q\\\\"', '"a,b;c"', '""', "1", "x y", '"open', "*", ""]
+)
+params = st.lists(
+    st.tuples(st.sampled_from(["q", "w", "r", "t", "Q", " r ", "pk", ""]), numbers).map("=".join),
+    max_size=4,
+)
+members = st.one_of(
+    st.builds(lambda name, q, w: f"{name};q={q};w={w}", names, numbers, numbers),
+    st.builds(lambda name, r, t: f"{name};r={r};t={t}", names, numbers, numbers),
+    st.builds(lambda name, ps: ";".join([name, *ps]), names, params),
+)
+structured = st.one_of(
+    st.lists(members, max_size=4).map(", ".join),
+    # One member thousands of times: past MAX_FIELD, or just within it.
+    st.builds(lambda m, n: ", ".join([m] * n), members, st.sampled_from([2, 200, 3000])),
+)
+policies = st.builds(lambda name, q, w: f"{name};q={q};w={w}", names, valid, valid)
+states = st.builds(lambda name, r, t: f"{name};r={r};t={t}", names, valid, valid)
+FIELDS = {
+    "RateLimit": st.one_of(st.lists(states, min_size=1, max_size=3).map(", ".join), structured),
+    "RateLimit-Policy": st.one_of(
+        st.lists(policies, min_size=1, max_size=3).map(", ".join), structured
+    ),
+    "X-RateLimit-Limit": st.one_of(numbers, structured),
+    "X-RateLimit-Remaining": st.one_of(numbers, structured),
+    "X-RateLimit-Reset": st.one_of(numbers, structured),
+    "RateLimit-Limit": numbers,
+    "RateLimit-Remaining": numbers,
+    "RateLimit-Reset": numbers,
+    "Retry-After": st.one_of(numbers, dates),
+    "Date": dates,
+}
+Lines = list[tuple[str, str]]
+
+
+def fields(*names: str) -> st.SearchStrategy[Lines]:
+    """The fields *names*, each with a value of its own."""
+    return st.tuples(*(FIELDS[name] for name in names)).map(lambda v: list(zip(names, v)))
+
+
+# The fields that make sense together, and any one alone.
+groups = st.one_of(
+    fields("RateLimit-Policy", "RateLimit"),
+    fields("Retry-After", "RateLimit-Policy", "RateLimit"),
+    fields("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"),
+    fields("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"),
+    st.tuples(offsets, offsets).map(
+        lambda at: [("Date", http_date(at[0])), ("Retry-After", http_date(at[1]))]
+    ),
+    st.sampled_from(sorted(FIELDS)).flatmap(fields),
+)
+
+
+def repeated(found: list[tuple[Lines, int]]) -> Lines:
+    """Each group's lines *n* times; a long value (thousands of members) twice at most."""
+    return [
+        line
+        for lines, n in found
+        for line in lines
+        for _ in range(n if len(line[1]) < 100 else min(n, 2))
+    ]
+
+
+field_lines = st.lists(st.tuples(groups, st.sampled_from([1, 1, 1, 2, 2000])), max_size=3).map(
+    repeated
+)
+statuses = st.sampled_from([200, 429, 503])
+replies = st.lists(st.tuples(statuses, field_lines), min_size=1, max_size=6)
+limits = st.sampled_from(
+    [(1, 1), (100, 10), (Fraction(1, 3), 5), (10**6, 1000), (1000, 10**6), (10**9, 1)]
+)
+
+
+@pytest.mark.wall_clock
+@pytest.mark.parametrize("kind", KINDS)
+@fuzz(80)
+@given(
+    replies=replies,
+    limit=limits,
+    timeout=st.sampled_from([0, 5, 3600]),
+    retries=st.sampled_from([0, 2]),
+)
+def test_hostile_fields_answer_or_time_out_in_bounded_work(
+    kind: str,
+    replies: list[Reply],
+    limit: tuple[Any, int],
+    timeout: float,
+    retries: int,
+) -> None:
+    clock = Clock()
+    server = Server(*replies)
+    rate, capacity = limit
+    count = len(replies) + 10  # the last answer again and again: what it teaches, repeated
+    limited, outcomes = send_all(
+        kind, server, clock, count, rate=rate, capacity=capacity, timeout=timeout, retries=retries
+    )
+    assert len(outcomes) == count
+    for answer, seconds, answers in outcomes:
+        assert seconds < WALL_S
+        if isinstance(answer, LimitTimeout):
+            # Refused before a send, or before a retry (its 429 closed).
+            assert all(is_closed(a) for a in answers)
+            assert answer.retry_after_ns >= 0 and answer.key == "h"
+        else:
+            # The server's own answer, open; any 429 sent again before it, closed.
+            assert answers[-1] is answer and not is_closed(answer)
+            assert all(is_closed(a) for a in answers[:-1])
+            assert len(answers) <= retries + 1
+    state = limited.pacer._keys["h"]
+    assert state.inflight == 0
+    now = limited.limit("h")
+    assert 0 < Fraction(now.rate) <= Fraction(rate)
+    assert 1 <= now.capacity <= capacity
+    assert 0 <= now.paused_for <= 86_400
+
+
+@pytest.mark.wall_clock
+@fuzz(50)
+@given(
+    replies=replies,
+    limit=limits,
+    timeout=st.sampled_from([0, 5, 3600]),
+    retries=st.sampled_from([0, 2]),
+    delays=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+)
+def test_hostile_fields_to_requests_out_at_once(
+    replies: list[Reply],
+    limit: tuple[Any, int],
+    timeout: float,
+    retries: int,
+    delays: list[int],
+) -> None:
+    # Three asyncio requests at a time, their answers learned in another
+    # order than they were sent in (each held a few turns of the loop).
+    clock = Clock()
+    server = Server(*replies)
+    rate, capacity = limit
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        answer = server.httpx(request)
+        for _ in range(delays[len(server.answers) % len(delays)]):
+            await asyncio.sleep(0)
+        return answer
+
+    async def main() -> tuple[Outbound, list[tuple[Any, float]]]:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(handler),
+            rate=rate,
+            capacity=capacity,
+            timeout=timeout,
+            retries=retries,
+            clock=clock,
+            async_sleep=clock.async_sleep,
+        )
+
+        async def one() -> tuple[Any, float]:
+            begun = time.perf_counter()
+            try:
+                answer: Any = await t.handle_async_request(httpx.Request("GET", "http://h/"))
+            except RateLimitTimeout as err:
+                answer = err
+            return answer, time.perf_counter() - begun
+
+        outcomes: list[tuple[Any, float]] = []
+        for _ in range(4):
+            outcomes += await asyncio.gather(one(), one(), one())
+        return t, outcomes
+
+    limited, outcomes = asyncio.run(main())
+    returned = [answer for answer, _ in outcomes if isinstance(answer, httpx.Response)]
+    assert all(seconds < 3 * WALL_S for _, seconds in outcomes)  # three at once
+    assert all(a.key == "h" for a, _ in outcomes if isinstance(a, LimitTimeout))
+    # Each answer is returned, open, or closed: none is left behind.
+    assert all(is_closed(a) != any(a is r for r in returned) for a in server.answers)
+    assert limited.pacer._keys["h"].inflight == 0
+    now = limited.limit("h")
+    assert 0 < Fraction(now.rate) <= Fraction(rate)
+    assert 1 <= now.capacity <= capacity
