@@ -272,6 +272,9 @@ def _documented_objects() -> list[tuple[str, object]]:
             if not callable(obj):
                 continue  # a constant: no docstring of its own
             found.append((f"{modname}.{name}", obj))
+            # A protocol's members are declarations: its class docstring shows them at work.
+            if getattr(obj, "_is_protocol", False):
+                continue
             if inspect.isclass(obj) and obj.__module__ not in CORE:
                 found += [(f"{modname}.{name}.{a}", m) for a, m in _members(obj)]
     return found

@@ -270,7 +270,8 @@ def apply(
     if verb == "len":
         return outcome(lambda: len(b))
     if verb == "reserve":
-        return outcome(lambda: b._reserve(*k, now, cost, *extra))
+        max_wait, shape = extra
+        return outcome(lambda: b.reserve(*k, cost=cost, max_wait_ns=max_wait, shape=shape, now=now))
     if verb == "reconfigure":
         rate, cap, when = extra
         if when is None:

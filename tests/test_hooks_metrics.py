@@ -725,7 +725,10 @@ def test_a_failing_charge_keeps_the_up_front_cost(
         def refund(self, key: Any, cost: int = 1) -> None:
             raise ConnectionError("gone")
 
-        def _reserve(self, *args: Any) -> int:  # pragma: no cover - never reached here
+        def refund_at(self, key: Any, now: int, cost: int = 1) -> None:  # pragma: no cover
+            raise ConnectionError("gone")
+
+        def reserve(self, *key: Any, **options: Any) -> int:  # pragma: no cover - not reached
             return 0
 
     mw = asgi.RateLimitMiddleware(
@@ -851,16 +854,24 @@ def test_shared_table_refund_and_reserve_exactly(tmp_path: Path) -> None:
         assert t.tokens_at("a", 0) == 3.0
         t.refund_at("a", 0, cost=4)  # never above capacity
         assert t.tokens_at("a", 0) == 4.0
-        assert t._reserve("a", 0, 4, 0, False) == 0
-        assert t._reserve("a", 0, 2, 2 * S - 1, False) == -1  # a wait of 2 s: past the bound
-        assert t._reserve("a", 0, 2, 2 * S, False) == 2 * S  # into debt: 2 tokens owed past 0
+        assert t.reserve("a", cost=4, now=0) == 0
+        assert (
+            t.reserve("a", cost=2, max_wait_ns=2 * S - 1, now=0) == -1
+        )  # a wait of 2 s: past the bound
+        assert (
+            t.reserve("a", cost=2, max_wait_ns=2 * S, now=0) == 2 * S
+        )  # into debt: 2 tokens owed past 0
         assert t.check_at("a", 0, cost=0).retry_after_ns == 2 * S
         assert t.peek_at("a", 0).reset_after_ns == 6 * S
-        assert t._reserve("a", 0, 0, 0, False) == -1  # a probe is refused while in debt
-        assert t._reserve("b", 0, 0, 0, False) == 0  # a missing key admits a probe
-        assert t._reserve("b", 0, 1, 0, True) == 0  # shaped: the first slot is now
-        assert t._reserve("b", 0, 1, S, True) == S  # the next starts one interval later
-        assert t._reserve("b", 0, 1, 10**30, False) == 0  # any bound beyond int64 is clamped
+        assert t.reserve("a", cost=0, now=0) == -1  # a probe is refused while in debt
+        assert t.reserve("b", cost=0, now=0) == 0  # a missing key admits a probe
+        assert t.reserve("b", cost=1, shape=True, now=0) == 0  # shaped: the first slot is now
+        assert (
+            t.reserve("b", cost=1, max_wait_ns=S, shape=True, now=0) == S
+        )  # the next starts one interval later
+        assert (
+            t.reserve("b", cost=1, max_wait_ns=10**30, now=0) == 0
+        )  # any bound beyond int64 is clamped
         t.refund("a", cost=4)  # the monotonic clock is far past 0: a full bucket
         assert t.tokens("a") == 4.0
     finally:

@@ -64,9 +64,9 @@ def test_differential_refund_reset_reserve_reconfigure(
             local.reset(key)
         elif op == "reserve":
             max_wait = rng.choice([0, S, 3 * S])
-            assert redis_lim._reserve(key, now, cost, max_wait, False) == local._reserve(
-                key, now, cost, max_wait, False
-            )
+            assert redis_lim.reserve(
+                key, cost=cost, max_wait_ns=max_wait, now=now
+            ) == local.reserve(key, cost=cost, max_wait_ns=max_wait, now=now)
         else:
             # Rates whose 1e6/rate is whole and a capacity that never grows past
             # a full bucket's: the microsecond carry-over is the ns one exactly.
@@ -116,7 +116,7 @@ def test_refund_reset_on_failed_redis_follow_the_policy() -> None:
         lim = nbr.RedisTokenBucket(redis.Redis(), 1, 2, on_error=policy, breaker=down)
         assert lim.refund("a") is False  # lost, not queued
         assert lim.reset("a") is False
-        assert lim._reserve("a", None, 1, S, False) == (0 if policy == "open" else -1)
+        assert lim.reserve("a", cost=1, max_wait_ns=S) == (0 if policy == "open" else -1)
     lim = nbr.RedisTokenBucket(redis.Redis(), 1, 2, on_error="raise", breaker=down)
     with pytest.raises(nbr.RedisUnavailable):
         lim.refund("a")
@@ -175,7 +175,7 @@ def test_acquire_reserves_and_waits(client: Any) -> None:
     assert lim.acquire("k")
     assert lim.acquire("k", timeout=0) is False  # would wait 10 ms
     assert lim.acquire("k", timeout=5.0) is True  # reserved, slept
-    assert lim._reserve("k", None, 1, 0, False) == -1
+    assert lim.reserve("k", cost=1) == -1
 
 
 def test_acquire_async_gives_back_on_cancel(client: Any, redis_url: str) -> None:
@@ -230,6 +230,6 @@ def test_leased_refund_reset(client: Any) -> None:
     assert lim.held("k") == 3 and red.tokens_at("k", 0) == 7.0
     assert lim.reset("k") is True
     assert lim.held("k") == 0 and red.tokens_at("k", 0) == 10.0
-    assert lim._reserve("k", 0, 10, 0, False) == 0
-    assert lim._reserve("k", 0, 1, 0, False) == -1
-    assert lim._reserve("k", 0, 1, 2 * S, False) == S
+    assert lim.reserve("k", cost=10, now=0) == 0
+    assert lim.reserve("k", cost=1, now=0) == -1
+    assert lim.reserve("k", cost=1, max_wait_ns=2 * S, now=0) == S

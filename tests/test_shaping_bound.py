@@ -343,7 +343,9 @@ def test_an_all_of_waiter_keeps_its_faster_layer_within_the_bound(
     # admitted at 5 s beside the plain caller: two in an instant at capacity 1.)
     fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
-    assert slow.allow() and all(slow._reserve(0, 1, 1 << 62, False) >= 0 for _ in range(4))
+    assert slow.allow() and all(
+        slow.reserve(cost=1, max_wait_ns=1 << 62, now=0) >= 0 for _ in range(4)
+    )
     w = Waiting(all_of(fast, slow), shape=shape, async_sleep=timer)
     events: list[tuple[int, int]] = []
 
@@ -377,7 +379,7 @@ def test_an_all_of_waiter_refused_by_a_faster_layer_joins_again_behind(
     # again in the fast layer's line (due at 3 s), where it is admitted.
     fast = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     slow = impl.TokenBucket(rate=1, capacity=1, clock=clock)
-    assert slow.allow() and slow._reserve(0, 1, 1 << 62, False) == S  # owed until 2 s
+    assert slow.allow() and slow.reserve(cost=1, max_wait_ns=1 << 62, now=0) == S  # owed until 2 s
     w = Waiting(all_of(fast, slow), shape=shape, async_sleep=timer)
 
     async def main() -> list[int]:

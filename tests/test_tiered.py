@@ -26,6 +26,7 @@ from starlette.responses import PlainTextResponse
 import nanobucket as nb
 from nanobucket import redis as nbr
 from nanobucket._http import header
+from nanobucket._limiter import Refundable, Reservable
 from nanobucket.asgi import RateLimitMiddleware
 from nanobucket.fastapi import RateLimit, RateLimited, rate_limited_handler
 from nanobucket.shared import SharedKeyedTokenBucket
@@ -352,16 +353,33 @@ def test_shared_memory(shared_plans: dict[str, Any]) -> None:
 
 
 @pytest.mark.c_extension
-def test_shared_memory_offers_no_refund_and_is_charged_last_in_all_of(
+def test_shared_memory_refunds_reserves_and_waits_but_has_no_reset(
     shared_plans: dict[str, Any],
 ) -> None:
     t = nb.tiered(shared_plans, tier=lambda key: "free")
-    assert not hasattr(t, "refund") and not hasattr(t, "acquire")
-    with pytest.raises(TypeError, match="cannot reserve tokens"):
-        nb.Waiting(t)
+    assert all(isinstance(t, contract) for contract in (Reservable, Refundable))
+    assert t.allow_at("alice", 0, cost=20) and t.refund_at("alice", 0, cost=5) is None
+    assert t.tokens_at("alice", 0) == 5.0
+    assert t.reserve("alice", cost=10, max_wait_ns=S, now=0) == S // 2  # 5 owed: 0.5 s
+    with pytest.raises(TypeError, match=r"plan .free. .* has no reset"):
+        t.reset("alice")
     limit = nb.all_of(t, nb.TokenBucket(rate=1, capacity=30))
-    assert sum(limit.allow_at("alice", 0) for _ in range(30)) == 20
+    assert sum(limit.allow_at("bob", 0) for _ in range(30)) == 20
     assert limit.layers[1].tokens_at(0) == 10.0  # the refusals cost the global layer nothing
+    clock = ManualClock()
+    plan = SharedKeyedTokenBucket.create_anonymous(rate=FREE[0], capacity=FREE[1], clock=clock)
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(round(seconds * S))
+
+    waiting = nb.Waiting(nb.tiered({"free": plan}, tier=lambda key: "free"), sleep=sleep)
+    assert waiting.acquire("carol", cost=20) and waiting.acquire("carol", cost=2, timeout=1)
+    assert slept == [0.2] and clock.now == 200 * MS  # reserved in the table, then slept
+    assert not waiting.acquire("carol", cost=20, timeout=1)  # 2 s: refused, nothing reserved
+    assert plan.peek_at("carol", 200 * MS).retry_after_ns == 100 * MS
+    plan.close()
 
 
 # -- Redis: sync and asyncio, a real redis-server -----------------------------------
@@ -430,7 +448,7 @@ def test_redis_asyncio_one_loop(redis_url: str) -> None:
         assert list(await s.allow_many(["dave", "dave"])) == [1, 0]
         assert await s.acquire_async("erin") is True
         assert await s.acquire_async("erin", timeout=0.1) is False
-        assert await s._reserve("frank", None, 1, 0, False) == 0
+        assert await s.reserve("frank", cost=1) == 0
         await s.refund("frank")
         assert await s.allow("frank") is True
         for plan in (*plans.values(), *slow.values()):

@@ -458,7 +458,7 @@ def test_after_any_give_ups_the_line_is_as_if_they_never_came(
         for i, (name, key, cost) in enumerate(callers):
             if i in gone:
                 continue
-            due = fresh._reserve(key, None, cost, 1 << 62, shape)
+            due = fresh.reserve(key, cost=cost, max_wait_ns=1 << 62, shape=shape)
             if due == 0:
                 assert tasks[i].done() and tasks[i].result() is True, name
             else:

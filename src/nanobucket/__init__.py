@@ -7,6 +7,7 @@ True
 """
 
 from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from ._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
 from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
 from .executor import LimitedExecutor
@@ -23,15 +24,21 @@ __all__ = (
     "IMPLEMENTATION",
     "AllOf",
     "AsyncTiered",
+    "Clocked",
+    "Composite",
     "Concurrency",
     "Decision",
     "KeyedConcurrency",
+    "KeyedLimiter",
     "KeyedTokenBucket",
     "LayeredDecision",
     "LeakyBucket",
     "LimitEvent",
     "LimitedExecutor",
+    "Limiter",
     "RateLimited",
+    "Refundable",
+    "Reservable",
     "SharedKeyedTokenBucket",
     "Tiered",
     "TieredDecision",

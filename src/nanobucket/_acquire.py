@@ -120,7 +120,7 @@ async def acquire_async(
     [True, False]
     """
     max_wait = max_wait_ns(timeout)
-    if limiter._reserve(*key, None, cost, 0, False) >= 0:  # validates cost, too
+    if limiter.allow(*key, cost):  # validates cost, too
         return True
     if not enter_default(limiter):
         return False

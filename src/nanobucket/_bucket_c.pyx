@@ -47,8 +47,8 @@ import os
 from . import _acquire
 from ._wait import retimed
 from ._params import (
-    bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys, validated_now,
-    validated_timeout)
+    bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys,
+    validated_max_wait, validated_now, validated_shape, validated_timeout)
 
 
 cdef extern from *:
@@ -448,8 +448,13 @@ cdef class _Limits:
             return nb_monotonic_ns()
         return gcra.as_now(self.clock(), parse_now)
 
-    def _clock_ns(self):
-        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
+    def clock_ns(self):
+        """The bucket's clock now (int ns): the time `reserve` waits are counted on.
+
+        >>> TokenBucket(rate=1, capacity=1, clock=lambda: 42).clock_ns()
+        42
+        """
+        self._ready()
         return self._now()
 
     cdef Decision _decision(self, bint allowed, int64_t tat, int64_t now, int64_t cost_t,
@@ -629,20 +634,26 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         self._ready()
         nb_store(&self.tat, 0)  # no time is earlier: full at every now
 
-    def _reserve(self, now, cost, max_wait, bint shape):
+    def reserve(self, *, cost=1, max_wait_ns=0, shape=False, now=None):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
 
         Unlike `allow` the bucket may go past empty: the reservation is a
         place in line (the tat), so later callers wait behind it, first in,
         first out. With *shape* the wait ends at the start of the slot (even
         spacing, no burst); otherwise when the bucket holds the tokens.
-        Nothing is reserved when the wait would exceed *max_wait* ns.
+        Nothing is reserved when the wait would exceed *max_wait_ns*. *now*
+        (int ns) is an explicit time, as in `allow_at`.
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> b.reserve(now=0), b.reserve(now=0, max_wait_ns=5 * 10**9), b.reserve(now=0)
+        (0, 1000000000, -1)
         """
         cdef int64_t c = self._cost(cost)
+        cdef int64_t mw = validated_max_wait(max_wait_ns)
+        cdef bint sh = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
-        cdef int64_t mw = max_wait
         cdef int64_t cost_t = c * self.interval_ns
-        return gcra.reserve(&self.tat, t, cost_t, cost_t if shape else self.tau, mw)
+        return gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.

@@ -27,7 +27,9 @@ from ._params import (
     validated_clock,
     validated_cost,
     validated_max_keys,
+    validated_max_wait,
     validated_now,
+    validated_shape,
     validated_timeout,
 )
 from ._wait import retimed
@@ -328,8 +330,12 @@ class _Limits:
             return 0.0
         return (self._tau - debt) / self._interval
 
-    def _clock_ns(self) -> int:
-        """The bucket's clock now (int ns): the time `_reserve` waits are counted on."""
+    def clock_ns(self) -> int:
+        """The bucket's clock now (int ns): the time `reserve` waits are counted on.
+
+        >>> TokenBucket(rate=1, capacity=1, clock=lambda: 42).clock_ns()
+        42
+        """
         return self._now()
 
 
@@ -510,16 +516,25 @@ class TokenBucket(_Limits):
         with self._lock:
             self._tat = 0  # no time is earlier: full at every now
 
-    def _reserve(self, now: int | None, cost: int, max_wait: int, shape: bool) -> int:
+    def reserve(
+        self, *, cost: int = 1, max_wait_ns: int = 0, shape: bool = False, now: int | None = None
+    ) -> int:
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
 
         Unlike `allow` the bucket may go past empty: the reservation is a
         place in line (the tat), so later callers wait behind it, first in,
         first out. With *shape* the wait ends at the start of the slot (even
         spacing, no burst); otherwise when the bucket holds the tokens.
-        Nothing is reserved when the wait would exceed *max_wait* ns.
+        Nothing is reserved when the wait would exceed *max_wait_ns*. *now*
+        (int ns) is an explicit time, as in `allow_at`.
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> b.reserve(now=0), b.reserve(now=0, max_wait_ns=5 * 10**9), b.reserve(now=0)
+        (0, 1000000000, -1)
         """
         cost = self._cost(cost)
+        max_wait = validated_max_wait(max_wait_ns)
+        shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
         with self._lock:
@@ -886,11 +901,24 @@ class KeyedTokenBucket(_Limits):
                     self._make_room(now)
                 tats[key] = 0
 
-    def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
-        """`TokenBucket._reserve` for *key*'s bucket."""
+        """`TokenBucket.reserve` for *key*'s bucket.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> t.reserve("alice", now=0), t.reserve("alice", now=0, max_wait_ns=10**9)
+        (0, 1000000000)
+        """
         cost = self._cost(cost)
+        max_wait = validated_max_wait(max_wait_ns)
+        shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
         tats = self._tats

@@ -24,6 +24,7 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from ._limiter import Refundable, Reservable
 from .hooks import logger
 
 # No wait bound for a debit: the request already ran, its tokens are owed.
@@ -39,23 +40,22 @@ class Settler:
     __slots__ = ("awaited", "capacity", "debit", "refund")
 
     def __init__(self, limiter: object, keyed: bool, capacity: int | None) -> None:
-        refund = getattr(limiter, "refund", None)
-        reserve = getattr(limiter, "_reserve", None)
-        if not callable(refund) or not callable(reserve):
+        if not isinstance(limiter, Reservable) or not isinstance(limiter, Refundable):
             raise TypeError(
                 f"charge= needs a limiter that can refund and debit tokens; "
                 f"{type(limiter).__name__} cannot"
             )
+        refund, reserve = limiter.refund, limiter.reserve
         self.capacity = capacity
         self.awaited = inspect.iscoroutinefunction(reserve)
         if keyed:
             self.refund: Callable[[Hashable, int], Any] = refund
             self.debit: Callable[[Hashable, int], Any] = lambda key, n: reserve(
-                key, None, n, _FOREVER, False
+                key, cost=n, max_wait_ns=_FOREVER
             )
         else:
             self.refund = lambda key, n: refund(n)
-            self.debit = lambda key, n: reserve(None, n, _FOREVER, False)
+            self.debit = lambda key, n: reserve(cost=n, max_wait_ns=_FOREVER)
 
     def delta(self, charge: Charge, request: Any, status: int, cost: int) -> int:
         """The final cost less the up-front *cost*; 0 (logged) when *charge* fails."""

@@ -734,11 +734,17 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
                 nb_store(&s.tat, 0)  # no time is earlier: full at every now
         return None
 
-    def _reserve(self, key, now, cost, max_wait, bint shape):
-        """`TokenBucket._reserve` for *key*'s bucket."""
+    def reserve(self, key, *, cost=1, max_wait_ns=0, shape=False, now=None):
+        """`TokenBucket.reserve` for *key*'s bucket.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> t.reserve("alice", now=0), t.reserve("alice", now=0, max_wait_ns=10**9)
+        (0, 1000000000)
+        """
         cdef int64_t c = self._cost(cost)
+        cdef int64_t mw = validated_max_wait(max_wait_ns)
+        cdef bint sh = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
-        cdef int64_t mw = max_wait
         cdef Py_hash_t h = key_hash(key)
         cdef int64_t cost_t, wait
         cdef Slot *s
@@ -746,7 +752,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
             cost_t = c * self.interval_ns
             self._note_key(key)
             s = self._find(key, h, t, True)
-            wait = gcra.reserve(&s.tat, t, cost_t, cost_t if shape else self.tau, mw)
+            wait = gcra.reserve(&s.tat, t, cost_t, cost_t if sh else self.tau, mw)
         return wait
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):

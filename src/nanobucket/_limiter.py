@@ -8,12 +8,14 @@ the shared and Redis tables, ``all_of``, ``tiered``). The wrappers
 task) read it once, when they are built; nothing reads a signature.
 
 A limiter of your own provides ``keyed`` and the verbs of `Limiter` or
-`KeyedLimiter`, and for the wrappers that use them: ``refund`` (an ``all_of``
-with more than one such layer), ``acquire`` / ``acquire_async`` (``@limit(...,
-wait=True)``), ``release`` with ``releases = True`` (an in-flight limit: the
-wrappers release it when the call ends), ``key_optional = True`` (a keyed
-limiter whose verbs also take key None). A decision is a
-`nanobucket.Decision`, or any object with its fields::
+`KeyedLimiter`, and for the wrappers that use them: ``refund`` (`Refundable`:
+an ``all_of`` with more than one such layer), ``reserve`` (`Reservable`, with
+``refund``: ``Waiting``, ``acquire``, ``LimitedExecutor``, ``charge=``),
+``acquire`` / ``acquire_async`` (``@limit(..., wait=True)``), ``release``
+with ``releases = True`` (an in-flight limit: the wrappers release it when
+the call ends), ``key_optional = True`` (a keyed limiter whose verbs also
+take key None). A decision is a `nanobucket.Decision`, or any object with
+its fields::
 
     class PerUser:
         keyed = True
@@ -21,20 +23,41 @@ limiter whose verbs also take key None). A decision is a
         def allow(self, key, cost=1): ...
         def check(self, key, cost=1): ...   # a nanobucket.Decision
         def peek(self, key, cost=1): ...
+
+The wrappers ask these protocols (``isinstance(limiter, Reservable)``), never
+for private names. `Clocked` marks a limiter whose state is in nanoseconds of
+a clock of its own (the in-process buckets): waiters stand in its line and
+move with it. `Composite` is a limiter made of others (``all_of``,
+``tiered``): the wrappers see through it to the single limiters that decide.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ._bucket_py import Decision
 
-__all__ = ("KeyedLimiter", "Limiter", "is_keyed")
+__all__ = (
+    "Clocked",
+    "Composite",
+    "KeyedLimiter",
+    "Limiter",
+    "Refundable",
+    "Reservable",
+    "is_keyed",
+)
 
 
+@runtime_checkable
 class Limiter(Protocol):
-    """A limiter whose verbs take no key: ``allow(cost=1)``, ``keyed = False``."""
+    """A limiter whose verbs take no key: ``allow(cost=1)``, ``keyed = False``.
+
+    >>> import nanobucket as nb
+    >>> isinstance(nb.TokenBucket(1, 1), Limiter), nb.TokenBucket(1, 1).keyed
+    (True, False)
+    """
 
     keyed: bool
 
@@ -43,8 +66,14 @@ class Limiter(Protocol):
     def peek(self, cost: int = 1) -> Decision: ...
 
 
+@runtime_checkable
 class KeyedLimiter(Protocol):
-    """A limiter whose verbs take the key first: ``allow(key, cost=1)``, ``keyed = True``."""
+    """A limiter whose verbs take the key first: ``allow(key, cost=1)``, ``keyed = True``.
+
+    >>> import nanobucket as nb
+    >>> isinstance(nb.KeyedTokenBucket(1, 1), KeyedLimiter), nb.KeyedTokenBucket(1, 1).keyed
+    (True, True)
+    """
 
     keyed: bool
 
@@ -52,6 +81,94 @@ class KeyedLimiter(Protocol):
     def allow(self, key: Any, cost: int = 1) -> bool: ...
     def check(self, key: Any, cost: int = 1) -> Decision: ...
     def peek(self, key: Any, cost: int = 1) -> Decision: ...
+
+
+@runtime_checkable
+class Reservable(Protocol):
+    """A limiter that reserves: ``reserve(*key, cost=1, max_wait_ns=0, shape=False, now=None)``.
+
+    Reserve *cost* tokens for a caller that will wait for them: the bucket may
+    go past empty, into debt, by at most *max_wait_ns* ns of waiting. Returns
+    the ns to wait before using them (0: at once), or -1 with nothing
+    written. With *shape* the wait ends at the start of the caller's slot
+    (``cost / rate`` long), not when the bucket could hold the burst: a
+    leaky bucket. *now* (int ns) is an explicit time, as in ``allow_at``.
+    Every waiting, charging and pooling wrapper is built on it, as Go's
+    ``ReserveN`` is behind ``Wait``.
+
+    >>> import nanobucket as nb
+    >>> b = nb.TokenBucket(rate=1, capacity=1)
+    >>> isinstance(b, Reservable)
+    True
+    >>> b.reserve(now=0), b.reserve(now=0, max_wait_ns=5 * 10**9), b.reserve(now=0)
+    (0, 1000000000, -1)
+    """
+
+    def reserve(
+        self,
+        *key: Hashable,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Any: ...  # int, or an awaitable of one (an asyncio limiter)
+
+
+@runtime_checkable
+class Refundable(Protocol):
+    """A limiter that takes tokens back: ``refund(*key, cost=1)``, ``refund_at(*key, now, cost=1)``
+    (never above capacity).
+
+    >>> import nanobucket as nb
+    >>> b = nb.TokenBucket(rate=1, capacity=2)
+    >>> isinstance(b, Refundable), b.allow_at(0, cost=2), b.refund_at(0), b.tokens_at(0)
+    (True, True, None, 1.0)
+    """
+
+    def refund(self, *args: Any, **kwargs: Any) -> Any: ...
+    def refund_at(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class Clocked(Protocol):
+    """A limiter whose state is in ns of a clock of its own: ``clock_ns()`` reads it, and
+    one token refills in ``interval_ns``. Its waiters stand in a line that moves with it.
+
+    >>> import nanobucket as nb
+    >>> b = nb.TokenBucket(rate=4, capacity=1, clock=lambda: 7)
+    >>> isinstance(b, Clocked), b.clock_ns(), b.interval_ns
+    (True, 7, 250000000)
+    """
+
+    @property
+    def interval_ns(self) -> int: ...
+    def clock_ns(self) -> int: ...
+
+
+@runtime_checkable
+class Composite(Protocol):
+    """A limiter made of others (``all_of``, ``tiered``).
+
+    ``leaves()``: every single limiter behind it (those with a rate and a
+    capacity); ``parts(*key)``: the single limiters that decide *key*, each
+    with the key arguments its verbs take; ``binding(decision)``: the name
+    (a plan's, else None) and the single limiter whose limit one of its
+    decisions shows (the layer that bound it, the plan that decided it).
+
+    >>> import nanobucket as nb
+    >>> per_client, instance = nb.KeyedTokenBucket(1, 2), nb.TokenBucket(10, 5)
+    >>> limit = nb.all_of(per_client, instance)
+    >>> isinstance(limit, Composite), limit.leaves() == (per_client, instance)
+    (True, True)
+    >>> limit.parts("alice") == ((per_client, ("alice",)), (instance, ()))
+    True
+    >>> limit.binding(limit.check_at("alice", 0, cost=2)) == (None, per_client)
+    True
+    """
+
+    def leaves(self) -> tuple[Any, ...]: ...
+    def parts(self, *key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]: ...
+    def binding(self, decision: Any) -> tuple[str | None, Any]: ...
 
 
 def is_keyed(limiter: object) -> bool:

@@ -221,6 +221,29 @@ def validated_now(now: object) -> int:
     return value
 
 
+def validated_max_wait(max_wait_ns: object) -> int:
+    """Return *max_wait_ns* (int ns >= 0; past 2**62, as long as it takes), or raise.
+
+    >>> validated_max_wait(5), validated_max_wait(1 << 70) == FOREVER_NS
+    (5, True)
+    >>> validated_max_wait(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_wait_ns must be >= 0, got -1
+    """
+    value = exact_int(max_wait_ns, "max_wait_ns", "an int of nanoseconds")
+    if value < 0:
+        raise ValueError(f"max_wait_ns must be >= 0, got {value!r}")
+    return min(value, FOREVER_NS)
+
+
+def validated_shape(shape: object) -> bool:
+    """Return *shape*, a bool, or raise TypeError."""
+    if type(shape) is not bool:
+        raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
+    return shape
+
+
 def validated_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
     value = exact_int(max_keys, "max_keys")

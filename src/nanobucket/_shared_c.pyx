@@ -99,7 +99,8 @@ from nanobucket._bucket_c cimport Decision, fill_decision
 from fractions import Fraction
 
 from ._bucket import Decision as SelectedDecision
-from ._params import validated_clock, validated_cost, validated_now
+from ._params import (
+    validated_clock, validated_cost, validated_max_wait, validated_now, validated_shape)
 
 
 cdef extern from *:
@@ -864,28 +865,30 @@ cdef class SharedTable:
             if nb_cas16(slot, <int64_t>fp, tat, <int64_t>fp, new_tat):
                 return 0
 
-    def _reserve(self, key, now, cost, max_wait, shape):
+    def reserve(self, key, *, cost=1, max_wait_ns=0, shape=False, now=None):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
 
-        As ``KeyedTokenBucket._reserve``: the bucket may go past empty (into
-        debt), by at most *max_wait* ns of waiting; with *shape* the wait
+        As ``KeyedTokenBucket.reserve``: the bucket may go past empty (into
+        debt), by at most *max_wait_ns* of waiting; with *shape* the wait
         ends at the start of the slot.
 
         >>> from nanobucket import SharedKeyedTokenBucket
         >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
-        ...     t._reserve("alice", 0, 2, 0, False), t._reserve("alice", 0, 2, 10**9, False)
-        ...     t._reserve("alice", 0, 1, 10**10, False), t.check_at("alice", 0).retry_after
+        ...     t.reserve("alice", cost=2, now=0), t.reserve("alice", cost=2, max_wait_ns=10**9, now=0)
+        ...     t.reserve("alice", max_wait_ns=10**10, now=0), t.check_at("alice", 0).retry_after
         (0, -1)
         (1000000000, 2.0)
         """
         self._open_check()
         cdef int64_t c = self._cost(cost)
+        cdef int64_t max_wait = validated_max_wait(max_wait_ns)
+        shape = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef uint64_t fp = self._fingerprint(key)
         cdef int64_t cost_t = c * self.interval_ns
         cdef int64_t lead = cost_t if shape else self.tau
         # take()'s bound on base - now; never past what an int64 tat can hold.
-        cdef int64_t slack = min(max(<object>max_wait, 0) + lead - cost_t,
+        cdef int64_t slack = min(max_wait + lead - cost_t,
                                  INT64_MAX - t - cost_t)
         cdef int64_t tat, base, soonest
         cdef int r

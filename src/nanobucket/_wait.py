@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ._limiter import Clocked, Composite
 from ._params import NS_PER_S, validated_cost
 
 # sleep_or_wake(bell, seconds): sleep up to *seconds*, or less if *bell* is
@@ -112,22 +113,21 @@ _lock = threading.Lock()
 def _parts(limiter: Any, key: Key) -> list[Part]:
     """The single limiters *limiter* decides with for *key*: each layer of an
     ``all_of`` (flattened), the plan of a ``tiered``, else itself."""
-    places = getattr(limiter, "_places", None)
-    if places is None:
+    if not isinstance(limiter, Composite):
         return [(limiter, key)]
     found: list[Part] = []
-    for layer, layer_key in places(*key):
+    for layer, layer_key in limiter.parts(*key):
         found += _parts(layer, layer_key)
     return found
 
 
 def _retimable(limiter: Any) -> bool:
     """Whether *limiter*'s word is in ns of a clock of its own: its waiters stand in line."""
-    return hasattr(limiter, "_clock_ns") and hasattr(limiter, "interval_ns")
+    return isinstance(limiter, Clocked)
 
 
 def _now(limiter: Any) -> int | None:
-    return limiter._clock_ns() if _retimable(limiter) else None
+    return limiter.clock_ns() if _retimable(limiter) else None
 
 
 def _slowest(parts: list[Part], cost: object, shape: bool) -> tuple[Part, tuple[Part, ...]]:
@@ -148,7 +148,7 @@ def _take(parts: tuple[Part, ...], cost: object, shape: bool) -> bool:
     try:
         for limiter, k in parts:
             now = _now(limiter)
-            if limiter._reserve(*k, now, cost, 0, shape) < 0:
+            if limiter.reserve(*k, cost=cost, shape=shape, now=now) < 0:
                 return False
             done.append((limiter, k, now))
         return True
@@ -190,13 +190,13 @@ def join(
         held, rest = _slowest(parts, cost, shape)
     bucket, k = held
     if not _retimable(bucket):  # not in a line: its word is not ours to re-time
-        wait = bucket._reserve(*k, None, cost, max_wait, shape)
+        wait = bucket.reserve(*k, cost=cost, max_wait_ns=max_wait, shape=shape)
         if wait < 0 or (not wait and not rest):
             return min(wait, 0), None
         return wait, Waiter(cost, wake, held, movable, shape, rest)  # cost: checked
     with _lock:
-        now = bucket._clock_ns()
-        wait = bucket._reserve(*k, now, cost, max_wait, shape)
+        now = bucket.clock_ns()
+        wait = bucket.reserve(*k, cost=cost, max_wait_ns=max_wait, shape=shape, now=now)
         if wait < 0 or (not wait and not rest):
             return min(wait, 0), None
         c = validated_cost(cost, bucket.capacity)
@@ -229,7 +229,7 @@ def finish(w: Waiter, max_wait: int, wait: int) -> bool:
     with _lock:
         if w.places:
             place = w.places[0]
-            w.budget = place.deadline - place.bucket._clock_ns()
+            w.budget = place.deadline - place.bucket.clock_ns()
         else:
             w.budget = max_wait - wait
         _give_back(w)
@@ -241,7 +241,7 @@ def remaining(w: Waiter, clear: Callable[[], object]) -> int:
 
     Raises `_TooLate` when a reconfigure moved one of its places past its deadline.
     """
-    nows: list[int] = [place.bucket._clock_ns() for place in w.places]
+    nows: list[int] = [place.bucket.clock_ns() for place in w.places]
     with _lock:
         clear()  # a later move sets it again
         if any(place.target > place.deadline for place in w.places):
@@ -283,7 +283,7 @@ def _give_back(w: Waiter) -> None:
     for place in w.places:
         i = _drop(place)
         bucket = place.bucket
-        now = bucket._clock_ns()
+        now = bucket.clock_ns()
         interval = bucket.interval_ns
         ahead = place.target + place.slack - now  # of its part, not yet refilled
         tokens = min(w.cost, ahead // interval) if ahead > 0 else 0

@@ -30,7 +30,7 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
-from ._limiter import is_keyed
+from ._limiter import Refundable, Reservable, is_keyed
 from ._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
 from .waiting import Waiting
@@ -145,7 +145,7 @@ class LimitedExecutor(Executor):
         inner = limiter
         if isinstance(limiter, Waiting):
             inner, shape, sleep_or_wake = limiter.limiter, limiter.shape, limiter._sleep_or_wake
-        if not hasattr(inner, "_reserve") or not hasattr(inner, "refund"):
+        if not isinstance(inner, Reservable) or not isinstance(inner, Refundable):
             raise TypeError(
                 f"{type(inner).__name__} cannot reserve tokens: LimitedExecutor needs a "
                 "TokenBucket, KeyedTokenBucket, all_of, Waiting or RedisTokenBucket"

@@ -46,7 +46,7 @@ from typing import Any
 
 from . import _acquire
 from ._bucket import Decision
-from ._limiter import KeyedLimiter, Limiter, is_keyed
+from ._limiter import Composite, KeyedLimiter, Limiter, Refundable, Reservable, is_keyed
 from ._params import validated_timeout
 from .concurrency import Slot
 
@@ -147,7 +147,7 @@ class AllOf:
         if not layers:
             raise ValueError("all_of() needs at least one limiter")
         styles = tuple(_style(layer) for layer in layers)
-        undoable = [hasattr(layer, "refund") for layer in layers]
+        undoable = [isinstance(layer, Refundable) for layer in layers]
         if undoable.count(False) > 1:
             names = ", ".join(type(lr).__name__ for lr, ok in zip(layers, undoable) if not ok)
             raise TypeError(
@@ -328,9 +328,9 @@ class AllOf:
 
     # -- refund and waiting --------------------------------------------------
 
-    def _require(self, verb: str) -> None:
+    def _require(self, contract: type, verb: str) -> None:
         for layer in self.layers:
-            if not hasattr(layer, verb):
+            if not isinstance(layer, contract):
                 raise TypeError(
                     f"{type(layer).__name__} has no {verb}(): this all_of cannot "
                     f"{'refund' if verb == 'refund' else 'wait'}"
@@ -348,7 +348,7 @@ class AllOf:
         2.0
         """
         self._key(key)
-        self._require("refund")
+        self._require(Refundable, "refund")
         for i in range(len(self.layers)):
             self._call(i, "refund", key, (cost,))
 
@@ -363,21 +363,43 @@ class AllOf:
         1.0
         """
         self._key(key)
-        self._require("refund_at")
+        self._require(Refundable, "refund_at")
         for i in range(len(self.layers)):
             self._call(i, "refund_at", key, (now, cost))
 
-    def _reserve(
-        self, key: Hashable | None, now: int | None, cost: int, max_wait: int, shape: bool
+    def reserve(
+        self,
+        key: Hashable | None = None,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
-        """Reserve on every layer; the longest wait, or -1 with nothing reserved."""
+        """Reserve *cost* on every layer, or on none: the longest wait, or -1 (see
+        `Reservable`). A caller that waits should ``acquire``: it holds only its
+        slowest layer while it waits (see ``waiting``).
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=1), TokenBucket(rate=2, capacity=1))
+        >>> limit.reserve(now=0), limit.reserve(now=0, max_wait_ns=10**9)
+        (0, 1000000000)
+        >>> limit.reserve(now=0, max_wait_ns=10**9)   # the first layer: 2 s
+        -1
+        """
         self._key(key)
-        self._require("_reserve")
+        self._require(Reservable, "reserve")
         done: list[int] = []
         longest = 0
+        args = {"cost": cost, "max_wait_ns": max_wait_ns, "shape": shape, "now": now}
         try:
             for i in range(len(self.layers)):
-                wait = self._call(i, "_reserve", key, (now, cost, max_wait, shape))
+                layer = self.layers[i]
+                wait = (
+                    layer.reserve(**args)
+                    if self._styles[i] == _PLAIN
+                    else layer.reserve(key, **args)
+                )
                 if wait < 0:
                     return -1
                 done.append(i)
@@ -391,13 +413,48 @@ class AllOf:
                     else:
                         self._call(j, "refund_at", key, (now, cost))
 
-    def _places(self, key: Hashable | None) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
-        """Each layer with the arguments that name *key*'s bucket in it (waiting's lines)."""
+    def parts(self, key: Hashable | None = None) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
+        """Each layer with the key arguments its verbs take for *key* (see `Composite`).
+
+        >>> from nanobucket import KeyedTokenBucket, TokenBucket
+        >>> per_client, instance = KeyedTokenBucket(1, 2), TokenBucket(10, 5)
+        >>> all_of(per_client, instance).parts("alice")[1] == (instance, ())
+        True
+        """
         self._key(key)
         return tuple(
             (layer, () if style == _PLAIN else (key,))
             for layer, style in zip(self.layers, self._styles)
         )
+
+    def leaves(self) -> tuple[Any, ...]:
+        """Every single limiter behind the layers, in order (a composite layer's, flattened).
+
+        >>> from nanobucket import TokenBucket
+        >>> a, b, c = TokenBucket(1, 1), TokenBucket(2, 2), TokenBucket(3, 3)
+        >>> all_of(a, all_of(b, c)).leaves() == (a, b, c)
+        True
+        """
+        found: list[Any] = []
+        for layer in self.layers:
+            found += layer.leaves() if isinstance(layer, Composite) else (layer,)
+        return tuple(found)
+
+    def binding(self, decision: Any) -> tuple[str | None, Any]:
+        """The name and single limiter whose limit *decision* (one of this all_of's) shows:
+        the binding layer's (see `Composite`).
+
+        >>> from nanobucket import TokenBucket
+        >>> fast, slow = TokenBucket(10, 10), TokenBucket(1, 1)
+        >>> limit = all_of(fast, slow)
+        >>> limit.binding(limit.check_at(None, 0, cost=1)) == (None, slow)
+        True
+        """
+        i = decision.layer
+        layer = self.layers[i]
+        if isinstance(layer, Composite):
+            return layer.binding(decision.decisions[i])
+        return None, layer
 
     def acquire(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None

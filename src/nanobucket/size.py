@@ -148,13 +148,13 @@ def replay(
         return Point(capacity, len(traffic))
     bucket_params(rate_each, cap_each)  # a clear error for a rate too small to represent
     buckets = [_bucket.TokenBucket(rate_each, cap_each, clock=_no_clock) for _ in range(instances)]
-    reserve: list[Callable[[int, int, int, bool], int]] = [b._reserve for b in buckets]
+    reserve: list[Callable[..., int]] = [b.reserve for b in buckets]
     rejected = longest = 0
     for i, (t, cost) in enumerate(zip(traffic.times, traffic.costs)):
         if cost > cap_each:
             rejected += 1
             continue
-        wait = reserve[i % instances](t, cost, max_wait_ns, False)
+        wait = reserve[i % instances](cost=cost, max_wait_ns=max_wait_ns, now=t)
         if wait < 0:
             rejected += 1
         elif wait > longest:
@@ -261,7 +261,7 @@ def _breakdown(
     phases: dict[str, int] = {p.name: 0 for p in traffic.phases}
     keys: Counter[str] = Counter()
     for t, key, cost in zip(traffic.times, traffic.keys, traffic.costs):
-        if cost > capacity or bucket._reserve(t, cost, max_wait_ns, False) < 0:
+        if cost > capacity or bucket.reserve(cost=cost, max_wait_ns=max_wait_ns, now=t) < 0:
             keys[key] += 1
             if traffic.phases:
                 phases[traffic.phases[max(0, bisect.bisect_right(starts, t) - 1)].name] += 1

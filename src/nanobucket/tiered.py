@@ -54,6 +54,7 @@ request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import math
@@ -63,9 +64,11 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
+from . import _acquire
 from ._bucket import Decision
 from ._drive import Call, drive, drive_async
-from ._params import validated_max_keys
+from ._limiter import Composite
+from ._params import validated_max_keys, validated_timeout
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
 
@@ -73,8 +76,6 @@ DEFAULT_MAX_KEYS = 1_000_000
 # A plan's name names a policy in header fields: printable ASCII but '"' and '\\'.
 _NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
 _VERBS = ("allow", "allow_at", "check", "check_at", "peek", "peek_at")
-# What a plan needs for refund, reset and waiting to be offered.
-_WAIT_VERBS = ("refund", "refund_at", "reset", "_reserve", "acquire", "acquire_async")
 # Decisions that are not the stored bucket's (the Redis limiters' failure path).
 _NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
 _TRIES = 8  # charges of a move that a concurrent spender may make fail
@@ -153,7 +154,12 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
         keyed = getattr(limiter, "keyed", None)
         capacity = getattr(limiter, "capacity", None)
         missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
-        if keyed is not True or type(capacity) is not int or missing or hasattr(limiter, "layers"):
+        if (
+            keyed is not True
+            or type(capacity) is not int
+            or missing
+            or isinstance(limiter, Composite)
+        ):
             raise TypeError(
                 f"plan {name!r} is {type(limiter).__name__}: a plan must be one keyed table "
                 "(KeyedTokenBucket, SharedKeyedTokenBucket, RedisTokenBucket...), "
@@ -227,7 +233,10 @@ def _charge_down(
         charge = math.ceil(tokens - most)
         if charge <= 0:
             return tokens
-        if (yield plan._reserve, (key, now, charge, plan.interval_ns, False)) >= 0:
+        reserve = functools.partial(
+            plan.reserve, key, cost=charge, max_wait_ns=plan.interval_ns, now=now
+        )
+        if (yield reserve, ()) >= 0:
             return tokens - charge
     return tokens  # spent meanwhile by others each time: it holds less than this now
 
@@ -478,6 +487,32 @@ class _Plans:
                 out[i] = admitted
         return out
 
+    def _resettable(self) -> None:
+        for name, (_, plan) in self._plans.items():
+            if not callable(getattr(plan, "reset", None)):
+                raise TypeError(f"plan {name!r} ({type(plan).__name__}) has no reset()")
+
+    def leaves(self) -> tuple[Any, ...]:
+        """The plans' limiters (see `Composite`).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> free, pro = KeyedTokenBucket(10, 20), KeyedTokenBucket(100, 200)
+        >>> tiered({"free": free, "pro": pro}, tier=lambda k: "free").leaves() == (free, pro)
+        True
+        """
+        return tuple(self._view.values())
+
+    def binding(self, decision: Any) -> tuple[str | None, Any]:
+        """The plan that made *decision* (a `TieredDecision`): its name and limiter.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> free = KeyedTokenBucket(rate=10, capacity=20)
+        >>> t = tiered({"free": free}, tier=lambda k: "free")
+        >>> t.binding(t.peek_at("alice", 0)) == ("free", free)
+        True
+        """
+        return decision.plan, self._view[decision.plan]
+
     def __len__(self) -> int:
         """Keys whose plan this limiter remembers now.
 
@@ -499,9 +534,10 @@ class Tiered(_Plans):
     The verbs of a keyed table, each forwarded to the plan ``tier(key)``
     names, after carrying the key's spent tokens if its plan changed:
     ``allow``, ``allow_at``, ``check``, ``check_at``, ``peek``, ``peek_at``,
-    ``tokens``, ``tokens_at``, ``allow_many``, ``allow_many_at``; and, when
-    every plan has them (not shared memory), ``refund``, ``refund_at``,
-    ``reset``, ``acquire`` and ``acquire_async``.
+    ``tokens``, ``tokens_at``, ``allow_many``, ``allow_many_at``,
+    ``refund``, ``refund_at``, ``reserve``, ``acquire`` and ``acquire_async``
+    (waiting in the line of the key's bucket of its plan), and ``reset``
+    when every plan has one (not shared memory).
 
     >>> from nanobucket import KeyedTokenBucket
     >>> plan_of = {"alice": "free"}
@@ -513,17 +549,6 @@ class Tiered(_Plans):
     >>> t.check_at("alice", 0, cost=0).remaining
     185
     """
-
-    def __new__(cls, plans: Mapping[str, Any], *args: Any, **kwargs: Any) -> Tiered:
-        # The verbs for refund and waiting exist only when every plan has them,
-        # so that all_of and Waiting can tell (by hasattr) what this one offers.
-        waits = (
-            cls is Tiered
-            and isinstance(plans, Mapping)
-            and bool(plans)
-            and all(callable(getattr(lr, v, None)) for lr in plans.values() for v in _WAIT_VERBS)
-        )
-        return super().__new__(_WaitingTiered if waits else cls)
 
     def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
         found = self._choose(key)
@@ -647,10 +672,6 @@ limit=20, plan='free')
         """
         return drive(self._many(keys, cost, now))
 
-
-class _WaitingTiered(Tiered):
-    """A `Tiered` whose plans all refund, reset and wait (every backend but shared memory)."""
-
     def refund(self, key: Hashable, cost: int = 1) -> Any:
         """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
 
@@ -672,38 +693,63 @@ class _WaitingTiered(Tiered):
         return self._pick(key, now)[1].refund_at(key, now, cost)
 
     def reset(self, key: Hashable) -> None:
-        """Forget *key*'s bucket in every plan: the next decision sees it full.
+        """Forget *key*'s bucket in every plan: the next decision sees it full
+        (``TypeError`` when a plan cannot: a shared-memory table).
 
         >>> from nanobucket import KeyedTokenBucket
         >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
         >>> t.allow_at("alice", 0, cost=20), t.reset("alice"), t.tokens_at("alice", 0)
         (True, None, 20.0)
         """
+        self._resettable()
         for _, plan in self._plans.values():
             plan.reset(key)
         self._owed.pop(key, None)  # full in every plan: it owes nothing
 
-    def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
-        """The plan's `_reserve` (what `Waiting` calls)."""
+        """The plan's ``reserve`` (see `nanobucket.Reservable`).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(rate=1, capacity=1)}, tier=lambda k: "free")
+        >>> t.reserve("alice", now=0), t.reserve("alice", now=0, max_wait_ns=10**9)
+        (0, 1000000000)
+        """
         plan = self._pick(key, now)[1]
-        wait: int = plan._reserve(key, now, cost, max_wait, shape)
+        wait: int = plan.reserve(key, cost=cost, max_wait_ns=max_wait_ns, shape=shape, now=now)
         return wait
 
-    def _places(self, key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
-        """The bucket *key* waits on: its plan's (waiting's lines)."""
+    def parts(self, key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
+        """The plan that decides *key* (its move made first), with *key* (see `Composite`).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> free = KeyedTokenBucket(rate=10, capacity=20)
+        >>> tiered({"free": free}, tier=lambda k: "free").parts("alice") == ((free, ("alice",)),)
+        True
+        """
         return ((self._pick(key)[1], (key,)),)
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:
-        """Wait (block the thread) until *key*'s plan admits *cost*, or refuse: its own line.
+        """Wait (block the thread) until *key*'s plan admits *cost*, or refuse: in the line
+        of its bucket of that plan (see `nanobucket.waiting`).
 
         >>> from nanobucket import KeyedTokenBucket
         >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=1)}, tier=lambda k: "free")
         >>> t.acquire("alice"), t.acquire("alice", timeout=0), t.acquire("alice", timeout=1.0)
         (True, False, True)
         """
-        return bool(self._pick(key)[1].acquire(key, cost, timeout))
+        if timeout is not None:
+            validated_timeout(timeout)
+        if self.allow(key, cost):
+            return True
+        return _acquire.acquire_slow(self, (key,), cost, timeout)
 
     def acquire_async(
         self, key: Hashable, cost: int = 1, timeout: float | None = None
@@ -716,8 +762,7 @@ class _WaitingTiered(Tiered):
         >>> asyncio.run(t.acquire_async("alice")), asyncio.run(t.acquire_async("alice", timeout=0))
         (True, False)
         """
-        result: Awaitable[bool] = self._pick(key)[1].acquire_async(key, cost, timeout)
-        return result
+        return _acquire.acquire_async(self, (key,), cost, timeout)
 
 
 class AsyncTiered(_Plans):
@@ -739,6 +784,17 @@ class AsyncTiered(_Plans):
 
     _asyncio = True
     _wrong_kind = "sync plans: use Tiered (tiered() picks it)"
+
+    def parts(self, key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
+        """The plan ``tier`` names for *key* now, with *key* (see `Composite`); a move
+        to it is made by the key's next verb.
+
+        >>> import asyncio
+        >>> plan = _example_plan()
+        >>> tiered({"free": plan}, tier=lambda key: "free").parts("alice") == ((plan, ("alice",)),)
+        True
+        """
+        return ((self._choose(key)[1], (key,)),)
 
     async def _pick(self, key: Hashable, now: int | None = None) -> tuple[str, Any]:
         found = self._choose(key)
@@ -874,16 +930,31 @@ class AsyncTiered(_Plans):
         >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.reset("alice"))
         """
+        self._resettable()
         for _, plan in self._plans.values():
             await plan.reset(key)
         self._owed.pop(key, None)
 
-    async def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    async def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
-        """The plan's `_reserve`."""
+        """The plan's ``reserve``, awaited.
+
+        >>> import asyncio
+        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> asyncio.run(t.reserve("alice"))   # Redis is not reached: the policy admits
+        0
+        """
         plan = (await self._pick(key, now))[1]
-        wait: int = await plan._reserve(key, now, cost, max_wait, shape)
+        wait: int = await plan.reserve(
+            key, cost=cost, max_wait_ns=max_wait_ns, shape=shape, now=now
+        )
         return wait
 
     async def acquire_async(

@@ -1,6 +1,6 @@
 """Waiting instead of rejecting: ``acquire`` / ``acquire_async`` over a bounded, FIFO line.
 
-A waiter does not poll. It *reserves* its tokens at once (``_reserve`` on
+A waiter does not poll. It *reserves* its tokens at once (``reserve`` on
 the bucket): the bucket's ``tat`` may move past "empty", and the time by
 which it is past is the waiter's place in line. Everyone after it -- other
 waiters and plain ``allow`` callers alike -- sees a bucket that is still
@@ -42,7 +42,7 @@ from typing import Any
 from . import _wait
 from ._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from ._bucket import TokenBucket
-from ._limiter import KeyedLimiter, Limiter, is_keyed
+from ._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_keyed
 from ._params import int_at_least
 from ._wait import AsyncSleep, SleepOrWake
 
@@ -86,7 +86,7 @@ class Waiting:
         async_sleep: AsyncSleep | None = None,
         sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
-        if not hasattr(limiter, "_reserve") or not hasattr(limiter, "refund"):
+        if not isinstance(limiter, Reservable) or not isinstance(limiter, Refundable):
             raise TypeError(
                 f"{type(limiter).__name__} cannot reserve tokens: Waiting needs an in-process "
                 "TokenBucket, KeyedTokenBucket or all_of"
@@ -102,7 +102,7 @@ class Waiting:
                 raise TypeError(f"{name} must be callable, not {type(fn).__name__}")
         if sleep is not None and sleep_or_wake is not None:
             raise TypeError("give sleep or sleep_or_wake, not both")
-        self.limiter: Any = limiter  # its private _reserve, too
+        self.limiter: Any = limiter
         self.keyed = is_keyed(limiter)
         self.shape = shape
         self._gate = Gate(int_at_least(max_waiters, "max_waiters", 0))
@@ -169,7 +169,7 @@ class Waiting:
         key, c = self._split(args, cost)
         max_wait = max_wait_ns(timeout)
         limiter = self.limiter
-        if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
+        if not self.shape and limiter.allow(*key, c):
             return True  # tokens at hand: no need to count as a waiter
         if not self._gate.enter():
             return self._refused(key, c)
@@ -191,7 +191,7 @@ class Waiting:
         key, c = self._split(args, cost)
         max_wait = max_wait_ns(timeout)
         limiter = self.limiter
-        if not self.shape and limiter._reserve(*key, None, c, 0, False) >= 0:
+        if not self.shape and limiter.allow(*key, c):
             return True
         if not self._gate.enter():
             return self._refused(key, c)

@@ -385,12 +385,23 @@ class AsyncRedisTokenBucket(_RedisLimits):
         ok, err = await self._send(_UNBOUNDED, self._client.delete, rkey)
         return True if ok else self._lost("reset", key, (), err)
 
-    async def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    async def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
-        """`RedisTokenBucket._reserve`, awaited."""
-        cost = self._cost(cost)
-        now_ns = None if now is None else validated_now(now)
+        """`RedisTokenBucket.reserve`, awaited.
+
+        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="closed",
+        ...                                 breaker=down)
+        >>> asyncio.run(limiter.reserve("alice"))   # the policy refuses
+        -1
+        """
+        cost, max_wait, shape, now_ns = self._reserve_params(cost, max_wait_ns, shape, now)
         args = self._reserve_args(cost, now_ns, max_wait, shape)
         ok, reply = await self._send(_UNBOUNDED, self._reserve_script, (self.key(key),), args)
         return self._waited(reply) if ok else self._reserve_policy(key, cost, now_ns, reply)
@@ -409,7 +420,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         """
         cost = self._cost(cost)
         self.key(key)
-        wait = await self._reserve(key, None, cost, _acquire.max_wait_ns(timeout), False)
+        wait = await self.reserve(key, cost=cost, max_wait_ns=_acquire.max_wait_ns(timeout))
         return await _sleep_reserved(self, wait, lambda: self.refund(key, cost))
 
     acquire = acquire_async

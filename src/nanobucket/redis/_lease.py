@@ -391,13 +391,22 @@ class LeasedTokenBucket(_SyncLimits):
             self._leases.pop(rkey, None)
         return self._reset(key, rkey)
 
-    def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
         """Spend from the lease when it pays (0), else reserve in Redis as
-        `RedisTokenBucket._reserve` does (the lease is not touched)."""
-        cost = self._cost(cost)
-        now_ns = None if now is None else validated_now(now)
+        `RedisTokenBucket.reserve` does (the lease is not touched).
+
+        >>> LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down).reserve("a")
+        0
+        """
+        cost, max_wait, shape, now_ns = self._reserve_params(cost, max_wait_ns, shape, now)
         rkey = self.key(key)
         if not shape:
             with self._lock:

@@ -29,6 +29,9 @@ from .._params import (
     public_rate,
     real_seconds,
     validated_cost,
+    validated_max_wait,
+    validated_now,
+    validated_shape,
 )
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
@@ -361,6 +364,17 @@ class _RedisLimits(_FailurePolicy):
         # The lease script's "give": tat -= cost * interval, never below now.
         now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
         return (*self._head, b"give", cost, 0, now_arg, EXPLICIT_TTL_SLACK_MS)
+
+    def _reserve_params(
+        self, cost: object, max_wait_ns: object, shape: object, now: object
+    ) -> tuple[int, int, bool, int | None]:
+        """`reserve`'s arguments, checked: ``(cost, max_wait_ns, shape, now_ns)``."""
+        return (
+            self._cost(cost),
+            validated_max_wait(max_wait_ns),
+            validated_shape(shape),
+            None if now is None else validated_now(now),
+        )
 
     def _reserve_args(
         self, cost: int, now_ns: int | None, max_wait: int, shape: bool

@@ -195,7 +195,7 @@ class _FailurePolicy:
         return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
 
     def _reserve_policy(self, key: Hashable, cost: int, now_ns: int | None, err: Any) -> int:
-        """What `_reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""
+        """What `reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""
         return 0 if self._policy(key, cost, now_ns, True, err).allowed else -1
 
     def _lost(self, verb: str, key: Hashable, args: tuple[Any, ...], err: Any) -> bool:

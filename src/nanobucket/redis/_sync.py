@@ -48,17 +48,25 @@ class _SyncLimits(_RedisLimits):
         breaker.record_success()
         return True, reply
 
-    def _reserve(
-        self, key: Hashable, now: int | None, cost: int, max_wait: int, shape: bool
+    def reserve(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
     ) -> int:
         """Reserve *cost* tokens in Redis; the ns to wait before using them, or -1.
 
-        The in-process ``_reserve``: the bucket may go past empty (a place in
-        line every instance sees), nothing is reserved past *max_wait* ns.
+        The in-process ``reserve``: the bucket may go past empty (a place in
+        line every instance sees), nothing is reserved past *max_wait_ns*.
         When Redis cannot decide, the failure policy answers 0 or -1.
+
+        >>> RedisTokenBucket(redis.Redis(), 1, 2, on_error="closed", breaker=down).reserve("a")
+        -1
         """
-        cost = self._cost(cost)
-        now_ns = None if now is None else validated_now(now)
+        cost, max_wait, shape, now_ns = self._reserve_params(cost, max_wait_ns, shape, now)
         rkey = self.key(key)
         return self._reserve_in_redis(rkey, key, cost, now_ns, max_wait, shape)
 
@@ -100,7 +108,7 @@ class _SyncLimits(_RedisLimits):
         cost = self._cost(cost)
         self.key(key)
         max_wait = _acquire.max_wait_ns(timeout)
-        wait = await asyncio.to_thread(self._reserve, key, None, cost, max_wait, False)
+        wait = await asyncio.to_thread(self.reserve, key, cost=cost, max_wait_ns=max_wait)
         return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
 
     if TYPE_CHECKING:
