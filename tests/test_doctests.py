@@ -125,10 +125,23 @@ def _redis_globals() -> dict[str, object]:
     }
 
 
+def _example_plan() -> object:
+    """An asyncio Redis plan whose Redis has just failed (`AsyncTiered`'s examples run offline)."""
+    import redis.asyncio
+
+    from nanobucket.redis import AsyncRedisTokenBucket, CircuitBreaker
+
+    down = CircuitBreaker(clock=lambda: 0)
+    down.record_failure()
+    return AsyncRedisTokenBucket(redis.asyncio.Redis(), 10, 20, on_error="open", breaker=down)
+
+
 def _doctest(module: ModuleType) -> doctest.TestResults:
     if module.__name__ in SCRATCH_MODULES:
         return _run(doctest.DocTestFinder().find(module), scratch=True)
     extra = _redis_globals() if module.__name__ in REDIS_MODULES else None
+    if module.__name__ == "nanobucket.tiered":
+        extra = {"example_plan": _example_plan}
     return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)
 
 

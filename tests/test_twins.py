@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobucket import _bucket_py
-from nanobucket._bucket_py import step
+from nanobucket._gcra_py import step
 from nanobucket._params import RateLike
 
 # Names only the Cython core has: its entry counter (for tests), Decision's

@@ -11,16 +11,16 @@ a rejected request writes nothing. See ``_params`` for the units and bounds.
 from __future__ import annotations
 
 import heapq
-import operator
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 from . import _acquire
+from ._decision_py import Decision
+from ._gcra_py import carry_over, give_back, reserve, step
 from ._params import (
     NOW_MAX,
-    NS_PER_S,
     RateLike,
     bucket_params,
     public_rate,
@@ -38,7 +38,6 @@ __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
 
 Clock = Callable[[], int]
 DEFAULT_MAX_KEYS = 1_000_000
-INT64_MAX = (1 << 63) - 1
 
 
 def slots_for(keys: int) -> int:
@@ -59,170 +58,6 @@ def slots_for(keys: int) -> int:
 # the functions return, under their lock. The two hottest paths
 # (`TokenBucket.allow`, `KeyedTokenBucket._allow`) inline `step`: there a call
 # costs a tenth of the time. tests/test_twins.py holds them to it.
-
-
-def step(tat: int, now: int, cost_t: int, slack: int) -> int:
-    """The decision on *tat*: the tat after it (>= 0), or < 0 if the request is rejected.
-
-    Admitted: ``max(tat, now) + cost_t``, or *tat* itself for cost 0 (a
-    probe). Rejected: minus the ns until the same request would fit (its
-    ``retry_after_ns``); the bucket keeps *tat*.
-    """
-    base = tat if tat > now else now
-    if base - now > slack:
-        return slack - (base - now)
-    return base + cost_t if cost_t else tat
-
-
-def reserve(tat: int, now: int, cost_t: int, slack: int, max_wait: int) -> tuple[int, int]:
-    """Go past empty if need be: ``(ns to wait, tat after)``; ``(-1, tat)``: nothing reserved.
-
-    The wait ends when max(tat, now) + cost*T - now <= slack: slack = tau
-    waits for the tokens, slack = cost*T for the slot's start (shaping).
-    """
-    base = tat if tat > now else now
-    wait = max(base - now - (slack - cost_t), 0)
-    if wait > max_wait or base > INT64_MAX - cost_t:
-        return -1, tat
-    return wait, base + cost_t if cost_t else tat
-
-
-def give_back(tat: int, now: int, cost_t: int) -> int:
-    """The tat after giving *cost_t* back: max(now, tat - cost_t); a full bucket keeps its tat."""
-    if tat <= now:
-        return tat
-    tat -= cost_t
-    return tat if tat > now else now
-
-
-def carry_over(tat: int, now: int, interval: int, tau: int, new_interval: int, new_tau: int) -> int:
-    """*tat* re-expressed under new parameters, keeping the tokens as they are at *now*.
-
-    Tokens ``(tau - debt) / interval`` (negative while waiters hold
-    reservations past an empty bucket) carry over unchanged, capped at the
-    new capacity; the new debt is rounded up, so the bucket never gains a
-    fraction of a token from the conversion.
-    """
-    debt = tat - now if tat > now else 0
-    new_debt = new_tau - ((tau - debt) * new_interval) // interval
-    if new_debt <= 0:
-        return tat if tat <= now else now  # full (capped): keep a full state as it was
-    return min(now + new_debt, INT64_MAX)
-
-
-def _int64(value: object) -> int:
-    """*value* as a Decision field: an int in the int64 range, as a C field holds."""
-    n = operator.index(value)  # type: ignore[arg-type]
-    if not -(2**63) <= n < 2**63:
-        raise OverflowError("Python int too large to convert to C long")
-    return n
-
-
-class Decision:
-    """The outcome of ``check`` or ``peek``, with exact integer times.
-
-    >>> d = TokenBucket(rate=100, capacity=200).check_at(0)
-    >>> (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
-    (True, 199, 0, 10000000, 200)
-
-    Built from the five fields in that order (an adapter, a test), it equals
-    any decision with the same fields:
-
-    >>> d == Decision(True, 199, 0, 10_000_000, 200)
-    True
-    """
-
-    # A dict: each field's docstring (the Cython twin's fields carry the same).
-    __slots__ = {
-        "allowed": """True if the request was admitted (for ``peek``: would be).
-
-        >>> TokenBucket(rate=1, capacity=1).check_at(0).allowed
-        True
-        """,
-        "limit": """The bucket's capacity (the ``X-RateLimit-Limit`` of HTTP responses).
-
-        >>> TokenBucket(rate=1, capacity=5).check_at(0).limit
-        5
-        """,
-        "remaining": """Whole tokens the bucket holds after this decision (a ``peek``: as if spent).
-
-        >>> TokenBucket(rate=1, capacity=5).check_at(0, cost=2).remaining
-        3
-        """,
-        "reset_after_ns": """Nanoseconds until the bucket is full again.
-
-        >>> TokenBucket(rate=2, capacity=4).check_at(0, cost=3).reset_after_ns
-        1500000000
-        """,
-        "retry_after_ns": """Nanoseconds until the same request would be admitted (0 if it was).
-
-        >>> b = TokenBucket(rate=2, capacity=1)
-        >>> b.check_at(0).retry_after_ns, b.check_at(0).retry_after_ns
-        (0, 500000000)
-        """,
-    }
-
-    allowed: bool
-    remaining: int
-    retry_after_ns: int
-    reset_after_ns: int
-    limit: int
-
-    def __init__(
-        self, allowed: bool, remaining: int, retry_after_ns: int, reset_after_ns: int, limit: int
-    ) -> None:
-        # As the Cython twin's C fields: a truth value, and int64s (an int or
-        # an __index__; 0.5 is a TypeError, not a truncation).
-        self.allowed = bool(allowed)
-        self.remaining = _int64(remaining)
-        self.retry_after_ns = _int64(retry_after_ns)
-        self.reset_after_ns = _int64(reset_after_ns)
-        self.limit = _int64(limit)
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until the same request would be admitted (0.0 if it was).
-
-        >>> b = TokenBucket(rate=4, capacity=1)
-        >>> b.check_at(0).retry_after, b.check_at(0).retry_after
-        (0.0, 0.25)
-        """
-        return self.retry_after_ns / NS_PER_S
-
-    @property
-    def reset_after(self) -> float:
-        """Seconds until the bucket is full again.
-
-        >>> TokenBucket(rate=4, capacity=2).check_at(0).reset_after
-        0.25
-        """
-        return self.reset_after_ns / NS_PER_S
-
-    def __bool__(self) -> bool:
-        return self.allowed
-
-    def __eq__(self, other: object) -> bool:
-        if not hasattr(other, "retry_after_ns"):
-            return NotImplemented
-        return _fields(self) == _fields(other)
-
-    def __hash__(self) -> int:
-        return hash(_fields(self))
-
-    def __repr__(self) -> str:
-        # The class's own name: RedisDecision extends this repr.
-        return (
-            f"{type(self).__name__}(allowed={self.allowed}, remaining={self.remaining}, "
-            f"retry_after_ns={self.retry_after_ns}, reset_after_ns={self.reset_after_ns}, "
-            f"limit={self.limit})"
-        )
-
-
-def _fields(d: object) -> tuple[object, ...]:
-    return tuple(
-        getattr(d, name)
-        for name in ("allowed", "remaining", "retry_after_ns", "reset_after_ns", "limit")
-    )
 
 
 def _clock_reader(clock: Clock | None) -> Clock:

@@ -32,7 +32,7 @@ most what the most generous plan it was served on admits: the largest
 capacity among those plans plus the fastest rate times the span. A key that
 went down to a smaller plan with more spent than it holds keeps that debt
 here, so coming back up through a third plan, or to its old plan after a
-smaller, faster one refilled, gives nothing twice (see `_carry`). A key this
+smaller, faster one refilled, gives nothing twice (see `nanobucket._carry.carry`). A key this
 limiter has not seen (or has forgotten) is carried from every other plan.
 
 Bounds and races. At most ``max_keys`` plans are remembered; past it the
@@ -54,18 +54,16 @@ request.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import itertools
-import math
 import threading
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
-from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
 from . import _acquire
 from ._bucket import Decision
+from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
 from ._limiter import Composite
 from ._params import validated_max_keys, validated_timeout
@@ -76,12 +74,6 @@ DEFAULT_MAX_KEYS = 1_000_000
 # A plan's name names a policy in header fields: printable ASCII but '"' and '\\'.
 _NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
 _VERBS = ("allow", "allow_at", "check", "check_at", "peek", "peek_at")
-# Decisions that are not the stored bucket's (the Redis limiters' failure path).
-_NOT_STORED = frozenset({"fallback", "policy:open", "policy:closed"})
-_TRIES = 8  # charges of a move that a concurrent spender may make fail
-# What this limiter knows of a key beyond its plan, while that is not what a key
-# served on that plan alone would have: see `_carry`.
-Owed = tuple[int, int, Fraction]
 
 
 class TieredDecision(Decision):
@@ -196,134 +188,6 @@ def _check_redis_keys(plans: dict[str, tuple[str, Any]]) -> None:
         owner[stored] = name
 
 
-def _peek(plan: Any, key: Hashable, now: int | None) -> Call:
-    return (plan.peek, (key, 0)) if now is None else (plan.peek_at, (key, now, 0))
-
-
-def _stored(decision: Any) -> bool:
-    return getattr(decision, "source", None) not in _NOT_STORED
-
-
-def _tokens(plan: Any, decision: Any) -> Fraction:
-    """The exact tokens *plan*'s bucket holds, as a decision of it shows them."""
-    interval: int = plan.interval_ns
-    return Fraction(plan.capacity * interval - decision.reset_after_ns, interval)
-
-
-class _Unread(Exception):
-    """A plan could not be read (Redis down: a fallback or policy decision)."""
-
-
-def _read(plan: Any, key: Hashable, now: int | None) -> Generator[Call, Any, Any]:
-    d = yield _peek(plan, key, now)
-    if not _stored(d):
-        raise _Unread
-    return d
-
-
-def _charge_down(
-    plan: Any, key: Hashable, now: int | None, most: Fraction
-) -> Generator[Call, Any, Fraction]:
-    """Charge *key*'s bucket of *plan* until it holds at most *most* (>= 0) tokens; what
-    it holds then. A fraction of a token is charged as a whole one, which the bucket
-    owes (a reservation of less than one interval's wait), so the move is exact."""
-    tokens = Fraction(0)
-    for _ in range(_TRIES):
-        tokens = _tokens(plan, (yield from _read(plan, key, now)))
-        charge = math.ceil(tokens - most)
-        if charge <= 0:
-            return tokens
-        reserve = functools.partial(
-            plan.reserve, key, cost=charge, max_wait_ns=plan.interval_ns, now=now
-        )
-        if (yield reserve, ()) >= 0:
-            return tokens - charge
-    return tokens  # spent meanwhile by others each time: it holds less than this now
-
-
-def _least(plan: Any, tokens: Fraction, owed: Owed | None) -> Fraction:
-    """The fewest tokens the key's model bucket (see `_carry`) can hold, given the
-    *tokens* of its bucket of *plan*, the plan it is on, and what is known (*owed*)."""
-    if owed is not None:
-        low, _, gap = owed
-        tokens += min(gap, low - plan.capacity)
-    return max(tokens, Fraction(0))  # a bucket owing a fraction (see `_charge_down`)
-
-
-def _carry(
-    key: Hashable,
-    now: int | None,
-    plan: Any,
-    left: Any | None,
-    owed: Owed | None,
-    others: list[Any],
-    largest: int,
-) -> Generator[Call, Any, Owed | None]:
-    """The move of *key* onto *plan*, as the calls it makes (the driver calls or
-    awaits each and sends back its result); what is then known of the key (None:
-    what a key served on *plan* alone would have). Raises `_Unread` when a plan
-    could not be read (nothing charged; the move is tried again later).
-
-    *left* is the plan the key leaves and *owed* what was known of it there.
-    A key not known (*left* None) is carried from every plan in *others*.
-
-    The bound kept: the key is admitted no more than one bucket would admit
-    it, a model of the capacity of the largest plan it was served on and the
-    rate of the fastest, fed every request the key is admitted. Its bucket
-    of the plan it is on never holds more than the model; a move charges the
-    plan it comes to down to the least the model can hold. That least is the
-    bucket left's tokens plus a *gap*: the model's lead over the bucket,
-    which only grows while the key stays on one plan (the model refills at
-    least as fast) but to the model's capacity less the bucket's. So *owed*
-    is ``(low, high, gap)``: bounds of the model's capacity (the largest
-    plan the key was served on; a forgotten key's is known only to be
-    between the plan it comes back to and the largest plan of all) and the
-    gap when it came to its plan. A move to a plan above ``high`` grows the
-    model by the difference. A key that moved down with more spent than its
-    new plan holds keeps its debt in *owed*, and is not forgotten without it
-    (`_settle`).
-    """
-    capacity = plan.capacity
-    if left is None:
-        spent = 0
-        for source in others:
-            d = yield from _read(source, key, now)
-            spent = max(spent, source.capacity - d.remaining)
-        target = Fraction(capacity - min(capacity, spent))
-        tokens = yield from _charge_down(plan, key, now, target)
-        if not spent and tokens == capacity:
-            return None  # full in every plan: new, or as good as new
-        return None if capacity == largest else (capacity, largest, target - tokens)
-    d = yield from _read(left, key, now)
-    low, high, _ = owed if owed is not None else (left.capacity, left.capacity, 0)
-    least = _least(left, _tokens(left, d), owed)
-    if capacity > high:  # a larger plan than the model's: it grows by the difference
-        least += capacity - high
-    low, high = max(low, capacity), max(high, capacity)
-    spent = left.capacity - d.remaining  # whole tokens: a fraction refilled counts as spent
-    tokens = yield from _charge_down(
-        plan, key, now, min(Fraction(capacity - min(capacity, spent)), least)
-    )
-    gap = least - tokens
-    return None if low == high and gap >= low - capacity else (low, high, gap)
-
-
-def _settle(
-    forgotten: list[tuple[Hashable, Any, Owed]], largest: Any, now: int | None
-) -> Generator[Call, Any, None]:
-    """Before keys known to owe more than their bucket shows are forgotten, charge
-    their bucket of the *largest* plan down to the least their model holds: a key
-    not known is carried from it (keys whose plan cannot be read go as they are)."""
-    for key, plan, owed in forgotten:
-        if plan is largest:
-            continue  # its bucket is the model's least already
-        try:
-            least = _least(plan, _tokens(plan, (yield from _read(plan, key, now))), owed)
-            yield from _charge_down(largest, key, now, least)
-        except _Unread:
-            continue
-
-
 class _Plans:
     """What the sync and asyncio tiered limiters share: plans, the choice, the memory."""
 
@@ -421,7 +285,7 @@ class _Plans:
     def _carrying(
         self, key: Hashable, now: int | None, found: tuple[str, Any]
     ) -> Generator[Call, Any, bool]:
-        """The move of *key* to the plan *found* as the calls it makes (see `_carry`),
+        """The move of *key* to the plan *found* as the calls it makes (see `carry`),
         remembered at its end; False when a plan could not be read (nothing is charged
         nor remembered: the next request tries again)."""
         name, plan = found
@@ -429,13 +293,13 @@ class _Plans:
         left = None if last is None else self._plans[last][1]
         others = [lr for n, (_, lr) in self._plans.items() if n != name]
         try:
-            owed = yield from _carry(
+            owed = yield from carry(
                 key, now, plan, left, self._owed.get(key), others, self._largest.capacity
             )
-        except _Unread:
+        except Unread:
             return False
         forgotten = self._remember(key, name, owed)
-        yield from _settle(forgotten, self._largest, now)
+        yield from settle(forgotten, self._largest, now)
         return True
 
     def _remember(
@@ -771,6 +635,8 @@ class AsyncTiered(_Plans):
     ``allow``, ``allow_at``, ``check``, ``check_at``, ``peek``, ``peek_at``,
     ``allow_many``, ``allow_many_at``, ``refund``, ``refund_at``, ``reset``
     and ``acquire_async``; two tasks switching one key at once carry it once.
+    (In the examples of its verbs, ``example_plan()`` is an asyncio Redis plan
+    whose Redis has just failed, with ``on_error="open"``: they run offline.)
 
     >>> import asyncio
     >>> from nanobucket.redis import AsyncRedisTokenBucket
@@ -790,7 +656,7 @@ class AsyncTiered(_Plans):
         to it is made by the key's next verb.
 
         >>> import asyncio
-        >>> plan = _example_plan()
+        >>> plan = example_plan()
         >>> tiered({"free": plan}, tier=lambda key: "free").parts("alice") == ((plan, ("alice",)),)
         True
         """
@@ -818,7 +684,7 @@ class AsyncTiered(_Plans):
         """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.allow("alice"))   # Redis is not reached: the policy admits
         True
         """
@@ -829,7 +695,7 @@ class AsyncTiered(_Plans):
         """`allow` at an explicit time *now* (int ns).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.allow_at("alice", 0))
         True
         """
@@ -840,7 +706,7 @@ class AsyncTiered(_Plans):
         """Like `allow`, but return the `TieredDecision` (naming the plan).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> d = asyncio.run(t.check("alice"))
         >>> d.plan, d.allowed, d.source
         ('free', True, 'policy:open')
@@ -852,7 +718,7 @@ class AsyncTiered(_Plans):
         """`check` at an explicit time *now* (int ns).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.check_at("alice", 0, cost=5)).remaining
         15
         """
@@ -863,7 +729,7 @@ class AsyncTiered(_Plans):
         """The `TieredDecision` `check` would return now, without spending anything.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.peek("alice")).plan
         'free'
         """
@@ -874,7 +740,7 @@ class AsyncTiered(_Plans):
         """`peek` at an explicit time *now* (int ns).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.peek_at("alice", 0, cost=2)).remaining
         18
         """
@@ -885,7 +751,7 @@ class AsyncTiered(_Plans):
         """Decide a batch in order, each key by its plan; ``bytearray`` of 1 / 0.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
         [1, 1]
         """
@@ -895,7 +761,7 @@ class AsyncTiered(_Plans):
         """`allow_many` at an explicit time *now* (int ns).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
         [1]
         """
@@ -905,7 +771,7 @@ class AsyncTiered(_Plans):
         """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.refund("alice"))   # Redis is not reached: not delivered
         False
         """
@@ -916,7 +782,7 @@ class AsyncTiered(_Plans):
         """`refund` at an explicit time *now* (int ns).
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.refund_at("alice", 0))
         False
         """
@@ -927,7 +793,7 @@ class AsyncTiered(_Plans):
         """Forget *key*'s bucket in every plan: the next decision sees it full.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.reset("alice"))
         """
         self._resettable()
@@ -947,7 +813,7 @@ class AsyncTiered(_Plans):
         """The plan's ``reserve``, awaited.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.reserve("alice"))   # Redis is not reached: the policy admits
         0
         """
@@ -963,24 +829,12 @@ class AsyncTiered(_Plans):
         """Wait until *key*'s plan admits *cost*, or refuse: the plan's own ``acquire_async``.
 
         >>> import asyncio
-        >>> t = tiered({"free": _example_plan()}, tier=lambda key: "free")
+        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
         >>> asyncio.run(t.acquire_async("alice"))
         True
         """
         plan = (await self._pick(key))[1]
         return bool(await plan.acquire_async(key, cost, timeout))
-
-
-def _example_plan() -> Any:
-    """An asyncio Redis plan whose Redis has just failed (the examples run offline)."""
-    import redis.asyncio
-
-    from .redis import AsyncRedisTokenBucket, CircuitBreaker
-
-    down = CircuitBreaker(clock=lambda: 0)
-    down.record_failure()
-    client = redis.asyncio.Redis()
-    return AsyncRedisTokenBucket(client, 10, 20, on_error="open", breaker=down)
 
 
 def tiered(
