@@ -13,7 +13,7 @@ BLOCKS = python_blocks(README)
 
 
 def test_the_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 8
+    assert len(BLOCKS) >= 1  # the tour; the other examples live in docs/ (test_docs_examples)
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
