@@ -49,10 +49,11 @@ echo "--- installing the wheel with the test and plot extras in a fresh venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
 "$work/venv/bin/python" -m pip install -q "${wheel}[test,plot]"
 
-# Only the tests, pytest.ini and README.md (test_readme runs its examples):
-# no src/ beside them, so `import nanobucket` can only find the wheel.
+# Only the tests, pytest.ini, README.md and docs/ (test_readme and
+# test_docs_examples run their examples): no src/ beside them, so
+# `import nanobucket` can only find the wheel.
 mkdir "$work/run"
-(cd "$work/src" && cp -R tests pytest.ini README.md "$work/run/")
+(cd "$work/src" && cp -R tests pytest.ini README.md docs "$work/run/")
 cd "$work/run"
 "$work/venv/bin/python" - <<'EOF'
 import nanobucket, nanobucket._bucket as sel

@@ -1,0 +1,34 @@
+"""The docs' Python examples run as written (Redis ones against a test server).
+
+Every ```` ```python ```` block of ``docs/**/*.md``, each alone, as
+`tests/test_readme.py` runs the README's; a fragment that cannot run alone
+(a command, a config file of another language) is a ``console`` or
+``toml`` block, never a ``python`` one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from markdown_examples import python_blocks, run_block
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+EXAMPLES = [
+    pytest.param(page, index, code, id=f"{page.relative_to(DOCS).as_posix()}:{index}")
+    for page in sorted(DOCS.rglob("*.md"))
+    for index, code in enumerate(python_blocks(page))
+]
+
+
+def test_the_docs_have_examples() -> None:
+    assert DOCS.is_dir(), f"{DOCS} is missing: run the tests from a checkout (or copy docs/ too)"
+    assert len(EXAMPLES) >= 20
+
+
+@pytest.mark.parametrize(("page", "index", "code"), EXAMPLES)
+def test_docs_example_runs(
+    page: Path, index: int, code: str, request: pytest.FixtureRequest
+) -> None:
+    run_block(code, f"docs/{page.relative_to(DOCS).as_posix()} block {index}", request)
