@@ -370,6 +370,28 @@ def test_hung_redis_every_caller_gets_the_policy_within_the_timeout(
     )
 
 
+@pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "one-each"])
+def test_a_blocked_event_loop_is_not_a_redis_failure(
+    own_redis_server: RedisServer, coalesce: bool
+) -> None:
+    # Redis is healthy; the app's own loop is blocked 0.3 s (a CPU hog) while a
+    # decision is in flight and 255 wait: three times the timeout passes on the
+    # loop's clock, none of it Redis's. Every decision is Redis's, exactly the
+    # first 100 admitted, and the breaker never opens (with on_error="open" each
+    # policy decision would have been one more admitted).
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
+        async def hog() -> None:
+            time.sleep(0.3)  # blocks the loop: the 256 calls are all sent or queued by now
+
+        ds = await together([lambda: limiter.check("k")] * 256 + [hog])
+        decisions = [d for d in ds if d is not None]
+        assert {(d.source, getattr(d, "reason", None)) for d in decisions} == {("redis", None)}
+        assert [d.allowed for d in decisions] == [True] * 100 + [False] * 156
+        assert limiter.breaker.state == "closed"
+
+    run_warm(own_redis_server, body, timeout=TIMEOUT, on_error="open", coalesce=coalesce)
+
+
 def test_dead_redis_the_breaker_counts_each_round_trip_once(
     own_redis_server: RedisServer,
 ) -> None:

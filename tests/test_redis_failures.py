@@ -27,6 +27,7 @@ from redis.crc import key_slot
 import nanobucket as nb
 from nanobucket import redis as nbr
 
+from conftest import ManualClock
 from redis_server import (
     RedisServer,
     free_port,
@@ -536,3 +537,51 @@ def test_a_key_of_another_type_is_an_empty_bucket_replaced(admin: redis.Redis) -
             continue
         assert admin.type(rkey) == b"string", verb
     assert limiter.breaker.state == "closed"
+
+
+# -- 6. around an outage: the fallback resumes from Redis, and Redis is back within 0.1 s ---------
+
+
+def test_the_fallback_resumes_from_what_this_process_last_saw(
+    own_redis_server: RedisServer,
+) -> None:
+    # Two processes' worth: a fallback with half the capacity. Before the outage
+    # Redis admitted alice's whole burst (200) and bob 50 of 200: the fallback of
+    # this process starts alice empty and bob at half of his 150 left, so the two
+    # processes together admit no burst twice; carol, never seen here, finds the
+    # fallback as it is.
+    fallback = nb.KeyedTokenBucket(rate=0.0005, capacity=100)  # no refill during the test
+    limiter = nbr.RedisTokenBucket(
+        _user_client(own_redis_server),
+        rate=0.001,
+        capacity=200,
+        fallback=fallback,
+        breaker=nbr.CircuitBreaker(backoff=60.0, max_backoff=60.0),
+    )
+    assert limiter.allow("alice", cost=200) and limiter.allow("bob", cost=50)
+    own_redis_server.stop()
+    try:
+        decisions = [limiter.check(user) for user in ("alice", "bob", "carol")]
+    finally:
+        own_redis_server.start()
+    assert [(d.allowed, d.remaining, d.source) for d in decisions] == [
+        (False, 0, "fallback"),
+        (True, 74, "fallback"),  # 150 * 100 / 200 = 75, less this one
+        (True, 99, "fallback"),
+    ]
+    limiter.close()
+
+
+def test_the_breaker_probes_every_tenth_of_a_second_by_default() -> None:
+    # However long Redis has failed, the next probe is at most 0.1 s away: decisions
+    # are Redis's again within 0.1 s of its answering (the back-off used to double
+    # to 5 s).
+    clock = ManualClock()
+    b = nbr.CircuitBreaker(clock=clock)
+    for _ in range(50):  # five seconds of failed probes
+        b.record_failure()
+        assert b.retry_in_ns() == 100 * MS
+        clock.advance(100 * MS)
+        assert b.allow_request()
+    b.record_success()
+    assert (b.state, b.recoveries) == ("closed", 1)

@@ -12,6 +12,7 @@ from .._params import RateLike, validated_now
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
+from ._deadline import Deadline
 from ._limits import (
     _GCRA,
     _GCRA_BATCH,
@@ -27,11 +28,12 @@ from ._policy import Fallback, Policy, RedisDecision
 
 __all__ = ("AsyncRedisTokenBucket",)
 
-#: ``asyncio.timeout_at`` (Python >= 3.11): one deadline around a round trip,
-#: instead of redis.asyncio's costly socket timeout. On 3.10 the asyncio
-#: limiter keeps the socket timeout.
-_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = getattr(
-    asyncio, "timeout_at", None
+#: One deadline around a round trip (Python >= 3.11: it needs ``Task.uncancel``),
+#: instead of redis.asyncio's costly socket timeout; the loop's own lag is not
+#: counted against Redis (see `_deadline`). On 3.10 the asyncio limiter keeps
+#: the socket timeout.
+_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = (
+    Deadline if hasattr(asyncio.Task, "uncancel") else None
 )
 #: No deadline of the limiter's own: the client's socket timeout bounds the call.
 _UNBOUNDED: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
@@ -203,6 +205,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         ok, reply = await self._send(self._deadline(), self._script, (call.rkey,), args)
         if not ok:
             return self._policy(key, cost, now_ns, consume, reply)
+        self._saw(key, reply, cost if consume else 0)
         if call.full:
             return self._decision(reply, cost)
         return self._admits(reply, cost)
@@ -232,11 +235,12 @@ class AsyncRedisTokenBucket(_RedisLimits):
         ok, reply = await self._send(self._deadline(deadline), self._batch_script, rkeys, args)
         if not ok:
             return [self._policy_answer(c.key, c.cost, c.now_ns, c.consume, reply) for c in calls]
-        decision, tau = self._decision, self._tau_us
-        return [
-            decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
-            for c, owed in zip(calls, map(int, reply.split(b",")))
-        ]
+        decision, tau, saw = self._decision, self._tau_us, self._saw
+        answers: list[Any] = []
+        for c, owed in zip(calls, map(int, reply.split(b","))):
+            saw(c.key, owed, c.cost if c.consume else 0)
+            answers.append(decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval)
+        return answers
 
     def _expired(self, call: _coalesce.Call) -> RedisDecision:
         """A call that waited past its deadline: the policy answers, the breaker is not told

@@ -42,18 +42,17 @@ _POOL_OWNED = frozenset(
 def _bounded(kwargs: dict[str, Any], timeout: float, deadline: bool = False) -> bool:
     """True if connections built from *kwargs* wait at most *timeout* and never retry.
 
-    With *deadline*, reads must have no timeout of their own instead (the
-    caller bounds each call by a deadline, see `_deadline_client`).
+    With *deadline*, reads and connecting must have no timeout of their own
+    instead (the caller bounds each call by a deadline, see `_deadline_client`).
     """
     retry = kwargs.get("retry")
     read, connect = kwargs.get("socket_timeout"), kwargs.get("socket_connect_timeout")
+    if deadline:
+        waits = read is None and connect is None
+    else:
+        waits = read is not None and read <= timeout and connect is not None and connect <= timeout
     return (
-        retry is not None
-        and _retries(retry) == 0
-        and ((read is None) if deadline else (read is not None and read <= timeout))
-        and connect is not None
-        and connect <= timeout
-        and not kwargs.get("decode_responses")
+        retry is not None and _retries(retry) == 0 and waits and not kwargs.get("decode_responses")
     )
 
 
@@ -99,9 +98,10 @@ def _deadline_client(client: Any, timeout: float) -> Any:
     redis.asyncio spends about 20 us of CPU per call on a socket timeout (a
     task for ``wait_for`` around the write, a timeout around the read);
     :class:`AsyncRedisTokenBucket` bounds each of its decision round trips
-    by one deadline of its own instead (``asyncio.timeout_at``). Connecting
-    still waits at most *timeout*, and nothing retries. Any other client:
-    `bounded_client`.
+    by one deadline of its own instead (`_deadline.Deadline`), around the
+    wait for a free connection and connecting too: those timeouts of
+    redis-py would count the event loop's own lag against Redis. Nothing
+    retries. Any other client: `bounded_client`.
     """
     lib = _clients.library_of(client)
     if lib is None or not isinstance(client, lib.async_client):
@@ -115,22 +115,32 @@ def _bounded_plain(
     """`bounded_client` for a plain client; reads wait at most *read_timeout* (None: no bound)."""
     pool: Any = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if not isinstance(kwargs, dict) or _bounded(kwargs, timeout, read_timeout is None):
+    deadline = read_timeout is None
+    if not isinstance(kwargs, dict):
+        return client
+    # Under a deadline, a pool that waits for a free connection with no bound of its own.
+    waits = not deadline or (
+        isinstance(pool, lib.async_blocking_pool) and getattr(pool, "timeout", 0) is None
+    )
+    if waits and _bounded(kwargs, timeout, deadline):
         return client
     kwargs = {k: v for k, v in kwargs.items() if k not in _POOL_OWNED}
     kwargs.update(
         socket_timeout=read_timeout,
-        socket_connect_timeout=timeout,
+        socket_connect_timeout=None if deadline else timeout,
         retry_on_error=[],
         decode_responses=False,
     )
     # The caller's pool size, and its kind: a blocking pool waits for a free
     # connection, here at most *timeout*; a plain one fails past its size.
+    # Under a deadline the wait is the deadline's, on a blocking pool.
     limit = {"connection_class": pool.connection_class, "max_connections": pool.max_connections}
     if isinstance(client, lib.async_client):
         kwargs["retry"] = lib.async_retry(lib.no_backoff(), 0)
-        if isinstance(pool, lib.async_blocking_pool):
-            own: Any = lib.async_blocking_pool(timeout=timeout, **limit, **kwargs)
+        if deadline:
+            own: Any = lib.async_blocking_pool(timeout=None, **limit, **kwargs)
+        elif isinstance(pool, lib.async_blocking_pool):
+            own = lib.async_blocking_pool(timeout=timeout, **limit, **kwargs)
         else:
             own = lib.async_pool(**limit, **kwargs)
         return _owning(lib.async_client, own)
@@ -227,6 +237,13 @@ def client_from_url(
     module = redis.asyncio if asyncio else redis
     # redis-py >= 8.2 warns when an asyncio client is given the sync Retry.
     retry = (redis.asyncio.retry.Retry if asyncio else Retry)(NoBackoff(), 0)
-    return module.Redis.from_url(
-        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout, retry=retry
+    # A caller past the pool's size (100) waits for a connection, at most the
+    # timeout, rather than failing at once ("Too many connections").
+    pool = module.BlockingConnectionPool.from_url(
+        url,
+        timeout=socket_timeout,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=retry,
     )
+    return _owning(module.Redis, pool)

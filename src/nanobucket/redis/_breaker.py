@@ -16,7 +16,12 @@ class CircuitBreaker:
     After ``failures`` consecutive failures the breaker opens for ``backoff``
     seconds; the first call after that is a probe: success closes the breaker
     (and resets the back-off), failure re-opens it for twice as long, up to
-    ``max_backoff``. Thread-safe; ``clock`` (int ns) is injectable for tests.
+    ``max_backoff`` (by default ``backoff`` itself, 0.1 s: a call probes
+    Redis every 0.1 s while it fails, so decisions are Redis's again within
+    0.1 s of its answering; one caller per probe waits out a hung Redis's
+    timeout: give a larger ``max_backoff`` to probe less often). Thread-safe; ``clock``
+    (int ns) is injectable for tests. ``recoveries`` counts the times Redis
+    answered again after failing.
 
     >>> b = CircuitBreaker(backoff=1.0, clock=lambda: 0)
     >>> b.record_failure(); b.allow_request()
@@ -28,10 +33,12 @@ class CircuitBreaker:
         *,
         failures: int = 1,
         backoff: float = 0.1,
-        max_backoff: float = 5.0,
+        max_backoff: float | None = None,
         clock: Clock | None = None,
     ) -> None:
         failures = int_at_least(failures, "failures", 1)
+        if max_backoff is None:
+            max_backoff = backoff  # a probe every back-off, however long Redis fails
         for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
             if not 0 < real_seconds(value, name) < 86_400 * 365:
                 raise ValueError(f"{name} must be > 0 seconds and finite, got {value!r}")
@@ -45,6 +52,7 @@ class CircuitBreaker:
         self._failures = 0
         self._backoff_ns = self._base_ns
         self._open_until = 0  # meaningful only while failures >= threshold
+        self.recoveries = 0  # successes that ended a run of failures
 
     @property
     def state(self) -> Literal["closed", "open", "half-open"]:
@@ -103,6 +111,8 @@ class CircuitBreaker:
         'closed'
         """
         with self._lock:
+            if self._failures:
+                self.recoveries += 1
             self._failures = 0
             self._backoff_ns = self._base_ns
 

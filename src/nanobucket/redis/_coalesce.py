@@ -14,10 +14,12 @@ one connection, however many tasks decide at once.
   it spends nothing. One cancelled while its batch is in flight loses its
   answer only: the batch runs in the pump's task, not the caller's, so the
   others still get theirs.
-- Every queued call carries a deadline (``timeout`` after it was queued);
-  a batch is bounded by its oldest call's, so no caller waits much longer
-  than ``timeout`` in all. One whose deadline passed while it waited is
-  answered by ``expired`` without being sent.
+- Every queued call carries a deadline (``timeout`` after it was queued,
+  moved by whatever time the loop itself was too busy to run: see
+  `_deadline`); a batch is bounded by its oldest call's, so no caller
+  waits much longer than ``timeout`` of Redis's time in all. One whose
+  deadline passed while it waited is answered by ``expired`` without
+  being sent.
 - A batch holds calls of one clock only (all Redis's, or all the same
   explicit ``now``): a call of another clock ends it and starts the next,
   so the order of arrival is kept across batches too.
@@ -33,6 +35,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._deadline import lag_meter
 
 #: The most decisions one script call carries: a flood is sent as several
 #: calls of this size, never one multi-megabyte call that holds Redis long.
@@ -52,6 +56,7 @@ class Call:
     consume: bool
     full: bool = True  # the caller wants the whole decision, not just admitted or not
     deadline: float = field(default=0.0, init=False)
+    lag: float = field(default=0.0, init=False)  # the loop's lag when it was queued
     future: asyncio.Future[Any] | None = field(default=None, init=False)
 
 
@@ -74,7 +79,9 @@ class Coalescer:
     answers a call whose deadline passed while it waited.
     """
 
-    __slots__ = ("_expired", "_many", "_one", "_pump", "busy", "loop", "queue", "timeout")
+    __slots__ = (
+        "_expired", "_lag", "_many", "_one", "_pump", "busy", "loop", "queue", "timeout",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -93,6 +100,7 @@ class Coalescer:
         self.queue: deque[Call] = deque()
         # Held: the loop keeps only a weak reference to a task.
         self._pump: asyncio.Task[None] | None = None
+        self._lag = lag_meter(loop)  # held while calls wait: their deadlines move by its lag
 
     async def decide(self, call: Call) -> Any:
         """*call*'s decision: sent at once if nothing is in flight, else with the next batch."""
@@ -103,10 +111,16 @@ class Coalescer:
             finally:
                 self._hand_over()
         loop = self.loop
+        meter = self._lag
+        meter.hold()
         call.deadline = loop.time() + self.timeout
+        call.lag = meter.lag
         call.future = fut = loop.create_future()
         self.queue.append(call)
-        return await fut
+        try:
+            return await fut
+        finally:
+            meter.release()
 
     def _hand_over(self) -> None:
         """The round trip in flight is over: the pump sends what waits, or nothing is busy."""
@@ -121,12 +135,12 @@ class Coalescer:
     def _next_batch(self) -> list[Call]:
         """Take the next batch off the queue: live calls of one clock, answering the expired."""
         queue, batch = self.queue, list[Call]()
-        now = self.loop.time()
+        now, lag = self.loop.time(), self._lag.lag
         while queue and len(batch) < MAX_BATCH:
             call = queue[0]
             if call.future.done():  # type: ignore[union-attr]
                 queue.popleft()  # cancelled while queued: never sent, spends nothing
-            elif call.deadline <= now:
+            elif call.deadline + lag - call.lag <= now:
                 queue.popleft()
                 _deliver(call, self._answer(self._expired, call))
             elif batch and call.now_ns != batch[0].now_ns:
@@ -148,8 +162,10 @@ class Coalescer:
             while self.queue:
                 batch = self._next_batch()
                 if batch:
+                    oldest = batch[0]
+                    due = oldest.deadline + self._lag.lag - oldest.lag
                     try:
-                        answers = await self._many(batch, batch[0].deadline)
+                        answers = await self._many(batch, due)
                     except Exception as exc:  # not "cannot decide" (those are answers): a bug
                         answers = [exc] * len(batch)
                     for call, answer in zip(batch, answers):

@@ -8,6 +8,8 @@ not (``reason``, from :func:`failure_reason`).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -116,6 +118,12 @@ def failure_reason(err: BaseException | None) -> str:
     return "error"
 
 
+#: The most keys a limiter with a fallback remembers as last seen (least recent
+#: forgotten first), and the most keys one outage resumes.
+_MAX_SEEN = 1 << 17
+_NS_PER_US = 1000
+
+
 class Fallback(Protocol):
     """A local keyed limiter to decide while Redis is unreachable."""
 
@@ -142,12 +150,58 @@ class _FailurePolicy:
         if breaker is not None and not isinstance(breaker, CircuitBreaker):
             raise TypeError("breaker must be a CircuitBreaker")
         self._breaker = breaker if breaker is not None else CircuitBreaker()
+        # With a fallback: each key's last Redis decision in this process, as the
+        # monotonic ns when its Redis bucket is full (most recent last), and the keys
+        # the fallback has decided since Redis last answered (see `_resume`).
+        self._seen: dict[Hashable, int] = {}
+        self._outage = (-1, set[Hashable]())
+
+    def _saw(self, key: Hashable, owed_us: int, cost: int) -> None:
+        """Note Redis's decision of *key* (its script's reply *owed_us*) for the fallback."""
+        if self._fallback is None:
+            return
+        cost_us = cost * self._interval_ns // _NS_PER_US
+        if owed_us <= self._tau_ns // _NS_PER_US - cost_us:
+            owed_us += cost_us  # admitted: its cost is owed too
+        seen = self._seen
+        seen.pop(key, None)  # the most recent last
+        if len(seen) >= _MAX_SEEN:
+            del seen[next(iter(seen))]
+        seen[key] = time.monotonic_ns() + owed_us * _NS_PER_US
+
+    def _resume(self, fb: Fallback, key: Hashable, now_ns: int | None) -> None:
+        """The first time the fallback decides *key* in an outage, it starts from what this
+        process last saw of the key's Redis bucket, scaled to the fallback's capacity (a
+        key not seen here: the fallback's bucket as it is). A full fallback would admit
+        its burst again on top of a burst Redis admitted just before the outage."""
+        recoveries = self._breaker.recoveries
+        outage, keys = self._outage
+        if outage != recoveries:
+            keys = set()
+            self._outage = (recoveries, keys)
+        if key in keys or len(keys) >= _MAX_SEEN:
+            return
+        keys.add(key)
+        full_at = self._seen.get(key)
+        if full_at is None:
+            return
+        owed = max(full_at - time.monotonic_ns(), 0) / self._interval_ns  # tokens
+        capacity = self._capacity
+        share = getattr(fb, "capacity", capacity)
+        if not isinstance(share, int):
+            share = capacity
+        target = math.floor(max(capacity - owed, 0) * share / capacity)
+        d = fb.peek(key, 0) if now_ns is None else fb.peek_at(key, now_ns, 0)
+        if d.remaining > target:
+            spend = d.remaining - target
+            _ = fb.check(key, spend) if now_ns is None else fb.check_at(key, now_ns, spend)
 
     def _policy(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
     ) -> RedisDecision:
         fb = self._fallback
         if fb is not None:
+            self._resume(fb, key, now_ns)
             if consume:
                 d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
             else:
@@ -185,6 +239,8 @@ class _FailurePolicy:
     ) -> bytearray:
         fb = self._fallback
         if fb is not None:
+            for key in keys:
+                self._resume(fb, key, now_ns)
             return (
                 fb.allow_many(keys, cost)
                 if now_ns is None

@@ -204,9 +204,10 @@ class RedisTokenBucket(_SyncLimits):
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
-        return (
-            self._decision(reply, cost) if ok else self._policy(key, cost, now_ns, consume, reply)
-        )
+        if not ok:
+            return self._policy(key, cost, now_ns, consume, reply)
+        self._saw(key, reply, cost if consume else 0)
+        return self._decision(reply, cost)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
