@@ -106,6 +106,30 @@ def _one_key_per_shard(cluster: RedisClusterServers, client: Any, limiter: Any) 
 # -- decisions on a healthy cluster -------------------------------------------------------------
 
 
+def test_a_cluster_client_from_a_url_with_a_db_decides(cluster: RedisClusterServers) -> None:
+    # redis-py accepts ".../0" for a cluster (its one db); the limiter's own copy of
+    # the client refused "db" ("not possible to use in cluster mode").
+    url = f"redis://127.0.0.1:{cluster.ports[0]}/0"
+    client = redis.cluster.RedisCluster.from_url(url)
+    limiter = nbr.RedisTokenBucket(client, rate=100, capacity=200, prefix="url-db-sync")
+    d = limiter.check("k")
+    assert (d.allowed, d.remaining, d.source) == (True, 199, "redis")
+    limiter.close()
+    client.close()
+
+    async def main() -> nbr.RedisDecision:
+        client = redis.asyncio.cluster.RedisCluster.from_url(url)
+        limiter = nbr.AsyncRedisTokenBucket(client, 100, 200, prefix="url-db-async")
+        try:
+            return await limiter.check("k")
+        finally:
+            await limiter.aclose()
+            await client.aclose()
+
+    d = asyncio.run(main())
+    assert (d.allowed, d.remaining, d.source) == (True, 199, "redis")
+
+
 def test_keys_on_every_shard_decide_exactly(cluster: RedisClusterServers, lib: str) -> None:
     client = _client(cluster, lib)
     limiter = _limiter(client, f"exact-{lib}")

@@ -152,8 +152,12 @@ def _bounded_plain(
     return _owning(lib.client, own)
 
 
-#: Cluster connection parameters the cluster client sets itself, per node.
-_CLUSTER_OWNED = frozenset({"redis_connect_func", "host", "port", "retry", "connection_pool"})
+#: Cluster connection parameters the cluster client sets itself, per node; and
+#: "db", always 0 in a cluster, which a URL ending in /0 brings along but the
+#: cluster client refuses as an argument.
+_CLUSTER_OWNED = frozenset(
+    {"redis_connect_func", "host", "port", "retry", "connection_pool", "db"}
+)
 
 
 def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
