@@ -40,6 +40,7 @@ MODULES = [
     "nanobucket.reference",
     "nanobucket.decorator",
     "nanobucket.layered",
+    "nanobucket.one_key",
     "nanobucket.concurrency",
     "nanobucket.tiered",
     "nanobucket.waiting",

@@ -13,6 +13,7 @@ from .decorator import RateLimited, limit
 from .executor import LimitedExecutor
 from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
+from .one_key import OneKey
 from .pacing import paced, paced_gather
 from .shared import SharedKeyedTokenBucket
 from .tiered import AsyncTiered, Tiered, TieredDecision, tiered
@@ -36,6 +37,7 @@ __all__ = (
     "LimitEvent",
     "LimitedExecutor",
     "Limiter",
+    "OneKey",
     "RateLimited",
     "Refundable",
     "Reservable",
