@@ -132,7 +132,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self, bound: contextlib.AbstractAsyncContextManager[Any], call: Any, *args: Any
     ) -> tuple[bool, Any]:
         """`RedisTokenBucket._send`, awaited within *bound* (a deadline, or `_UNBOUNDED`)."""
-        breaker = self._breaker
+        breaker = self._breaker_of_call(args)
         if not breaker.allow_request():
             return False, None
         err: BaseException

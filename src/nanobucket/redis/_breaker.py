@@ -53,6 +53,28 @@ class CircuitBreaker:
         self._backoff_ns = self._base_ns
         self._open_until = 0  # meaningful only while failures >= threshold
         self.recoveries = 0  # successes that ended a run of failures
+        self._settings = (failures, backoff, max_backoff, clock)
+        self._nodes: dict[str, CircuitBreaker] = {}  # a cluster's, by node (see `node`)
+
+    def node(self, name: str) -> CircuitBreaker:
+        """The breaker of one node of a Redis Cluster, made on first use with these
+        settings: a node that fails opens its own, and keys of the other nodes keep
+        going to Redis. This breaker's `state` is then the worst of its own and its
+        nodes'.
+
+        >>> b = CircuitBreaker(clock=lambda: 0)
+        >>> b.node("10.0.0.1:6379").record_failure()
+        >>> b.node("10.0.0.1:6379").state, b.node("10.0.0.2:6379").state, b.state
+        ('open', 'closed', 'open')
+        """
+        with self._lock:
+            found = self._nodes.get(name)
+            if found is None:
+                failures, backoff, max_backoff, clock = self._settings
+                found = self._nodes[name] = CircuitBreaker(
+                    failures=failures, backoff=backoff, max_backoff=max_backoff, clock=clock
+                )
+            return found
 
     @property
     def state(self) -> Literal["closed", "open", "half-open"]:
@@ -66,9 +88,13 @@ class CircuitBreaker:
         'half-open'
         """
         with self._lock:
+            nodes = list(self._nodes.values())
             if self._failures < self._threshold:
-                return "closed"
-            return "open" if self._clock() < self._open_until else "half-open"
+                own = "closed"
+            else:
+                own = "open" if self._clock() < self._open_until else "half-open"
+        states = {own, *(node.state for node in nodes)}
+        return next(s for s in ("open", "half-open", "closed") if s in states)
 
     def allow_request(self) -> bool:
         """True if the caller may try Redis now (closed, or this call is the probe).

@@ -159,6 +159,21 @@ def class_reason(err: BaseException) -> str | None:
     return None
 
 
+def node_of(client: Any, key: bytes) -> str | None:
+    """The name (``host:port``) of the cluster node *client* sends *key* to now, or
+    None when it does not know yet (no topology, a slot not covered).
+
+    >>> node_of(redis.cluster.RedisCluster.__new__(redis.cluster.RedisCluster), b"k") is None
+    True
+    """
+    try:
+        node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
+    except Exception:  # any reason the client cannot say: not known
+        return None
+    name = getattr(node, "name", None)
+    return name if isinstance(name, str) else None
+
+
 def is_cluster(client: object) -> bool:
     """Whether *client* is a cluster client (sync or asyncio) of redis-py or valkey-py.
 

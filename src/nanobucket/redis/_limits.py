@@ -272,6 +272,27 @@ class _RedisLimits(_FailurePolicy):
         """
         return self._timeout
 
+    def _breaker_of(self, key: Hashable) -> CircuitBreaker:
+        """The breaker that decides for *key*: on a cluster, its node's (see
+        `CircuitBreaker.node`); elsewhere, or before the topology is known, the limiter's."""
+        return self._breaker_for(self.key(key)) if self._cluster else self._breaker
+
+    def _breaker_for(self, rkey: bytes | None) -> CircuitBreaker:
+        """`_breaker_of` a stored key."""
+        if rkey is None or not self._cluster:
+            return self._breaker
+        name = _clients.node_of(self._client, rkey)
+        return self._breaker if name is None else self._breaker.node(name)
+
+    def _breaker_of_call(self, args: tuple[Any, ...]) -> CircuitBreaker:
+        """The breaker of a call `_send` makes: its first key's node's on a cluster."""
+        if not self._cluster or not args:
+            return self._breaker
+        first = args[0]
+        if isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        return self._breaker_for(first if isinstance(first, bytes) else None)
+
     @property
     def breaker(self) -> CircuitBreaker:
         """The circuit breaker guarding calls to Redis.

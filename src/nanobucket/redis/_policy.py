@@ -154,7 +154,11 @@ class _FailurePolicy:
         # monotonic ns when its Redis bucket is full (most recent last), and the keys
         # the fallback has decided since Redis last answered (see `_resume`).
         self._seen: dict[Hashable, int] = {}
-        self._outage = (-1, set[Hashable]())
+        self._outages: dict[int, tuple[int, set[Hashable]]] = {}
+
+    def _breaker_of(self, key: Hashable) -> CircuitBreaker:
+        """The breaker that decides for *key* (a cluster's node's: see `_RedisLimits`)."""
+        return self._breaker
 
     def _saw(self, key: Hashable, owed_us: int, cost: int) -> None:
         """Note Redis's decision of *key* (its script's reply *owed_us*) for the fallback."""
@@ -174,11 +178,11 @@ class _FailurePolicy:
         process last saw of the key's Redis bucket, scaled to the fallback's capacity (a
         key not seen here: the fallback's bucket as it is). A full fallback would admit
         its burst again on top of a burst Redis admitted just before the outage."""
-        recoveries = self._breaker.recoveries
-        outage, keys = self._outage
-        if outage != recoveries:
+        breaker = self._breaker_of(key)  # an outage is its breaker's (a cluster node's)
+        outage, keys = self._outages.get(id(breaker), (-1, set()))
+        if outage != breaker.recoveries:
             keys = set()
-            self._outage = (recoveries, keys)
+            self._outages[id(breaker)] = (breaker.recoveries, keys)
         if key in keys or len(keys) >= _MAX_SEEN:
             return
         keys.add(key)
@@ -229,7 +233,7 @@ class _FailurePolicy:
             )
         # Closed: come back when the breaker will try Redis again (at least one
         # token's interval, so clients never spin on a zero Retry-After).
-        retry = max(self._breaker.retry_in_ns(), cost * self._interval_ns, 1)
+        retry = max(self._breaker_of(key).retry_in_ns(), cost * self._interval_ns, 1)
         return RedisDecision(
             False, 0, retry, self._tau_ns, self._capacity, "policy:closed", failure_reason(err)
         )

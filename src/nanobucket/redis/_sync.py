@@ -37,7 +37,7 @@ class _SyncLimits(_RedisLimits):
     def _send(self, call: Any, *args: Any) -> tuple[bool, Any]:
         """``call(*args)`` guarded by the breaker: ``(True, reply)``, or ``(False, error)``
         when Redis could not answer (the error None: the breaker let no call through)."""
-        breaker = self._breaker
+        breaker = self._breaker_of_call(args)
         if not breaker.allow_request():
             return False, None
         try:
