@@ -190,7 +190,7 @@ class Backend:
     needs_redis: bool = False
     marks: tuple[Any, ...] = ()
     #: The class its decisions are instances of (the pure-Python twin has its own).
-    decision_type: type = nb.Decision
+    decision_type: type[Any] = nb.Decision
 
     @property
     def keyed(self) -> bool:

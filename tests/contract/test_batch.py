@@ -28,3 +28,16 @@ def test_allow_many_equals_allow_called_in_turn(backend: Case) -> None:
             assert await s.state(f"batch:{k}", T0 + 3 * T) == await s.state(f"loop:{k}", T0 + 3 * T)
 
     backend.run(body)
+
+
+@pytest.mark.applies(BATCH)
+def test_a_str_or_bytes_is_no_batch(backend: Case) -> None:
+    async def body(s: Subject) -> None:
+        for keys in ("alice", b"alice"):
+            with pytest.raises(
+                TypeError, match=r"^keys must be a sequence of keys, not a single str or bytes$"
+            ):
+                await s.many(keys, T0)
+        assert await s.state("a", T0) == (True, 5, 0, 0, 5)
+
+    backend.run(body)

@@ -122,20 +122,21 @@ def test_reset_makes_the_bucket_full(backend: Case) -> None:
 def test_reconfigure_carries_the_tokens_over(backend: Case) -> None:
     async def body(s: Subject) -> None:
         lim = s.limiter
-        assert await s.allow(K, T0, 3)
+        assert await s.allow(K, T0, 1)
         await s.reconfigure(rate=20, capacity=3, now=T0)
         assert (lim.rate, lim.capacity, lim.interval_ns) == (20, 3, 50 * MS)
-        assert await s.state(K, T0) == (True, 2, 0, 50 * MS, 3)  # 2 held, capped at 3
+        assert await s.state(K, T0) == (True, 3, 0, 0, 3)  # 4 held: capped at 3
+        assert await s.allow(K, T0, 2)
         await s.reconfigure(capacity=8, now=T0)
-        assert await s.state(K, T0) == (True, 2, 0, 300 * MS, 8)  # more room, not more tokens
+        assert await s.state(K, T0) == (True, 1, 0, 350 * MS, 8)  # more room, not more tokens
         d = await s.check(K, T0, 3)
         assert (d.allowed, d.retry_after_ns, d.reset_after_ns, d.limit) == (
             False,
-            50 * MS,
-            300 * MS,
+            100 * MS,
+            350 * MS,
             8,
         )
-        assert await s.drain(K, T0 + 300 * MS) == 8  # at the new rate, to the new capacity
+        assert await s.drain(K, T0 + 350 * MS) == 8  # at the new rate, to the new capacity
 
     backend.run(body)
 
