@@ -130,15 +130,6 @@ def test_allow_many_decides_in_order_at_one_instant(impl: ModuleType, clock) -> 
     assert t.allow_many([]) == bytearray()
 
 
-def test_allow_many_with_an_unhashable_key_spends_nothing(impl: ModuleType) -> None:
-    t = impl.KeyedTokenBucket(rate=1, capacity=2)
-    with pytest.raises(TypeError):
-        t.allow_many_at(["a", "a", ["unhashable"]], 0)
-    assert t.tokens_at("a", 0) == 2.0
-    with pytest.raises(TypeError):
-        t.allow_many_at("abc", 0)
-
-
 def test_keys_with_equal_hashes_stay_apart(impl: ModuleType) -> None:
     t = impl.KeyedTokenBucket(rate=1, capacity=1, max_keys=64)
     keys = [Colliding(str(i)) for i in range(40)]

@@ -138,16 +138,6 @@ def test_interval_rounds_up_to_whole_microseconds(client: Any) -> None:
     assert d.retry_after_ns == 333_334_000 - 1000
 
 
-def test_time_going_backwards_creates_no_tokens(client: Any) -> None:
-    limiter = nbr.RedisTokenBucket(
-        client, timeout=CLIENT_TIMEOUT, rate=1, capacity=2, prefix=_fresh("back")
-    )
-    assert limiter.allow_many_at(["k"] * 3, 100 * S) == bytearray([1, 1, 0])
-    assert not limiter.allow_at("k", 50 * S)
-    assert not limiter.allow_at("k", 100 * S)
-    assert limiter.allow_at("k", 101 * S)
-
-
 def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
     limiter = nbr.RedisTokenBucket(
         client, timeout=CLIENT_TIMEOUT, rate=100, capacity=200, prefix=_fresh("ttl")
