@@ -464,7 +464,7 @@ def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) ->
         exempt=["/healthz"],
         routes=[Route("/api/*"), Route("/api/v1/*", cost=2), Route("/login", methods={"post"})],
     )
-    assert mw._router.match(path, method).pattern == pattern
+    assert mw._gate.router.match(path, method).pattern == pattern
 
 
 def test_all_of_sends_the_binding_layers_policy(
