@@ -17,8 +17,10 @@ that waits what it is told is never early):
 The fields name the policy: ``name=`` (``"default"``) for one limiter. A
 limiter made of others (`nanobucket.Composite`: ``all_of``, ``tiered``)
 shows the bucket that bound the decision (its ``binding``), named by its
-plan when it has one (``"free"``), else by the policy name. The 429 body
-names the same.
+plan when it has one (``"free"``), else by the policy name and the bucket's
+place among the limiter's ``leaves()``: ``all_of(per_client, instance)``
+sends ``"default-0"`` or ``"default-1"``, so a client can tell the layers
+apart. The 429 body names the same.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class Policy:
 
     __slots__ = (
         "_by_leaf",
+        "_place",
         "capacity",
         "capacity_seen",
         "check",
@@ -178,6 +181,8 @@ class Policy:
             self.leaves = (limiter,)
         else:
             self.leaves = ()
+        # A composite's bucket is named by its first place among the leaves.
+        self._place = {id(leaf): i for i, leaf in reversed(list(enumerate(self.leaves)))}
         self.refresh()
 
     def refresh(self) -> None:
@@ -207,15 +212,16 @@ class Policy:
         >>> import nanobucket as nb
         >>> limit = nb.all_of(nb.KeyedTokenBucket(1, 2), nb.TokenBucket(10, 5))
         >>> policy = Policy(limit, "default", None)
-        >>> policy.fields(limit.check_at("alice", 0, cost=2))[1]   # the client's bucket binds
-        b'"default";r='
+        >>> policy.fields(limit.check_at("alice", 0, cost=2))[0]   # the client's bucket binds
+        'default-0'
         """
         assert self.composite is not None
         name, leaf = self.composite.binding(decision)
         got = self._by_leaf.get((name, id(leaf)))
         if got is None:
-            if name is None:  # no plan: the policy's name
-                name = self.name
+            if name is None:  # no plan: the policy's name and the bucket's place
+                place = self._place.get(id(leaf))
+                name = self.name if place is None else f"{self.name}-{place}"
             got = (name, f'"{name}";r='.encode("ascii"), _policy_header(name, leaf))
             self._by_leaf[(name, id(leaf))] = got
         return got
