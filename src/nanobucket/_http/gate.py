@@ -260,7 +260,7 @@ class Gate:
         self.counters.admitted += 1
         if not self._ietf:
             return (True, decision, (), None, None)
-        # `_outcome`'s fields of one bucket: keep the two alike.
+        # `limit_headers` for one bucket, inlined: keep the two alike.
         w = bucket.watched
         if w is not None and (w.rate is not bucket.rate_seen or w.capacity != bucket.capacity_seen):
             bucket.refresh()  # the limiter was reconfigured: new RateLimit-Policy
@@ -331,23 +331,7 @@ class Gate:
             due = None if charge is None else Due(charge, self._settlers[id(policy)], key, cost)
             if self._quiet:
                 return (True, decision, (), None, due)
-            if self._ietf and policy.composite is None:  # `decide`'s hot case does the same
-                w = policy.watched
-                if w is not None and (
-                    w.rate is not policy.rate_seen or w.capacity != policy.capacity_seen
-                ):
-                    policy.refresh()
-                value = b"%b%d;t=%d" % (
-                    policy.r_prefix,
-                    decision.remaining,
-                    -(-decision.reset_after_ns // _NS),
-                )
-                header = policy.policy_header
-                fields: Sequence[tuple[bytes, bytes]] = (
-                    ((b"ratelimit", value),) if header is None else (header, (b"ratelimit", value))
-                )
-            else:
-                fields = limit_headers(self.headers, policy, decision)
+            fields: Sequence[tuple[bytes, bytes]] = limit_headers(self.headers, policy, decision)
             return (True, decision, fields, None, due)
         if self.shadow:
             self._count("shadow_limited")
