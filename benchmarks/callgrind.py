@@ -2,6 +2,7 @@
 
     python benchmarks/callgrind.py              # every case, a table
     python benchmarks/callgrind.py --json out.json c_allow c_keyed
+    python benchmarks/callgrind.py asgi_ietf wsgi_ietf     # the middlewares, per request
 
 Each case runs twice under ``valgrind --tool=callgrind``, once with N calls
 and once with 2N; the same program otherwise (imports, table set-up, 100k
@@ -9,7 +10,11 @@ keys filled), so start-up cancels (with ``PYTHONHASHSEED=0``: the same start-up 
 times) and ``(I(2N) - I(N)) / N`` is the
 instruction count of one call *including* the loop around it. The floor (a
 no-op Cython method called the same way) is reported beside it, and so is
-the difference: what the limiter itself costs.
+the difference: what the limiter itself costs. The ``asgi_*`` and ``wsgi_*``
+cases are one request through the middleware (an in-process keyed bucket that
+admits every request) against the bare app called the same way: what the
+middleware adds. An ASGI request is driven by ``coro.send(None)`` (the
+in-process limiter never suspends), so no event loop is counted.
 """
 
 from __future__ import annotations
@@ -53,6 +58,49 @@ for _ in range(passes):
         f(k)
 """
 
+ASGI = """
+import sys
+import nanobucket as nb
+from nanobucket.asgi import RateLimitMiddleware, Route
+n = int(sys.argv[1])
+START = {{"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}}
+BODY = {{"type": "http.response.body", "body": b"ok"}}
+async def bare(scope, receive, send):
+    await send(dict(START))  # a fresh message: the middleware sets its headers
+    await send(BODY)
+async def send(message):
+    pass
+limiter = nb.KeyedTokenBucket(rate=10**9, capacity=10**9)
+app = {make}
+scope = {{"type": "http", "method": "GET", "path": "/api/items", "query_string": b"",
+         "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 5000)}}
+for _ in range(n):
+    try:
+        app(dict(scope), None, send).send(None)
+    except StopIteration:
+        pass
+"""
+
+WSGI = """
+import sys
+import nanobucket as nb
+from nanobucket.wsgi import RateLimitMiddleware, Route
+n = int(sys.argv[1])
+def bare(environ, start_response):
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]
+def start_response(status, headers, exc_info=None):
+    pass
+limiter = nb.KeyedTokenBucket(rate=10**9, capacity=10**9)
+app = {make}
+environ = {{"REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/api/items",
+           "HTTP_HOST": "localhost", "REMOTE_ADDR": "127.0.0.1"}}
+for _ in range(n):
+    app(dict(environ), start_response)
+"""
+
+ROUTES = '[Route("/healthz", exempt=True), Route("/api/*", cost=2), Route("/login")]'
+
 # name -> (template, expression for f, what it is)
 CASES: dict[str, tuple[str, str, str]] = {
     "floor_allow": (SINGLE, "Floor().allow", "floor: no-op Floor.allow()"),
@@ -77,6 +125,30 @@ CASES: dict[str, tuple[str, str, str]] = {
         "SharedKeyedTokenBucket.create_anonymous(rate=0.01, capacity=10_000).allow",
         "SharedKeyedTokenBucket.allow(k), 100k str keys",
     ),
+    "asgi_bare": (ASGI, "bare", "floor: the bare ASGI app"),
+    "asgi_ietf": (ASGI, "RateLimitMiddleware(bare, limiter)", "ASGI middleware, IETF fields"),
+    "asgi_off": (
+        ASGI,
+        "RateLimitMiddleware(bare, limiter, headers='off')",
+        "ASGI middleware, headers='off'",
+    ),
+    "asgi_routes": (
+        ASGI,
+        f"RateLimitMiddleware(bare, limiter, routes={ROUTES})",
+        "ASGI middleware, IETF fields, 3 routes",
+    ),
+    "wsgi_bare": (WSGI, "bare", "floor: the bare WSGI app"),
+    "wsgi_ietf": (WSGI, "RateLimitMiddleware(bare, limiter)", "WSGI middleware, IETF fields"),
+    "wsgi_off": (
+        WSGI,
+        "RateLimitMiddleware(bare, limiter, headers='off')",
+        "WSGI middleware, headers='off'",
+    ),
+    "wsgi_routes": (
+        WSGI,
+        f"RateLimitMiddleware(bare, limiter, routes={ROUTES})",
+        "WSGI middleware, IETF fields, 3 routes",
+    ),
 }
 FLOOR_OF = {
     "floor_clock": "floor_allow",
@@ -87,6 +159,12 @@ FLOOR_OF = {
     "c_keyed": "floor_keyed",
     "py_keyed": "floor_keyed",
     "shared_keyed": "floor_keyed",
+    "asgi_ietf": "asgi_bare",
+    "asgi_off": "asgi_bare",
+    "asgi_routes": "asgi_bare",
+    "wsgi_ietf": "wsgi_bare",
+    "wsgi_off": "wsgi_bare",
+    "wsgi_routes": "wsgi_bare",
 }
 
 

@@ -464,14 +464,15 @@ def test_router_match(impl: ModuleType, path: str, method: str, pattern: str) ->
         exempt=["/healthz"],
         routes=[Route("/api/*"), Route("/api/v1/*", cost=2), Route("/login", methods={"post"})],
     )
-    assert mw._router.match(path, method).pattern == pattern
+    assert mw._gate.router.match(path, method).pattern == pattern
 
 
 def test_all_of_sends_the_binding_layers_policy(
     impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     # The README's per-client and global limits: the policy field is the
-    # binding layer's (it was missing from every response).
+    # binding layer's (it was missing from every response), named by its
+    # place in the all_of so a client can tell the layers apart.
     from nanobucket import all_of
 
     per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
@@ -482,8 +483,9 @@ def test_all_of_sends_the_binding_layers_policy(
         r = asgi_client(app, host).get("/")
         seen.append((r.status_code, r.headers["ratelimit-policy"], r.headers["ratelimit"]))
     assert seen == [
-        (200, '"default";q=2;w=2', '"default";r=1;t=1'),  # the client's bucket binds
-        (200, '"default";q=2;w=2', '"default";r=1;t=1'),
-        (200, '"default";q=10;w=1', '"default";r=0;t=1'),  # the instance's, now empty
-        (429, '"default";q=10;w=1', '"default";r=0;t=1'),
+        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),  # the client's bucket binds
+        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),
+        (200, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),  # the instance's, now empty
+        (429, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),
     ]
+    assert r.json()["detail"] == "Rate limit 'default-1' exceeded; retry after 1 s."  # as named

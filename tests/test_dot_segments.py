@@ -255,7 +255,7 @@ def test_router_match(impl: ModuleType, path: str, method: str, pattern: str, ex
             Route("/api/v1/*", cost=2),
         ],
     )
-    rule = mw._router.match(path, method)
+    rule = mw._gate.router.match(path, method)
     assert (rule.pattern, rule.exempt) == (pattern, exempt)
 
 

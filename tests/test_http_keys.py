@@ -449,7 +449,7 @@ def test_policy_names() -> None:
         with pytest.raises(ValueError, match="printable ASCII"):
             mw(_wsgi_ok, limiter, name='a"b')
         ok = mw(_wsgi_ok, limiter, routes=[Route('/a"b\\c d%', limiter)])
-        assert ok._router.exact['/a"b\\c d%'][0][1].policy.name == "/a%22b%5Cc%20d%25"
+        assert ok._gate.router.exact['/a"b\\c d%'][0][1].policy.name == "/a%22b%5Cc%20d%25"
 
 
 # ---------------------------------------------------------------- HEAD and OPTIONS

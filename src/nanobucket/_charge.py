@@ -100,6 +100,30 @@ class Settler:
             logger.exception("nanobucket: settling a charge of %+d for %r failed", delta, key)
 
 
+class Due:
+    """What an admitted request owes once answered: its up-front *cost*, to settle
+    against ``charge(request, status)`` with its limiter's `Settler`."""
+
+    __slots__ = ("charge", "cost", "key", "settler")
+
+    def __init__(self, charge: Charge, settler: Settler, key: Hashable, cost: int) -> None:
+        self.charge = charge
+        self.settler = settler
+        self.key = key
+        self.cost = cost
+
+    def settle(self, request: Any, status: int) -> None:
+        """Debit or refund the difference (a synchronous limiter)."""
+        self.settler.settle(self.charge, self.key, self.cost, request, status)
+
+    async def settle_async(self, request: Any, status: int) -> None:
+        """`settle`, awaiting an asyncio limiter's verbs."""
+        if self.settler.awaited:
+            await self.settler.settle_async(self.charge, self.key, self.cost, request, status)
+        else:
+            self.settler.settle(self.charge, self.key, self.cost, request, status)
+
+
 def check_charge(charge: object) -> Charge | None:
     """Validate ``charge=``: None, or a callable ``(request, status) -> int``."""
     if charge is not None and not callable(charge):
@@ -108,5 +132,5 @@ def check_charge(charge: object) -> Charge | None:
 
 
 def settlers(router: Any) -> dict[int, Settler]:
-    """A `Settler` for each policy of a middleware's router, by ``id(policy)``."""
+    """A `Settler` for each policy of a gate's router, by ``id(policy)``."""
     return {id(p): Settler(p.limiter, p.keyed, p.capacity) for p in router.policies()}

@@ -1,9 +1,10 @@
 """What the Django middleware, view decorator and DRF throttle share.
 
 Keys read from the Django request (``"ip"``, ``"user"``, the other
-integrations' key functions on ``request.META``, callables), the settings'
-dotted paths, and `Gate`: one configuration that decides a request and
-answers it (429) or marks the response, on Django's sync or async path.
+integrations' key functions, callables), the settings' dotted paths, the
+`View` of a Django request, and `Guard`: a `nanobucket._http.Gate` in front
+of a view, on Django's sync or async path, that answers 429 or runs the view
+and marks its response.
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from ._charge import settlers
 from ._http import (
-    Integration,
+    Gate,
     KeyFunc,
     Options,
+    Outcome,
     Route,
-    Rule,
-    build_router,
+    View,
+    cgi_name,
     client_address,
     key_func,
-    limit_headers,
-    rejection,
 )
-from .hooks import LimitEvent
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -40,6 +38,34 @@ SETTINGS = "NANOBUCKET"  # the settings' name
 ADDRESS_KEYS = ("ip", "user")  # the keys that read the client address (trusted_proxies)
 
 
+class RequestView:
+    """A Django ``HttpRequest``: its path and method, ``request.META`` for the rest."""
+
+    __slots__ = ()
+
+    def method(self, request: Any) -> str:
+        return request.method or "GET"
+
+    def path(self, request: Any) -> str:
+        # Text already (decoded, SCRIPT_NAME included), as routes are written.
+        return request.path or "/"
+
+    def peer(self, request: Any) -> str:
+        return request.META.get("REMOTE_ADDR") or ""
+
+    def header(self, request: Any, name: str) -> str | None:
+        return request.META.get(cgi_name(name))  # type: ignore[no-any-return]
+
+    def note(self, request: Any, name: str, value: object) -> None:
+        request.META[name] = value
+
+    def noted(self, request: Any, name: str) -> Any:
+        return request.META.get(name)
+
+
+VIEW: View = RequestView()
+
+
 def user_key(user: Any) -> str | None:
     """``user:<pk>`` for an authenticated user, else None (the address decides)."""
     if user is not None and getattr(user, "is_authenticated", False):
@@ -47,54 +73,65 @@ def user_key(user: Any) -> str | None:
     return None
 
 
-class RequestKey(KeyFunc):
-    """A key taken from the Django request (the others read ``request.META``).
+class UserKey(KeyFunc):
+    """``"user"``: ``user:<pk>`` when authenticated, else the client address.
 
-    *sync* is None for an ``async def`` key function: such a key works on
-    the async path only. *asynchronous* is None when *sync* serves both.
+    On the async path the user comes from ``request.auser()``
+    (AuthenticationMiddleware's), so no database query blocks the loop.
     """
 
-    __slots__ = ("asynchronous", "sync")
+    __slots__ = ("_address",)
 
-    def __init__(
-        self,
-        sync: Callable[[Any], Hashable] | None,
-        asynchronous: Callable[[Any], Awaitable[Hashable]] | None = None,
-    ) -> None:
-        self.sync = sync
-        self.asynchronous = asynchronous
+    awaits = True
+
+    def __init__(self, address: client_address) -> None:
+        self._address = address
+
+    def read(self, view: View, request: Any) -> str:
+        user = getattr(request, "user", None)
+        return user_key(user) or self._address.read(view, request)
+
+    async def read_async(self, view: View, request: Any) -> str:
+        auser = getattr(request, "auser", None)
+        user = await auser() if auser is not None else getattr(request, "user", None)
+        return user_key(user) or self._address.read(view, request)
 
 
-def request_key(spec: object, trusted_proxies: Iterable[str] | str | None) -> RequestKey:
+class AsyncKey(KeyFunc):
+    """An ``async def`` key function: on the async path only."""
+
+    __slots__ = ("_func",)
+
+    awaits = True
+
+    def __init__(self, func: Callable[[Any], Awaitable[Hashable]]) -> None:
+        self._func = func
+
+    def read(self, view: View, request: Any) -> Any:  # pragma: no cover - refused up front
+        raise TypeError("an async key function needs an async view or ASGI")
+
+    async def read_async(self, view: View, request: Any) -> Any:
+        return await self._func(request)
+
+
+def request_key(spec: object, trusted_proxies: Iterable[str] | str | None) -> KeyFunc:
     """``"ip"``, ``"user"``, a key function (or a tuple of them), a callable, a dotted path."""
     if isinstance(spec, str) and spec not in ADDRESS_KEYS:
         spec = import_string(spec)
     if spec is None or spec in ADDRESS_KEYS:
         address = client_address(trusted_proxies)
-        if spec != "user":
-            return RequestKey(lambda request: address.wsgi(request.META))
-
-        def by_user(request: Any) -> str:
-            return user_key(getattr(request, "user", None)) or address.wsgi(request.META)
-
-        async def by_user_async(request: Any) -> str:
-            auser = getattr(request, "auser", None)  # AuthenticationMiddleware's, for async
-            user = await auser() if auser is not None else getattr(request, "user", None)
-            return user_key(user) or address.wsgi(request.META)
-
-        return RequestKey(by_user, by_user_async)
+        return UserKey(address) if spec == "user" else address
     if trusted_proxies is not None:
         raise ValueError(
             "trusted_proxies applies to the key 'ip' or 'user'; a key function of your own "
             "reads the address with client_address(trusted_proxies=...)"
         )
     if isinstance(spec, (KeyFunc, tuple, list)):
-        keys = key_func(spec)  # client_address(), header(...), route(), tuples: on META
-        return RequestKey(lambda request: keys.wsgi(request.META))
+        return key_func(spec)  # client_address(), header(...), route(), tuples
     if callable(spec):
         if iscoroutinefunction(spec) or iscoroutinefunction(getattr(spec, "__call__", None)):  # noqa: B004
-            return RequestKey(None, spec)
-        return RequestKey(spec)
+            return AsyncKey(spec)
+        return key_func(spec)  # it gets the request
     raise TypeError(
         f"key must be 'ip', 'user', a key function, a callable taking the request "
         f"or a dotted path to one, not {spec!r}"
@@ -114,8 +151,8 @@ def make_limiter(value: object) -> object:
     return value
 
 
-class Gate(Integration):
-    """One configuration: decides a request, and answers it (429) or marks the response."""
+class Guard:
+    """One configuration in front of a view: a `Gate` that answers 429 or marks the response."""
 
     def __init__(
         self,
@@ -129,7 +166,6 @@ class Gate(Integration):
         exempt: str | Iterable[str] | None = None,
         **options: Unpack[Options],
     ) -> None:
-        name, keyed = self._options(options, asynchronous)
         keys = [request_key(key, trusted_proxies)]
         rules = []
         for r in routes or ():
@@ -148,132 +184,40 @@ class Gate(Integration):
                     methods=r.methods,
                 )
             rules.append(r)
-        self.router = build_router(limiter, keys[0], cost, name, keyed, rules, exempt)
-        self.simple = not self.router.exact and not self.router.prefixes
-        self.settlers = settlers(self.router) if self._charge is not None else {}
+        self.gate = Gate(
+            VIEW,
+            limiter,
+            key=keys[0],
+            cost=cost,
+            routes=rules,
+            exempt=exempt,
+            locked=True,  # the sync path's threads, and the async path counts into the same
+            asynchronous=asynchronous,
+            **options,
+        )
+        self.counters = self.gate.counters
         if not asynchronous:
-            for policy in self.router.policies():
-                if policy.is_async:
-                    raise TypeError(
-                        "an asyncio limiter (async check()) needs an async view, or Django's "
-                        "async path (ASGI with async-capable middleware); pass a sync limiter"
-                    )
-            if any(k.sync is None for k in keys):
+            if any(p.is_async for p in self.gate.router.policies()):
+                raise TypeError(
+                    "an asyncio limiter (async check()) needs an async view, or Django's "
+                    "async path (ASGI with async-capable middleware); pass a sync limiter"
+                )
+            if any(isinstance(k, AsyncKey) for k in keys):
                 raise TypeError("an async key function needs an async view or ASGI")
-
-    def rule(self, request: Any) -> Rule:
-        """The request's rule; an exempt one is counted here."""
-        if self.simple:
-            return self.router.default
-        # request.path is text already (decoded, SCRIPT_NAME included), as routes are written.
-        rule = self.router.match(request.path or "/", request.method or "GET")
-        request.META["nanobucket.route"] = rule.pattern
-        if rule.exempt:
-            with self.counters._lock:
-                self.counters.exempt += 1
-        return rule
-
-    def cost_of(self, rule: Rule, request: Any) -> int:
-        if rule.cost_fn is None:
-            return rule.cost
-        assert rule.policy is not None
-        return rule.policy.validated_cost(rule.cost_fn(request))
-
-    def decide(self, request: Any, rule: Rule, label: str) -> tuple[Any, Hashable, int]:
-        """The sync decision for *request*: ``(decision, key, cost)``; hooks called."""
-        policy = rule.policy
-        assert policy is not None and rule.key is not None
-        cost = self.cost_of(rule, request)
-        key = rule.key.sync(request)  # type: ignore[attr-defined]
-        decision = policy.check(key, cost)
-        request.META["nanobucket.decision"] = decision
-        if self._hooks is not None:
-            self._hooks.emit(LimitEvent(key, label, cost, decision, self.shadow))
-        return decision, key, cost
-
-    async def decide_async(self, request: Any, rule: Rule, label: str) -> tuple[Any, Hashable, int]:
-        """`decide`, awaiting an asyncio limiter, key function or hook."""
-        policy = rule.policy
-        assert policy is not None and rule.key is not None
-        cost = self.cost_of(rule, request)
-        keys: RequestKey = rule.key  # type: ignore[assignment]
-        if keys.asynchronous is not None:
-            key = await keys.asynchronous(request)
-        else:
-            assert keys.sync is not None
-            key = keys.sync(request)
-        decision = policy.check(key, cost)
-        if policy.is_async:
-            decision = await decision
-        request.META["nanobucket.decision"] = decision
-        if self._hooks is not None:
-            event = LimitEvent(key, label, cost, decision, self.shadow)
-            if self._hooks.awaited:
-                await self._hooks.emit_async(event)
-            else:
-                self._hooks.emit(event)
-        return decision, key, cost
-
-    def verdict(self, rule: Rule, decision: Any) -> HttpResponse | None:
-        """The 429 for a refused *decision*, or None to run the view (counted here)."""
-        counters = self.counters
-        with counters._lock:
-            if decision.allowed:
-                counters.admitted += 1
-                return None
-            if self.shadow:
-                counters.shadow_limited += 1
-                return None
-            counters.limited += 1
-        assert rule.policy is not None
-        fields, body = rejection(self.headers, rule.policy, decision)
-        response = HttpResponse(body, status=429)
-        for field, value in fields:
-            response.headers[field.decode("latin-1")] = value.decode("latin-1")
-        return response
-
-    def mark(self, response: Any, rule: Rule, decision: Any) -> Any:
-        """*response* with the limit's fields, when the view ran on an admitted request."""
-        if not self._quiet and decision.allowed:
-            assert rule.policy is not None
-            for field, value in limit_headers(self.headers, rule.policy, decision):
-                response.headers[field.decode("latin-1")] = value.decode("latin-1")
-        return response
-
-    def charged(self, decision: Any) -> bool:
-        return self._charge is not None and decision.allowed
-
-    def settle(self, request: Any, rule: Rule, key: Hashable, cost: int, status: int) -> None:
-        assert self._charge is not None and rule.policy is not None
-        self.settlers[id(rule.policy)].settle(self._charge, key, cost, request, status)
-
-    async def settle_async(
-        self, request: Any, rule: Rule, key: Hashable, cost: int, status: int
-    ) -> None:
-        assert self._charge is not None and rule.policy is not None
-        settler = self.settlers[id(rule.policy)]
-        if settler.awaited:
-            await settler.settle_async(self._charge, key, cost, request, status)
-        else:
-            settler.settle(self._charge, key, cost, request, status)
 
     def run(self, request: Any, call: Callable[[], Any], label: str | None) -> Any:
         """The sync path: decide, then answer 429 or run *call* (the view, the next handler).
 
         *label* is the hooks' ``route``; None for the matched rule's pattern.
         """
-        rule = self.rule(request)
-        if rule.exempt:
-            return call()
-        decision, key, cost = self.decide(request, rule, label or rule.pattern)
-        refused = self.verdict(rule, decision)
-        if refused is not None:
-            return refused
+        admitted, _, fields, body, due = self.decide(request, label)
+        if not admitted:
+            return refusal(fields, body)
         try:
             response = call()
         except BaseException:
-            if self.charged(decision):
-                self.settle(request, rule, key, cost, 500)  # the view raised
+            if due is not None:
+                due.settle(request, 500)  # the view raised
             raise
         if not isinstance(response, HttpResponseBase) and inspect.isawaitable(response):
             close_awaitable(response)
@@ -281,35 +225,46 @@ class Gate(Integration):
                 "limit() on the dispatch() of an async class-based view: decorate its "
                 "handler instead, method_decorator(limit(...), name='get')"
             )
-        if self.charged(decision):
-            self.settle(request, rule, key, cost, response.status_code)
-        return self.mark(response, rule, decision)
+        if due is not None:
+            due.settle(request, response.status_code)
+        return mark(response, fields)
 
-    async def _finish(
-        self, pending: Awaitable[Any], request: Any, rule: Rule, decision: Any, key: Any, cost: int
-    ) -> Any:
-        """An awaitable response: await it, then mark (and settle) as the sync path would."""
-        status = 500
-        try:
-            response = await pending
-            status = response.status_code
-        finally:
-            if self.charged(decision):
-                await self.settle_async(request, rule, key, cost, status)
-        return self.mark(response, rule, decision)
+    def decide(self, request: Any, label: str | None) -> Outcome:
+        """The sync `Outcome` of *request*; its decision left in ``request.META``."""
+        outcome = self.gate.decide(request, None, label)
+        if outcome[1] is not None:
+            request.META["nanobucket.decision"] = outcome[1]
+        return outcome
 
     async def run_async(
         self, request: Any, call: Callable[[], Awaitable[Any]], label: str | None
     ) -> Any:
         """The async path of `run`."""
-        rule = self.rule(request)
-        if rule.exempt:
-            return await call()
-        decision, key, cost = await self.decide_async(request, rule, label or rule.pattern)
-        refused = self.verdict(rule, decision)
-        if refused is not None:
-            return refused
-        return await self._finish(call(), request, rule, decision, key, cost)
+        admitted, decision, fields, body, due = await self.gate.decide_async(request, label)
+        if decision is not None:
+            request.META["nanobucket.decision"] = decision
+        if not admitted:
+            return refusal(fields, body)
+        status = 500
+        try:
+            response = await call()
+            status = response.status_code
+        finally:
+            if due is not None:
+                await due.settle_async(request, status)
+        return mark(response, fields)
+
+
+def refusal(fields: Iterable[tuple[bytes, bytes]], body: bytes | None) -> HttpResponse:
+    """The 429 of a refused request."""
+    return mark(HttpResponse(body, status=429), fields)
+
+
+def mark(response: Any, fields: Iterable[tuple[bytes, bytes]]) -> Any:
+    """*response* with the fields of its `Outcome`."""
+    for field, value in fields:
+        response.headers[field.decode("latin-1")] = value.decode("latin-1")
+    return response
 
 
 def close_awaitable(awaitable: object) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ._django import SETTINGS, Gate, make_limiter, resolve
+from ._django import SETTINGS, Guard, make_limiter, resolve
 from .hooks import Hook
 
 #: The throttle's class and each subclass's gate are made once, even when
@@ -59,7 +59,7 @@ class _Throttle:
     decision: Any = None
 
     @classmethod
-    def gate(cls) -> Gate:
+    def gate(cls) -> Guard:
         """The class's configuration, built and checked once, at its first request.
 
         >>> import nanobucket as nb
@@ -80,7 +80,7 @@ class _Throttle:
             return gate
 
     @classmethod
-    def _build_gate(cls) -> Gate:
+    def _build_gate(cls) -> Guard:
         names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
         config: dict[str, Any] = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
         if config["limiter"] is None:
@@ -98,7 +98,7 @@ class _Throttle:
             config[n] = resolve(config[n])
         limiter = make_limiter(config.pop("limiter"))
         # DRF throttles run synchronously: an asyncio limiter is refused here.
-        return Gate(limiter, asynchronous=False, headers="off", **config)
+        return Guard(limiter, asynchronous=False, headers="off", **config)
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Spend ``cost`` tokens of the request's key; False when refused.
@@ -112,10 +112,9 @@ class _Throttle:
         True
         """
         gate = self.gate()
-        rule = gate.router.default
         label = type(view).__qualname__ if view is not None else type(self).__qualname__
-        self.decision = gate.decide(request, rule, label)[0]
-        return gate.verdict(rule, self.decision) is None
+        admitted, self.decision, _, _, _ = gate.decide(request, label)
+        return admitted
 
     def wait(self) -> float | None:
         """Seconds until the refused request would be admitted, exactly; None if admitted.

@@ -11,16 +11,17 @@ FastAPI / Starlette: ``app.add_middleware(RateLimitMiddleware, limiter=limiter)`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
-from . import _http
-from ._http import *  # noqa: F403 - `_http.__all__`: the names both middleware modules offer
-from ._http import Middleware, Rule, limit_headers, rejection
-from .hooks import LimitEvent
+from ._charge import Due
+from ._http import SCOPE, Counters, Gate, Options, Route, client_address, header, route
 
-__all__ = ["RateLimitMiddleware"]
-__all__ += _http.__all__
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+# The middleware, and the names both middleware modules offer with it.
+__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -29,7 +30,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class RateLimitMiddleware(Middleware):
+class RateLimitMiddleware:
     """Rate-limit every HTTP request of an ASGI app; 429 + ``Retry-After`` when limited.
 
     * *limiter*: any nanobucket limiter, keyed (``check(key, cost)``:
@@ -73,92 +74,61 @@ class RateLimitMiddleware(Middleware):
     429 b'1'
     """
 
-    app: ASGIApp
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Any], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: str | Iterable[str] | None = None,
+        **options: Unpack[Options],
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI callable, not {type(app).__name__}")
+        self.app = app
+        self._gate = gate = Gate(
+            SCOPE, limiter, key=key, cost=cost, routes=routes, exempt=exempt, **options
+        )
+        self.counters = gate.counters
+        self.headers, self.shadow = gate.headers, gate.shadow  # as configured
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._simple:
-            rule: Rule = self._router.default
-        else:
-            rule = self._router.match(scope["path"], scope["method"])
-            scope["nanobucket.route"] = rule.pattern
-            if rule.exempt:
-                self.counters.exempt += 1
-                await self.app(scope, receive, send)
-                return
-        policy = rule.policy
-        assert policy is not None  # only exempt rules have none
-        cost = rule.cost if rule.cost_fn is None else rule.cost_fn(scope)
-        if rule.peer_key:  # the default key, inlined for IPv4: the peer address
+        gate = self._gate
+        if gate.awaits:
+            admitted, decision, fields, body, due = await gate.decide_async(scope)
+        else:  # the peer read here, where it costs least: every request's default key needs it
             client = scope.get("client")
-            key = client[0] if client else ""
-            if not key or ":" in key:  # IPv6, or no address (a unix socket)
-                key = rule.key.peer_key(key)  # type: ignore[union-attr]
+            admitted, decision, fields, body, due = gate.decide(scope, client[0] if client else "")
+        if decision is not None:  # None: an exempt route
+            scope["nanobucket.decision"] = decision
+        if not admitted:
+            await send({"type": "http.response.start", "status": 429, "headers": fields})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        if not fields:
+            to_app = send
         else:
-            key = rule.key.asgi(scope)  # type: ignore[union-attr]
-        decision = policy.check(key, cost)
-        if policy.is_async:
-            decision = await decision
-        scope["nanobucket.decision"] = decision
-        if self._hooks is not None:
-            await self._hooks.emit_async(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
-        if decision.allowed:
-            self.counters.admitted += 1
-            if self._quiet:
-                if self._charge is not None:
-                    await self._charged(scope, receive, send, policy, key, cost)
-                    return
-                await self.app(scope, receive, send)
-                return
-            if self._ietf and policy.layer_headers is None:  # inlined limit_headers()
-                w = policy.watched
-                if w is not None and (
-                    w.rate is not policy.rate_seen or w.capacity != policy.capacity_seen
-                ):
-                    policy.refresh()  # the limiter was reconfigured: new RateLimit-Policy
-                extra: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]] = (
-                    *policy.ietf_extra,
-                    (
-                        b"ratelimit",
-                        b"%b%d;t=%d"
-                        % (
-                            policy.r_prefix,
-                            decision.remaining,
-                            -(-decision.reset_after_ns // 1_000_000_000),
-                        ),
-                    ),
-                )
-            else:
-                extra = limit_headers(self.headers, policy, decision)
-
             # Not a coroutine function: it hands back send's own awaitable, so
             # each message costs one call, not one more coroutine.
-            def send_with_headers(message: Message) -> Awaitable[None]:
+            def to_app(message: Message) -> Awaitable[None]:
                 if message["type"] == "http.response.start":
                     # A new list: the app may reuse its own headers list.
-                    message["headers"] = [*message.get("headers", ()), *extra]
+                    message["headers"] = [*message.get("headers", ()), *fields]
                 return send(message)
 
-            if self._charge is not None:
-                await self._charged(scope, receive, send_with_headers, policy, key, cost)
-                return
-            await self.app(scope, receive, send_with_headers)
+        if due is not None:
+            await self._charged(scope, receive, to_app, due)
             return
-        if self.shadow:
-            self.counters.shadow_limited += 1
-            await self.app(scope, receive, send)
-            return
-        self.counters.limited += 1
-        response_headers, body = rejection(self.headers, policy, decision)
-        await send({"type": "http.response.start", "status": 429, "headers": response_headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        app = self.app  # a local name: a callable attribute is called faster from one
+        await app(scope, receive, to_app)
 
-    async def _charged(
-        self, scope: Scope, receive: Receive, send: Send, policy: Any, key: Any, cost: int
-    ) -> None:
-        """Run the app, then settle ``charge(scope, status)`` against *cost*."""
+    async def _charged(self, scope: Scope, receive: Receive, send: Send, due: Due) -> None:
+        """Run the app, then settle ``charge(scope, status)`` against the up-front cost."""
         status = 500  # the app failed before it started a response
 
         async def watch(message: Message) -> None:
@@ -170,9 +140,7 @@ class RateLimitMiddleware(Middleware):
         try:
             await self.app(scope, receive, watch)
         finally:
-            settler = self._settlers[id(policy)]
-            assert self._charge is not None
-            if settler.awaited:
-                await settler.settle_async(self._charge, key, cost, scope, status)
-            else:
-                settler.settle(self._charge, key, cost, scope, status)
+            await due.settle_async(scope, status)
+
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"

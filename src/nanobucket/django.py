@@ -35,7 +35,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from . import _drf
-from ._django import SETTINGS, Gate, make_limiter
+from ._django import SETTINGS, Guard, make_limiter
 from ._http import Counters, Options, Route, client_address, counters_or_new, header, route
 
 if TYPE_CHECKING:
@@ -129,22 +129,24 @@ class RateLimitMiddleware:
                 options[name] = import_string(options[name])
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
-        self._gate = Gate(make_limiter(config["limiter"]), asynchronous=self.async_mode, **options)
-        self.counters = self._gate.counters
+        self._guard = Guard(
+            make_limiter(config["limiter"]), asynchronous=self.async_mode, **options
+        )
+        self.counters = self._guard.counters
         if self.async_mode:
             markcoroutinefunction(self)
 
     def __call__(self, request: Any) -> Any:
         if self.async_mode:
             return self._acall(request)
-        return self._gate.run(request, lambda: self.get_response(request), None)
+        return self._guard.run(request, lambda: self.get_response(request), None)
 
     async def _acall(self, request: Any) -> Any:
-        return await self._gate.run_async(request, lambda: self.get_response(request), None)
+        return await self._guard.run_async(request, lambda: self.get_response(request), None)
 
     def __repr__(self) -> str:
         mode = "async" if self.async_mode else "sync"
-        return f"RateLimitMiddleware({mode}, headers={self._gate.headers!r})"
+        return f"RateLimitMiddleware({mode}, headers={self._guard.gate.headers!r})"
 
 
 # --------------------------------------------------------------------------
@@ -180,7 +182,7 @@ def limit(
     """
     options["counters"] = counters_or_new(options.get("counters"))  # one count for every view
     gate_for = functools.partial(
-        Gate, make_limiter(limiter), key=key, cost=cost, trusted_proxies=trusted_proxies, **options
+        Guard, make_limiter(limiter), key=key, cost=cost, trusted_proxies=trusted_proxies, **options
     )
     # Checked now, not at the first request; the sync one when a sync view needs it.
     # Built once: method_decorator applies a decorator again at every request.

@@ -31,21 +31,18 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
-from ._charge import Charge, Settler
+from ._charge import Charge, Due
 from ._http import (
+    READ,
+    SCOPE,
     Counters,
-    Integration,
+    Gate,
     KeyFunc,
     Options,
-    Policy,
     client_address,
     header,
-    key_func,
-    limit_headers,
-    rejection,
     route,
 )
-from .hooks import LimitEvent
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -112,6 +109,33 @@ async def rate_limited_handler(request: Request, exc: Exception) -> StarletteRes
     )
 
 
+class _RequestView:
+    """A Starlette `Request`, read through its ASGI scope (see `nanobucket._http.View`)."""
+
+    __slots__ = ()
+
+    def method(self, request: Request) -> str:
+        return request.scope["method"]  # type: ignore[no-any-return]
+
+    def path(self, request: Request) -> str:
+        return request.scope["path"]  # type: ignore[no-any-return]
+
+    def peer(self, request: Request) -> str:
+        return SCOPE.peer(request.scope)
+
+    def header(self, request: Request, name: str) -> str | None:
+        return SCOPE.header(request.scope, name)
+
+    def note(self, request: Request, name: str, value: object) -> None:
+        request.scope[name] = value
+
+    def noted(self, request: Request, name: str) -> Any:
+        return request.scope.get(name)
+
+
+_VIEW = _RequestView()
+
+
 def _dependency(
     func: object,
 ) -> tuple[Callable[..., Any] | None, list[inspect.Parameter], bool, bool]:
@@ -150,7 +174,7 @@ async def _call(
     return await value if is_async else value
 
 
-class RateLimit(Integration):
+class RateLimit:
     """A FastAPI dependency that admits a request or raises `RateLimited` (429).
 
     * *limiter*: any nanobucket limiter, keyed or not (as the middleware
@@ -199,17 +223,17 @@ class RateLimit(Integration):
         cost: object = 1,
         **options: Unpack[Options],
     ) -> None:
-        name, keyed = self._options(options, True)
-        self._policy = Policy(limiter, name, keyed)
-        self._settler = (
-            None
-            if self._charge is None
-            else Settler(limiter, self._policy.keyed, self._policy.capacity)
-        )
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
-        self._key = None if self._key_fn is not None else key_func(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
-        self._cost = 0 if self._cost_fn is not None else self._policy.validated_cost(cost)
+        self._gate = Gate(
+            _VIEW,
+            limiter,
+            key=None if self._key_fn is not None else key,
+            cost=0 if self._cost_fn is not None else cost,
+            **options,
+        )
+        self.counters = self._gate.counters
+        self.headers, self.shadow = self._gate.headers, self._gate.shadow  # as configured
         # What FastAPI fills: the request, the response, and the parameters of
         # the key and cost functions (one parameter where both take one name).
         params = {
@@ -233,45 +257,30 @@ class RateLimit(Integration):
 
     async def _decide(
         self, request: Request, response: Response, deps: dict[str, Any]
-    ) -> tuple[Any, Any, int]:
-        """Decide one request: ``(decision, key, cost)``, or raise `RateLimited`."""
-        key_kw = {name: deps[name] for name in self._key_names}
-        cost_kw = {name: deps[name] for name in self._cost_names}
+    ) -> tuple[Any, Due | None]:
+        """Decide one request: ``(decision, due)`` with its fields added, or raise `RateLimited`."""
+        scope = request.scope
+        matched = getattr(scope.get("route"), "path", None)  # FastAPI's route pattern
+        if "nanobucket.route" not in scope and matched is not None:
+            scope["nanobucket.route"] = matched  # route() keys by it
+        key: Any = READ
         if self._key_fn is not None:
-            key = await _call(self._key_fn, self._key_request, self._key_async, request, key_kw)
-        else:
-            scope = request.scope
-            if "nanobucket.route" not in scope and "route" in scope:
-                # route() keys by the route FastAPI matched: its path pattern.
-                scope["nanobucket.route"] = getattr(scope["route"], "path", None)
-            key = self._key.asgi(scope)  # type: ignore[union-attr]
+            kw = {name: deps[name] for name in self._key_names}
+            key = await _call(self._key_fn, self._key_request, self._key_async, request, kw)
+        cost = None
         if self._cost_fn is not None:
-            cost = await _call(
-                self._cost_fn, self._cost_request, self._cost_async, request, cost_kw
-            )
-            cost = self._policy.validated_cost(cost)
-        else:
-            cost = self._cost
-        policy = self._policy
-        decision = policy.check(key, cost)
-        if policy.is_async:
-            decision = await decision
-        request.scope["nanobucket.decision"] = decision
-        if self._hooks is not None:
-            pattern = getattr(request.scope.get("route"), "path", None) or "*"
-            await self._hooks.emit_async(LimitEvent(key, pattern, cost, decision, self.shadow))
-        if decision.allowed:
-            self.counters.admitted += 1
-            if not self.shadow:
-                for field, value in limit_headers(self.headers, policy, decision):
-                    response.headers.append(field.decode("latin-1"), value.decode("latin-1"))
-            return decision, key, cost
-        if self.shadow:
-            self.counters.shadow_limited += 1
-            return decision, key, cost
-        self.counters.limited += 1
-        fields, body = rejection(self.headers, policy, decision)
-        raise RateLimited(decision, fields, body)
+            kw = {name: deps[name] for name in self._cost_names}
+            cost = await _call(self._cost_fn, self._cost_request, self._cost_async, request, kw)
+        admitted, decision, fields, body, due = await self._gate.decide_async(
+            request, matched or "*", key=key, cost=cost
+        )
+        scope["nanobucket.decision"] = decision
+        if not admitted:
+            assert body is not None
+            raise RateLimited(decision, list(fields), body)
+        for field, value in fields:
+            response.headers.append(field.decode("latin-1"), value.decode("latin-1"))
+        return decision, due
 
     def __repr__(self) -> str:
         return f"RateLimit(headers={self.headers!r}, shadow={self.shadow})"
@@ -284,8 +293,8 @@ class _ChargingRateLimit(RateLimit):
         self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
     ) -> AsyncIterator[Any]:
         request, response = nanobucket_request, nanobucket_response
-        decision, key, cost = await self._decide(request, response, deps)
-        if not decision.allowed:  # shadow-limited: it was never charged
+        decision, due = await self._decide(request, response, deps)
+        if due is None:  # shadow-limited: it was never charged
             yield decision
             return
         status: int | None = None
@@ -301,6 +310,4 @@ class _ChargingRateLimit(RateLimit):
             if status is None:
                 declared = getattr(request.scope.get("route"), "status_code", None)
                 status = response.status_code or declared or 200
-            settler = self._settler
-            assert settler is not None and self._charge is not None
-            await settler.settle_async(self._charge, key, cost, request, status)
+            await due.settle_async(request, status)

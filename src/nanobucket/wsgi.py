@@ -11,27 +11,27 @@ Flask: ``app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _http
-from ._charge import Charge, Settler
-from ._http import *  # noqa: F403 - `_http.__all__`: the names both middleware modules offer
-from ._http import Middleware, Rule, limit_headers, rejection, wsgi_path
-from .hooks import LimitEvent
+from ._charge import Due
+from ._http import ENVIRON, Counters, Gate, Options, Route, client_address, header, route
 
-__all__ = ["RateLimitMiddleware"]
-__all__ += _http.__all__
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+# The middleware, and the names both middleware modules offer with it.
+__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
 
-def _str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+def _str_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
-class RateLimitMiddleware(Middleware):
+class RateLimitMiddleware:
     """Rate-limit every request of a WSGI app; 429 + ``Retry-After`` when limited.
 
     The arguments are those of `nanobucket.asgi.RateLimitMiddleware`, with
@@ -54,60 +54,66 @@ class RateLimitMiddleware(Middleware):
     429 Too Many Requests 1
     """
 
-    app: WSGIApp
-    _app_kind = "a WSGI callable"
-    _async = False
+    def __init__(
+        self,
+        app: WSGIApp,
+        limiter: object,
+        *,
+        key: object = None,
+        cost: int | Callable[[Any], int] = 1,
+        routes: Iterable[Route] | None = None,
+        exempt: str | Iterable[str] | None = None,
+        **options: Unpack[Options],
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be a WSGI callable, not {type(app).__name__}")
+        self.app = app
+        self._gate = gate = Gate(
+            ENVIRON,
+            limiter,
+            key=key,
+            cost=cost,
+            routes=routes,
+            exempt=exempt,
+            locked=True,
+            asynchronous=False,
+            **options,
+        )
+        if gate.awaits:
+            raise TypeError("a WSGI app needs a synchronous limiter (check() is async here)")
+        self.counters = gate.counters
+        self.headers, self.shadow = gate.headers, gate.shadow  # as configured
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        counters = self.counters
-        if self._simple:
-            rule: Rule = self._router.default
+        # The peer read here, where it costs least: every request's default key needs it.
+        peer = environ.get("REMOTE_ADDR") or ""
+        admitted, decision, fields, body, due = self._gate.decide(environ, peer)
+        if decision is not None:  # None: an exempt route
+            environ["nanobucket.decision"] = decision
+        if not admitted:
+            start_response("429 Too Many Requests", _str_headers(fields))
+            return [body]  # type: ignore[list-item]
+        if not fields:
+            to_app = start_response
         else:
-            path = wsgi_path(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
-            rule = self._router.match(path or "/", environ.get("REQUEST_METHOD", "GET"))
-            environ["nanobucket.route"] = rule.pattern
-            if rule.exempt:
-                counters.add("exempt")
-                return self.app(environ, start_response)
-        policy = rule.policy
-        assert policy is not None
-        cost = rule.cost if rule.cost_fn is None else rule.cost_fn(environ)
-        key = rule.key.wsgi(environ)  # type: ignore[union-attr]
-        decision = policy.check(key, cost)
-        environ["nanobucket.decision"] = decision
-        if self._hooks is not None:
-            self._hooks.emit(LimitEvent(key, rule.pattern, cost, decision, self.shadow))
-        if decision.allowed:
-            counters.add("admitted")
-            if self._quiet:
-                if self._charge is not None:
-                    return self._charged(environ, start_response, policy, key, cost)
-                return self.app(environ, start_response)
-            extra = _str_headers(limit_headers(self.headers, policy, decision))
+            extra = _str_headers(fields)
 
-            def start_with_headers(status: str, headers: list[Any], exc_info: Any = None) -> Any:
+            def to_app(status: str, headers: list[Any], exc_info: Any = None) -> Any:
                 headers = [*headers, *extra]  # a new list: the app may reuse its own
                 if exc_info is None:
                     return start_response(status, headers)
                 return start_response(status, headers, exc_info)
 
-            if self._charge is not None:
-                return self._charged(environ, start_with_headers, policy, key, cost)
-            return self.app(environ, start_with_headers)
-        if self.shadow:
-            counters.add("shadow_limited")
-            return self.app(environ, start_response)
-        counters.add("limited")
-        response_headers, body = rejection(self.headers, policy, decision)
-        start_response("429 Too Many Requests", _str_headers(response_headers))
-        return [body]
+        if due is not None:
+            return self._charged(environ, to_app, due)
+        app = self.app  # a local name: a callable attribute is called faster from one
+        return app(environ, to_app)
 
     def _charged(
-        self, environ: Environ, start_response: StartResponse, policy: Any, key: Any, cost: int
+        self, environ: Environ, start_response: StartResponse, due: Due
     ) -> Iterable[bytes]:
         """Run the app; settle ``charge(environ, status)`` when its body is closed."""
-        assert self._charge is not None
-        body = _Settling(self._charge, self._settlers[id(policy)], environ, key, cost)
+        body = _Settling(due, environ)
 
         def watch(status: str, headers: list[Any], exc_info: Any = None) -> Any:
             body.status = _status_code(status)
@@ -122,6 +128,9 @@ class RateLimitMiddleware(Middleware):
             raise
         return body
 
+    def __repr__(self) -> str:
+        return f"RateLimitMiddleware({self.app!r}, headers={self.headers!r}, shadow={self.shadow})"
+
 
 def _status_code(status: str) -> int:
     """``"404 Not Found"`` -> 404 (500 for a status line that is not one)."""
@@ -132,14 +141,11 @@ def _status_code(status: str) -> int:
 class _Settling:
     """The app's body, passed through; closing it settles the charge (PEP 3333 close())."""
 
-    __slots__ = ("charge", "cost", "environ", "inner", "key", "settled", "settler", "status")
+    __slots__ = ("due", "environ", "inner", "settled", "status")
 
-    def __init__(self, charge: Charge, settler: Settler, environ: Environ, key: Any, cost: int):
-        self.charge = charge
-        self.settler = settler
+    def __init__(self, due: Due, environ: Environ):
+        self.due = due
         self.environ = environ
-        self.key = key
-        self.cost = cost
         self.status = 500  # no response started (the app raised)
         self.inner: Iterable[bytes] = ()
         self.settled = False
@@ -155,4 +161,4 @@ class _Settling:
         finally:
             if not self.settled:
                 self.settled = True
-                self.settler.settle(self.charge, self.key, self.cost, self.environ, self.status)
+                self.due.settle(self.environ, self.status)

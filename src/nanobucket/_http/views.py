@@ -1,0 +1,241 @@
+"""How the gate reads a request: a `View` of one framework's request objects.
+
+A view is one object per framework, not per request: the gate asks it about
+the request object the framework hands over (an ASGI ``scope``, a WSGI
+``environ``, a Django ``HttpRequest``), so deciding a request makes no object
+of its own. `KeyFunc`, the ready-made keys, read a request through a view,
+so one configuration serves every framework.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
+
+# operator.setitem, typed as a view's ``note``.
+_setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
+
+__all__ = (
+    "ENVIRON",
+    "SCOPE",
+    "EnvironView",
+    "KeyFunc",
+    "ScopeView",
+    "View",
+    "cgi_name",
+    "wsgi_path",
+)
+
+
+class View(Protocol):
+    """What the gate needs from one framework's requests (each method takes the request).
+
+    * ``method(request)``, ``path(request)``: the method, and the path as
+      received (percent-decoded text, dot segments and all: what the app routes);
+    * ``peer(request)``: the socket peer's address (``""`` when there is none,
+      a unix socket);
+    * ``header(request, name)``: a request header by its lower-case name, the
+      fields of one name joined with ``", "``; None when absent;
+    * ``note(request, name, value)``, ``noted(request, name)``: the
+      ``"nanobucket.*"`` entries left on the request for the app and for
+      `route` (``scope``, ``environ`` or ``request.META``).
+
+    The request object itself is what a key, cost or charge callable gets.
+    """
+
+    def method(self, request: Any) -> str: ...
+    def path(self, request: Any) -> str: ...
+    def peer(self, request: Any) -> str: ...
+    def header(self, request: Any, name: str) -> str | None: ...
+    def note(self, request: Any, name: str, value: object) -> None: ...
+    def noted(self, request: Any, name: str) -> Any: ...
+
+
+class ScopeView:
+    """An ASGI ``scope`` (Starlette, FastAPI, any ASGI app).
+
+    >>> scope = {"method": "GET", "path": "/a", "client": ("1.2.3.4", 5),
+    ...          "headers": [(b"x-api-key", b"k1")]}
+    >>> SCOPE.peer(scope), SCOPE.header(scope, "x-api-key"), SCOPE.header(scope, "x-no")
+    ('1.2.3.4', 'k1', None)
+    >>> SCOPE.method(scope), SCOPE.path(scope)
+    ('GET', '/a')
+    >>> SCOPE.note(scope, "nanobucket.route", "/api/*"); scope["nanobucket.route"]
+    '/api/*'
+    """
+
+    __slots__ = ("_names",)
+
+    def __init__(self) -> None:
+        self._names: dict[str, bytes] = {}  # header names as the scope spells them
+
+    # C callables, not methods: the gate calls them on every routed request.
+    #: The request's method: ``SCOPE.method({"method": "POST"})`` is ``"POST"``.
+    method = operator.itemgetter("method")
+    #: The path as the server decoded it (``scope["path"]``).
+    path = operator.itemgetter("path")
+    #: Leave a value in the scope: ``SCOPE.note(scope, "nanobucket.route", "/api/*")``.
+    note = staticmethod(_setitem)
+
+    def peer(self, request: Mapping[str, Any]) -> str:
+        """The client's address, ``""`` for none (a unix socket).
+
+        >>> SCOPE.peer({"client": None}), SCOPE.peer({"client": ("::1", 5)})
+        ('', '::1')
+        """
+        client = request.get("client")
+        return client[0] if client else ""
+
+    def header(self, request: Mapping[str, Any], name: str) -> str | None:
+        """The header *name* (lower case), several fields joined with ``", "``.
+
+        Joined (RFC 9110 5.3), so a second ``X-Forwarded-For`` cannot hide
+        from the right-to-left walk of `client_address`.
+
+        >>> SCOPE.header({"headers": [(b"X-A", b"1"), (b"x-a", b"2")]}, "x-a")
+        '1, 2'
+        """
+        raw = self._names.get(name)
+        if raw is None:
+            raw = self._names[name] = name.encode("latin-1")
+        values = [v.decode("latin-1") for k, v in request.get("headers", ()) if k.lower() == raw]
+        return ", ".join(values) if values else None
+
+    def noted(self, request: Mapping[str, Any], name: str) -> Any:
+        """What `note` left under *name*, else None.
+
+        >>> SCOPE.noted({"nanobucket.route": "/login"}, "nanobucket.route")
+        '/login'
+        """
+        return request.get(name)
+
+
+class EnvironView:
+    """A WSGI ``environ`` (Flask, any WSGI app).
+
+    >>> environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/a", "REMOTE_ADDR": "1.2.3.4",
+    ...            "HTTP_X_API_KEY": "k1"}
+    >>> ENVIRON.peer(environ), ENVIRON.header(environ, "x-api-key"), ENVIRON.path(environ)
+    ('1.2.3.4', 'k1', '/a')
+    """
+
+    __slots__ = ()
+
+    def method(self, request: Mapping[str, Any]) -> str:
+        """The request's method (GET when the server gave none).
+
+        >>> ENVIRON.method({})
+        'GET'
+        """
+        return request.get("REQUEST_METHOD") or "GET"
+
+    def path(self, request: Mapping[str, Any]) -> str:
+        """``SCRIPT_NAME + PATH_INFO`` as text (see `wsgi_path`), ``"/"`` when empty.
+
+        >>> ENVIRON.path({"SCRIPT_NAME": "/app", "PATH_INFO": "/caf\xc3\xa9"})
+        '/app/café'
+        """
+        return wsgi_path(request.get("SCRIPT_NAME", "") + request.get("PATH_INFO", "")) or "/"
+
+    def peer(self, request: Mapping[str, Any]) -> str:
+        """``REMOTE_ADDR``, ``""`` when absent.
+
+        >>> ENVIRON.peer({"REMOTE_ADDR": "10.0.0.2"})
+        '10.0.0.2'
+        """
+        return request.get("REMOTE_ADDR") or ""
+
+    def header(self, request: Mapping[str, Any], name: str) -> str | None:
+        """The header *name* (lower case): its ``HTTP_*`` variable.
+
+        >>> ENVIRON.header({"HTTP_X_FORWARDED_FOR": "1.2.3.4"}, "x-forwarded-for")
+        '1.2.3.4'
+        """
+        return request.get(cgi_name(name))
+
+    #: Leave a value in the environ (a C callable: the gate calls it on every routed request).
+    note = staticmethod(_setitem)
+
+    def noted(self, request: Mapping[str, Any], name: str) -> Any:
+        """What `note` left under *name*, else None.
+
+        >>> ENVIRON.noted({}, "nanobucket.route") is None
+        True
+        """
+        return request.get(name)
+
+
+_CGI_NAMES: dict[str, str] = {}  # a few names, from the configuration
+
+
+def cgi_name(name: str) -> str:
+    """The CGI variable of the header *name* (a WSGI environ, Django's ``META``).
+
+    >>> cgi_name("x-api-key")
+    'HTTP_X_API_KEY'
+    """
+    cgi = _CGI_NAMES.get(name)
+    if cgi is None:
+        cgi = _CGI_NAMES[name] = "HTTP_" + name.upper().replace("-", "_")
+    return cgi
+
+
+SCOPE = ScopeView()
+ENVIRON = EnvironView()
+
+
+def wsgi_path(path: str) -> str:
+    """A WSGI path as text: PEP 3333 gives its bytes decoded as latin-1; they are UTF-8.
+
+    >>> wsgi_path("/caf\xc3\xa9")
+    '/café'
+    """
+    if path.isascii():
+        return path
+    try:
+        raw = path.encode("latin-1")
+    except UnicodeEncodeError:  # a server that decoded it already
+        return path
+    # Bytes that are not UTF-8 stay as lone surrogates: they match no route.
+    return raw.decode("utf-8", "surrogateescape")
+
+
+class KeyFunc:
+    """A request -> key function that reads the request through a `View`.
+
+    Subclasses implement ``read(view, request)``, returning a ``str`` (so
+    keys suit every table, including shared memory and Redis): one
+    configuration serves every framework. One that must await (an ``async
+    def`` key function) sets ``awaits`` and implements ``read_async``; only
+    the asyncio integrations take it.
+    """
+
+    __slots__ = ()
+
+    awaits = False  # True: only read_async gives the key
+
+    def read(self, view: View, request: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def read_async(self, view: View, request: Any) -> Any:
+        """The key on the asyncio path: `read` unless the key function must await."""
+        return self.read(view, request)
+
+    def asgi(self, scope: Mapping[str, Any]) -> Any:
+        """The key of an ASGI request (its ``scope``).
+
+        >>> from nanobucket._http import client_address
+        >>> client_address().asgi({"type": "http", "client": ("1.2.3.4", 5678)})
+        '1.2.3.4'
+        """
+        return self.read(SCOPE, scope)
+
+    def wsgi(self, environ: Mapping[str, Any]) -> Any:
+        """The key of a WSGI request (its ``environ``).
+
+        >>> from nanobucket._http import client_address
+        >>> client_address().wsgi({"REMOTE_ADDR": "1.2.3.4"})
+        '1.2.3.4'
+        """
+        return self.read(ENVIRON, environ)
