@@ -39,6 +39,18 @@ __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
 Clock = Callable[[], int]
 DEFAULT_MAX_KEYS = 1_000_000
 
+#: Set by the selector (`_bucket`) when this module stands in for the
+#: extension that failed to import: called once, when the first limiter is built.
+on_first_build: Callable[[], None] | None = None
+
+
+def first_build() -> None:
+    """Call `on_first_build` once (a constructor's path, never a verb's)."""
+    global on_first_build  # cleared once, by the first limiter built
+    hook, on_first_build = on_first_build, None
+    if hook is not None:
+        hook()
+
 
 def slots_for(keys: int) -> int:
     """The Cython table's slot count for *keys* (a power of two, 2/3 load)."""
@@ -85,7 +97,10 @@ class _Limits:
         try:
             object.__getattribute__(self, "_lock")  # not __getattr__'s answer: is it set?
         except AttributeError:
-            return _validated(rate, capacity)
+            limits = _validated(rate, capacity)
+            if on_first_build is not None:
+                first_build()
+            return limits
         raise RuntimeError(f"{type(self).__name__} is already initialised")
 
     if not TYPE_CHECKING:  # (a __getattr__ would make every attribute one to mypy)

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any, NoReturn, TextIO
 
 from . import __version__
+from ._bucket import describe
 from ._params import NS_PER_S, rate_fraction
 
 __all__ = ("main",)
@@ -30,6 +31,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _Version(argparse.Action):
+    """``--version``: one line, never wrapped (argparse's own wraps at the terminal's width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        sys.stdout.write(f"nanobucket {__version__}, {describe()}\n")
+        parser.exit(0)
 
 
 def _rate(text: str) -> Fraction:
@@ -161,7 +170,9 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Explain a token-bucket limit, simulate strategies on traffic, size a "
         "bucket from traffic, benchmark.",
     )
-    parser.add_argument("--version", action="version", version=f"nanobucket {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version and implementation, and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     ex = sub.add_parser(
@@ -267,7 +278,10 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain, render_text, to_json
 
     e = explain(args.rate, args.capacity, args.cost, args.instances, args.burst_rps)
-    out.write(json.dumps(to_json(e), indent=2) + "\n" if args.json else render_text(e))
+    if args.json:
+        out.write(json.dumps(to_json(e), indent=2) + "\n")
+    else:  # the limiter's speed, not the figures (exact either way), depends on it
+        out.write(f"{render_text(e)}\n{describe()}\n")
     return 0
 
 
