@@ -15,6 +15,10 @@ from types import ModuleType
 from typing import Any, TypeVar, cast
 
 import pytest
+import redis
+import redis.asyncio
+import valkey
+import valkey.asyncio
 from redis.crc import key_slot
 
 import nanobucket as nb
@@ -267,6 +271,65 @@ def test_from_url_names_its_timeout(cls: Any) -> None:
         cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, timeout=0.5)
     limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, socket_timeout=0.5)
     assert limiter.timeout == 0.5
+
+
+SYNC_NAMES = "redis.Redis or redis.RedisCluster"
+ASYNC_NAMES = "redis.asyncio.Redis or redis.asyncio.RedisCluster"
+
+
+@pytest.mark.parametrize(
+    ("cls", "make", "message"),
+    [
+        (
+            nbr.RedisTokenBucket,
+            redis.asyncio.Redis,
+            f"RedisTokenBucket takes a sync client ({SYNC_NAMES}), not an asyncio "
+            "redis.asyncio.client.Redis: for an asyncio client use AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.LeasedTokenBucket,
+            lambda: redis.asyncio.RedisCluster(host="127.0.0.1", port=1),
+            f"LeasedTokenBucket takes a sync client ({SYNC_NAMES}), not an asyncio "
+            "redis.asyncio.cluster.RedisCluster: for an asyncio client use AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.AsyncRedisTokenBucket,
+            redis.Redis,
+            f"AsyncRedisTokenBucket takes an asyncio client ({ASYNC_NAMES}), not a sync "
+            "redis.client.Redis: for a sync client use RedisTokenBucket",
+        ),
+        (
+            nbr.RedisTokenBucket,
+            valkey.asyncio.Valkey,
+            "RedisTokenBucket takes a sync client (valkey.Valkey or valkey.ValkeyCluster), not "
+            "an asyncio valkey.asyncio.client.Valkey: for an asyncio client use "
+            "AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.AsyncRedisTokenBucket,
+            valkey.Valkey,
+            "AsyncRedisTokenBucket takes an asyncio client (valkey.asyncio.Valkey or "
+            "valkey.asyncio.ValkeyCluster), not a sync valkey.client.Valkey: for a sync "
+            "client use RedisTokenBucket",
+        ),
+    ],
+)
+def test_a_client_of_the_other_kind_is_refused_at_construction(
+    cls: Any, make: Any, message: str
+) -> None:
+    # No server: nothing is sent. Taken, the client's coroutines would have
+    # failed at the first decision ("'>' not supported ... 'coroutine' and 'int'").
+    with pytest.raises(TypeError) as info:
+        cls(make(), rate=1, capacity=1)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("cls", [nbr.RedisTokenBucket, nbr.AsyncRedisTokenBucket])
+def test_from_url_makes_a_client_of_the_right_kind(cls: Any) -> None:
+    limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1)
+    assert type(limiter.client).__module__ == (
+        "redis.asyncio.client" if cls is nbr.AsyncRedisTokenBucket else "redis.client"
+    )
 
 
 # -- the circuit breaker ------------------------------------------------------------------------

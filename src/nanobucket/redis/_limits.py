@@ -187,6 +187,10 @@ class _RedisLimits(_FailurePolicy):
         if not hasattr(client, "register_script"):
             kind = "redis.asyncio.Redis" if self._asyncio else "redis.Redis"
             raise TypeError(f"client must be a {kind}, not {type(client).__name__}")
+        if _clients.is_asyncio(client) is (not self._asyncio):
+            # Refused here: taken, its first decision would fail far from here
+            # ("'>' not supported between instances of 'coroutine' and 'int'").
+            raise TypeError(_clients.wrong_kind(type(self).__name__, client, self._asyncio))
         self._user_client = client
         self._client = bounded_client(client, self._timeout)
         self._cluster = _clients.is_cluster(self._client)
