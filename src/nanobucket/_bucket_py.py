@@ -24,6 +24,8 @@ from ._params import (
     RateLike,
     bucket_params,
     public_rate,
+    unkeyed_cost,
+    unkeyed_now,
     validated_clock,
     validated_cost,
     validated_max_keys,
@@ -223,7 +225,7 @@ class TokenBucket(_Limits):
         """
         # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         now = self._now()
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
@@ -248,10 +250,15 @@ class TokenBucket(_Limits):
         """
         # validated_now's and _cost's fast paths inlined: they pay for `_allow`'s `step`.
         if type(now) is not int or not 0 <= now <= NOW_MAX:
-            now = validated_now(now)
+            now = unkeyed_now(now)
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         return self._allow(now, cost)
+
+    def _cost(self, cost: object) -> int:
+        if type(cost) is int and 0 <= cost <= self._capacity:
+            return cost
+        return unkeyed_cost(cost, self._capacity)  # a key where the cost goes says so
 
     def _allow(self, now: int, cost: int) -> bool:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
@@ -280,7 +287,7 @@ class TokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        return self._check(validated_now(now), self._cost(cost), True)
+        return self._check(unkeyed_now(now), self._cost(cost), True)
 
     def peek(self, cost: int = 1) -> Decision:
         """The `Decision` `check` would return now, without spending anything.
@@ -298,7 +305,7 @@ class TokenBucket(_Limits):
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        return self._check(validated_now(now), self._cost(cost), False)
+        return self._check(unkeyed_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
@@ -325,7 +332,7 @@ class TokenBucket(_Limits):
         >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
         (True, 0.0, 0.5)
         """
-        return self._tokens(self._tat, validated_now(now))
+        return self._tokens(self._tat, unkeyed_now(now))
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
@@ -350,7 +357,7 @@ class TokenBucket(_Limits):
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        self._refund(validated_now(now), self._cost(cost))
+        self._refund(unkeyed_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
         with self._lock:
@@ -435,7 +442,7 @@ class TokenBucket(_Limits):
         (True, False, True)
         """
         if type(cost) is not int or not 0 <= cost <= self._capacity:  # as `allow` does
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         if timeout is not None:
             validated_timeout(timeout)
         if self._allow(self._now(), cost):

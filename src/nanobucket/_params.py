@@ -211,6 +211,42 @@ def validated_cost(cost: object, capacity: int) -> int:
     return value
 
 
+def not_a_key(value: object, name: str, owner: str = "TokenBucket") -> None:
+    """Raise the TypeError of a key given to an unkeyed limiter, if *value* looks like one.
+
+    *value* came where *owner*'s *name* (``cost``, or ``now`` in the ``_at``
+    verbs) goes. A str, bytes, tuple or None is what a key usually is (a
+    name, an address, a header, a composite key, a header that is absent)
+    and never a cost or a time: ``TokenBucket(...).allow("alice")`` is a
+    keyed call on an unkeyed bucket. An int key cannot be told from a cost.
+
+    >>> not_a_key(5, "cost")  # an int: a cost (an int key cannot be told from one)
+    >>> not_a_key("alice", "cost")
+    Traceback (most recent call last):
+    ...
+    TypeError: TokenBucket is not keyed (...): got a str where cost goes; for a bucket per ...
+    """
+    if value is None or isinstance(value, (str, bytes, bytearray, tuple)):
+        kind = "None" if value is None else type(value).__name__
+        kind = kind if kind in ("None", "bytes") else f"a {kind}"
+        raise TypeError(
+            f"{owner} is not keyed (one bucket for every caller), so its verbs take no key: "
+            f"got {kind} where {name} goes; for a bucket per key use Keyed{owner}"
+        )
+
+
+def unkeyed_cost(cost: object, capacity: int) -> int:
+    """`validated_cost` for an unkeyed bucket, whose first argument a key may land in."""
+    not_a_key(cost, "cost")
+    return validated_cost(cost, capacity)
+
+
+def unkeyed_now(now: object) -> int:
+    """`validated_now` for an unkeyed bucket's ``_at`` verbs (``allow_at("alice", t)``)."""
+    not_a_key(now, "now")
+    return validated_now(now)
+
+
 def validated_now(now: object) -> int:
     """Return *now* (int ns) if in ``[0, NOW_MAX]``, or raise."""
     if type(now) is int and 0 <= now <= NOW_MAX:
