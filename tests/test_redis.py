@@ -324,6 +324,41 @@ def test_a_client_of_the_other_kind_is_refused_at_construction(
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize(
+    ("cls", "make"),
+    [
+        (nbr.RedisTokenBucket, redis.Redis),
+        (nbr.AsyncRedisTokenBucket, redis.asyncio.Redis),
+        (nbr.LeasedTokenBucket, redis.Redis),
+    ],
+)
+def test_none_is_refused_as_a_key_unless_the_limiter_takes_it(cls: Any, make: Any) -> None:
+    limiter = cls(make(), rate=1, capacity=1)
+    with pytest.raises(TypeError) as info:
+        limiter.key(None)  # every verb makes the Redis key first: nothing is sent
+    assert str(info.value) == (
+        f"key is None: {cls.__name__} refuses it, as every request whose key is missing "
+        "(an absent header, an anonymous user) would share one bucket; pass a key, or build "
+        "it with none_key=True to give None a bucket of its own"
+    )
+    taking = cls(make(), rate=1, capacity=1, prefix="api", none_key=True)
+    assert (limiter.none_key, taking.none_key) == (False, True)
+    assert taking.key(None) == b"api:{\xff}"  # no str or int key is these bytes
+
+
+def test_none_key_against_redis(client: Any) -> None:
+    refusing = nbr.RedisTokenBucket(client, 1, 1, timeout=CLIENT_TIMEOUT, prefix=_fresh("none"))
+    with pytest.raises(TypeError, match=r"^key is None"):
+        refusing.allow(None)
+    with pytest.raises(TypeError, match=r"^key is None"):
+        refusing.allow_many(["a", None])
+    assert refusing.tokens("a") == 1.0  # the batch failed before any call
+    limiter = nbr.RedisTokenBucket(
+        client, 1, 1, timeout=CLIENT_TIMEOUT, prefix=_fresh("none"), none_key=True
+    )
+    assert [limiter.allow(None), limiter.allow(None), limiter.allow("None")] == [True, False, True]
+
+
 @pytest.mark.parametrize("cls", [nbr.RedisTokenBucket, nbr.AsyncRedisTokenBucket])
 def test_from_url_makes_a_client_of_the_right_kind(cls: Any) -> None:
     limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1)

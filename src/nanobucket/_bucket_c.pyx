@@ -47,8 +47,9 @@ import os
 from . import _acquire
 from ._wait import retimed
 from ._params import (
-    bucket_params, public_rate, unkeyed_cost, unkeyed_now, validated_clock, validated_cost,
-    validated_max_keys, validated_max_wait, validated_now, validated_shape, validated_timeout)
+    bucket_params, none_key_error, public_rate, unkeyed_cost, unkeyed_now, validated_clock,
+    validated_cost, validated_flag, validated_max_keys, validated_max_wait, validated_now,
+    validated_shape, validated_timeout)
 
 
 cdef extern from *:

@@ -23,11 +23,13 @@ from ._params import (
     NOW_MAX,
     RateLike,
     bucket_params,
+    none_key_error,
     public_rate,
     unkeyed_cost,
     unkeyed_now,
     validated_clock,
     validated_cost,
+    validated_flag,
     validated_max_keys,
     validated_max_wait,
     validated_now,
@@ -470,6 +472,10 @@ class KeyedTokenBucket(_Limits):
     clients get back the few tokens they still owed) until an eighth of the
     table is free. Memory never grows past the bound.
 
+    Key None is refused (`TypeError`): it is what a key function returns for
+    a value that is missing, and every such request would share one bucket.
+    With ``none_key=True`` None is a key like any other.
+
     >>> t = KeyedTokenBucket(rate=1, capacity=2)
     >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
     [True, True, False]
@@ -477,7 +483,17 @@ class KeyedTokenBucket(_Limits):
     True
     """
 
-    __slots__ = ("_floor", "_lock", "_max_keys", "_max_slots", "_now", "_room", "_slots", "_tats")
+    __slots__ = (
+        "_floor",
+        "_lock",
+        "_max_keys",
+        "_max_slots",
+        "_none_key",
+        "_now",
+        "_room",
+        "_slots",
+        "_tats",
+    )
     keyed = True  # the verbs take the key first
 
     def __init__(
@@ -487,12 +503,15 @@ class KeyedTokenBucket(_Limits):
         *,
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
+        none_key: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
         max_keys = validated_max_keys(max_keys)
         now = _clock_reader(clock)
+        none_key = validated_flag(none_key, "none_key")
         self._set_limits(limits)
         self._max_keys = max_keys
+        self._none_key = none_key
         self._now = now
         self._tats: dict[Hashable, int] = {}
         # The sweep schedule of the Cython table (open addressing at 2/3 load
@@ -516,6 +535,20 @@ class KeyedTokenBucket(_Limits):
         1000
         """
         return self._max_keys
+
+    @property
+    def none_key(self) -> bool:
+        """Whether None is a key (``none_key=True``); else a verb given None raises.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2).none_key
+        False
+        """
+        return self._none_key
+
+    def _refuse_none(self, key: Hashable) -> None:
+        """Raise for key None, unless the table takes it (off the hot path: see `_allow`)."""
+        if key is None and not self._none_key:
+            raise none_key_error(type(self).__name__)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s bucket now; True if admitted.
@@ -568,8 +601,9 @@ class KeyedTokenBucket(_Limits):
         if isinstance(keys, (str, bytes)):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes")
         keys = list(keys)
-        for key in keys:  # an unhashable key fails the batch before any token is spent
+        for key in keys:  # a bad key fails the batch before any token is spent
             hash(key)
+            self._refuse_none(key)
         allow = self._allow
         return bytearray([allow(key, now, cost) for key in keys])
 
@@ -582,6 +616,10 @@ class KeyedTokenBucket(_Limits):
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
+                # Checked for a missing key only: a refused None is never
+                # in the table, and a key found costs nothing more.
+                if key is None:
+                    self._refuse_none(key)
                 tat = self._floor
             # `step` inlined: the keyed hot path (see `step`).
             base = tat if tat > now else now
@@ -641,6 +679,7 @@ class KeyedTokenBucket(_Limits):
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
+                self._refuse_none(key)
                 tat = self._floor
             after = step(tat, now, cost_t, self._tau - cost_t)
             if consume and after >= 0 and cost_t:  # a place only when charged (`_allow`)
@@ -668,6 +707,7 @@ class KeyedTokenBucket(_Limits):
         (0.0, 0.5, 2.0)
         """
         now = validated_now(now)
+        self._refuse_none(key)
         with self._lock:
             tat = self._tats.get(key, self._floor)
         return self._tokens(tat, now)
@@ -706,7 +746,7 @@ class KeyedTokenBucket(_Limits):
     def __repr__(self) -> str:
         return (
             f"KeyedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
-            f"max_keys={self._max_keys})"
+            f"max_keys={self._max_keys}{', none_key=True' if self._none_key else ''})"
         )
 
     def refund(self, key: Hashable, cost: int = 1) -> None:
@@ -734,6 +774,7 @@ class KeyedTokenBucket(_Limits):
         self._refund(key, validated_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
+        self._refuse_none(key)
         tats = self._tats
         with self._lock:
             tat = tats.get(key)
@@ -748,6 +789,7 @@ class KeyedTokenBucket(_Limits):
         (True, None, 2.0)
         """
         hash(key)  # an unhashable key raises, as in every verb
+        self._refuse_none(key)
         now = self._now()
         tats = self._tats
         with self._lock:
@@ -778,6 +820,7 @@ class KeyedTokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
+        self._refuse_none(key)
         tats = self._tats
         with self._lock:
             cost_t = cost * self._interval

@@ -280,6 +280,30 @@ def validated_shape(shape: object) -> bool:
     return shape
 
 
+def validated_flag(value: object, name: str) -> bool:
+    """Return *value*, a bool, or raise TypeError."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def none_key_error(owner: str) -> TypeError:
+    """The error of key None given to a keyed table not built with ``none_key=True``.
+
+    None is what a key function returns for a value that is missing (an
+    absent header, an anonymous user's id): taken as a key, every such
+    request would share one bucket, silently.
+
+    >>> print(none_key_error("KeyedTokenBucket"))
+    key is None: KeyedTokenBucket refuses it, as every request whose key is missing (...) ...
+    """
+    return TypeError(
+        f"key is None: {owner} refuses it, as every request whose key is missing (an absent "
+        "header, an anonymous user) would share one bucket; pass a key, or build it "
+        "with none_key=True to give None a bucket of its own"
+    )
+
+
 def validated_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
     value = exact_int(max_keys, "max_keys")

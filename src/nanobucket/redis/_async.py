@@ -94,9 +94,12 @@ class AsyncRedisTokenBucket(_RedisLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
         coalesce: bool = True,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         if not isinstance(coalesce, bool):
             raise TypeError(f"coalesce must be a bool, not {type(coalesce).__name__}")

@@ -99,8 +99,11 @@ class LeasedTokenBucket(_SyncLimits):
         clock: Clock | None = None,
         max_keys: int = 100_000,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         self._script = self._give_script  # lua/lease.lua: take and give
         self._max_keys = validated_max_keys(max_keys)

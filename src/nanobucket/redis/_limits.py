@@ -26,9 +26,11 @@ from .._params import (
     NS_PER_S,
     RateLike,
     bucket_params,
+    none_key_error,
     public_rate,
     real_seconds,
     validated_cost,
+    validated_flag,
     validated_max_wait,
     validated_now,
     validated_shape,
@@ -45,6 +47,9 @@ TAU_US_MAX = (1 << 53) - 1 - NOW_MAX // NS_PER_US
 #: explicit clock is not Redis's, so Redis cannot tell when such a bucket is
 #: full; without the slack a slow replay would lose state mid-trace.
 EXPLICIT_TTL_SLACK_MS = 86_400_000
+#: The bytes of key None (``none_key=True``) in its Redis key: not UTF-8, so no
+#: str or int key has them (only the bytes key ``b"\xff"``).
+NONE_KEY = b"\xff"
 #: Compare-and-swap attempts per key when reconfigure migrates a busy bucket.
 SWAP_TRIES = 100
 
@@ -171,8 +176,11 @@ class _RedisLimits(_FailurePolicy):
         fallback: Fallback | None,
         breaker: CircuitBreaker | None,
         timeout: float,
+        *,
+        none_key: bool = False,
     ) -> None:
         self._timeout = _timeout_seconds(timeout)
+        self._none_key = validated_flag(none_key, "none_key")
         self._set_params(_redis_params(rate, capacity))
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
@@ -226,6 +234,15 @@ class _RedisLimits(_FailurePolicy):
         make: Any = cls  # a limiter class: the client first, as every one takes it
         limiter: _Limits = make(client, rate, capacity, timeout=socket_timeout, **kwargs)
         return limiter
+
+    @property
+    def none_key(self) -> bool:
+        """Whether None is a key (``none_key=True``); else a verb given None raises.
+
+        >>> RedisTokenBucket(redis.Redis(), rate=1, capacity=2, none_key=True).key(None)
+        b'nanobucket:{\\xff}'
+        """
+        return self._none_key
 
     @property
     def client(self) -> Any:
@@ -298,6 +315,10 @@ class _RedisLimits(_FailurePolicy):
             raw = key
         elif isinstance(key, int) and not isinstance(key, bool):
             raw = str(key).encode()
+        elif key is None:
+            if not self._none_key:
+                raise none_key_error(type(self).__name__)
+            raw = NONE_KEY
         else:
             raise TypeError(
                 f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}"

@@ -196,8 +196,11 @@ class RedisTokenBucket(_SyncLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
