@@ -94,6 +94,13 @@ def _seconds(text: str) -> Fraction:
     return value
 
 
+def _window(text: str) -> Fraction:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0 s, got 0")
+    return value
+
+
 # An option's row: its name, its type, its default (or _REQUIRED) and its help.
 _Option = tuple[str, Callable[[str], Any], Any, str]
 _REQUIRED = object()  # the default of an option that must be given
@@ -179,7 +186,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "explain",
         help="what a rate/capacity admits, in exact numbers",
         description="Explain a token bucket: sustained rate, largest burst, refill time, the "
-        "most admitted in T seconds, how long a burst is absorbed, what N instances admit. "
+        "most admitted in T seconds (and how to cap any second at the rate), how long a "
+        "burst is absorbed, what N instances admit. "
         "Numbers are exact (fractions where needed).",
     )
     _options(
@@ -195,6 +203,15 @@ def _build_parser() -> argparse.ArgumentParser:
             "a burst to judge, requests/s (default 1.8 x the sustained rate, "
             "the case study's 180 against 100)",
         ),
+    )
+    ex.add_argument(
+        "--window",
+        metavar="SECONDS",
+        type=_window,
+        action="append",
+        default=[],
+        help="also give the most admitted in any window of this many seconds (repeatable; "
+        "1, 2, 5 and 60 are always given)",
     )
     _output_arguments(ex, json="print JSON (rationals as exact strings)")
 
@@ -277,7 +294,9 @@ def _build_parser() -> argparse.ArgumentParser:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain, render_text, to_json
 
-    e = explain(args.rate, args.capacity, args.cost, args.instances, args.burst_rps)
+    e = explain(
+        args.rate, args.capacity, args.cost, args.instances, args.burst_rps, tuple(args.window)
+    )
     if args.json:
         out.write(json.dumps(to_json(e), indent=2) + "\n")
     else:  # the limiter's speed, not the figures (exact either way), depends on it
