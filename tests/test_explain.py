@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket.explain import explain, fmt, render_text, to_json
+from nanobucket.explain import explain, fmt, given, render_text, to_json
 from nanobucket.reference import ExactBucket
 
 SEED_TEXT = """\
@@ -31,7 +31,7 @@ token bucket: rate 100 tokens/s, capacity 200 tokens
 
   burst of 180 req/s  drains 80 tokens/s from a full bucket
     bucket empty after     2.5 s (450 requests' worth)
-    first rejection        request #449 at 112/45 (~2.488889) s (evenly spaced arrivals)
+    first rejection        request #449 at ~2.489 s (evenly spaced arrivals)
     then                   100 req/s admitted, 80 req/s rejected
 """
 
@@ -44,8 +44,8 @@ def test_seed_configuration_text() -> None:
     assert "an empty bucket takes 2 s to refill" in summary
     # The first refusal is before the fluid 2.5 s: the summary says so.
     assert (
-        "with evenly spaced arrivals every request passes until request #449 at 112/45 "
-        "(~2.488889) s, the first rejected (the bucket runs dry at 2.5 s, but a request "
+        "with evenly spaced arrivals every request passes until request #449 at ~2.489 s, "
+        "the first rejected (the bucket runs dry at 2.5 s, but a request "
         "needs a whole token)"
     ) in summary
     assert "instances" not in summary
@@ -104,12 +104,36 @@ def test_seed_configuration_json() -> None:
         (Fraction(5, 2), "2.5"),
         (Fraction(1, 8), "0.125"),
         (Fraction(-3, 40), "-0.075"),
-        (Fraction(10, 3), "10/3 (~3.333333)"),
+        (Fraction(10, 3), "~3.333"),
         (Fraction(200, 100), "2"),
+        (Fraction(112, 45), "~2.489"),
+        (Fraction(1, 180), "~0.005556"),
+        (Fraction(333_333_334, 10**9), "~0.3333"),  # 9 significant digits: rounded
+        (Fraction(123_456, 1000), "123.456"),  # 6: exact
+        (Fraction(10**9 + 1, 3), "~333333334"),  # past 4 digits: the nearest whole
+        (Fraction(12_345_678), "12345678"),  # whole: exact
     ],
 )
-def test_fmt_is_exact(value: Fraction, text: str) -> None:
+def test_fmt_is_exact_where_short_and_rounded_where_not(value: Fraction, text: str) -> None:
+    # A decimal with sensible digits: exact when it is whole or short, else
+    # rounded to 4 significant digits and marked; the exact form stays in JSON.
     assert fmt(value) == text
+    assert Fraction(fmt(value, approx=False)) == value
+
+
+def test_a_rate_is_printed_as_given() -> None:
+    assert given(Fraction(10, 3)) == "10/3 (~3.333)"
+    lines = render_text(explain(Fraction(10, 3), 7)).splitlines()
+    assert lines[0] == "token bucket: rate 10/3 (~3.333) tokens/s, capacity 7 tokens"
+    assert "  sustained rate           ~3.333 req/s" in lines
+    assert (
+        "    nb.TokenBucket(rate=Fraction(10, 3), capacity=1), or nb.LeakyBucket(rate=Fraction(10, "
+        "3)) to wait"
+    ) not in lines
+    assert lines[lines.index("  a hard cap of 4 per second instead, with no burst:") + 2 :][:2] == [
+        "    nb.TokenBucket(rate=Fraction(10, 3), capacity=1), or",
+        "    nb.LeakyBucket(rate=Fraction(10, 3)) to wait",
+    ]
 
 
 def test_first_rejection_matches_the_exact_model_and_both_implementations(
@@ -142,7 +166,8 @@ def test_cost_instances_and_inexact_interval() -> None:
     assert (e.interval_ns, e.interval_exact) == (333_333_334, False)
     assert e.burst.drain_per_s == 7 and e.burst.absorbed_s == 1 and e.burst.first_rejected == 5
     text = render_text(e)
-    assert "  refill from empty        7/3 (~2.333333) s\n" in text
+    assert "  refill from empty        ~2.333 s\n" in text
+    assert "  one token every          333,333,334 ns (~0.3333 s) (1/3 s rounded up" in text
     assert "1/3 s rounded up: never faster than asked" in text
     assert "    sustained              6 req/s\n" in text
     assert "    in T = 60 s            372 requests\n" in text

@@ -266,7 +266,8 @@ def _build_parser() -> argparse.ArgumentParser:
             "--max-reject",
             _share,
             Fraction(1, 1000),
-            "the share that may be rejected: 0.1%% (default) or 0.001",
+            "the share that may be rejected: a percentage such as 0.1%% (the default) or "
+            "10%%, or a fraction below 1 such as 0.001 (a bare 10 is refused as ambiguous)",
         ),
         (
             "--max-wait",

@@ -3,10 +3,11 @@
 What does a limit of rate 100/s and capacity 200 let through, and for how
 long does it absorb a burst? `explain` answers that for any numbers, in exact
 rational arithmetic (`Fraction`), so 200 / 100 prints as ``2 s``, never
-``1.9999 s``. Every rational value is rendered by `fmt`: a whole or
-terminating decimal when one exists (``2``, ``2.5``), else ``p/q`` with an
-approximation (``10/3 (~3.333333)``). In JSON, rational values are strings
-that ``fractions.Fraction`` parses back exactly; counts are ints.
+``1.9999 s``. The report prints each value with `fmt`: exactly when it is a
+whole number or a short decimal (``2``, ``2.5``), else rounded to 4
+significant digits (``~2.489``); a rate as given, ``10/3 (~3.333)``
+(`given`). In JSON, rational values are exact strings that
+``fractions.Fraction`` parses back; counts are ints.
 
 >>> e = explain(100, 200)
 >>> fmt(e.refill_s), e.largest_burst, fmt(e.burst.absorbed_s)
@@ -22,7 +23,16 @@ from fractions import Fraction
 
 from ._params import NS_PER_S, RateLike, bucket_params, int_at_least, rate_fraction, validated_cost
 
-__all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
+__all__ = (
+    "WINDOWS_S",
+    "BurstAnswer",
+    "Explanation",
+    "explain",
+    "fmt",
+    "given",
+    "render_text",
+    "to_json",
+)
 
 WINDOWS_S = (1, 2, 5, 60)
 # The case study's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
@@ -30,12 +40,31 @@ DEFAULT_BURST_FACTOR = Fraction(9, 5)
 
 
 def fmt(value: Fraction | int, approx: bool = True) -> str:
-    """Render *value* exactly: ``2``, ``2.5``, or ``10/3 (~3.333333)``.
+    """Render *value* for reading: ``2``, ``2.5``, or ``~3.333`` (4 significant digits).
 
-    >>> fmt(Fraction(5, 2)), fmt(Fraction(10, 3)), fmt(Fraction(10, 3), approx=False)
-    ('2.5', '10/3 (~3.333333)', '10/3')
+    A whole number, or a decimal of at most 6 significant digits, is
+    printed exactly; any other value rounded, marked ``~``. With
+    ``approx=False`` the value is exact whatever it takes: a decimal when
+    one ends, else ``p/q`` (the JSON's form, which ``Fraction`` reads back).
+
+    >>> fmt(Fraction(5, 2)), fmt(Fraction(112, 45)), fmt(Fraction(333333334, 10**9))
+    ('2.5', '~2.489', '~0.3333')
+    >>> fmt(Fraction(10, 3), approx=False), fmt(Fraction(1, 8), approx=False)
+    ('10/3', '0.125')
     """
     value = Fraction(value)
+    exact = _exact(value)
+    short = "/" not in exact and len(exact.lstrip("-0.").replace(".", "")) <= 6
+    if not approx or value.denominator == 1 or short:
+        return exact
+    x = float(value)
+    places = 3 - math.floor(math.log10(abs(x)))  # 4 significant digits
+    text = f"{x:.{max(places, 0)}f}"
+    return "~" + (text.rstrip("0").rstrip(".") if "." in text else text)
+
+
+def _exact(value: Fraction) -> str:
+    """*value* exactly: ``2``, ``2.5`` (a decimal that ends), else ``p/q``."""
     if value.denominator == 1:
         return str(value.numerator)
     den = value.denominator
@@ -46,14 +75,23 @@ def fmt(value: Fraction | int, approx: bool = True) -> str:
     while den % 5 == 0:
         den //= 5
         fives += 1
-    if den == 1:  # a terminating decimal: print all of it, nothing rounded
-        places = max(twos, fives)
-        scaled = abs(value.numerator) * 10**places // value.denominator
-        sign = "-" if value < 0 else ""
-        whole, frac = divmod(scaled, 10**places)
-        return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
-    exact = f"{value.numerator}/{value.denominator}"
-    return f"{exact} (~{float(value):.6f})" if approx else exact
+    if den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    places = max(twos, fives)  # a terminating decimal: all of it, nothing rounded
+    scaled = abs(value.numerator) * 10**places // value.denominator
+    sign = "-" if value < 0 else ""
+    whole, frac = divmod(scaled, 10**places)
+    return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
+
+
+def given(value: Fraction) -> str:
+    """A value the user sets (a rate): exact, with a decimal beside a fraction.
+
+    >>> given(Fraction(10, 3)), given(Fraction(5, 2))
+    ('10/3 (~3.333)', '2.5')
+    """
+    exact = _exact(value)
+    return exact if "/" not in exact else f"{exact} ({fmt(value)})"
 
 
 def _plural(n: int, word: str) -> str:
@@ -214,7 +252,7 @@ def _positive(value: RateLike) -> Fraction:
 
 
 def _summary(e: Explanation) -> str:
-    tokens = f"{fmt(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
+    tokens = f"{given(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
     text = (
         f"The bucket starts full with {_plural(e.capacity, 'token')} and refills {tokens}, "
         f"never past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is "
@@ -247,7 +285,7 @@ def _summary(e: Explanation) -> str:
         text += (
             f" With {n} instances each holding its own bucket, together they admit up to "
             f"{fmt(e.sustained_rps * n)} req/s and {e.largest_burst * n} at once: for one shared "
-            f"limit use a shared store (Redis) or give each instance rate {fmt(e.rate / n)} "
+            f"limit use a shared store (Redis) or give each instance rate {given(e.rate / n)} "
             f"and capacity {e.capacity // n}."
         )
     return text
@@ -278,11 +316,15 @@ def _hard_cap(e: Explanation) -> list[str]:
     if e.capacity == e.cost:
         return [f"  no burst above the rate: {pace}"]
     wider = "" if e.cost == 1 else f", capacity={e.cost}"
+    bucket = f"nb.TokenBucket(rate={_code(e.rate)}, capacity={e.cost})"
+    shaper = f"nb.LeakyBucket(rate={_code(e.rate)}{wider}) to wait"
+    code = [f"    {bucket}, or {shaper}"]
+    if len(code[0]) > 78:  # a Fraction rate: one per line
+        code = [f"    {bucket}, or", f"    {shaper}"]
     return [
         f"  a hard cap of {e.hard_cap_per_s} per second instead, with no burst:",
         f"    capacity {e.cost}: {pace}",
-        f"    nb.TokenBucket(rate={_code(e.rate)}, capacity={e.cost}), or "
-        f"nb.LeakyBucket(rate={_code(e.rate)}{wider}) to wait",
+        *code,
     ]
 
 
@@ -304,7 +346,8 @@ def render_text(e: Explanation) -> str:
         else []
     )
     lines = [
-        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {_plural(e.capacity, 'token')}{unit}",
+        f"token bucket: rate {given(e.rate)} tokens/s, "
+        f"capacity {_plural(e.capacity, 'token')}{unit}",
         "",
         f"  sustained rate           {fmt(e.sustained_rps)} req/s",
         *second,
@@ -350,7 +393,7 @@ def render_text(e: Explanation) -> str:
             f"    in T = {fmt(t):>2} s            {m * n} requests" for t, m in e.max_admitted
         ]
         lines.append(
-            f"    for one shared limit   rate {fmt(e.rate / n)}, capacity {e.capacity // n}"
+            f"    for one shared limit   rate {given(e.rate / n)}, capacity {e.capacity // n}"
             " per instance, or a shared store"
         )
     lines += ["", *_wrap(e.summary, 78)]
