@@ -35,7 +35,7 @@ from .._params import (
     validated_now,
     validated_shape,
 )
-from . import _clients
+from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
@@ -112,6 +112,9 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
     lost the script (restart, ``SCRIPT FLUSH``), load it and re-run only the
     calls that got ``NOSCRIPT``: those ran nothing, so none is applied twice.
     """
+    if isinstance(script, _prefix.Checked):  # the limiter's prefix is not checked yet
+        yield from script.steps()
+        script = script.inner
     results: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for _ in range(2):
