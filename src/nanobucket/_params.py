@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -119,7 +120,7 @@ def rate_fraction(rate: object) -> Fraction:
     if kind is bool or not issubclass(kind, (int, Real, Decimal)):
         raise TypeError(
             f"rate must be a real number (an int, float, Fraction, Decimal or other "
-            f"numbers.Real), not {kind.__name__}"
+            f"numbers.Real), not {kind.__name__}{_rate_hint(rate)}"
         )
     if issubclass(kind, int):
         value = Fraction(exact_int(rate, "rate"))
@@ -152,6 +153,32 @@ def rate_fraction(rate: object) -> Fraction:
     if value > RATE_MAX:
         raise ValueError(f"rate must be at most 1e9 per second, got {rate!r}")
     return value
+
+
+_PER = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_RATE_TEXT = re.compile(
+    r"\s*(\d+(?:\.\d+)?)\s*(?:(?:/|per\s+)\s*(s|sec|second|m|min|minute|h|hour)s?)?\s*",
+    re.IGNORECASE,
+)
+
+
+def _rate_hint(rate: object) -> str:
+    """For a rate written as text (``"100/s"``, ``"10 per minute"``), the number to give.
+
+    >>> _rate_hint("100/s")
+    ": the rate is tokens per second, so for '100/s' give rate=100"
+    >>> _rate_hint("10/min")
+    ": the rate is tokens per second, so for '10/min' give rate=10 / 60"
+    """
+    if not isinstance(rate, str):
+        return ""
+    match = _RATE_TEXT.fullmatch(rate)
+    if match is None:
+        return ": the rate is a number of tokens per second, such as rate=100"
+    number, unit = match.groups()
+    per = _PER[unit.lower()] if unit else 1
+    code = number if per == 1 else f"{number} / {per}"
+    return f": the rate is tokens per second, so for {rate!r} give rate={code}"
 
 
 def public_rate(rate: object, exact: Fraction) -> RateLike:
