@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from decimal import Decimal
@@ -38,6 +39,35 @@ def test_bad_rate(impl: ModuleType, rate: object, error: type[Exception]) -> Non
         impl.TokenBucket(rate=rate, capacity=1)
     with pytest.raises(error, match="rate"):
         impl.KeyedTokenBucket(rate=rate, capacity=1)
+
+
+@pytest.mark.parametrize(
+    ("rate", "hint"),
+    [
+        ("100/s", ": the rate is tokens per second, so for '100/s' give rate=100"),
+        ("100 / sec", ": the rate is tokens per second, so for '100 / sec' give rate=100"),
+        (
+            "10 per minute",
+            ": the rate is tokens per second, so for '10 per minute' give rate=10 / 60",
+        ),
+        ("2.5/h", ": the rate is tokens per second, so for '2.5/h' give rate=2.5 / 3600"),
+        ("100", ": the rate is tokens per second, so for '100' give rate=100"),
+        ("fast", ": the rate is a number of tokens per second, such as rate=100"),
+        (b"100", ""),
+    ],
+)
+def test_a_rate_written_as_text_gets_the_number_to_give(
+    impl: ModuleType, rate: object, hint: str
+) -> None:
+    kind = type(rate).__name__
+    want = (
+        "rate must be a real number (an int, float, Fraction, Decimal or other numbers.Real), "
+        f"not {kind}{hint}"
+    )
+    for make in (impl.TokenBucket, impl.KeyedTokenBucket):
+        with pytest.raises(TypeError) as info:
+            make(rate=rate, capacity=1)
+        assert str(info.value) == want
 
 
 @pytest.mark.parametrize(
@@ -140,6 +170,49 @@ def test_bad_time(impl: ModuleType, now: object, error: type[Exception]) -> None
     bad_clock = impl.TokenBucket(rate=100, capacity=200, clock=lambda: now)
     with pytest.raises(error, match="now"):
         bad_clock.allow()
+
+
+def _not_keyed(kind: str, where: str) -> str:
+    return (
+        "TokenBucket is not keyed (one bucket for every caller), so its verbs take no key: "
+        f"got {kind} where {where} goes; for a bucket per key use KeyedTokenBucket"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [("alice", "a str"), (b"alice", "bytes"), (("alice", 1), "a tuple"), (None, "None")],
+)
+def test_a_key_given_to_an_unkeyed_bucket_says_so(impl: ModuleType, key: object, kind: str) -> None:
+    # A str, bytes, tuple or None (a header that is absent) where an unkeyed
+    # verb's first argument goes is a key, never a cost or a time.
+    b = impl.TokenBucket(rate=1, capacity=1)
+    by_cost: list[Callable[[], object]] = [
+        lambda: b.allow(key),
+        lambda: b.check(key),
+        lambda: b.peek(key),
+        lambda: b.refund(key),
+        lambda: b.acquire(key),
+        lambda: asyncio.run(b.acquire_async(key)),
+    ]
+    by_now: list[Callable[[], object]] = [
+        lambda: b.allow_at(key, 0),
+        lambda: b.check_at(key, 0),
+        lambda: b.peek_at(key, 0),
+        lambda: b.refund_at(key),
+        lambda: b.tokens_at(key),
+    ]
+    for calls, where in ((by_cost, "cost"), (by_now, "now")):
+        for call in calls:
+            with pytest.raises(TypeError) as info:
+                call()
+            assert str(info.value) == _not_keyed(kind, where)
+    assert b.tokens_at(0) == 1.0  # nothing was spent
+    # Other wrong types keep their message, and a keyed table is not concerned.
+    with pytest.raises(TypeError, match=r"^cost must be an int, not float$"):
+        b.allow(1.5)
+    with pytest.raises(TypeError, match=r"^cost must be an int, not str$"):
+        impl.KeyedTokenBucket(rate=1, capacity=1).allow("alice", "bob")
 
 
 def test_an_int_subclass_is_a_number_but_bool_is_not(impl: ModuleType) -> None:

@@ -155,9 +155,13 @@ def test_goals_agree_with_the_figures(quick_run: tuple[dict[str, Any], str, str]
 
 def test_table_and_plain_progress(quick_run: tuple[dict[str, Any], str, str]) -> None:
     report, out, err = quick_run
+    # The default output is the users' (see test_the_users_summary_exactly).
+    assert out == bench.format_summary(report) + "\n"
     for group in report["groups"]:
-        assert group["title"] in out
-    assert "resident bytes per key at 50,000 str keys" in out
+        assert (group["title"] in out) is (group["id"] != "aimed")
+        assert group["title"] in bench.format_table(report)
+    assert "memory per tracked key, 50,000 keys" in out
+    assert "resident bytes per key at 50,000 str keys" in bench.format_table(report)
     total = (
         sum(len(g["results"]) + len(g["skipped"]) for g in report["groups"])
         + len(report["memory"]["bytes_per_key"])
@@ -230,6 +234,83 @@ def test_one_group_without_memory(tmp_path: Path, capsys: pytest.CaptureFixture[
     names = [r["name"] for r in report["groups"][0]["results"]]
     assert names[:5] == ["floor", "floor+clock", "nanobucket-c", "nanobucket-py", "naive"]
     assert "single check() -> Decision, admitted" in capsys.readouterr().out
+
+
+def test_dev_prints_the_developers_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick", "--no-memory", "--group", "check", "--dev"]) == 0
+    out = capsys.readouterr().out
+    assert "  contender                              ns   spread  x floor      x c rounds" in out
+    assert "speed goals of the Cython build" in out
+
+
+def _result(name: str, role: str, ns: float) -> dict[str, Any]:
+    return {"name": name, "role": role, "ns": {"median": ns, "p25": ns, "p75": ns}, "rounds": 9}
+
+
+def test_the_users_summary_exactly() -> None:
+    report: dict[str, Any] = {
+        "nanobucket": "0.1.0",
+        "implementation": "cython",
+        "python": "3.11.7",
+        "machine": "Linux x86_64",
+        "cpus": 2,
+        "quick": False,
+        "elapsed_s": 61.04,
+        "groups": [
+            {
+                "id": "keyed_small",
+                "title": "keyed allow(key), 100,000 str keys round-robin",
+                "unit": "call",
+                "floor": "floor",
+                "results": [
+                    _result("floor", "floor", 18.0),
+                    _result("nanobucket-c", "ours", 50.0),
+                    _result("nanobucket-py", "twin", 650.0),
+                    _result("dict.get", "baseline", 30.0),
+                    _result("naive", "naive", 352.0),
+                    _result("token-bucket", "peer", 51.0),
+                ],
+                "skipped": [{"name": "limits-fixed", "reason": "not installed"}],
+            },
+            {
+                "id": "aimed",
+                "title": "hash flooding",
+                "unit": "call",
+                "floor": "floor",
+                "results": [_result("int: aimed", "ours", 80.0)],
+                "skipped": [],
+            },
+        ],
+        "memory": {
+            "keys": 1_000_000,
+            "bytes_per_key": {"nanobucket-c": 40.4, "dict": 79.0},
+            "skipped": [],
+        },
+        "goals": [],
+    }
+    assert bench.format_summary(report) == (
+        "nanobucket 0.1.0 (compiled), Python 3.11.7, Linux x86_64, 2 CPUs\n"
+        "Each row: the time one call takes (the median of several rounds on one core), the\n"
+        "calls per second that makes, and how it compares with the first nanobucket row.\n"
+        "\n"
+        "keyed allow(key), 100,000 str keys round-robin\n"
+        "                                            time/call        calls/s"
+        "  vs nanobucket (compiled)\n"
+        "  nanobucket (compiled)                       50.0 ns     20,000,000\n"
+        "  nanobucket (pure Python)                   650.0 ns      1,540,000  13.0x slower\n"
+        "  dict.get alone (no limiter)                 30.0 ns     33,300,000  1.7x faster\n"
+        "  naive token bucket (Python)                352.0 ns      2,840,000  7.0x slower\n"
+        "  token-bucket                                51.0 ns     19,600,000  about the same\n"
+        "\n"
+        "memory per tracked key, 1,000,000 keys\n"
+        "  nanobucket (compiled)                          40 bytes\n"
+        "  a dict of the keys alone                       79 bytes\n"
+        "\n"
+        "not measured, not installed: limits-fixed\n"
+        "\n"
+        "--dev: the developers' table (no-op floor, spread, rounds, hash flooding, speed "
+        "goals). 61.0 s"
+    )
 
 
 def test_memory_kinds() -> None:

@@ -14,10 +14,18 @@ from pathlib import Path
 import pytest
 from test_simulate import check_seed_table
 
+import nanobucket
 from nanobucket.__main__ import main
 from nanobucket.explain import explain, render_text
 
 BIN = Path(sys.executable).parent
+# What the child processes below print for their implementation: the
+# pure-Python CI run sets NANOBUCKET_NO_EXTENSIONS=1, which they inherit.
+IMPLEMENTATION_LINE = (
+    "implementation: Cython extension"
+    if nanobucket.IMPLEMENTATION == "cython"
+    else "implementation: pure Python (NANOBUCKET_NO_EXTENSIONS is set)"
+)
 ENV = {**os.environ, "COLUMNS": "80"}
 
 
@@ -30,7 +38,8 @@ def run(
 
 
 def test_console_script_and_module_run_explain() -> None:
-    want = render_text(explain(100, 200))
+    # The report, then a line naming the implementation (see test_version).
+    want = render_text(explain(100, 200)) + f"\n{IMPLEMENTATION_LINE}\n"
     script = run("explain", "--rate", "100", "--capacity", "200", prog=(str(BIN / "nanobucket"),))
     module = run("explain", "--rate", "100", "--capacity", "200")
     assert (script.returncode, script.stdout, script.stderr) == (0, want, "")
@@ -268,7 +277,15 @@ def test_help_for_each_command() -> None:
         assert proc.stdout.startswith("usage: nanobucket")
     assert "--burst-rps" in run("explain", "--help").stdout
     assert "--trace FILE.csv" in run("simulate", "--help").stdout
-    assert run("--version").stdout.startswith("nanobucket ")
+
+
+def test_version_names_the_implementation() -> None:
+    proc = run("--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        f"nanobucket {nanobucket.__version__}, {IMPLEMENTATION_LINE}\n",
+        "",
+    )
 
 
 def test_bench_passes_its_arguments_through(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ uses its own users, so tests never share a bucket.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import subprocess
@@ -534,6 +535,25 @@ def test_the_throttle_wait_is_exact() -> None:
     r = view(factory.get("/api"))
     assert r.status_code == 429
     assert r["Retry-After"] == "1"  # DRF rounds the wait up
+
+
+def test_the_throttle_answers_carry_only_retry_after() -> None:
+    # What docs/guide/web.md says: a DRF throttle's 429 is DRF's own (its
+    # Retry-After, its "detail" body), and no answer gets RateLimit fields.
+    class One(NanobucketThrottle):
+        limiter = nb.KeyedTokenBucket(rate=3, capacity=1, clock=lambda: 0)
+
+    view, factory = api_view(One), RequestFactory()
+    admitted, refused = view(factory.get("/api")), view(factory.get("/api"))
+    refused.render()
+    fields = {"retry-after", "ratelimit", "ratelimit-policy", "x-ratelimit-limit"}
+    assert admitted.status_code == 200 and not fields & {k.lower() for k in admitted.headers}
+    assert refused.status_code == 429
+    assert fields & {k.lower() for k in refused.headers} == {"retry-after"}
+    assert refused["Retry-After"] == "1"  # 1/3 s, rounded up by DRF
+    assert json.loads(refused.content) == {
+        "detail": "Request was throttled. Expected available in 1 second."
+    }
 
 
 def test_the_throttle_keys_by_user_else_address() -> None:

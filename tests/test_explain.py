@@ -7,26 +7,31 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket.explain import explain, fmt, render_text, to_json
+from nanobucket.explain import explain, fmt, given, render_text, to_json
 from nanobucket.reference import ExactBucket
 
 SEED_TEXT = """\
 token bucket: rate 100 tokens/s, capacity 200 tokens
 
   sustained rate           100 req/s
+  most in any 1 s          300 requests, not 100: a full bucket, then 1 s of refill
   largest burst            200 requests at once
   refill from empty        2 s
   one token every          10,000,000 ns (0.01 s)
 
-  most admitted in any window of T seconds (capacity + rate * T):
+  most admitted in any window of T seconds, both ends counted (capacity + rate * T):
     T =  1 s   300 requests
     T =  2 s   400 requests
     T =  5 s   700 requests
     T = 60 s   6200 requests
 
+  a hard cap of 100 per second instead, with no burst:
+    capacity 1: one request every 0.01 s, at most 100 in any window [t, t + 1 s)
+    nb.TokenBucket(rate=100, capacity=1), or nb.LeakyBucket(rate=100) to wait
+
   burst of 180 req/s  drains 80 tokens/s from a full bucket
     bucket empty after     2.5 s (450 requests' worth)
-    first rejection        request #449 at 112/45 (~2.488889) s (evenly spaced arrivals)
+    first rejection        request #449 at ~2.489 s (evenly spaced arrivals)
     then                   100 req/s admitted, 80 req/s rejected
 """
 
@@ -39,11 +44,15 @@ def test_seed_configuration_text() -> None:
     assert "an empty bucket takes 2 s to refill" in summary
     # The first refusal is before the fluid 2.5 s: the summary says so.
     assert (
-        "with evenly spaced arrivals every request passes until request #449 at 112/45 "
-        "(~2.488889) s, the first rejected (the bucket runs dry at 2.5 s, but a request "
+        "with evenly spaced arrivals every request passes until request #449 at ~2.489 s, "
+        "the first rejected (the bucket runs dry at 2.5 s, but a request "
         "needs a whole token)"
     ) in summary
     assert "instances" not in summary
+    assert (
+        "For a hard cap of 100 per second instead, give it capacity 1: one request every "
+        "0.01 s, no burst."
+    ) in summary
 
 
 def test_one_token_is_singular() -> None:
@@ -95,12 +104,36 @@ def test_seed_configuration_json() -> None:
         (Fraction(5, 2), "2.5"),
         (Fraction(1, 8), "0.125"),
         (Fraction(-3, 40), "-0.075"),
-        (Fraction(10, 3), "10/3 (~3.333333)"),
+        (Fraction(10, 3), "~3.333"),
         (Fraction(200, 100), "2"),
+        (Fraction(112, 45), "~2.489"),
+        (Fraction(1, 180), "~0.005556"),
+        (Fraction(333_333_334, 10**9), "~0.3333"),  # 9 significant digits: rounded
+        (Fraction(123_456, 1000), "123.456"),  # 6: exact
+        (Fraction(10**9 + 1, 3), "~333333334"),  # past 4 digits: the nearest whole
+        (Fraction(12_345_678), "12345678"),  # whole: exact
     ],
 )
-def test_fmt_is_exact(value: Fraction, text: str) -> None:
+def test_fmt_is_exact_where_short_and_rounded_where_not(value: Fraction, text: str) -> None:
+    # A decimal with sensible digits: exact when it is whole or short, else
+    # rounded to 4 significant digits and marked; the exact form stays in JSON.
     assert fmt(value) == text
+    assert Fraction(fmt(value, approx=False)) == value
+
+
+def test_a_rate_is_printed_as_given() -> None:
+    assert given(Fraction(10, 3)) == "10/3 (~3.333)"
+    lines = render_text(explain(Fraction(10, 3), 7)).splitlines()
+    assert lines[0] == "token bucket: rate 10/3 (~3.333) tokens/s, capacity 7 tokens"
+    assert "  sustained rate           ~3.333 req/s" in lines
+    assert (
+        "    nb.TokenBucket(rate=Fraction(10, 3), capacity=1), or nb.LeakyBucket(rate=Fraction(10, "
+        "3)) to wait"
+    ) not in lines
+    assert lines[lines.index("  a hard cap of 4 per second instead, with no burst:") + 2 :][:2] == [
+        "    nb.TokenBucket(rate=Fraction(10, 3), capacity=1), or",
+        "    nb.LeakyBucket(rate=Fraction(10, 3)) to wait",
+    ]
 
 
 def test_first_rejection_matches_the_exact_model_and_both_implementations(
@@ -127,11 +160,14 @@ def test_max_admitted_is_reached_by_the_exact_model() -> None:
 def test_cost_instances_and_inexact_interval() -> None:
     e = explain(3, 7, cost=2, instances=4, burst_rps=5)
     assert (e.sustained_rps, e.largest_burst, e.refill_s) == (Fraction(3, 2), 3, Fraction(7, 3))
-    assert e.max_admitted == ((1, 5), (2, 6), (5, 11), (60, 93))
+    # Exact: capacity + rate * T less what the interval's rounding up costs
+    # (one token every 333,333,334 ns: the 15th arrives after 5 s).
+    assert e.max_admitted == ((1, 4), (2, 6), (5, 10), (60, 93))
     assert (e.interval_ns, e.interval_exact) == (333_333_334, False)
     assert e.burst.drain_per_s == 7 and e.burst.absorbed_s == 1 and e.burst.first_rejected == 5
     text = render_text(e)
-    assert "  refill from empty        7/3 (~2.333333) s\n" in text
+    assert "  refill from empty        ~2.333 s\n" in text
+    assert "  one token every          333,333,334 ns (~0.3333 s) (1/3 s rounded up" in text
     assert "1/3 s rounded up: never faster than asked" in text
     assert "    sustained              6 req/s\n" in text
     assert "    in T = 60 s            372 requests\n" in text
@@ -170,8 +206,72 @@ def test_default_burst_is_the_seeds_ratio() -> None:
         ({"rate": 100, "capacity": 200, "instances": 0}, ValueError, "instances must be >= 1"),
         ({"rate": 100, "capacity": 200, "instances": True}, TypeError, "instances must be an int"),
         ({"rate": 100, "capacity": 200, "burst_rps": -1}, ValueError, "burst rate must be > 0"),
+        ({"rate": 100, "capacity": 200, "windows": (0,)}, ValueError, "window must be > 0"),
+        ({"rate": 100, "capacity": 200, "windows": (0.5,)}, TypeError, "window must be an int"),
     ],
 )
 def test_bad_input(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         explain(**kwargs)  # type: ignore[arg-type]
+
+
+def _most_in_a_window(times: list[int], window_ns: int, closed: bool) -> int:
+    """The most of *times* (sorted) in any window of *window_ns*: [t, t + w] or [t, t + w)."""
+    most, j = 0, 0
+    for i, t in enumerate(times):
+        while j < len(times) and (
+            times[j] <= t + window_ns if closed else times[j] < t + window_ns
+        ):
+            j += 1
+        most = max(most, j - i)
+    return most
+
+
+@pytest.mark.parametrize(("rate", "capacity"), [(20, 20), (100, 200), (3, 7), (Fraction(10, 3), 4)])
+def test_the_one_second_figures_are_what_a_greedy_client_gets(
+    impl: ModuleType, rate: Fraction | int, capacity: int
+) -> None:
+    # A client asking every millisecond for 10 s: the bucket admits the most
+    # explain says in a 1 s window counting both ends, and the recipe (capacity
+    # 1, the same rate) the hard cap in every window [t, t + 1 s).
+    e = explain(rate, capacity)
+    grid = range(0, 10 * 10**9, 10**6)
+    bursty, capped = impl.TokenBucket(rate, capacity), impl.TokenBucket(rate, 1)
+    bursty_times = [t for t in grid if bursty.allow_at(t)]
+    capped_times = [t for t in grid if capped.allow_at(t)]
+    assert _most_in_a_window(bursty_times, 10**9, closed=True) == dict(e.max_admitted)[1]
+    assert _most_in_a_window(capped_times, 10**9, closed=False) == e.hard_cap_per_s
+
+
+def test_the_worker_pool_trap() -> None:
+    # "20 per second" with capacity 20: any second starts up to 40 jobs.
+    e = explain(20, 20, windows=(Fraction(1, 2), 10))
+    assert (dict(e.max_admitted)[1], e.hard_cap_per_s) == (40, 20)
+    assert e.max_admitted == (
+        (Fraction(1, 2), 30),
+        (1, 40),
+        (2, 60),
+        (5, 120),
+        (10, 220),
+        (60, 1220),
+    )
+    text = render_text(e)
+    assert (
+        "  most in any 1 s          40 requests, not 20: a full bucket, then 1 s of refill\n"
+        in text
+    )
+    assert "    T = 0.5 s   30 requests\n    T =  1 s   40 requests\n" in text
+    assert (
+        "  a hard cap of 20 per second instead, with no burst:\n"
+        "    capacity 1: one request every 0.05 s, at most 20 in any window [t, t + 1 s)\n"
+        "    nb.TokenBucket(rate=20, capacity=1), or nb.LeakyBucket(rate=20) to wait\n"
+    ) in text
+    doc = to_json(e)
+    assert doc["hard_cap"] == {"capacity": 1, "rate": "20", "most_in_any_second": 20}
+    assert doc["max_admitted"][0] == {"seconds": "0.5", "requests": 30}  # type: ignore[index]
+    # A bucket with no burst says so instead of giving the recipe.
+    lines = render_text(explain(20, 1)).splitlines()
+    assert (
+        "  no burst above the rate: one request every 0.05 s, at most 20 in any window [t, t + 1 s)"
+    ) in lines
+    assert not any(line.startswith("  most in any 1 s") for line in lines)

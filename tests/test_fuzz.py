@@ -500,7 +500,10 @@ def test_decisions_match_the_exact_model_at_any_time(
 def test_odd_keys_are_buckets_like_any_other(ops: list[tuple[object, int, int]]) -> None:
     """Long, nested, equal-but-different-type keys: C == Python == a dict of exact models."""
     clock = Clock()
-    tables = [impl.KeyedTokenBucket(rate=1000, capacity=2, clock=clock) for impl in IMPLS]
+    tables = [
+        impl.KeyedTokenBucket(rate=1000, capacity=2, clock=clock, none_key=True)  # None: a key
+        for impl in IMPLS
+    ]
     models: dict[Any, ExactBucket] = {}
     now = 0
     for key, verb, gap in ops:

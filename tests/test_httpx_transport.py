@@ -22,7 +22,12 @@ import requests
 import requests.adapters
 
 from nanobucket._outbound import parse_limits, parse_retry_after
-from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
+from nanobucket.httpx import (
+    AsyncRateLimitedTransport,
+    KeyLimit,
+    RateLimitedTransport,
+    RateLimitTimeout,
+)
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout
 
@@ -322,7 +327,7 @@ def test_x_ratelimit_zero_remaining_waits_for_the_reset() -> None:
     t = RateLimitedTransport(api, rate=100, capacity=10, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
     http.get("http://h/")
-    assert t.limit("h") == (100, 1, 2.0)  # Limit 3, but it held only 1
+    assert t.limit("h") == (100, 1, 2.0, True)  # Limit 3, but it held only 1
     start = clock.now
     http.get("http://h/")
     assert clock.now == start + 2 * NS
@@ -337,6 +342,17 @@ def test_memory_is_bounded_and_a_paused_key_is_kept() -> None:
         http.get(f"http://{host}/")
     assert len(t.pacer._keys) == 2
     assert t.limit("paused").paused_for == 5.0  # dropped last: its pause holds
+    # "b" was forgotten: unknown again, and it says so (your limits, nothing learned).
+    assert t.limit("b") == KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False)
+
+
+def test_a_key_never_seen_is_unknown_not_learned() -> None:
+    api, _ = answers((200, {"RateLimit-Policy": '"d";q=2;w=1', "RateLimit": '"d";r=1;t=1'}))
+    t = RateLimitedTransport(api, rate=10, capacity=5)
+    assert t.limit("h") == KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False)
+    httpx.Client(transport=t).get("http://h/")
+    assert t.limit("h") == KeyLimit(rate=Fraction(2), capacity=2, paused_for=0.0, known=True)
+    assert t.limit("other") == KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False)
 
 
 # ------------------------------------------------------------- retries
@@ -608,10 +624,10 @@ def test_x_ratelimit_refill_is_learned_and_the_reset_not_waited() -> None:
     t = RateLimitedTransport(api, rate=500, capacity=50, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
     http.get("http://h/")  # 0 left, nothing learned yet: wait for the reset
-    assert t.limit("h") == (500, 1, 1.0)
+    assert t.limit("h") == (500, 1, 1.0, True)
     http.get("http://h/")  # < 1 token after the first answer, >= 4 after this one
     # (4 - 1 + 1) tokens in the 1 s from the first request's start to this answer
-    assert t.limit("h") == (Fraction(4), 5, 0.0)
+    assert t.limit("h") == (Fraction(4), 5, 0.0, True)
     start = clock.now
     http.get("http://h/")  # 4 left (less none in flight): sent at once
     assert clock.now == start
@@ -637,11 +653,11 @@ def test_x_ratelimit_window_reset_is_waited_for() -> None:
     )
     http = httpx.Client(transport=t)
     http.get("http://h/")
-    assert t.limit("h") == (500, 1, 60.0)
+    assert t.limit("h") == (500, 1, 60.0, True)
     http.get("http://h/")
-    assert t.limit("h") == (500, 50, 0.0)
+    assert t.limit("h") == (500, 50, 0.0, True)
     http.get("http://h/")
-    assert t.limit("h") == (500, 50, 3600.0)  # it was seen to hold 5000
+    assert t.limit("h") == (500, 50, 3600.0, True)  # it was seen to hold 5000
 
 
 def test_retry_after_only_rate_is_bounded_from_a_paused_span() -> None:
@@ -658,12 +674,12 @@ def test_retry_after_only_rate_is_bounded_from_a_paused_span() -> None:
     http = httpx.Client(transport=t)
     for _ in range(4):
         http.get("http://h/")
-    assert t.limit("h") == (12, 1, 1.0)  # the first 429 measures the burst, no rate
+    assert t.limit("h") == (12, 1, 1.0, True)  # the first 429 measures the burst, no rate
     token = NS // 12 + 1  # ceil(1e9 / 12) ns
     for _ in range(13):  # the last one is the 429
         http.get("http://h/")
     estimate = Fraction(97, 100) * Fraction((12 + 1 - 3) * NS, 12 * token - token)
-    assert t.limit("h") == (estimate, 1, 1.0)
+    assert t.limit("h") == (estimate, 1, 1.0, True)
     paused = clock.now
     http.get("http://h/")  # nothing before the pause's end
     assert clock.now == paused + NS
@@ -680,8 +696,8 @@ def test_retry_after_only_a_span_too_short_halves_the_rate() -> None:
     http = httpx.Client(transport=t)
     http.get("http://h/")
     http.get("http://h/")
-    assert t.limit("h") == (5, 1, 1.0)
+    assert t.limit("h") == (5, 1, 1.0, True)
     http.get("http://h/")  # at the pause's end, 200
     clock.now += 2 * NS
     http.get("http://h/")
-    assert t.limit("h") == (6, 1, 0.0)  # 5 * (1 + 2 s / 10)
+    assert t.limit("h") == (6, 1, 0.0, True)  # 5 * (1 + 2 s / 10)

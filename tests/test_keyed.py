@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 from test_bucket import five_fields
+
+import nanobucket as nb
 
 from fuzz_values import Colliding
 
@@ -14,7 +17,7 @@ S = 1_000_000_000
 
 
 def test_keys_are_independent(impl: ModuleType) -> None:
-    t = impl.KeyedTokenBucket(rate=1, capacity=2)
+    t = impl.KeyedTokenBucket(rate=1, capacity=2, none_key=True)
     keys = ["alice", b"alice", 7, ("tenant", 7), 7.5, None, frozenset({1})]
     for key in keys:
         assert [t.allow_at(key, S) for _ in range(3)] == [True, True, False]
@@ -240,3 +243,51 @@ def test_a_uint64_batch_and_single_calls_racing_on_a_small_table(impl: ModuleTyp
     for th in threads:
         th.join()
     assert spent == [500] * 64
+
+
+NONE_REFUSED = (
+    "key is None: KeyedTokenBucket refuses it, as every request whose key is missing "
+    "(an absent header, an anonymous user) would share one bucket; pass a key, or build it "
+    "with none_key=True to give None a bucket of its own"
+)
+
+
+def test_none_is_refused_unless_the_table_takes_it(impl: ModuleType) -> None:
+    # A key function returns None for a value that is missing (a header not
+    # sent): taken as a key, every such request would share one bucket.
+    t = impl.KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    assert t.none_key is False
+    calls: list[Callable[[], object]] = [
+        lambda: t.allow(None),
+        lambda: t.allow(None, cost=0),
+        lambda: t.allow_at(None, 0),
+        lambda: t.check(None),
+        lambda: t.peek_at(None, 0),
+        lambda: t.tokens(None),
+        lambda: t.refund(None),
+        lambda: t.reset(None),
+        lambda: t.reserve(None),
+        lambda: t.acquire(None),
+        lambda: t.allow_many(["a", None]),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == NONE_REFUSED
+    assert (t.tokens("a"), len(t)) == (1.0, 0)  # the batch failed before spending
+    # Built to take it, None is a key like any other.
+    u = impl.KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0, none_key=True)
+    assert u.none_key is True
+    assert [u.allow(None), u.allow(None), u.allow("None")] == [True, False, True]
+    assert repr(u) == "KeyedTokenBucket(rate=1, capacity=1, max_keys=1000000, none_key=True)"
+    with pytest.raises(TypeError, match=r"^none_key must be a bool, not int$"):
+        impl.KeyedTokenBucket(rate=1, capacity=1, none_key=1)
+
+
+def test_all_of_still_passes_no_key_to_unkeyed_layers(impl: ModuleType) -> None:
+    keyed = impl.KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    plain = impl.TokenBucket(rate=1, capacity=2, clock=lambda: 0)
+    assert nb.all_of(plain).allow() is True  # key None, for no keyed layer
+    with pytest.raises(TypeError, match=r"^this all_of has a keyed layer: pass a key"):
+        nb.all_of(keyed, plain).allow()
+    assert nb.all_of(keyed, plain).allow("alice") is True

@@ -15,6 +15,10 @@ from types import ModuleType
 from typing import Any, TypeVar, cast
 
 import pytest
+import redis
+import redis.asyncio
+import valkey
+import valkey.asyncio
 from redis.crc import key_slot
 
 import nanobucket as nb
@@ -257,6 +261,100 @@ def test_from_url_names_its_timeout(cls: Any) -> None:
         cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, timeout=0.5)
     limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1, socket_timeout=0.5)
     assert limiter.timeout == 0.5
+
+
+SYNC_NAMES = "redis.Redis or redis.RedisCluster"
+ASYNC_NAMES = "redis.asyncio.Redis or redis.asyncio.RedisCluster"
+
+
+@pytest.mark.parametrize(
+    ("cls", "make", "message"),
+    [
+        (
+            nbr.RedisTokenBucket,
+            redis.asyncio.Redis,
+            f"RedisTokenBucket takes a sync client ({SYNC_NAMES}), not an asyncio "
+            "redis.asyncio.client.Redis: for an asyncio client use AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.LeasedTokenBucket,
+            lambda: redis.asyncio.RedisCluster(host="127.0.0.1", port=1),
+            f"LeasedTokenBucket takes a sync client ({SYNC_NAMES}), not an asyncio "
+            "redis.asyncio.cluster.RedisCluster: for an asyncio client use AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.AsyncRedisTokenBucket,
+            redis.Redis,
+            f"AsyncRedisTokenBucket takes an asyncio client ({ASYNC_NAMES}), not a sync "
+            "redis.client.Redis: for a sync client use RedisTokenBucket",
+        ),
+        (
+            nbr.RedisTokenBucket,
+            valkey.asyncio.Valkey,
+            "RedisTokenBucket takes a sync client (valkey.Valkey or valkey.ValkeyCluster), not "
+            "an asyncio valkey.asyncio.client.Valkey: for an asyncio client use "
+            "AsyncRedisTokenBucket",
+        ),
+        (
+            nbr.AsyncRedisTokenBucket,
+            valkey.Valkey,
+            "AsyncRedisTokenBucket takes an asyncio client (valkey.asyncio.Valkey or "
+            "valkey.asyncio.ValkeyCluster), not a sync valkey.client.Valkey: for a sync "
+            "client use RedisTokenBucket",
+        ),
+    ],
+)
+def test_a_client_of_the_other_kind_is_refused_at_construction(
+    cls: Any, make: Any, message: str
+) -> None:
+    # No server: nothing is sent. Taken, the client's coroutines would have
+    # failed at the first decision ("'>' not supported ... 'coroutine' and 'int'").
+    with pytest.raises(TypeError) as info:
+        cls(make(), rate=1, capacity=1)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("cls", "make"),
+    [
+        (nbr.RedisTokenBucket, redis.Redis),
+        (nbr.AsyncRedisTokenBucket, redis.asyncio.Redis),
+        (nbr.LeasedTokenBucket, redis.Redis),
+    ],
+)
+def test_none_is_refused_as_a_key_unless_the_limiter_takes_it(cls: Any, make: Any) -> None:
+    limiter = cls(make(), rate=1, capacity=1)
+    with pytest.raises(TypeError) as info:
+        limiter.key(None)  # every verb makes the Redis key first: nothing is sent
+    assert str(info.value) == (
+        f"key is None: {cls.__name__} refuses it, as every request whose key is missing "
+        "(an absent header, an anonymous user) would share one bucket; pass a key, or build "
+        "it with none_key=True to give None a bucket of its own"
+    )
+    taking = cls(make(), rate=1, capacity=1, prefix="api", none_key=True)
+    assert (limiter.none_key, taking.none_key) == (False, True)
+    assert taking.key(None) == b"api:{\xff}"  # no str or int key is these bytes
+
+
+def test_none_key_against_redis(client: Any) -> None:
+    refusing = nbr.RedisTokenBucket(client, 1, 1, timeout=CLIENT_TIMEOUT, prefix=_fresh("none"))
+    with pytest.raises(TypeError, match=r"^key is None"):
+        refusing.allow(None)
+    with pytest.raises(TypeError, match=r"^key is None"):
+        refusing.allow_many(["a", None])
+    assert refusing.tokens("a") == 1.0  # the batch failed before any call
+    limiter = nbr.RedisTokenBucket(
+        client, 1, 1, timeout=CLIENT_TIMEOUT, prefix=_fresh("none"), none_key=True
+    )
+    assert [limiter.allow(None), limiter.allow(None), limiter.allow("None")] == [True, False, True]
+
+
+@pytest.mark.parametrize("cls", [nbr.RedisTokenBucket, nbr.AsyncRedisTokenBucket])
+def test_from_url_makes_a_client_of_the_right_kind(cls: Any) -> None:
+    limiter = cls.from_url("redis://127.0.0.1:1/0", rate=1, capacity=1)
+    assert type(limiter.client).__module__ == (
+        "redis.asyncio.client" if cls is nbr.AsyncRedisTokenBucket else "redis.client"
+    )
 
 
 # -- the circuit breaker ------------------------------------------------------------------------

@@ -221,6 +221,7 @@ SHARED_VALUES = {
     "o.max_keys": "value:0",
     "o.slot_count": "value:0",
     "o.path": "value:None",
+    "o.none_key": "value:False",
     "o.__exit__(None, None, None)": "value:None",
 }
 
@@ -262,6 +263,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "o.capacity": "value:0",
         "o.interval_ns": "value:0",
         "o.max_keys": "value:0",
+        "o.none_key": "value:False",
         "o.keyed": "value:True",
         "o.__sizeof__() > 0": "value:True",
         "repr(o)": "value:'<KeyedTokenBucket, not initialised>'",

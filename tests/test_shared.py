@@ -223,13 +223,46 @@ def test_keys_hash_the_same_in_every_process_attached(path: Path) -> None:
             assert [u.allow_at(key, 0) for key in KEYS] == [False] * len(KEYS)
 
 
-@pytest.mark.parametrize("key", [1.0, None, ("a",), True, bytearray(b"x"), object()])
+@pytest.mark.parametrize("key", [1.0, ("a",), True, bytearray(b"x"), object()])
 def test_other_key_types_are_a_type_error(path: Path, key: object) -> None:
     with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
         with pytest.raises(TypeError, match="str, bytes or int"):
             t.allow(key)
         with pytest.raises(TypeError):
             t.check_at(key, 0)
+
+
+NONE_REFUSED = (
+    "key is None: SharedKeyedTokenBucket refuses it, as every request whose key is missing "
+    "(an absent header, an anonymous user) would share one bucket; pass a key, or build it "
+    "with none_key=True to give None a bucket of its own"
+)
+
+
+def test_none_is_refused_unless_the_handle_takes_it(path: Path) -> None:
+    with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
+        assert t.none_key is False
+        for call in (
+            lambda: t.allow(None),
+            lambda: t.check_at(None, 0),
+            lambda: t.peek(None),
+            lambda: t.tokens(None),
+            lambda: t.refund(None),
+            lambda: t.allow_many_at(["a", None], 0),
+        ):
+            with pytest.raises(TypeError) as info:
+                call()
+            assert str(info.value) == NONE_REFUSED
+        assert t.tokens_at("a", 0) == 1.0  # the batch failed before spending
+        # A handle that takes None: its bucket is every such handle's, and not "" nor b"".
+        with SharedKeyedTokenBucket.open(path=path, none_key=True) as u:
+            assert u.none_key is True
+            assert [u.allow_at(None, 0), u.allow_at(None, 0)] == [True, False]
+            assert u.allow_at("", 0) and u.allow_at(b"", 0)
+            with SharedKeyedTokenBucket.open(path=path, none_key=True) as v:
+                assert not v.allow_at(None, 0)
+    with pytest.raises(TypeError, match=r"^none_key must be a bool, not int$"):
+        SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=1, none_key=1)  # type: ignore[arg-type]
 
 
 def test_unencodable_str_is_a_value_error(path: Path) -> None:

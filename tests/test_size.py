@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from fractions import Fraction
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def test_the_case_study_at_100_200_meets_no_target_and_rejects_the_fewest(case: 
         ("after", 0),
     )
     assert s.by_key == (("greedy", 443, 1800), ("client-3", 87, 1291), ("client-5", 84, 1234))
+    # 443 of 1,800 refused (24.6%) against 629 of the other 10,084 (6.2%): it stands out.
+    assert sz.dominant_key(s) == "greedy"
     assert s.lowest_rate is None
     assert s.per_instance.rejected == 1077
 
@@ -111,6 +114,28 @@ def test_bad_input_is_a_clear_error(case: Traffic) -> None:
     with pytest.raises(ValueError, match="not a share"):
         sz.parse_share("lots")
     assert sz.parse_share("0.1%") == Fraction(1, 1000)
+    assert sz.parse_share("10%") == sz.parse_share("0.1") == Fraction(1, 10)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("10", "'10' is ambiguous: write 10% for a percentage, or a fraction below 1 such as 0.1"),
+        ("1", "'1' is ambiguous: write 1% for a percentage, or a fraction below 1 such as 0.01"),
+        ("1/3", ""),
+    ],
+)
+def test_a_bare_number_of_1_or_more_is_ambiguous(
+    given: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["size", "--max-rate", "100", "--max-burst", "200", "--max-reject", given]
+    if not message:  # a fraction below 1 is a share
+        assert sz.parse_share(given) == Fraction(1, 3)
+        return
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"nanobucket size: error: argument --max-reject: {message} (see --help)\n"
+    )
 
 
 def test_cli_explains_the_case_study(capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,7 +146,31 @@ def test_cli_explains_the_case_study(capsys: pytest.CaptureFixture[str]) -> None
     )
     assert "        200      1,072    9.02%  <- chosen" in out.splitlines()
     assert "No bucket the downstream can take meets the target: 100/200 rejects the fewest" in out
-    assert "629 of the rejected" in out
+    assert "\n".join(out.splitlines()[-4:]) == (
+        "'greedy' stands out: 24.61% of its requests are rejected, against 6.24% of everyone\n"
+        "else's. One bucket for everyone refuses whoever comes when it is empty: 629 of the\n"
+        "rejected requests are not from 'greedy'. A per-key limit in front of it keeps one\n"
+        "client's excess to that client (`nanobucket simulate` compares the two)."
+    )
+
+
+def test_no_key_is_named_when_none_stands_out() -> None:
+    # Four clients alike, 10 req/s each for 10 s, into 20/s: every client
+    # loses about half, and none is the greedy one.
+    rng = random.Random(1)
+    times = [i * S // 40 for i in range(400)]
+    keys = [f"client-{k}" for _ in range(100) for k in rng.sample(range(4), 4)]
+    t = Traffic(times, keys, [1] * len(times), 10 * S, "four alike")
+    s = sz.size(t, max_rate=20, max_burst=10)
+    assert sz.dominant_key(s) is None
+    assert sz.to_json(s)["dominant_key"] is None
+    text = sz.render_text(s)
+    assert "greedy" not in text
+    assert text.endswith(
+        "No key stands out: the most rejected, 'client-0', loses 53.00% of its requests, "
+        "against\n46.00% of everyone else's. The traffic as a whole is more than the downstream "
+        "takes; a\nper-key limit would not spare the others.\n"
+    )
 
 
 def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

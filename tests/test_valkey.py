@@ -69,7 +69,10 @@ def test_valkey_client_decides_exactly(own_redis_server: RedisServer) -> None:
         assert d == reference.check_at("k", T0 + dt, cost) and d.source == "redis"
     keys = ["a", "b", "a", "a", "b", "a", "a", "a"]
     assert limiter.allow_many_at(keys, T0, 40) == reference.allow_many_at(keys, T0, 40)
-    leased = nbr.LeasedTokenBucket(client, 100, 100, min_lease=10, max_lease=10, timeout=SLOW_OK)
+    # A limit of its own, so a prefix of its own (one prefix holds one limit's buckets).
+    leased = nbr.LeasedTokenBucket(
+        client, 100, 100, min_lease=10, max_lease=10, timeout=SLOW_OK, prefix="leased"
+    )
     assert [leased.allow_at("lease", T0) for _ in range(101)] == [True] * 100 + [False]
     assert leased.round_trips == 11
     leased.close()

@@ -47,8 +47,9 @@ import os
 from . import _acquire
 from ._wait import retimed
 from ._params import (
-    bucket_params, public_rate, validated_clock, validated_cost, validated_max_keys,
-    validated_max_wait, validated_now, validated_shape, validated_timeout)
+    bucket_params, none_key_error, public_rate, unkeyed_cost, unkeyed_now, validated_clock,
+    validated_cost, validated_flag, validated_max_keys, validated_max_wait, validated_now,
+    validated_shape, validated_timeout)
 
 
 cdef extern from *:
@@ -176,6 +177,7 @@ cdef extern from "<sched.h>":
 DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
+cdef object parse_unkeyed_now = unkeyed_now  # the same for TokenBucket: a key there says so
 cdef object ONE = 1  # the cached small int: `cost is ONE` skips parsing
 cdef Py_ssize_t BATCH = 4096  # keys of a uint64 batch resolved per pinned chunk
 cdef Py_ssize_t AHEAD = 32  # prefetch distance, in keys, of a uint64 batch
@@ -491,6 +493,12 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     def __init__(self, rate, capacity, *, clock=None):
         self._set_limits(self._new_limits(rate, capacity, clock), clock)
 
+    cdef int64_t _cost_slow(self, object cost) except -1:
+        # `_cost`'s slow path: a key where the cost goes says this bucket has none.
+        if self.one == NULL:
+            self._not_ready()
+        return unkeyed_cost(cost, self.capacity)
+
     def allow(self, cost=1):
         """Spend *cost* tokens now if the bucket holds them; True if admitted.
 
@@ -511,7 +519,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         >>> b.allow_at(0), b.allow_at(0), b.allow_at(1_000_000_000)   # one token a second
         (True, False, True)
         """
-        cdef int64_t t = gcra.as_now(now, parse_now)
+        cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
         cdef int64_t c = self._cost(cost)
         cdef int64_t tat, base
         return gcra.take_exclusive(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
@@ -536,7 +544,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        cdef int64_t t = gcra.as_now(now, parse_now)
+        cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
         return self._check(t, self._cost(cost), True)
 
     def peek(self, cost=1):
@@ -556,7 +564,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        cdef int64_t t = gcra.as_now(now, parse_now)
+        cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
         return self._check(t, self._cost(cost), False)
 
     cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
@@ -587,7 +595,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, 0.0, 0.5)
         """
         self._ready()
-        return self._tokens(nb_load(&self.tat), gcra.as_now(now, parse_now))
+        return self._tokens(nb_load(&self.tat), gcra.as_now(now, parse_unkeyed_now))
 
     def __repr__(self):
         if self.one == NULL:
@@ -621,7 +629,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        cdef int64_t t = gcra.as_now(now, parse_now)
+        cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
         gcra.give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
 
     def reset(self):

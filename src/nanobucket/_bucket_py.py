@@ -23,9 +23,13 @@ from ._params import (
     NOW_MAX,
     RateLike,
     bucket_params,
+    none_key_error,
     public_rate,
+    unkeyed_cost,
+    unkeyed_now,
     validated_clock,
     validated_cost,
+    validated_flag,
     validated_max_keys,
     validated_max_wait,
     validated_now,
@@ -38,6 +42,18 @@ __all__ = ("Decision", "KeyedTokenBucket", "TokenBucket")
 
 Clock = Callable[[], int]
 DEFAULT_MAX_KEYS = 1_000_000
+
+#: Set by the selector (`_bucket`) when this module stands in for the
+#: extension that failed to import: called once, when the first limiter is built.
+on_first_build: Callable[[], None] | None = None
+
+
+def first_build() -> None:
+    """Call `on_first_build` once (a constructor's path, never a verb's)."""
+    global on_first_build  # cleared once, by the first limiter built
+    hook, on_first_build = on_first_build, None
+    if hook is not None:
+        hook()
 
 
 def slots_for(keys: int) -> int:
@@ -85,7 +101,10 @@ class _Limits:
         try:
             object.__getattribute__(self, "_lock")  # not __getattr__'s answer: is it set?
         except AttributeError:
-            return _validated(rate, capacity)
+            limits = _validated(rate, capacity)
+            if on_first_build is not None:
+                first_build()
+            return limits
         raise RuntimeError(f"{type(self).__name__} is already initialised")
 
     if not TYPE_CHECKING:  # (a __getattr__ would make every attribute one to mypy)
@@ -208,7 +227,7 @@ class TokenBucket(_Limits):
         """
         # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         now = self._now()
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
@@ -233,10 +252,15 @@ class TokenBucket(_Limits):
         """
         # validated_now's and _cost's fast paths inlined: they pay for `_allow`'s `step`.
         if type(now) is not int or not 0 <= now <= NOW_MAX:
-            now = validated_now(now)
+            now = unkeyed_now(now)
         if type(cost) is not int or not 0 <= cost <= self._capacity:
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         return self._allow(now, cost)
+
+    def _cost(self, cost: object) -> int:
+        if type(cost) is int and 0 <= cost <= self._capacity:
+            return cost
+        return unkeyed_cost(cost, self._capacity)  # a key where the cost goes says so
 
     def _allow(self, now: int, cost: int) -> bool:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
@@ -265,7 +289,7 @@ class TokenBucket(_Limits):
         >>> d.allowed, d.remaining, d.retry_after, d.reset_after
         (False, 0, 0.5, 1.5)
         """
-        return self._check(validated_now(now), self._cost(cost), True)
+        return self._check(unkeyed_now(now), self._cost(cost), True)
 
     def peek(self, cost: int = 1) -> Decision:
         """The `Decision` `check` would return now, without spending anything.
@@ -283,7 +307,7 @@ class TokenBucket(_Limits):
         >>> b.peek_at(0, cost=2).remaining, b.tokens_at(0)   # 1 would remain; 3 still there
         (1, 3.0)
         """
-        return self._check(validated_now(now), self._cost(cost), False)
+        return self._check(unkeyed_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
@@ -310,7 +334,7 @@ class TokenBucket(_Limits):
         >>> b.allow_at(0, cost=2), b.tokens_at(0), b.tokens_at(125_000_000)
         (True, 0.0, 0.5)
         """
-        return self._tokens(self._tat, validated_now(now))
+        return self._tokens(self._tat, unkeyed_now(now))
 
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
@@ -335,7 +359,7 @@ class TokenBucket(_Limits):
         >>> b.refund_at(0); b.tokens_at(0)
         1.0
         """
-        self._refund(validated_now(now), self._cost(cost))
+        self._refund(unkeyed_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
         with self._lock:
@@ -420,7 +444,7 @@ class TokenBucket(_Limits):
         (True, False, True)
         """
         if type(cost) is not int or not 0 <= cost <= self._capacity:  # as `allow` does
-            cost = validated_cost(cost, self._capacity)
+            cost = unkeyed_cost(cost, self._capacity)
         if timeout is not None:
             validated_timeout(timeout)
         if self._allow(self._now(), cost):
@@ -448,6 +472,10 @@ class KeyedTokenBucket(_Limits):
     clients get back the few tokens they still owed) until an eighth of the
     table is free. Memory never grows past the bound.
 
+    Key None is refused (`TypeError`): it is what a key function returns for
+    a value that is missing, and every such request would share one bucket.
+    With ``none_key=True`` None is a key like any other.
+
     >>> t = KeyedTokenBucket(rate=1, capacity=2)
     >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
     [True, True, False]
@@ -455,7 +483,17 @@ class KeyedTokenBucket(_Limits):
     True
     """
 
-    __slots__ = ("_floor", "_lock", "_max_keys", "_max_slots", "_now", "_room", "_slots", "_tats")
+    __slots__ = (
+        "_floor",
+        "_lock",
+        "_max_keys",
+        "_max_slots",
+        "_none_key",
+        "_now",
+        "_room",
+        "_slots",
+        "_tats",
+    )
     keyed = True  # the verbs take the key first
 
     def __init__(
@@ -465,12 +503,15 @@ class KeyedTokenBucket(_Limits):
         *,
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
+        none_key: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
         max_keys = validated_max_keys(max_keys)
         now = _clock_reader(clock)
+        none_key = validated_flag(none_key, "none_key")
         self._set_limits(limits)
         self._max_keys = max_keys
+        self._none_key = none_key
         self._now = now
         self._tats: dict[Hashable, int] = {}
         # The sweep schedule of the Cython table (open addressing at 2/3 load
@@ -494,6 +535,20 @@ class KeyedTokenBucket(_Limits):
         1000
         """
         return self._max_keys
+
+    @property
+    def none_key(self) -> bool:
+        """Whether None is a key (``none_key=True``); else a verb given None raises.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2).none_key
+        False
+        """
+        return self._none_key
+
+    def _refuse_none(self, key: Hashable) -> None:
+        """Raise for key None, unless the table takes it (off the hot path: see `_allow`)."""
+        if key is None and not self._none_key:
+            raise none_key_error(type(self).__name__)
 
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s bucket now; True if admitted.
@@ -546,8 +601,9 @@ class KeyedTokenBucket(_Limits):
         if isinstance(keys, (str, bytes)):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes")
         keys = list(keys)
-        for key in keys:  # an unhashable key fails the batch before any token is spent
+        for key in keys:  # a bad key fails the batch before any token is spent
             hash(key)
+            self._refuse_none(key)
         allow = self._allow
         return bytearray([allow(key, now, cost) for key in keys])
 
@@ -560,6 +616,10 @@ class KeyedTokenBucket(_Limits):
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
+                # Checked for a missing key only: a refused None is never
+                # in the table, and a key found costs nothing more.
+                if key is None:
+                    self._refuse_none(key)
                 tat = self._floor
             # `step` inlined: the keyed hot path (see `step`).
             base = tat if tat > now else now
@@ -619,6 +679,7 @@ class KeyedTokenBucket(_Limits):
             tat = tats.get(key)
             missing = tat is None
             if tat is None:
+                self._refuse_none(key)
                 tat = self._floor
             after = step(tat, now, cost_t, self._tau - cost_t)
             if consume and after >= 0 and cost_t:  # a place only when charged (`_allow`)
@@ -646,6 +707,7 @@ class KeyedTokenBucket(_Limits):
         (0.0, 0.5, 2.0)
         """
         now = validated_now(now)
+        self._refuse_none(key)
         with self._lock:
             tat = self._tats.get(key, self._floor)
         return self._tokens(tat, now)
@@ -684,7 +746,7 @@ class KeyedTokenBucket(_Limits):
     def __repr__(self) -> str:
         return (
             f"KeyedTokenBucket(rate={self._rate!r}, capacity={self._capacity}, "
-            f"max_keys={self._max_keys})"
+            f"max_keys={self._max_keys}{', none_key=True' if self._none_key else ''})"
         )
 
     def refund(self, key: Hashable, cost: int = 1) -> None:
@@ -712,6 +774,7 @@ class KeyedTokenBucket(_Limits):
         self._refund(key, validated_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
+        self._refuse_none(key)
         tats = self._tats
         with self._lock:
             tat = tats.get(key)
@@ -726,6 +789,7 @@ class KeyedTokenBucket(_Limits):
         (True, None, 2.0)
         """
         hash(key)  # an unhashable key raises, as in every verb
+        self._refuse_none(key)
         now = self._now()
         tats = self._tats
         with self._lock:
@@ -756,6 +820,7 @@ class KeyedTokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
+        self._refuse_none(key)
         tats = self._tats
         with self._lock:
             cost_t = cost * self._interval

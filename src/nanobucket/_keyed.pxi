@@ -78,7 +78,7 @@ cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng)
 
 @cython.final
 cdef class KeyedTokenBucket(_Limits):
-    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None)
+    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None, none_key=False)
 --
 
 A token bucket per key, in a table of at most ``max_keys`` buckets.
@@ -89,6 +89,10 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
     were full, the buckets closest to full are forgiven (dropped: their
     clients get back the few tokens they still owed) until an eighth of the
     table is free. Memory never grows past the bound.
+
+    Key None is refused (`TypeError`): it is what a key function returns for
+    a value that is missing, and every such request would share one bucket.
+    With ``none_key=True`` None is a key like any other.
 
     >>> t = KeyedTokenBucket(rate=1, capacity=2)
     >>> [t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 0)]
@@ -134,6 +138,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
     cdef bint gc_keys
     cdef uint64_t seed1, seed2  # the table's secret (see nb_mix)
     cdef uint64_t rng           # pivots of the sweep's quickselect
+    cdef bint _none_key         # None is a key (else refused: see `_refuse_none`)
     cdef readonly uint64_t _probes
     """Entries examined by lookups and index positions by rebuilds (for tests)."""
     keyed = True  # the verbs take the key first
@@ -142,9 +147,10 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         self.slots = NULL
         self.index = NULL
 
-    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None):
+    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None, none_key=False):
         limits = self._new_limits(rate, capacity, clock)
         keys = validated_max_keys(max_keys)
+        self._none_key = validated_flag(none_key, "none_key")
         cdef Slot *slots
         cdef int32_t *index
         # Every argument is checked: from here nothing fails but the
@@ -337,6 +343,21 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         PyMem_RawFree(old_index)
         return 0
 
+    @property
+    def none_key(self):
+        """Whether None is a key (``none_key=True``); else a verb given None raises.
+
+        >>> KeyedTokenBucket(rate=1, capacity=2).none_key
+        False
+        """
+        return self._none_key
+
+    cdef inline int _refuse_none(self, object key) except -1:
+        """Raise for key None, unless the table takes it (off the hot path: see `_allow_hashed`)."""
+        if key is None and not self._none_key:
+            raise none_key_error(type(self).__name__)
+        return 0
+
     cdef inline void _note_key(self, object key) noexcept:
         """Before *key* may be inserted: see `gc_keys`."""
         if not self.gc_keys and is_gc(<PyObject *>key):
@@ -381,6 +402,9 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
             cost_t = cost * self.interval_ns
             s = self._find(key, h, now, False)
             if s == NULL:
+                # Checked for a missing key only: a refused None is never in
+                # the table, and a key found costs nothing more.
+                self._refuse_none(key)
                 # A missing key is a full bucket (from `floor`); only a key
                 # that is charged takes a place in the table.
                 if not gcra.step(self.floor, now, cost_t, self.tau - cost_t, &tat, &base):
@@ -451,6 +475,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
                 if i + AHEAD < n:  # the key objects are scattered in memory
                     nb_prefetch(items[i + AHEAD])
                 hashes[i] = key_hash(<object>items[i])
+                self._refuse_none(<object>items[i])
             for i in range(n):
                 if i + AHEAD < n:  # as in `_allow_many_uint64`
                     self._prefetch(self._mix(hashes[i + AHEAD]), self._mix(hashes[i + AHEAD // 2]))
@@ -614,6 +639,8 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         with cython.critical_section(self):
             cost_t = cost * self.interval_ns  # inside: see _allow_hashed
             s = self._find(key, h, now, False)
+            if s == NULL:
+                self._refuse_none(key)
             if consume and s != NULL:
                 allowed = self._take(s, now, cost_t, &tat, &base)
             else:
@@ -647,6 +674,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
         self._ready()
+        self._refuse_none(key)
         cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
         cdef int64_t tat
@@ -679,7 +707,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         if self.one == NULL:
             return "<KeyedTokenBucket, not initialised>"
         return (f"KeyedTokenBucket(rate={self.rate!r}, capacity={self.capacity}, "
-                f"max_keys={self.max_keys})")
+                f"max_keys={self.max_keys}{', none_key=True' if self._none_key else ''})")
 
     def refund(self, key, cost=1):
         """Give back *cost* tokens to *key*'s bucket.
@@ -708,6 +736,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         self._refund(key, t, self._cost(cost))
 
     cdef int _refund(self, object key, int64_t now, int64_t cost) except -1:
+        self._refuse_none(key)
         cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
         with cython.critical_section(self):
@@ -725,6 +754,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         """
         self._ready()
         cdef Py_hash_t h = key_hash(key)
+        self._refuse_none(key)
         cdef int64_t now = self._now()
         cdef Slot *s
         with cython.critical_section(self):
@@ -746,6 +776,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         cdef bint sh = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef Py_hash_t h = key_hash(key)
+        self._refuse_none(key)
         cdef int64_t cost_t, wait
         cdef Slot *s
         with cython.critical_section(self):

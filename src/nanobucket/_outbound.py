@@ -288,15 +288,22 @@ def _first_int(field: str | None) -> int | None:
 
 
 class KeyLimit(NamedTuple):
-    """A key's limit now: the rate and capacity its bucket has, and the pause left (s).
+    """A key's limit now: the rate and capacity its bucket has, the pause left (s), and
+    whether the key is known.
 
-    >>> KeyLimit(rate=50, capacity=10, paused_for=0.0).capacity
-    10
+    Known: a request for it went out, so what the server's answers said
+    applies. An unknown key (none yet, or forgotten past ``max_keys``) has
+    ``known=False`` and your own rate and capacity: what its first request
+    gets, nothing learned.
+
+    >>> KeyLimit(rate=50, capacity=10, paused_for=0.0).known
+    True
     """
 
     rate: RateLike
     capacity: int
     paused_for: float
+    known: bool = True
 
 
 class _Key:
@@ -384,11 +391,11 @@ class Pacer:
             return state
 
     def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate, capacity and pause left now (the user's limits for a new key)."""
+        """*key*'s rate, capacity and pause left now; unknown: the user's, ``known=False``."""
         with self._lock:
             state = self._keys.get(key)
         if state is None:
-            return KeyLimit(self.rate, self.capacity, 0.0)
+            return KeyLimit(self.rate, self.capacity, 0.0, known=False)
         left = max(0, state.paused_until - self.clock())
         return KeyLimit(state.bucket.rate, state.bucket.capacity, left / NS_PER_S)
 
@@ -703,7 +710,7 @@ class Outbound:
         >>> o = Outbound()
         >>> o._configure(5, 10, None, str, {"retries": 2})
         >>> o.retry.retries, o.pacer.timeout, o.limit("api.example.com")
-        (2, 30.0, KeyLimit(rate=5, capacity=10, paused_for=0.0))
+        (2, 30.0, KeyLimit(rate=5, capacity=10, paused_for=0.0, known=False))
         >>> o._configure(5, 10, None, str, {"async_sleep": None})
         Traceback (most recent call last):
         TypeError: unexpected keyword argument 'async_sleep'
@@ -732,11 +739,21 @@ class Outbound:
         )
 
     def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate and capacity now, and the seconds left of its pause.
+        """*key*'s rate and capacity now, the seconds left of its pause, and whether it is known.
 
+        A key no request went to yet (or forgotten past ``max_keys``) is
+        ``known=False``: the rate and capacity are your own, what its first
+        request gets, nothing learned from the server.
+
+        >>> import httpx
         >>> from nanobucket.httpx import RateLimitedTransport
-        >>> RateLimitedTransport(rate=5, capacity=10).limit("api.example.com")
-        KeyLimit(rate=5, capacity=10, paused_for=0.0)
+        >>> api = httpx.MockTransport(lambda request: httpx.Response(200))
+        >>> t = RateLimitedTransport(api, rate=5, capacity=10)
+        >>> t.limit("api.example.com")
+        KeyLimit(rate=5, capacity=10, paused_for=0.0, known=False)
+        >>> _ = httpx.Client(transport=t).get("https://api.example.com/")
+        >>> t.limit("api.example.com")   # known, and no limit announced: still your own
+        KeyLimit(rate=5, capacity=10, paused_for=0.0, known=True)
         """
         return self.pacer.limit(key)
 

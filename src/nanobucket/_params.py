@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -119,7 +120,7 @@ def rate_fraction(rate: object) -> Fraction:
     if kind is bool or not issubclass(kind, (int, Real, Decimal)):
         raise TypeError(
             f"rate must be a real number (an int, float, Fraction, Decimal or other "
-            f"numbers.Real), not {kind.__name__}"
+            f"numbers.Real), not {kind.__name__}{_rate_hint(rate)}"
         )
     if issubclass(kind, int):
         value = Fraction(exact_int(rate, "rate"))
@@ -152,6 +153,32 @@ def rate_fraction(rate: object) -> Fraction:
     if value > RATE_MAX:
         raise ValueError(f"rate must be at most 1e9 per second, got {rate!r}")
     return value
+
+
+_PER = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_RATE_TEXT = re.compile(
+    r"\s*(\d+(?:\.\d+)?)\s*(?:(?:/|per\s+)\s*(s|sec|second|m|min|minute|h|hour)s?)?\s*",
+    re.IGNORECASE,
+)
+
+
+def _rate_hint(rate: object) -> str:
+    """For a rate written as text (``"100/s"``, ``"10 per minute"``), the number to give.
+
+    >>> _rate_hint("100/s")
+    ": the rate is tokens per second, so for '100/s' give rate=100"
+    >>> _rate_hint("10/min")
+    ": the rate is tokens per second, so for '10/min' give rate=10 / 60"
+    """
+    if not isinstance(rate, str):
+        return ""
+    match = _RATE_TEXT.fullmatch(rate)
+    if match is None:
+        return ": the rate is a number of tokens per second, such as rate=100"
+    number, unit = match.groups()
+    per = _PER[unit.lower()] if unit else 1
+    code = number if per == 1 else f"{number} / {per}"
+    return f": the rate is tokens per second, so for {rate!r} give rate={code}"
 
 
 def public_rate(rate: object, exact: Fraction) -> RateLike:
@@ -211,6 +238,42 @@ def validated_cost(cost: object, capacity: int) -> int:
     return value
 
 
+def not_a_key(value: object, name: str, owner: str = "TokenBucket") -> None:
+    """Raise the TypeError of a key given to an unkeyed limiter, if *value* looks like one.
+
+    *value* came where *owner*'s *name* (``cost``, or ``now`` in the ``_at``
+    verbs) goes. A str, bytes, tuple or None is what a key usually is (a
+    name, an address, a header, a composite key, a header that is absent)
+    and never a cost or a time: ``TokenBucket(...).allow("alice")`` is a
+    keyed call on an unkeyed bucket. An int key cannot be told from a cost.
+
+    >>> not_a_key(5, "cost")  # an int: a cost (an int key cannot be told from one)
+    >>> not_a_key("alice", "cost")
+    Traceback (most recent call last):
+    ...
+    TypeError: TokenBucket is not keyed (...): got a str where cost goes; for a bucket per ...
+    """
+    if value is None or isinstance(value, (str, bytes, bytearray, tuple)):
+        kind = "None" if value is None else type(value).__name__
+        kind = kind if kind in ("None", "bytes") else f"a {kind}"
+        raise TypeError(
+            f"{owner} is not keyed (one bucket for every caller), so its verbs take no key: "
+            f"got {kind} where {name} goes; for a bucket per key use Keyed{owner}"
+        )
+
+
+def unkeyed_cost(cost: object, capacity: int) -> int:
+    """`validated_cost` for an unkeyed bucket, whose first argument a key may land in."""
+    not_a_key(cost, "cost")
+    return validated_cost(cost, capacity)
+
+
+def unkeyed_now(now: object) -> int:
+    """`validated_now` for an unkeyed bucket's ``_at`` verbs (``allow_at("alice", t)``)."""
+    not_a_key(now, "now")
+    return validated_now(now)
+
+
 def validated_now(now: object) -> int:
     """Return *now* (int ns) if in ``[0, NOW_MAX]``, or raise."""
     if type(now) is int and 0 <= now <= NOW_MAX:
@@ -242,6 +305,30 @@ def validated_shape(shape: object) -> bool:
     if type(shape) is not bool:
         raise TypeError(f"shape must be a bool, not {type(shape).__name__}")
     return shape
+
+
+def validated_flag(value: object, name: str) -> bool:
+    """Return *value*, a bool, or raise TypeError."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def none_key_error(owner: str) -> TypeError:
+    """The error of key None given to a keyed table not built with ``none_key=True``.
+
+    None is what a key function returns for a value that is missing (an
+    absent header, an anonymous user's id): taken as a key, every such
+    request would share one bucket, silently.
+
+    >>> print(none_key_error("KeyedTokenBucket"))
+    key is None: KeyedTokenBucket refuses it, as every request whose key is missing (...) ...
+    """
+    return TypeError(
+        f"key is None: {owner} refuses it, as every request whose key is missing (an absent "
+        "header, an anonymous user) would share one bucket; pass a key, or build it "
+        "with none_key=True to give None a bucket of its own"
+    )
 
 
 def validated_max_keys(max_keys: object) -> int:

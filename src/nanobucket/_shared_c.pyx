@@ -100,7 +100,8 @@ from fractions import Fraction
 
 from ._bucket import Decision as SelectedDecision
 from ._params import (
-    validated_clock, validated_cost, validated_max_wait, validated_now, validated_shape)
+    none_key_error, validated_clock, validated_cost, validated_max_wait, validated_now,
+    validated_shape)
 
 
 cdef extern from *:
@@ -184,6 +185,7 @@ cdef uint64_t TAG_BYTES = 0x62  # the bytes themselves
 cdef uint64_t TAG_INT = 0x69    # an int in [-2**63, 2**63): 8 bytes, little-endian two's complement
 cdef uint64_t TAG_BIGINT = 0x49 # any other int: minimal little-endian two's complement
 cdef uint64_t TAG_NONCE = 0x63  # a claim's tag (pid, table object, counter)
+cdef uint64_t TAG_NONE = 0x6E   # None, as a key (none_key=True): no bytes
 
 cdef enum Found:
     FOUND = 0     # the key's slot
@@ -273,6 +275,14 @@ cdef class SharedTable:
     ...     t.path == path
     True
     """
+    cdef readonly bint none_key
+    """Whether None is a key (``none_key=True`` when attached); else a verb given None raises.
+
+    >>> from nanobucket import SharedKeyedTokenBucket
+    >>> with SharedKeyedTokenBucket.create_anonymous(rate=1, capacity=2) as t:
+    ...     t.none_key
+    False
+    """
     cdef object clock
     cdef uint64_t claims        # claims made through this object: part of their tags
 
@@ -287,7 +297,8 @@ cdef class SharedTable:
 
     def _attach(self, int fd, Py_ssize_t size, Py_ssize_t header_size, path, rate,
                 int64_t capacity, int64_t interval_ns, int64_t slot_count, int64_t max_keys,
-                int64_t probe, bint admit_when_full, uint64_t k0, uint64_t k1, clock):
+                int64_t probe, bint admit_when_full, uint64_t k0, uint64_t k1, clock,
+                bint none_key=False):
         """Map *size* bytes of the validated table file open as *fd*."""
         cdef void *p
         if self.base != NULL:
@@ -323,6 +334,7 @@ cdef class SharedTable:
         self.max_keys = max_keys
         self.path = path
         self.clock = clock
+        self.none_key = none_key
         self.is_closed = False
 
     def close(self):
@@ -431,6 +443,10 @@ cdef class SharedTable:
                 for i in range(8):
                     le[i] = <uint8_t>(u >> (8 * i))
                 h = nb_siphash13(le, 8, self.k0, self.k1, TAG_INT)
+        elif key is None:
+            if not self.none_key:
+                raise none_key_error("SharedKeyedTokenBucket")
+            h = nb_siphash13(b"", 0, self.k0, self.k1, TAG_NONE)
         else:
             raise TypeError(
                 f"a shared table key must be str, bytes or int, not {type(key).__name__}")

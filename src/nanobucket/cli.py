@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any, NoReturn, TextIO
 
 from . import __version__
+from ._bucket import describe
 from ._params import NS_PER_S, rate_fraction
 
 __all__ = ("main",)
@@ -30,6 +31,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _Version(argparse.Action):
+    """``--version``: one line, never wrapped (argparse's own wraps at the terminal's width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        sys.stdout.write(f"nanobucket {__version__}, {describe()}\n")
+        parser.exit(0)
 
 
 def _rate(text: str) -> Fraction:
@@ -82,6 +91,13 @@ def _seconds(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 s, got {text}")
+    return value
+
+
+def _window(text: str) -> Fraction:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0 s, got 0")
     return value
 
 
@@ -161,14 +177,17 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Explain a token-bucket limit, simulate strategies on traffic, size a "
         "bucket from traffic, benchmark.",
     )
-    parser.add_argument("--version", action="version", version=f"nanobucket {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version and implementation, and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     ex = sub.add_parser(
         "explain",
         help="what a rate/capacity admits, in exact numbers",
         description="Explain a token bucket: sustained rate, largest burst, refill time, the "
-        "most admitted in T seconds, how long a burst is absorbed, what N instances admit. "
+        "most admitted in T seconds (and how to cap any second at the rate), how long a "
+        "burst is absorbed, what N instances admit. "
         "Numbers are exact (fractions where needed).",
     )
     _options(
@@ -184,6 +203,15 @@ def _build_parser() -> argparse.ArgumentParser:
             "a burst to judge, requests/s (default 1.8 x the sustained rate, "
             "the case study's 180 against 100)",
         ),
+    )
+    ex.add_argument(
+        "--window",
+        metavar="SECONDS",
+        type=_window,
+        action="append",
+        default=[],
+        help="also give the most admitted in any window of this many seconds (repeatable; "
+        "1, 2, 5 and 60 are always given)",
     )
     _output_arguments(ex, json="print JSON (rationals as exact strings)")
 
@@ -238,7 +266,8 @@ def _build_parser() -> argparse.ArgumentParser:
             "--max-reject",
             _share,
             Fraction(1, 1000),
-            "the share that may be rejected: 0.1%% (default) or 0.001",
+            "the share that may be rejected: a percentage such as 0.1%% (the default) or "
+            "10%%, or a fraction below 1 such as 0.001 (a bare 10 is refused as ambiguous)",
         ),
         (
             "--max-wait",
@@ -266,8 +295,13 @@ def _build_parser() -> argparse.ArgumentParser:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain, render_text, to_json
 
-    e = explain(args.rate, args.capacity, args.cost, args.instances, args.burst_rps)
-    out.write(json.dumps(to_json(e), indent=2) + "\n" if args.json else render_text(e))
+    e = explain(
+        args.rate, args.capacity, args.cost, args.instances, args.burst_rps, tuple(args.window)
+    )
+    if args.json:
+        out.write(json.dumps(to_json(e), indent=2) + "\n")
+    else:  # the limiter's speed, not the figures (exact either way), depends on it
+        out.write(f"{render_text(e)}\n{describe()}\n")
     return 0
 
 

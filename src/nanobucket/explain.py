@@ -3,10 +3,11 @@
 What does a limit of rate 100/s and capacity 200 let through, and for how
 long does it absorb a burst? `explain` answers that for any numbers, in exact
 rational arithmetic (`Fraction`), so 200 / 100 prints as ``2 s``, never
-``1.9999 s``. Every rational value is rendered by `fmt`: a whole or
-terminating decimal when one exists (``2``, ``2.5``), else ``p/q`` with an
-approximation (``10/3 (~3.333333)``). In JSON, rational values are strings
-that ``fractions.Fraction`` parses back exactly; counts are ints.
+``1.9999 s``. The report prints each value with `fmt`: exactly when it is a
+whole number or a short decimal (``2``, ``2.5``), else rounded to 4
+significant digits (``~2.489``); a rate as given, ``10/3 (~3.333)``
+(`given`). In JSON, rational values are exact strings that
+``fractions.Fraction`` parses back; counts are ints.
 
 >>> e = explain(100, 200)
 >>> fmt(e.refill_s), e.largest_burst, fmt(e.burst.absorbed_s)
@@ -22,7 +23,16 @@ from fractions import Fraction
 
 from ._params import NS_PER_S, RateLike, bucket_params, int_at_least, rate_fraction, validated_cost
 
-__all__ = ("WINDOWS_S", "BurstAnswer", "Explanation", "explain", "fmt", "render_text", "to_json")
+__all__ = (
+    "WINDOWS_S",
+    "BurstAnswer",
+    "Explanation",
+    "explain",
+    "fmt",
+    "given",
+    "render_text",
+    "to_json",
+)
 
 WINDOWS_S = (1, 2, 5, 60)
 # The case study's campaign bursts reach 180 req/s against a limit of 100: 1.8x.
@@ -30,12 +40,31 @@ DEFAULT_BURST_FACTOR = Fraction(9, 5)
 
 
 def fmt(value: Fraction | int, approx: bool = True) -> str:
-    """Render *value* exactly: ``2``, ``2.5``, or ``10/3 (~3.333333)``.
+    """Render *value* for reading: ``2``, ``2.5``, or ``~3.333`` (4 significant digits).
 
-    >>> fmt(Fraction(5, 2)), fmt(Fraction(10, 3)), fmt(Fraction(10, 3), approx=False)
-    ('2.5', '10/3 (~3.333333)', '10/3')
+    A whole number, or a decimal of at most 6 significant digits, is
+    printed exactly; any other value rounded, marked ``~``. With
+    ``approx=False`` the value is exact whatever it takes: a decimal when
+    one ends, else ``p/q`` (the JSON's form, which ``Fraction`` reads back).
+
+    >>> fmt(Fraction(5, 2)), fmt(Fraction(112, 45)), fmt(Fraction(333333334, 10**9))
+    ('2.5', '~2.489', '~0.3333')
+    >>> fmt(Fraction(10, 3), approx=False), fmt(Fraction(1, 8), approx=False)
+    ('10/3', '0.125')
     """
     value = Fraction(value)
+    exact = _exact(value)
+    short = "/" not in exact and len(exact.lstrip("-0.").replace(".", "")) <= 6
+    if not approx or value.denominator == 1 or short:
+        return exact
+    x = float(value)
+    places = 3 - math.floor(math.log10(abs(x)))  # 4 significant digits
+    text = f"{x:.{max(places, 0)}f}"
+    return "~" + (text.rstrip("0").rstrip(".") if "." in text else text)
+
+
+def _exact(value: Fraction) -> str:
+    """*value* exactly: ``2``, ``2.5`` (a decimal that ends), else ``p/q``."""
     if value.denominator == 1:
         return str(value.numerator)
     den = value.denominator
@@ -46,14 +75,23 @@ def fmt(value: Fraction | int, approx: bool = True) -> str:
     while den % 5 == 0:
         den //= 5
         fives += 1
-    if den == 1:  # a terminating decimal: print all of it, nothing rounded
-        places = max(twos, fives)
-        scaled = abs(value.numerator) * 10**places // value.denominator
-        sign = "-" if value < 0 else ""
-        whole, frac = divmod(scaled, 10**places)
-        return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
-    exact = f"{value.numerator}/{value.denominator}"
-    return f"{exact} (~{float(value):.6f})" if approx else exact
+    if den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    places = max(twos, fives)  # a terminating decimal: all of it, nothing rounded
+    scaled = abs(value.numerator) * 10**places // value.denominator
+    sign = "-" if value < 0 else ""
+    whole, frac = divmod(scaled, 10**places)
+    return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
+
+
+def given(value: Fraction) -> str:
+    """A value the user sets (a rate): exact, with a decimal beside a fraction.
+
+    >>> given(Fraction(10, 3)), given(Fraction(5, 2))
+    ('10/3 (~3.333)', '2.5')
+    """
+    exact = _exact(value)
+    return exact if "/" not in exact else f"{exact} ({fmt(value)})"
 
 
 def _plural(n: int, word: str) -> str:
@@ -106,9 +144,13 @@ class Explanation:
     sustained_rps: Fraction
     largest_burst: int
     refill_s: Fraction
-    max_admitted: tuple[tuple[int, int], ...]  # (T seconds, requests)
+    max_admitted: tuple[tuple[Fraction | int, int], ...]  # (T seconds, requests)
     burst: BurstAnswer
     summary: str
+    #: The most requests a bucket of capacity ``cost`` (one request, no burst)
+    #: at the same rate admits in any 1-second window [t, t + 1 s): the hard
+    #: cap per second of the recipe `render_text` gives.
+    hard_cap_per_s: int = 0
 
     @property
     def interval_exact(self) -> bool:
@@ -140,12 +182,15 @@ def explain(
     cost: int = 1,
     instances: int = 1,
     burst_rps: RateLike | None = None,
+    windows: tuple[Fraction | int, ...] = (),
 ) -> Explanation:
     """Explain a bucket of *rate* tokens/s and *capacity* tokens, exactly.
 
     *cost* is tokens per request, *instances* the number of processes each
     holding such a bucket locally, *burst_rps* the burst to judge (default
-    1.8 x the sustained request rate, the case study's 180 against 100).
+    1.8 x the sustained request rate, the case study's 180 against 100),
+    *windows* more window lengths in seconds for `max_admitted` (beside 1,
+    2, 5 and 60).
 
     >>> e = explain(100, 200, burst_rps=180)
     >>> e.max_admitted
@@ -161,7 +206,11 @@ def explain(
     sustained = exact / cost
     bps = sustained * DEFAULT_BURST_FACTOR if burst_rps is None else _positive(burst_rps)
     largest = cap // cost
-    windows = tuple((t, math.floor((cap + exact * t) / cost)) for t in WINDOWS_S)
+    lengths = sorted({*WINDOWS_S, *(_window(t) for t in windows)})
+    # Admissions a_1..a_m in a window need m * cost * interval <= a_m - a_1 + tau
+    # (GCRA), and a full bucket then a greedy client reaches it: exact, and
+    # capacity + rate * T when one token is a whole number of ns.
+    most = tuple((t, math.floor((tau + t * NS_PER_S) / (cost * interval))) for t in lengths)
     burst = _burst(exact, cap, cost, bps)
     partial = Explanation(
         exact,
@@ -173,11 +222,26 @@ def explain(
         sustained,
         largest,
         Fraction(cap) / exact,
-        windows,
+        most,
         burst,
         "",
+        # Capacity `cost`: one request at t, then one each cost*interval;
+        # those in [t, t + 1 s) are ceil(1 s / (cost * interval)).
+        -(-NS_PER_S // (cost * interval)),
     )
     return Explanation(**{**partial.__dict__, "summary": _summary(partial)})
+
+
+def _window(value: object) -> Fraction | int:
+    """A window length in seconds: a number > 0, as an int when whole."""
+    if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
+        raise TypeError(
+            f"a window must be an int or Fraction of seconds, not {type(value).__name__}"
+        )
+    if value <= 0:
+        raise ValueError(f"a window must be > 0 s, got {value}")
+    t = Fraction(value)
+    return t.numerator if t.denominator == 1 else t
 
 
 def _positive(value: RateLike) -> Fraction:
@@ -188,16 +252,21 @@ def _positive(value: RateLike) -> Fraction:
 
 
 def _summary(e: Explanation) -> str:
-    tokens = f"{fmt(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
+    tokens = f"{given(e.rate)} {'token' if e.rate == 1 else 'tokens'} per second"
     text = (
         f"The bucket starts full with {_plural(e.capacity, 'token')} and refills {tokens}, "
         f"never past {e.capacity}; each request spends {_plural(e.cost, 'token')} or is "
         f"rejected. So up to {_plural(e.largest_burst, 'request')} "
         f"{'passes' if e.largest_burst == 1 else 'pass'} at once, but over time no more than "
         f"{fmt(e.sustained_rps)} per second: an empty bucket takes {fmt(e.refill_s)} s to "
-        f"refill, and any {e.max_admitted[0][0]} s admits at most {e.max_admitted[0][1]} "
-        f"(capacity plus one second of refill). "
+        f"refill, and any 1 s admits at most {_per_second(e)} (capacity plus one second "
+        f"of refill). "
     )
+    if e.capacity > e.cost:
+        text += (
+            f"For a hard cap of {e.hard_cap_per_s} per second instead, give it capacity "
+            f"{e.cost}: one request every {fmt(_spacing(e))} s, no burst. "
+        )
     b = e.burst
     if b.absorbed_s is None:
         text += f"A burst of {fmt(b.rps)} req/s is within the sustained rate and is never rejected."
@@ -216,10 +285,47 @@ def _summary(e: Explanation) -> str:
         text += (
             f" With {n} instances each holding its own bucket, together they admit up to "
             f"{fmt(e.sustained_rps * n)} req/s and {e.largest_burst * n} at once: for one shared "
-            f"limit use a shared store (Redis) or give each instance rate {fmt(e.rate / n)} "
+            f"limit use a shared store (Redis) or give each instance rate {given(e.rate / n)} "
             f"and capacity {e.capacity // n}."
         )
     return text
+
+
+def _per_second(e: Explanation) -> int:
+    """The most admitted in any 1 s (`max_admitted`'s row for T = 1)."""
+    return dict(e.max_admitted)[1]
+
+
+def _spacing(e: Explanation) -> Fraction:
+    """Seconds between requests at the sustained rate: cost * interval."""
+    return Fraction(e.cost * e.interval_ns, NS_PER_S)
+
+
+def _code(rate: Fraction) -> str:
+    """*rate* as Python source: ``100``, ``2.5``, or ``Fraction(10, 3)``."""
+    text = fmt(rate, approx=False)
+    return text if "/" not in text else f"Fraction({rate.numerator}, {rate.denominator})"
+
+
+def _hard_cap(e: Explanation) -> list[str]:
+    """The lines on a hard per-second cap: the recipe when the bucket has a burst."""
+    pace = (
+        f"one request every {fmt(_spacing(e))} s, at most {e.hard_cap_per_s} in any "
+        "window [t, t + 1 s)"
+    )
+    if e.capacity == e.cost:
+        return [f"  no burst above the rate: {pace}"]
+    wider = "" if e.cost == 1 else f", capacity={e.cost}"
+    bucket = f"nb.TokenBucket(rate={_code(e.rate)}, capacity={e.cost})"
+    shaper = f"nb.LeakyBucket(rate={_code(e.rate)}{wider}) to wait"
+    code = [f"    {bucket}, or {shaper}"]
+    if len(code[0]) > 78:  # a Fraction rate: one per line
+        code = [f"    {bucket}, or", f"    {shaper}"]
+    return [
+        f"  a hard cap of {e.hard_cap_per_s} per second instead, with no burst:",
+        f"    capacity {e.cost}: {pace}",
+        *code,
+    ]
 
 
 def render_text(e: Explanation) -> str:
@@ -230,10 +336,21 @@ def render_text(e: Explanation) -> str:
     """
     b = e.burst
     unit = "" if e.cost == 1 else f" (cost {e.cost} tokens each)"
+    # The trap of "N per second": with a burst, any second admits far more than N.
+    second = (
+        [
+            f"  most in any 1 s          {_per_second(e)} requests, not "
+            f"{e.hard_cap_per_s}: a full bucket, then 1 s of refill"
+        ]
+        if e.capacity > e.cost
+        else []
+    )
     lines = [
-        f"token bucket: rate {fmt(e.rate)} tokens/s, capacity {_plural(e.capacity, 'token')}{unit}",
+        f"token bucket: rate {given(e.rate)} tokens/s, "
+        f"capacity {_plural(e.capacity, 'token')}{unit}",
         "",
         f"  sustained rate           {fmt(e.sustained_rps)} req/s",
+        *second,
         f"  largest burst            {_plural(e.largest_burst, 'request')} at once",
         f"  refill from empty        {fmt(e.refill_s)} s",
         f"  one token every          {e.interval_ns:,} ns "
@@ -244,11 +361,13 @@ def render_text(e: Explanation) -> str:
             else f" (1/{fmt(e.rate, approx=False)} s rounded up: never faster than asked)"
         ),
         "",
-        "  most admitted in any window of T seconds (capacity + rate * T):",
+        "  most admitted in any window of T seconds, both ends counted (capacity + rate * T):"
+        if e.interval_exact
+        else "  most admitted in any window of T seconds, both ends counted:",
     ]
     for t, n in e.max_admitted:
-        lines.append(f"    T = {t:>2} s   {_plural(n, 'request')}")
-    lines.append("")
+        lines.append(f"    T = {fmt(t):>2} s   {_plural(n, 'request')}")
+    lines += ["", *_hard_cap(e), ""]
     if b.absorbed_s is None:
         lines.append(f"  burst of {fmt(b.rps)} req/s  never rejected (within the sustained rate)")
     else:
@@ -270,13 +389,20 @@ def render_text(e: Explanation) -> str:
             f"    sustained              {fmt(e.sustained_rps * n)} req/s",
             f"    at once                {e.largest_burst * n} requests",
         ]
-        lines += [f"    in T = {t:>2} s            {m * n} requests" for t, m in e.max_admitted]
+        lines += [
+            f"    in T = {fmt(t):>2} s            {m * n} requests" for t, m in e.max_admitted
+        ]
         lines.append(
-            f"    for one shared limit   rate {fmt(e.rate / n)}, capacity {e.capacity // n}"
+            f"    for one shared limit   rate {given(e.rate / n)}, capacity {e.capacity // n}"
             " per instance, or a shared store"
         )
     lines += ["", *_wrap(e.summary, 78)]
     return "\n".join(lines) + "\n"
+
+
+def _seconds(t: Fraction | int) -> int | str:
+    """A window length in JSON: an int, or an exact string (``"1/2"``) for a fraction."""
+    return t if isinstance(t, int) else fmt(t, approx=False)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -307,7 +433,12 @@ def to_json(e: Explanation) -> dict[str, object]:
         "sustained_rps": q(e.sustained_rps),
         "largest_burst": e.largest_burst,
         "refill_s": q(e.refill_s),
-        "max_admitted": [{"seconds": t, "requests": m} for t, m in e.max_admitted],
+        "max_admitted": [{"seconds": _seconds(t), "requests": m} for t, m in e.max_admitted],
+        "hard_cap": {
+            "capacity": e.cost,
+            "rate": q(e.rate),
+            "most_in_any_second": e.hard_cap_per_s,
+        },
         "burst": {
             "rps": q(b.rps),
             "drain_per_s": q(b.drain_per_s),
@@ -321,7 +452,9 @@ def to_json(e: Explanation) -> dict[str, object]:
         "all_instances": {
             "sustained_rps": q(e.sustained_rps * n),
             "largest_burst": e.largest_burst * n,
-            "max_admitted": [{"seconds": t, "requests": m * n} for t, m in e.max_admitted],
+            "max_admitted": [
+                {"seconds": _seconds(t), "requests": m * n} for t, m in e.max_admitted
+            ],
             "shared_limit_per_instance": {"rate": q(e.rate / n), "capacity": e.capacity // n},
         },
         "summary": e.summary,

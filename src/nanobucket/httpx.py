@@ -14,7 +14,7 @@ capacity to the server's, never above yours (see `nanobucket._outbound`).
 >>> client.get("https://api.example.com/items").status_code
 200
 >>> client._transport.limit("api.example.com")   # the server's 10/s, at most 10 at once
-KeyLimit(rate=Fraction(10, 1), capacity=10, paused_for=0.0)
+KeyLimit(rate=Fraction(10, 1), capacity=10, paused_for=0.0, known=True)
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ it on a session and every request through it waits for its host's token.
 >>> session = requests.Session()
 >>> adapter = RateLimitedAdapter(rate=500, capacity=50)
 >>> session.mount("https://", adapter); session.mount("http://", adapter)
->>> adapter.limit("api.example.com")
-KeyLimit(rate=500, capacity=50, paused_for=0.0)
+>>> adapter.limit("api.example.com")   # no request yet: your own limits, nothing learned
+KeyLimit(rate=500, capacity=50, paused_for=0.0, known=False)
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
 
     >>> a = RateLimitedAdapter(rate=10, capacity=5, retries=2, pool_maxsize=8)
     >>> a.retry.retries, a.limit("h")
-    (2, KeyLimit(rate=10, capacity=5, paused_for=0.0))
+    (2, KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False))
     """
 
     _timeout_error = RateLimitTimeout
@@ -107,7 +107,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         >>> class Limited(RateLimitedAdapter, Canned): pass
         >>> a = Limited(rate=10, capacity=5)
         >>> a.send(requests.Request("GET", "http://h/").prepare()).status_code, a.limit("h")
-        (200, KeyLimit(rate=10, capacity=3, paused_for=0.0))
+        (200, KeyLimit(rate=10, capacity=3, paused_for=0.0, known=True))
         """
         send = super().send
         replayable = request.body is None or isinstance(request.body, (bytes, str))

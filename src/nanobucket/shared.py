@@ -57,6 +57,7 @@ from ._params import (
     public_rate,
     stored_rate,
     validated_clock,
+    validated_flag,
     validated_max_keys,
 )
 
@@ -176,7 +177,9 @@ class SharedKeyedTokenBucket(_Table):
     ``str`` (hashed as UTF-8), ``bytes``, or ``int`` (hashed as 8-byte
     little-endian two's complement when in int64 range, else as its minimal
     two's complement bytes); ``"1"``, ``b"1"`` and ``1`` are different keys.
-    Other types raise ``TypeError``.
+    Other types raise ``TypeError``, and so does None unless the handle is
+    made with ``none_key=True`` (as ``KeyedTokenBucket`` refuses it: it is
+    what a key function returns for a missing value).
 
     The table holds ``max_keys`` keys at most half-full; a key lives in one of
     128 slots, and a new key takes an empty slot or reclaims one whose bucket
@@ -213,6 +216,7 @@ class SharedKeyedTokenBucket(_Table):
         mode: int = 0o600,
         when_full: str = "reject",
         clock: Clock | None = None,
+        none_key: bool = False,
     ) -> SharedKeyedTokenBucket:
         """Create a new table file (``FileExistsError`` if it exists) and attach to it.
 
@@ -244,7 +248,7 @@ class SharedKeyedTokenBucket(_Table):
                 f"mode {oct(mode)} lets group or others write the table, which open() "
                 "refuses; give at most 0o644"
             )
-        return cls._create(target, rate, capacity, max_keys, mode, when_full, clock)
+        return cls._create(target, rate, capacity, max_keys, mode, when_full, clock, none_key)
 
     @classmethod
     def create_anonymous(
@@ -255,6 +259,7 @@ class SharedKeyedTokenBucket(_Table):
         max_keys: int = DEFAULT_MAX_KEYS,
         when_full: str = "reject",
         clock: Clock | None = None,
+        none_key: bool = False,
     ) -> SharedKeyedTokenBucket:
         """Create a table with no name, shared with the processes this one forks afterwards.
 
@@ -276,7 +281,7 @@ class SharedKeyedTokenBucket(_Table):
         (1, False, None)
         """
         _require_extension()
-        return cls._create(None, rate, capacity, max_keys, 0o600, when_full, clock)
+        return cls._create(None, rate, capacity, max_keys, 0o600, when_full, clock, none_key)
 
     @classmethod
     def _create(
@@ -288,6 +293,7 @@ class SharedKeyedTokenBucket(_Table):
         mode: int,
         when_full: str,
         clock: Clock | None,
+        none_key: bool,
     ) -> SharedKeyedTokenBucket:
         """Build a table in a new file linked in at *target*, or in an anonymous one (None)."""
         exact, cap, interval, _tau = bucket_params(rate, capacity)
@@ -297,6 +303,7 @@ class SharedKeyedTokenBucket(_Table):
         if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
             raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
         validated_clock(clock)
+        validated_flag(none_key, "none_key")
         slots = _slot_count(keys)
         probe = min(PROBE, slots)
         seed0, seed1 = struct.unpack("=QQ", secrets.token_bytes(16))
@@ -346,6 +353,7 @@ class SharedKeyedTokenBucket(_Table):
                 seed0,
                 seed1,
                 clock,
+                none_key,
             )
             if target is not None:
                 # Atomic and exclusive: FileExistsError if anything is at the
@@ -364,8 +372,12 @@ class SharedKeyedTokenBucket(_Table):
         *,
         path: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
+        none_key: bool = False,
     ) -> SharedKeyedTokenBucket:
         """Attach to an existing table; rate, capacity and the rest come from its header.
+
+        *none_key* is this handle's own: whether its verbs take None as a key
+        (every handle that does reaches the same bucket).
 
         Raises ``BadTableError`` (a ``ValueError``) for a file that is not
         such a table, is truncated or corrupt, or has another layout version;
@@ -394,6 +406,7 @@ class SharedKeyedTokenBucket(_Table):
                 fields
             )
             validated_clock(clock)
+            validated_flag(none_key, "none_key")
             rate = Fraction(num, den)
             table = cls.__new__(cls)
             table._attach(
@@ -411,6 +424,7 @@ class SharedKeyedTokenBucket(_Table):
                 seed0,
                 seed1,
                 clock,
+                none_key,
             )
         finally:
             os.close(fd)

@@ -38,7 +38,7 @@ from . import _bucket
 from ._params import NS_PER_S, bucket_params, int_at_least
 from .simulate import Traffic
 
-__all__ = ("Point", "Sizing", "parse_share", "render_text", "size", "to_json")
+__all__ = ("Point", "Sizing", "dominant_key", "parse_share", "render_text", "size", "to_json")
 
 CURVE_POINTS = 10  # capacities between 1 and max_burst in the curve
 
@@ -120,10 +120,18 @@ class Sizing:
 
 
 def parse_share(text: str) -> Fraction:
-    """A share of requests: ``0.1%`` or ``0.001``, exactly, in [0, 1].
+    """A share of requests, exactly: a percentage (``0.1%``, ``10%``) or a fraction below 1
+    (``0.001``, ``1/1000``).
 
-    >>> parse_share("0.1%"), parse_share("1/1000"), parse_share("0")
-    (Fraction(1, 1000), Fraction(1, 1000), Fraction(0, 1))
+    A bare number of 1 or more is refused: ``10`` may mean 10% or ten times
+    every request, and read as a fraction it is the latter (1000%).
+
+    >>> parse_share("0.1%"), parse_share("1/1000"), parse_share("0"), parse_share("10%")
+    (Fraction(1, 1000), Fraction(1, 1000), Fraction(0, 1), Fraction(1, 10))
+    >>> parse_share("10")
+    Traceback (most recent call last):
+    ...
+    ValueError: '10' is ambiguous: write 10% for a percentage, or a fraction below 1 such as 0.1
     """
     raw = text.strip()
     percent = raw.endswith("%")
@@ -133,6 +141,13 @@ def parse_share(text: str) -> Fraction:
         raise ValueError(f"{text!r} is not a share such as 0.1% or 0.001") from None
     if percent:
         value /= 100
+    elif 1 <= value <= 100:
+        fraction = value / 100
+        as_decimal = f"{float(fraction):g}" if Fraction(f"{float(fraction):g}") == fraction else ""
+        raise ValueError(
+            f"{raw!r} is ambiguous: write {raw}% for a percentage, or a fraction below 1"
+            + (f" such as {as_decimal}" if as_decimal else "")
+        )
     if not 0 <= value <= 1:
         raise ValueError(f"a share must be between 0 and 100%, got {text!r}")
     return value
@@ -270,6 +285,31 @@ def _breakdown(
     return tuple(phases.items()), tuple((k, n, requests[k]) for k, n in top)
 
 
+def dominant_key(s: Sizing) -> str | None:
+    """The most rejected key, if it stands out from the rest; else None.
+
+    It stands out when its requests are refused at least twice as often as
+    everyone else's together, and it has at least a tenth of all the
+    rejections: then a per-key limit in front would keep its excess to it.
+    Keys refused about alike name no one (the load as a whole is too much).
+
+    >>> from nanobucket.simulate import Traffic
+    >>> times = [0] * 6 + [2 * 10**9, 4 * 10**9]   # "a": six at once; "b": one every 2 s
+    >>> t = Traffic(times, ["a"] * 6 + ["b"] * 2, [1] * 8, 5 * 10**9, "")
+    >>> dominant_key(size(t, max_rate=1, max_burst=2, target=Fraction(0)))
+    'a'
+    """
+    if not s.by_key:
+        return None
+    key, refused, requests = s.by_key[0]
+    total = s.rejected(s.chosen)
+    rest, rest_requests = total - refused, len(s.traffic) - requests
+    if rest_requests == 0 or 10 * refused < total:
+        return None
+    # refused/requests >= 2 * rest/rest_requests, in integers.
+    return key if refused * rest_requests >= 2 * rest * requests else None
+
+
 def _num(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
 
@@ -369,12 +409,7 @@ def render_text(s: Sizing) -> str:
             for key, count, total in s.by_key
         ]
         if s.capacity is None and s.by_key[0][1] < chosen:
-            lines += _para(
-                f"One bucket for everyone refuses whoever comes when it is empty: "
-                f"{chosen - s.by_key[0][1]:,} of the rejected requests are not from "
-                f"{s.by_key[0][0]!r}. A per-key limit in front of it keeps one client's "
-                f"excess to that client (`nanobucket simulate` compares the two)."
-            )
+            lines += _para(_who(s, chosen))
     if s.instances > 1:
         k, p = s.instances, s.per_instance
         lines.append("")
@@ -386,6 +421,26 @@ def render_text(s: Sizing) -> str:
             f" against {chosen:,} for one shared bucket."
         )
     return "\n".join(lines) + "\n"
+
+
+def _who(s: Sizing, chosen: int) -> str:
+    """Whether one key's excess is the trouble (`dominant_key`), in words."""
+    key, refused, requests = s.by_key[0]
+    rest = chosen - refused
+    if dominant_key(s) == key:
+        return (
+            f"{key!r} stands out: {_share(refused, requests)} of its requests are rejected, "
+            f"against {_share(rest, len(s.traffic) - requests)} of everyone else's. One "
+            f"bucket for everyone refuses whoever comes when it is empty: {rest:,} of the "
+            f"rejected requests are not from {key!r}. A per-key limit in front of it keeps "
+            f"one client's excess to that client (`nanobucket simulate` compares the two)."
+        )
+    return (
+        f"No key stands out: the most rejected, {key!r}, loses {_share(refused, requests)} "
+        f"of its requests, against {_share(rest, len(s.traffic) - requests)} of everyone "
+        f"else's. The traffic as a whole is more than the downstream takes; a per-key "
+        f"limit would not spare the others."
+    )
 
 
 def to_json(s: Sizing) -> dict[str, object]:
@@ -416,6 +471,7 @@ def to_json(s: Sizing) -> dict[str, object]:
         "most_rejected_keys": [
             {"key": k, "rejected": n, "requests": total} for k, n, total in s.by_key
         ],
+        "dominant_key": dominant_key(s),
         "instances": s.instances,
         "rejected_per_instance_split": s.per_instance.rejected,
     }

@@ -1,24 +1,29 @@
 """``python -m nanobucket bench``: nanobucket beside the floor, the naive bucket and its peers.
 
-Runs every group of `nanobucket.bench.cases` without pytest, prints a table
-(ns per call: median of the rounds and the spread between their quartiles;
-the multiple of the floor; the multiple of nanobucket-c) and the resident
-bytes per key at 1M keys, then checks the project's speed goals. ``--json
-FILE`` writes the same figures for machines; ``--quick`` is a few-second
-smoke run with small sizes (its figures are not the published ones).
+Runs every group of `nanobucket.bench.cases` without pytest and prints, for
+users (`format_summary`), what was timed, in time per call and calls per
+second, against nanobucket's compiled core and named baselines (the pure
+Python one, a naive token bucket, a bare ``dict`` lookup, the peer
+libraries installed), and the memory per tracked key. ``--dev`` prints the
+developers' table instead (`format_table`: medians beside a no-op floor
+and the floor plus a clock read, their spread and rounds, and the
+project's speed goals). ``--json FILE`` writes every figure for machines;
+``--quick`` is a few-second smoke run with small sizes (its figures are not
+the published ones).
 
 Every case is timed by `timer.time_trial` and reported as the median of its
 rounds (`timer.median_ns`), the one statistic of the table, the JSON and the
 goals; the goals themselves are the table `goals.GOALS`.
 
     python -m nanobucket bench
-    python -m nanobucket bench --quick --json bench.json
+    python -m nanobucket bench --dev --quick --json bench.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -40,6 +45,7 @@ __all__ = [
     "QUICK_BUDGET",
     "Budget",
     "build_parser",
+    "format_summary",
     "format_table",
     "goals",
     "main",
@@ -76,6 +82,11 @@ def build_parser(prog: str = "nanobucket bench") -> argparse.ArgumentParser:
         help="run only this group (repeatable); --list shows the ids",
     )
     p.add_argument("--list", action="store_true", help="list the group ids and exit")
+    p.add_argument(
+        "--dev",
+        action="store_true",
+        help="the developers' table: no-op floor, spread, rounds and the speed goals",
+    )
     p.add_argument(
         "--no-memory", action="store_true", help="skip the resident-bytes-per-key measurement"
     )
@@ -279,6 +290,113 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Names the user view gives the contenders (others keep their own: the peers').
+LABELS = {
+    "nanobucket-c": "nanobucket (compiled)",
+    "nanobucket-py": "nanobucket (pure Python)",
+    "naive": "naive token bucket (Python)",
+    "dict.get": "dict.get alone (no limiter)",
+    "dict.setdefault": "dict.setdefault alone",
+    "dict": "a dict of the keys alone",
+    "nanobucket-c allow(key) loop": "nanobucket, a loop of allow(key)",
+    "nanobucket-c allow(int) loop": "nanobucket, a loop of allow(int)",
+}
+#: Developers' rows: the no-op floor and the floor plus a clock read.
+DEV_ROLES = ("floor",)
+DEV_NAMES = ("floor+clock",)
+#: Groups whose rows are developers' (hash flooding: aimed against random keys).
+DEV_GROUPS = ("aimed",)
+
+
+def _label(name: str) -> str:
+    if name in LABELS:
+        return LABELS[name]
+    if name.startswith("nanobucket-c "):
+        return "nanobucket (compiled), " + name.removeprefix("nanobucket-c ")
+    if name.startswith("nanobucket-py "):
+        return "nanobucket (pure Python), " + name.removeprefix("nanobucket-py ")
+    return name
+
+
+def _per_second(ns: float) -> str:
+    """Calls per second to 3 significant digits (``26,500,000``): no false precision."""
+    if ns <= 0:
+        return f"{'-':>14}"
+    rate = 1e9 / ns
+    return f"{round(rate, 2 - math.floor(math.log10(rate))):>14,.0f}"
+
+
+def _versus(ns: float, ref: float) -> str:
+    if ns <= 0 or ref <= 0:
+        return ""
+    ratio = ns / ref
+    if 0.95 <= ratio <= 1.05:
+        return "about the same"
+    return f"{ratio:.1f}x slower" if ratio > 1 else f"{1 / ratio:.1f}x faster"
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """The report for users: per case, time per call, calls per second, and the ratio
+    against nanobucket's compiled core (the first of ours in each group)."""
+    impl = "compiled" if report["implementation"] == "cython" else "pure Python"
+    lines = [
+        f"nanobucket {report['nanobucket']} ({impl}), Python {report['python']}, "
+        f"{report['machine']}, {report['cpus']} CPUs",
+        "Each row: the time one call takes (the median of several rounds on one core), the",
+        "calls per second that makes, and how it compares with the first nanobucket row.",
+    ]
+    if report["quick"]:
+        lines.append("A quick run (small sizes, few rounds): the figures only indicate.")
+    lines.append("")
+    skipped: dict[str, dict[str, None]] = {}  # reason -> names, in order
+    for grp in report["groups"]:
+        for s in grp["skipped"]:
+            skipped.setdefault(s["reason"], {})[s["name"]] = None
+        if grp["id"] in DEV_GROUPS:
+            continue
+        rows = [
+            r for r in grp["results"] if r["role"] not in DEV_ROLES and r["name"] not in DEV_NAMES
+        ]
+        if not rows:
+            continue
+        # The compiled core; on an install without it, the pure-Python one.
+        ref = next((r for r in rows if r["role"] == "ours"), None) or next(
+            (r for r in rows if r["role"] == "twin"), None
+        )
+        unit = grp["unit"]
+        lines.append(grp["title"])
+        lines.append(
+            f"  {'':<40} {'time/' + unit:>10} {unit + 's/s':>14}"
+            + ("" if ref is None else f"  vs {_label(ref['name'])}")
+        )
+        for r in rows:
+            ns = r["ns"]["median"]
+            versus = "" if ref is None or r is ref else _versus(ns, ref["ns"]["median"])
+            lines.append(
+                f"  {_label(r['name']):<40} {_fmt_ns(ns) + ' ns':>10} {_per_second(ns)}"
+                f"  {versus}".rstrip()
+            )
+        lines.append("")
+    mem = report.get("memory")
+    if mem:
+        for s in mem["skipped"]:
+            skipped.setdefault(s["reason"], {})[s["name"]] = None
+        if mem["bytes_per_key"]:
+            lines.append(f"memory per tracked key, {mem['keys']:,} keys")
+            for kind, b in mem["bytes_per_key"].items():
+                lines.append(f"  {_label(kind):<40} {b:>8.0f} bytes")
+            lines.append("")
+    for reason, names in skipped.items():
+        lines.append(f"not measured, {reason}: {', '.join(names)}")
+    if skipped:
+        lines.append("")
+    lines.append(
+        "--dev: the developers' table (no-op floor, spread, rounds, hash flooding, speed "
+        f"goals). {report['elapsed_s']:.1f} s"
+    )
+    return "\n".join(lines)
+
+
 def run(
     quick: bool = False,
     only: Sequence[str] | None = None,
@@ -360,5 +478,5 @@ def main(argv: Sequence[str] | None = None, prog: str = "nanobucket bench") -> i
     finally:
         if out is not None:
             out.close()
-    print(format_table(report))
+    print(format_table(report) if args.dev else format_summary(report))
     return 0

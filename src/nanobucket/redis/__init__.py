@@ -93,12 +93,14 @@ from ._policy import RedisDecision as RedisDecision
 from ._policy import RedisUnavailable as RedisUnavailable
 from ._policy import Source as Source
 from ._policy import failure_reason as failure_reason
+from ._prefix import PrefixConflict as PrefixConflict
 from ._sync import RedisTokenBucket as RedisTokenBucket
 
 __all__ = (
     "AsyncRedisTokenBucket",
     "CircuitBreaker",
     "LeasedTokenBucket",
+    "PrefixConflict",
     "RedisDecision",
     "RedisTokenBucket",
     "RedisUnavailable",

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import _acquire
 from .._params import RateLike, validated_now
-from . import _clients, _coalesce
+from . import _clients, _coalesce, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
 from ._deadline import Deadline
@@ -96,9 +96,12 @@ class AsyncRedisTokenBucket(_RedisLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
         coalesce: bool = True,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         if not isinstance(coalesce, bool):
             raise TypeError(f"coalesce must be a bool, not {type(coalesce).__name__}")
@@ -113,6 +116,7 @@ class AsyncRedisTokenBucket(_RedisLimits):
         self._script = self._fast.register_script(_GCRA)
         self._many_script = self._fast.register_script(_GCRA_MANY)
         self._batch_script = self._fast.register_script(_GCRA_BATCH)
+        _prefix.guard(self)  # the prefix's limit is checked before the first decision
         self._coalesce = coalesce and not self._cluster
         self._discovery: asyncio.Future[Any] | None = None
         # The queue of the loop last used, and of every loop not closed (a
@@ -452,6 +456,12 @@ class AsyncRedisTokenBucket(_RedisLimits):
                     self._migrate_key(client, self._swap_script, rkey, params, now_ns)
                 )
         self._set_params(params)
+        if migrate:  # as RedisTokenBucket's: the new terms recorded, or checked before use
+            value = _prefix.params_value(self._interval_us, self._tau_us)
+            await self._client.set(_prefix.params_key(self), value)
+            _prefix.release(self)
+        else:
+            _prefix.guard(self)
 
     def __repr__(self) -> str:
         return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"

@@ -184,6 +184,49 @@ def is_cluster(client: object) -> bool:
     return lib is not None and isinstance(client, lib.clusters)
 
 
+def is_asyncio(client: object) -> bool | None:
+    """Whether *client* is an asyncio client (True), a sync one (False), or neither (None).
+
+    A redis-py or valkey-py client by its class; any other by whether its
+    ``execute_command`` is a coroutine function.
+
+    >>> is_asyncio(redis.Redis()), is_asyncio(redis.asyncio.Redis()), is_asyncio(42)
+    (False, True, None)
+    """
+    lib = library_of(client)
+    if lib is not None:
+        if isinstance(client, (lib.async_client, lib.async_cluster)):
+            return True
+        if isinstance(client, (lib.client, lib.cluster)):
+            return False
+    run = getattr(client, "execute_command", None)
+    if not callable(run):
+        return None
+    return inspect.iscoroutinefunction(run)
+
+
+def wrong_kind(limiter: str, client: object, asyncio: bool) -> str:
+    """The error of a sync *limiter* given an asyncio *client*, or the reverse.
+
+    >>> wrong_kind("AsyncRedisTokenBucket", redis.Redis(), asyncio=True).partition(": ")[2]
+    'for a sync client use RedisTokenBucket'
+    """
+    lib = library_of(client) or REDIS
+    if asyncio:
+        want, where = "an asyncio", f"{lib.name}.asyncio"
+        given, other = "a sync", "RedisTokenBucket"
+        classes = (lib.async_client, lib.async_cluster)
+    else:
+        want, where, classes = "a sync", lib.name, (lib.client, lib.cluster)
+        given, other = "an asyncio", "AsyncRedisTokenBucket"
+    names = " or ".join(f"{where}.{cls.__name__}" for cls in classes)
+    kind = type(client)
+    return (
+        f"{limiter} takes {want} client ({names}), not {given} "
+        f"{kind.__module__}.{kind.__qualname__}: for {given} client use {other}"
+    )
+
+
 _one_pass: dict[type, type] = {}
 
 

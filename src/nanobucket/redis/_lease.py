@@ -20,7 +20,7 @@ from .._params import (
     validated_max_keys,
     validated_now,
 )
-from . import _clients
+from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
 from ._limits import EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
@@ -99,10 +99,14 @@ class LeasedTokenBucket(_SyncLimits):
         clock: Clock | None = None,
         max_keys: int = 100_000,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         self._script = self._give_script  # lua/lease.lua: take and give
+        _prefix.guard(self)  # the prefix's limit is checked before the first decision
         self._max_keys = validated_max_keys(max_keys)
         if max_lease is None:
             max_lease = max(1, self._capacity // 16)

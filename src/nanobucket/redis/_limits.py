@@ -26,14 +26,16 @@ from .._params import (
     NS_PER_S,
     RateLike,
     bucket_params,
+    none_key_error,
     public_rate,
     real_seconds,
     validated_cost,
+    validated_flag,
     validated_max_wait,
     validated_now,
     validated_shape,
 )
-from . import _clients
+from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
 from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
@@ -45,6 +47,9 @@ TAU_US_MAX = (1 << 53) - 1 - NOW_MAX // NS_PER_US
 #: explicit clock is not Redis's, so Redis cannot tell when such a bucket is
 #: full; without the slack a slow replay would lose state mid-trace.
 EXPLICIT_TTL_SLACK_MS = 86_400_000
+#: The bytes of key None (``none_key=True``) in its Redis key: not UTF-8, so no
+#: str or int key has them (only the bytes key ``b"\xff"``).
+NONE_KEY = b"\xff"
 #: Compare-and-swap attempts per key when reconfigure migrates a busy bucket.
 SWAP_TRIES = 100
 
@@ -107,6 +112,9 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
     lost the script (restart, ``SCRIPT FLUSH``), load it and re-run only the
     calls that got ``NOSCRIPT``: those ran nothing, so none is applied twice.
     """
+    if isinstance(script, _prefix.Checked):  # the limiter's prefix is not checked yet
+        yield from script.steps()
+        script = script.inner
     results: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for _ in range(2):
@@ -171,8 +179,11 @@ class _RedisLimits(_FailurePolicy):
         fallback: Fallback | None,
         breaker: CircuitBreaker | None,
         timeout: float,
+        *,
+        none_key: bool = False,
     ) -> None:
         self._timeout = _timeout_seconds(timeout)
+        self._none_key = validated_flag(none_key, "none_key")
         self._set_params(_redis_params(rate, capacity))
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
@@ -187,6 +198,10 @@ class _RedisLimits(_FailurePolicy):
         if not hasattr(client, "register_script"):
             kind = "redis.asyncio.Redis" if self._asyncio else "redis.Redis"
             raise TypeError(f"client must be a {kind}, not {type(client).__name__}")
+        if _clients.is_asyncio(client) is (not self._asyncio):
+            # Refused here: taken, its first decision would fail far from here
+            # ("'>' not supported between instances of 'coroutine' and 'int'").
+            raise TypeError(_clients.wrong_kind(type(self).__name__, client, self._asyncio))
         self._user_client = client
         self._client = bounded_client(client, self._timeout)
         self._cluster = _clients.is_cluster(self._client)
@@ -222,6 +237,15 @@ class _RedisLimits(_FailurePolicy):
         make: Any = cls  # a limiter class: the client first, as every one takes it
         limiter: _Limits = make(client, rate, capacity, timeout=socket_timeout, **kwargs)
         return limiter
+
+    @property
+    def none_key(self) -> bool:
+        """Whether None is a key (``none_key=True``); else a verb given None raises.
+
+        >>> RedisTokenBucket(redis.Redis(), rate=1, capacity=2, none_key=True).key(None)
+        b'nanobucket:{\\xff}'
+        """
+        return self._none_key
 
     @property
     def client(self) -> Any:
@@ -315,6 +339,10 @@ class _RedisLimits(_FailurePolicy):
             raw = key
         elif isinstance(key, int) and not isinstance(key, bool):
             raw = str(key).encode()
+        elif key is None:
+            if not self._none_key:
+                raise none_key_error(type(self).__name__)
+            raw = NONE_KEY
         else:
             raise TypeError(
                 f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}"

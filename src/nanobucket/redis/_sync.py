@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _acquire
 from .._params import RateLike, validated_now, validated_timeout
-from . import _clients
+from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
 from ._limits import (
@@ -141,6 +141,10 @@ class _SyncLimits(_RedisLimits):
         capacity's tokens and refills the rest). Each bucket changes
         atomically (a compare-and-swap: a decision made meanwhile is never
         overwritten); the prefix as a whole does not. Redis errors raise.
+        Migrating records the new limit as the prefix's (``<prefix>:params``,
+        which every limiter on the prefix checks before its first decision);
+        with ``migrate=False`` the limiter checks the recorded limit again
+        before its next decision.
 
         >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
         >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
@@ -153,6 +157,12 @@ class _SyncLimits(_RedisLimits):
         if migrate:
             self._migrate(params, now)
         self._set_params(params)
+        if migrate:  # the prefix's buckets are in the new terms: record them
+            value = _prefix.params_value(self._interval_us, self._tau_us)
+            self._client.set(_prefix.params_key(self), value)
+            _prefix.release(self)
+        else:  # another instance migrated: its record is checked before the next decision
+            _prefix.guard(self)
 
     def _migrate(self, params: tuple[Any, int, int], now: int | None) -> None:
         """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
@@ -196,11 +206,15 @@ class RedisTokenBucket(_SyncLimits):
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        none_key: bool = False,
     ) -> None:
-        super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
+        super().__init__(
+            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+        )
         self._connect(client)
         self._script = self._client.register_script(_GCRA)
         self._many_script = self._client.register_script(_GCRA_MANY)
+        _prefix.guard(self)  # the prefix's limit is checked before the first decision
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
