@@ -19,6 +19,7 @@ from ._limits import (
     drive,
 )
 from ._policy import Fallback, Policy, RedisDecision
+from ._wire import Wire
 
 __all__ = ("RedisTokenBucket",)
 
@@ -26,11 +27,27 @@ __all__ = ("RedisTokenBucket",)
 class _SyncLimits(_RedisLimits):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
+    _wire: Wire | None = None
+
+    def _connect(self, client: Any) -> None:
+        super()._connect(client)
+        # Script calls on connections of the limiter's own, past redis-py's
+        # command layer, where the client allows (see _wire.py).
+        self._wire = Wire.of(self._client)
+        self._give_script = self._wired(self._give_script)
+        self._reserve_script = self._wired(self._reserve_script)
+
+    def _wired(self, script: Any) -> Any:
+        """*script* (a redis-py ``Script``) through the limiter's `Wire`, if it has one."""
+        return script if self._wire is None else self._wire.script(script)
+
     def close(self) -> None:
         """Close the limiter's own connections (the client it was given stays open).
 
         >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
         """
+        if self._wire is not None:
+            self._wire.close()
         if self._client is not self._user_client:
             self._client.close()
 
@@ -199,8 +216,8 @@ class RedisTokenBucket(_SyncLimits):
     ) -> None:
         super().__init__(rate, capacity, prefix, on_error, fallback, breaker, timeout)
         self._connect(client)
-        self._script = self._client.register_script(_GCRA)
-        self._many_script = self._client.register_script(_GCRA_MANY)
+        self._script = self._wired(self._client.register_script(_GCRA))
+        self._many_script = self._wired(self._client.register_script(_GCRA_MANY))
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
