@@ -225,6 +225,15 @@ class RedisTokenBucket(_SyncLimits):
             self._decision(reply, cost) if ok else self._policy(key, cost, now_ns, consume, reply)
         )
 
+    def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        # `_call(...).allowed` without building the decision.
+        ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, True))
+        return (
+            self._admits(reply, cost)
+            if ok
+            else self._policy(key, cost, now_ns, True, reply).allowed
+        )
+
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
 
@@ -232,7 +241,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.allow("alice")
         False
         """
-        return self._call(key, self._cost(cost), None, True).allowed
+        return self._allowed(key, self._cost(cost), None)
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
@@ -242,7 +251,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
         (True, False)
         """
-        return self._call(key, self._cost(cost), validated_now(now), True).allowed
+        return self._allowed(key, self._cost(cost), validated_now(now))
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
