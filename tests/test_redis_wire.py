@@ -13,7 +13,10 @@ Every decision is checked by its exact numbers.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +29,7 @@ import valkey
 from nanobucket import redis as nbr
 from nanobucket.redis import _wire
 
-from redis_server import RedisServer, running_server, threads_within
+from redis_server import RedisServer, free_port, running_server, threads_within
 
 S = 1_000_000_000
 PHASE = 15.0
@@ -136,6 +139,41 @@ def test_unix_socket(tmp_path: Any) -> None:
         limiter.close()
 
 
+def _self_signed(folder: Any) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (the openssl command), or skip."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run(
+        [
+            *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", key, "-out", cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_tls(tmp_path: Any) -> None:
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    tls = ("--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key)
+    for server in running_server(*tls, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"):
+        client = redis.Redis("127.0.0.1", port, ssl=True, ssl_ca_certs=cert, socket_timeout=2.0)
+        limiter = _limiter(client)
+        assert _wire_of(limiter)._cls is redis.SSLConnection
+        assert [limiter.check_at("k", 0, cost=2).remaining for _ in range(3)] == [3, 1, 1]
+        # The server drops the connection: seen before the next call, over TLS too.
+        server.client().client_kill_filter(_type="normal", skipme=True)
+        d = limiter.check_at("k", 0, cost=1)
+        assert (d.source, d.remaining) == ("redis", 0)
+        limiter.close()
+        client.close()
+
+
 # -- Redis losing things -------------------------------------------------------------
 
 
@@ -163,18 +201,27 @@ def test_a_restarted_server_is_reconnected_before_the_call(server: RedisServer) 
     # redis-py's pool sees it: the decision is Redis's (the state went with it).
     d = limiter.check_at("k", 0)
     assert (d.source, d.remaining) == ("redis", 4)
+    server.client().client_kill_filter(_type="normal", skipme=True)  # an idle timeout, say
+    d = limiter.check_at("k", 0)
+    assert (d.source, d.remaining) == ("redis", 3)
     limiter.close()
 
 
+@pytest.mark.wall_clock
 def test_a_paused_server_times_out_and_the_next_call_reconnects(server: RedisServer) -> None:
     limiter = _limiter(server.client(), on_error="open", timeout=0.2)
     assert limiter.check_at("k", 0).remaining == 4
+    if sys.platform.startswith("linux"):  # the kernel keeps the timeout, not Python
+        assert _wire_of(limiter)._free[0].conn._sock.gettimeout() is None
     server.pause()
     try:
+        start = time.monotonic()
         d = limiter.check_at("k", 0)
+        elapsed = time.monotonic() - start
     finally:
         server.resume()
     assert (d.allowed, d.source, d.reason) == (True, "policy:open", "timeout")
+    assert 0.19 < elapsed < 0.2 + 0.4, elapsed
     limiter.breaker.record_success()  # no back-off to wait out
     assert limiter.check_at("k", 0).remaining in (3, 2)  # the late reply may have spent one
     limiter.close()
