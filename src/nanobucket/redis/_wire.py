@@ -312,6 +312,7 @@ class WireScript:
 
     @property
     def sha(self) -> str:
+        """The script's SHA1 (the redis-py ``Script``'s; set by a reload)."""
         sha: str = self._script.sha
         return sha
 
@@ -322,6 +323,7 @@ class WireScript:
 
     @property
     def script(self) -> Any:
+        """The script's text."""
         return self._script.script
 
     def __call__(self, keys: Sequence[bytes], args: tuple[Any, ...]) -> Any:
