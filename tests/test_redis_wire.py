@@ -12,6 +12,7 @@ Every decision is checked by its exact numbers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -228,8 +229,10 @@ def test_a_paused_server_times_out_and_the_next_call_reconnects(server: RedisSer
 
 
 class _Proxy:
-    """A TCP proxy in front of a real server; the next EVALSHA reply is replaced by *mangle*'s
-    bytes (the connection closed after them when *close*)."""
+    """A TCP proxy in front of a real server, bytes pumped both ways; the reply to the next
+    EVALSHA sent after `mangle` is set is replaced by its bytes (the connection closed
+    after them when *close_after*). redis-py pipelines its handshake: no other reply is
+    touched."""
 
     def __init__(self, port: int) -> None:
         self.upstream = port
@@ -237,37 +240,43 @@ class _Proxy:
         self.port = self.listener.getsockname()[1]
         self.mangle: bytes | None = None
         self.close_after = False
-        self._stop = False
+        self._armed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while not self._stop:
+        while True:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._requests, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._replies, args=(up, conn), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        up = socket.create_connection(("127.0.0.1", self.upstream))
-        with conn, up:
-            while True:
-                request = conn.recv(65536)
-                if not request:
-                    return
-                up.sendall(request)
-                reply = up.recv(65536)
-                if b"EVALSHA" in request and self.mangle is not None:
-                    reply, self.mangle = self.mangle, None
-                    conn.sendall(reply)
+    def _requests(self, conn: socket.socket, up: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                if b"EVALSHA" in data and self.mangle is not None:
+                    self._armed.set()  # before the server can answer
+                up.sendall(data)
+        with contextlib.suppress(OSError):
+            up.shutdown(socket.SHUT_WR)
+
+    def _replies(self, up: socket.socket, conn: socket.socket) -> None:
+        with conn, up, contextlib.suppress(OSError):
+            while data := up.recv(65536):
+                if self._armed.is_set() and self.mangle is not None:
+                    data, self.mangle = self.mangle, None  # a script reply: one read
+                    self._armed.clear()
+                    conn.sendall(data)
                     if self.close_after:
-                        self.close_after = False
+                        # Now, though the other pump still reads from it.
+                        conn.shutdown(socket.SHUT_RDWR)
                         return
                     continue
-                conn.sendall(reply)
+                conn.sendall(data)
 
     def close(self) -> None:
-        self._stop = True
         self.listener.close()
 
 
