@@ -19,6 +19,18 @@ With ``--callgrind`` it counts instructions instead (repeatable where
 wall-clock time is not): redis-server runs under ``valgrind --tool=callgrind``
 once with N script calls and once with 2N, and ``(I(2N) - I(N)) / N`` is one
 call (per key for batches), start-up cancelled.
+
+With ``--client`` it measures the other side: the CPU time of the *client*
+process per sync decision (``time.process_time``, median and range of
+``--runs`` runs of N calls each, the cases interleaved), against two
+baselines of the same run: the floor, a bare socket sending the same
+``EVALSHA`` (pre-encoded) and reading its reply, and redis-py's own
+``evalsha`` on a client like the limiter's. ``--client --callgrind`` counts
+the client's instructions per call instead (the Python process under
+callgrind with N and 2N calls)::
+
+    python benchmarks/bench_redis_cpu.py --client --n 20000 --runs 7
+    python benchmarks/bench_redis_cpu.py --client --callgrind --n 2000
 """
 
 from __future__ import annotations
@@ -27,12 +39,15 @@ import argparse
 import contextlib
 import os
 import re
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlparse
 
 import redis
 from bench_redis import on_server, redis_server_binary
@@ -242,13 +257,132 @@ def bench_callgrind(binary: str, n: int) -> None:
         print(f"  {label:<48} {(long - short) / calls / per:9.0f} instructions/decision")
 
 
+# -- the client's CPU per decision (--client) ------------------------------------
+
+
+def _resp(*parts: bytes | int | str) -> bytes:
+    """One command in RESP, as a client library sends it."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        raw = part if isinstance(part, bytes) else str(part).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
+def client_cases(url: str) -> dict[str, Callable[[], Any]]:
+    """The cases of ``--client``, by name: each a call making one decision (one round trip)."""
+    client = nbr.client_from_url(url, socket_timeout=2.0)
+    client.flushdb()
+    # A rate far above what one client reaches: every decision admits and writes.
+    limiter = nbr.RedisTokenBucket(client, 1_000_000, 1_000_000, prefix="cli", timeout=2.0)
+    rkey = limiter.key("k")
+    args = limiter._args(1, None, True)
+    sha = client.script_load(nbr._GCRA)
+    own = limiter._client  # the limiter's own client: redis-py's path, as the limiter had it
+    script = own.register_script(nbr._GCRA)
+    # The floor: the same EVALSHA, pre-encoded, on a bare socket; the reply
+    # (":<owed>\r\n", one read) parsed as the limiter needs it.
+    where = urlparse(url)
+    sock = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    request = _resp(b"EVALSHA", sha, 1, rkey, *args)
+    send, recv = sock.sendall, sock.recv
+
+    def bare() -> int:
+        send(request)
+        return int(recv(65536)[1:-2])
+
+    return {
+        "floor: bare socket EVALSHA (same shape)": bare,
+        "redis-py client.evalsha(sha, 1, key, *args)": lambda: own.evalsha(sha, 1, rkey, *args),
+        "redis-py Script(keys=, args=)": lambda: script(keys=(rkey,), args=args),
+        "RedisTokenBucket.allow": lambda: limiter.allow("k"),
+        "RedisTokenBucket.check": lambda: limiter.check("k"),
+    }
+
+
+def bench_client(url: str, n: int, runs: int) -> None:
+    cases = client_cases(url)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for call in cases.values():
+        for _ in range(200):  # connections open, scripts loaded
+            call()
+    for _ in range(runs):  # interleaved: a noisy minute weighs on every case alike
+        for name, call in cases.items():
+            loop = range(n)
+            start = time.process_time()
+            for _ in loop:
+                call()
+            times[name].append((time.process_time() - start) / n * 1e6)
+    floor, redispy = (statistics.median(times[name]) for name in list(cases)[:2])
+    print(f"{url}: client CPU (process_time) per call, median [range] of {runs} runs x {n}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(
+            f"  {name:<46} {med:6.2f} us [{min(ts):6.2f}-{max(ts):6.2f}]  "
+            f"{med / floor:5.2f}x floor  {med / redispy:5.2f}x redis-py evalsha"
+        )
+
+
+def client_loop(url: str, name: str, n: int) -> None:
+    """Set up the cases, then call *name* *n* times (run under callgrind by `bench_client_cg`)."""
+    call = client_cases(url)[name]
+    for _ in range(200):
+        call()
+    for _ in range(n):
+        call()
+
+
+def bench_client_cg(url: str, n: int) -> None:
+    names = list(client_cases(url))
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    print(f"client under callgrind: instructions per call, {n} and {2 * n} calls")
+    counts: dict[str, float] = {}
+    for name in names:
+        totals = []
+        for calls in (n, 2 * n):
+            with tempfile.TemporaryDirectory(prefix="nanobucket-cg-") as folder:
+                out = os.path.join(folder, "callgrind.out")
+                subprocess.run(
+                    [
+                        *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+                        *(sys.executable, __file__, "--url", url, "--client-loop", name),
+                        *("--n", str(calls)),
+                    ],
+                    env=env,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                with open(out, encoding="utf-8") as f:
+                    found = re.search(r"^(?:summary|totals): (\d+)", f.read(), re.M)
+                assert found, "no totals in the callgrind output"
+                totals.append(int(found.group(1)))
+        counts[name] = (totals[1] - totals[0]) / n
+    floor, redispy = (counts[name] for name in names[:2])
+    for name, count in counts.items():
+        print(
+            f"  {name:<46} {count:9.0f} instructions  {count / floor:5.2f}x floor  "
+            f"{count / redispy:5.2f}x redis-py evalsha"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an existing Redis (default: start one on a free port)")
     parser.add_argument("--n", type=int, default=20_000, help="single decisions per case")
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument("--client", action="store_true", help="the client's CPU, not Redis's")
+    parser.add_argument("--runs", type=int, default=5, help="--client: runs of N calls per case")
+    parser.add_argument("--client-loop", help=argparse.SUPPRESS)  # one case, under callgrind
     args = parser.parse_args()
-    if args.callgrind:
+    if args.client_loop:
+        client_loop(args.url, args.client_loop, args.n)
+    elif args.client:
+        n = min(args.n, 2000) if args.callgrind else args.n
+        run = (lambda url: bench_client_cg(url, n)) if args.callgrind else None
+        on_server(args.url, "bench_redis_cpu", run or (lambda url: bench_client(url, n, args.runs)))
+    elif args.callgrind:
         bench_callgrind(redis_server_binary("bench_redis_cpu"), min(args.n, 2000))
     else:
         on_server(args.url, "bench_redis_cpu", lambda url: bench(url, args.n))

@@ -135,6 +135,7 @@ def test_keys_on_every_shard_decide_exactly(cluster: RedisClusterServers, lib: s
     limiter = _limiter(client, f"exact-{lib}")
     keys = _one_key_per_shard(cluster, client, limiter)
     assert limiter._client is not client  # a bounded copy: the user's retries for ten
+    assert limiter._wire is None  # no wire of its own: redis-py routes each key to its node
     reference = nb.KeyedTokenBucket(rate=100, capacity=200)
     for key in keys.values():
         trace = [(0, 150), (0, 100), (400 * MS, 100), (400 * MS, 10), (2 * S, 0), (3 * S, 200)]

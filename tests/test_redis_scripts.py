@@ -152,3 +152,9 @@ def test_a_debt_past_tau_decides_exactly(client: Any) -> None:
         0,
         20 * 1_000_000,
     )
+
+
+def test_the_single_scripts_slack_is_the_constant() -> None:
+    # lua/gcra.lua writes the slack of explicit times rather than taking it
+    # as an argument (one argument fewer per decision): the same number.
+    assert f"slack = {SLACK}  -- EXPLICIT_TTL_SLACK_MS\n" in nbr._GCRA

@@ -33,7 +33,11 @@ dead Redis and for a minute on a hung one). A client already built that way
 client of its own to the same nodes, bounded the same way (redis-py's retries
 10 times, refreshing the topology each time). valkey-py's clients, plain and
 cluster, sync and asyncio, are taken like redis-py's (:func:`bounded_client`);
-their errors are "cannot decide" and get the same reasons.
+their errors are "cannot decide" and get the same reasons. The sync
+limiters send their script calls on connections of their own, made as the
+client's, past redis-py's command layer (about a quarter of the client CPU);
+a cluster, RESP3, client-side caching or connection class of another kind
+goes through redis-py.
 
 When Redis cannot decide, the failure policy decides: ``on_error="open"``
 admits, ``"closed"`` rejects, ``"raise"`` raises :class:`RedisUnavailable`; a

@@ -105,6 +105,10 @@ class CircuitBreaker:
         >>> b.record_failure(); b.allow_request()
         False
         """
+        if self._failures < self._threshold:
+            # Closed: no lock (a failure recorded meanwhile by another thread
+            # is as if it came just after this call).
+            return True
         with self._lock:
             if self._failures < self._threshold:
                 return True
@@ -136,6 +140,8 @@ class CircuitBreaker:
         >>> b.record_failure(); b.record_success(); b.state
         'closed'
         """
+        if not self._failures and self._backoff_ns == self._base_ns:
+            return  # closed and reset already: no lock (as for `allow_request`)
         with self._lock:
             if self._failures:
                 self.recoveries += 1

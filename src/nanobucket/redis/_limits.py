@@ -355,15 +355,12 @@ class _RedisLimits(_FailurePolicy):
         return validated_cost(cost, self._capacity)
 
     def _args(self, cost: int, now_ns: int | None, consume: bool) -> tuple[bytes | int, ...]:
-        cost_us = cost * self._interval_us
-        if now_ns is None:
-            return (self._head[1], cost_us, b"", b"1" if consume else b"0", b"0")
+        # lua/gcra.lua: the TTL slack of explicit times is written in the script.
         return (
             self._head[1],
-            cost_us,
-            now_ns // NS_PER_US,
+            cost * self._interval_us,
+            b"" if now_ns is None else now_ns // NS_PER_US,
             b"1" if consume else b"0",
-            EXPLICIT_TTL_SLACK_MS,
         )
 
     def _many_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:

@@ -19,6 +19,7 @@ from ._limits import (
     drive,
 )
 from ._policy import Fallback, Policy, RedisDecision
+from ._wire import Wire
 
 __all__ = ("RedisTokenBucket",)
 
@@ -26,11 +27,27 @@ __all__ = ("RedisTokenBucket",)
 class _SyncLimits(_RedisLimits):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
+    _wire: Wire | None = None
+
+    def _connect(self, client: Any) -> None:
+        super()._connect(client)
+        # Script calls on connections of the limiter's own, past redis-py's
+        # command layer, where the client allows (see _wire.py).
+        self._wire = Wire.of(self._client)
+        self._give_script = self._wired(self._give_script)
+        self._reserve_script = self._wired(self._reserve_script)
+
+    def _wired(self, script: Any) -> Any:
+        """*script* (a redis-py ``Script``) through the limiter's `Wire`, if it has one."""
+        return script if self._wire is None else self._wire.script(script)
+
     def close(self) -> None:
         """Close the limiter's own connections (the client it was given stays open).
 
         >>> RedisTokenBucket(redis.Redis(), rate=100, capacity=200).close()
         """
+        if self._wire is not None:
+            self._wire.close()
         if self._client is not self._user_client:
             self._client.close()
 
@@ -212,8 +229,8 @@ class RedisTokenBucket(_SyncLimits):
             rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
         )
         self._connect(client)
-        self._script = self._client.register_script(_GCRA)
-        self._many_script = self._client.register_script(_GCRA_MANY)
+        self._script = self._wired(self._client.register_script(_GCRA))
+        self._many_script = self._wired(self._client.register_script(_GCRA_MANY))
         _prefix.guard(self)  # the prefix's limit is checked before the first decision
 
     def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
@@ -223,6 +240,14 @@ class RedisTokenBucket(_SyncLimits):
         self._saw(key, reply, cost if consume else 0)
         return self._decision(reply, cost)
 
+    def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+        # `_call(...).allowed` without building the decision.
+        ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, True))
+        if not ok:
+            return self._policy(key, cost, now_ns, True, reply).allowed
+        self._saw(key, reply, cost)
+        return self._admits(reply, cost)
+
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
 
@@ -230,7 +255,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.allow("alice")
         False
         """
-        return self._call(key, self._cost(cost), None, True).allowed
+        return self._allowed(key, self._cost(cost), None)
 
     def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
         """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
@@ -240,7 +265,7 @@ class RedisTokenBucket(_SyncLimits):
         >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
         (True, False)
         """
-        return self._call(key, self._cost(cost), validated_now(now), True).allowed
+        return self._allowed(key, self._cost(cost), validated_now(now))
 
     def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
         """Like `allow`, but return the whole decision.
