@@ -63,9 +63,11 @@ def server() -> Iterator[RedisServer]:
 
 def test_plain_client_decides_through_the_wire(redis_url: str) -> None:
     limiter = _limiter(nbr.client_from_url(redis_url, socket_timeout=2.0), prefix="wire-plain")
-    assert isinstance(limiter._script, _wire.WireScript)
+    # Wrapped by the prefix check until the first decision, then the wire's script.
+    assert isinstance(limiter._script.inner, _wire.WireScript)
     limiter.reset("k")
     d = limiter.check_at("k", 0, cost=2)
+    assert isinstance(limiter._script, _wire.WireScript)
     assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (True, 3, 0, 2 * S // 10)
     assert [limiter.allow_at("k", 0) for _ in range(4)] == [True, True, True, False]
     assert limiter.reserve("k", max_wait_ns=S, now=0) == S // 10 * 1
@@ -78,8 +80,9 @@ def test_plain_client_decides_through_the_wire(redis_url: str) -> None:
 def test_valkey_client_decides_through_the_wire(redis_url: str) -> None:
     client: Any = valkey.Valkey.from_url(redis_url, socket_timeout=2.0)
     limiter = _limiter(client, prefix="wire-valkey")
-    assert isinstance(limiter._script, _wire.WireScript)
+    assert isinstance(limiter._script.inner, _wire.WireScript)
     assert limiter.check_at("k", 0, cost=5).remaining == 0
+    assert isinstance(limiter._script, _wire.WireScript)
     d = limiter.check_at("k", 0)
     assert (d.allowed, d.retry_after_ns) == (False, S // 10)
     limiter.close()

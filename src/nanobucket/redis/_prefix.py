@@ -167,6 +167,12 @@ class Checked:
             return
         self._passed(stored)
 
+    def _run(self, keys: Any, args: Any, client: Any) -> Any:
+        """The script itself (a client only when one was given: the wire's script takes none)."""
+        if client is None:
+            return self.inner(keys=keys, args=args)
+        return self.inner(keys=keys, args=args, client=client)
+
     def __call__(self, keys: Any = (), args: Any = (), client: Any = None) -> Any:
         if self.limiter._asyncio:
             return self._checked_async(keys, args, client)
@@ -177,7 +183,7 @@ class Checked:
                 self._unanswered()  # decide unchecked; check again later
             else:
                 self._passed(stored)
-        return self.inner(keys=keys, args=args, client=client)
+        return self._run(keys, args, client)
 
     async def _checked_async(self, keys: Any, args: Any, client: Any) -> Any:
         if self._due():
@@ -191,7 +197,7 @@ class Checked:
                 self._unanswered()
             else:
                 self._passed(stored)
-        return await self.inner(keys=keys, args=args, client=client)
+        return await self._run(keys, args, client)
 
 
 def guard(limiter: Any) -> None:
