@@ -40,6 +40,7 @@ timeout; a caller refused or cancelled on the way holds nothing::
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
@@ -123,7 +124,17 @@ class LayeredDecision(Decision):
 def _style(layer: object) -> int:
     if isinstance(layer, AllOf):
         return _NESTED
-    return _KEYED if is_keyed(layer) else _PLAIN
+    keyed = is_keyed(layer)
+    name = type(layer).__name__
+    if inspect.iscoroutinefunction(getattr(layer, "allow", None)):
+        raise TypeError(
+            f"{name} is an asyncio limiter, and all_of calls its layers' verbs without "
+            "awaiting them: give all_of sync limiters"
+        )
+    missing = [v for v in ("allow", "check", "peek") if not callable(getattr(layer, v, None))]
+    if missing:
+        raise TypeError(f"{name} has no {missing[0]}(): all_of needs allow, check and peek")
+    return _KEYED if keyed else _PLAIN
 
 
 class AllOf:

@@ -36,6 +36,7 @@ True
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -86,6 +87,11 @@ class Waiting:
         async_sleep: AsyncSleep | None = None,
         sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
+        if inspect.iscoroutinefunction(getattr(limiter, "reserve", None)):
+            raise TypeError(
+                f"{type(limiter).__name__} is an asyncio limiter: await its own "
+                "acquire_async (Waiting calls a limiter's verbs without awaiting them)"
+            )
         if not isinstance(limiter, Reservable) or not isinstance(limiter, Refundable):
             raise TypeError(
                 f"{type(limiter).__name__} cannot reserve tokens: Waiting needs an in-process "

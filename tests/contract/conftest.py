@@ -14,33 +14,7 @@ import pytest
 from .backends import BACKENDS, Case, Env
 
 #: (test, backend) -> why it fails today. Each is a bug to fix in the limiter, not here.
-KNOWN: dict[tuple[str, str], str] = {
-    ("test_a_refund_after_a_refusal_counts_at_once", "leased"): (
-        "LeasedTokenBucket remembers a refusal from Redis (_Lease.denied_need / denied_until) "
-        "and refund_at does not forget it: after a refund fills the Redis bucket, a request "
-        "needing as many tokens is still refused locally (source 'lease') until that "
-        "retry_after"
-    ),
-    ("test_a_refusal_says_when_the_same_request_is_admitted", "leased"): (
-        "LeasedTokenBucket refuses locally a request needing at least the tokens Redis last "
-        "refused, with that refusal's retry_after: for a larger request it is too early "
-        "(150 ms where the tokens are 250 ms away), and reset_after_ns is 0"
-    ),
-    ("test_waiting_takes_exactly_the_limiters_it_can_wait_on", "redis-async"): (
-        "Waiting takes an asyncio limiter (it is Reservable and Refundable) but calls its "
-        "verbs without awaiting them: acquire_async admits every request (an unawaited "
-        "coroutine is true) and spends nothing"
-    ),
-    ("test_all_of_takes_exactly_the_limiters", "redis-async"): (
-        "all_of takes an asyncio limiter but calls its verbs without awaiting them: allow "
-        "admits every request, check_at raises AttributeError ('coroutine' object has no "
-        "attribute 'allowed')"
-    ),
-    ("test_all_of_takes_exactly_the_limiters", "leased"): (
-        "all_of takes a LeasedTokenBucket, which has no peek / peek_at (so is no "
-        "KeyedLimiter): the all_of's peek_at raises AttributeError"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 # The same limiter on valkey-py's asyncio client fails as on redis-py's.
 for (_test, _name), _reason in list(KNOWN.items()):
     if _name == "redis-async":

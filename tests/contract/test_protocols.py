@@ -92,8 +92,11 @@ def test_waiting_takes_exactly_the_limiters_it_can_wait_on(backend: Case) -> Non
             waiting = nb.Waiting(lim)
         except TypeError as refused:
             assert str(refused) == (
-                f"{type(lim).__name__} cannot reserve tokens: Waiting needs an in-process "
-                "TokenBucket, KeyedTokenBucket or all_of"
+                f"{type(lim).__name__} is an asyncio limiter: await its own acquire_async "
+                "(Waiting calls a limiter's verbs without awaiting them)"
+                if s.backend.asyncio
+                else f"{type(lim).__name__} cannot reserve tokens: Waiting needs an "
+                "in-process TokenBucket, KeyedTokenBucket or all_of"
             )
             # Refused: it cannot reserve and refund (or, an asyncio one, is not waited on).
             assert s.backend.asyncio or not (s.backend.has(RESERVE) and s.backend.has(REFUND))

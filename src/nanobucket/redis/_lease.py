@@ -31,7 +31,7 @@ __all__ = ("LeasedTokenBucket",)
 
 
 class _Lease:
-    __slots__ = ("balance", "denied_need", "denied_until", "size", "taken_at")
+    __slots__ = ("balance", "denied_full", "denied_need", "denied_until", "size", "taken_at")
 
     def __init__(self, size: int, taken_at: int) -> None:
         self.balance = 0
@@ -42,6 +42,7 @@ class _Lease:
         # one round trip, not one per request.
         self.denied_need = 0
         self.denied_until = 0
+        self.denied_full = 0  # when Redis said the bucket would be full again
 
 
 class LeasedTokenBucket(_SyncLimits):
@@ -211,8 +212,15 @@ class LeasedTokenBucket(_SyncLimits):
                     and cost - lease.balance >= lease.denied_need
                     and lease.denied_until > t
                 ):
+                    # Redis's refusal, told for this request: more tokens, more intervals.
+                    extra = (cost - lease.balance - lease.denied_need) * self._interval_ns
                     return RedisDecision(
-                        False, lease.balance, lease.denied_until - t, 0, self._capacity, "lease"
+                        False,
+                        lease.balance,
+                        lease.denied_until - t + extra,
+                        max(lease.denied_full - t, 0),
+                        self._capacity,
+                        "lease",
                     )
                 if rkey not in self._in_flight:
                     # This thread takes the key's lease; others wait for it.
@@ -289,6 +297,7 @@ class LeasedTokenBucket(_SyncLimits):
             if not granted:
                 lease.denied_need = need
                 lease.denied_until = t + retry_ns
+                lease.denied_full = t + int(reset_us) * NS_PER_US
             return RedisDecision(
                 False, lease.balance, retry_ns, int(reset_us) * NS_PER_US, self._capacity, "redis"
             )
@@ -371,6 +380,7 @@ class LeasedTokenBucket(_SyncLimits):
         with self._lock:
             lease = self._leases.get(rkey)
             if lease is not None:
+                lease.denied_need = 0  # tokens came back: a refusal seen before no longer holds
                 local = min(cost, max(self._max_lease - 1 - lease.balance, 0))
                 lease.balance += local
                 cost -= local
