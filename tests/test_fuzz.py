@@ -251,7 +251,9 @@ def expected_errors(
     if verb in ("allow_many_at", "allow_many"):
         if not isinstance(extra, list) or not all(map(hashable, extra)):
             errors.add(TypeError)
-    elif keyed and not hashable(key):
+        elif any(k is None for k in extra):
+            errors.add(TypeError)  # None is no key unless the table is built with none_key
+    elif keyed and (not hashable(key) or key is None):
         errors.add(TypeError)
     return errors
 
