@@ -62,7 +62,10 @@ def server(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-u
             "gunicorn",
             "-c",
             str(APPS / CONFS[kind]),
-            "--chdir",
+            # On the path, not the working directory: the traced build's code
+            # names its .pyx relative to the repository (.ci/coverage.sh), and a
+            # worker that changed directory would report it under no plugin.
+            "--pythonpath",
             str(APPS),
             "-b",
             f"127.0.0.1:{port}",
