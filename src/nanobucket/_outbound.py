@@ -12,10 +12,13 @@ What a response teaches, per key:
   response's ``Date``): no request to the key starts before then, and the
   bucket holds one token at that moment, so the requests that waited leave
   at the rate, not in one burst.
-* ``RateLimit-Policy: "name";q=<quota>;w=<window>`` (IETF httpapi draft): the
-  rate becomes ``q / w`` and the capacity at most ``q``. With several
-  policies, the one the ``RateLimit`` field names with the least remaining
-  (the binding one), else the slowest.
+* ``RateLimit-Policy: "name";q=<quota>;w=<window>`` (IETF httpapi draft): no
+  ``w``-long span may hold more than ``q`` (a sliding window's rule, which
+  fixed windows and token buckets also keep), so the capacity becomes ``c``,
+  a twentieth of ``q``, and the rate ``(q - c) / w`` (`window_pace`). The
+  requests let go before the policy was known start the bucket in debt.
+  With several policies, the one the ``RateLimit`` field names with the
+  least remaining (the binding one), else the slowest.
 * ``RateLimit: "name";r=<remaining>;t=<reset>``, or ``X-RateLimit-Remaining``
   / ``-Limit`` / ``-Reset`` (also without the ``X-``): the bucket never holds
   more tokens than the server has left (less the requests still in flight),
@@ -81,6 +84,7 @@ __all__ = (
     "Ticket",
     "parse_limits",
     "parse_retry_after",
+    "window_pace",
 )
 
 Get = Callable[[str], "str | None"]  # a response's header by name, case-insensitive
@@ -90,6 +94,7 @@ MAX_FIELD = 4096  # longer fields are not read
 MAX_WAIT_S = 86_400  # a server asking for longer is heard as one day
 _EPOCH = 10**9  # a reset above this is a Unix time (2001-09-09), not a delta
 _MAX_DIGITS = 15
+BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
 # --------------------------------------------------------------------------
@@ -299,11 +304,34 @@ class KeyLimit(NamedTuple):
     paused_for: float
 
 
+def window_pace(quota: int, window: int, capacity: int) -> tuple[Fraction, int]:
+    """The rate (tokens/s) and capacity that keep every *window*-long span at most *quota*.
+
+    A server's ``q`` per ``w`` may be a sliding window, which admits at most
+    ``q`` in any ``w`` s, or a fixed one, or a token bucket; pacing that keeps
+    every ``w``-long span at most ``q`` suits all three. A bucket of capacity
+    ``c`` and rate ``r`` admits at most ``c + r * w`` in a closed span of
+    ``w``, so ``r = (q - c) / w`` holds it to ``q``, with one token's time to
+    spare against jitter. ``c`` is a twentieth of ``q`` (at least 1, at most
+    *capacity*): the rate stays at >= 95% of ``q / w`` (``q`` >= 20; a small
+    ``q`` loses one token, 90% at ``q`` = 10), and a caller idle for a while
+    still finds a burst that grows with the quota. The rate is never below
+    half of ``q / w``: with ``q`` = 1 the bound leaves nothing, and half keeps
+    a whole window of slack.
+
+    >>> window_pace(50, 1, 500), window_pace(1000, 60, 10), window_pace(1, 1, 5)
+    ((Fraction(48, 1), 2), (Fraction(33, 2), 10), (Fraction(1, 2), 1))
+    """
+    c = max(1, min(capacity, quota // BURST_SHARE))
+    return Fraction(max(2 * (quota - c), quota), 2 * window), c
+
+
 class _Key:
     """One key's bucket, its line of waiters, and what the server said."""
 
     __slots__ = (
-        "bucket", "inflight", "lock", "paused_until", "policy", "refill", "seen", "waiting",
+        "bucket", "departed", "inflight", "lock", "paused_until", "policy", "refill", "seen",
+        "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -320,6 +348,7 @@ class _Key:
         self.policy: tuple[int, int] | None = None  # the last (q, w) announced
         self.seen = 0  # the most tokens the server was seen to hold (r + 1)
         self.refill = Refill()  # the rate learned when none is announced
+        self.departed = 0  # the bucket's tat, by the times requests really left (ns)
 
 
 class Ticket(NamedTuple):
@@ -411,6 +440,22 @@ class Pacer:
                 # not one per token of the pause.
                 _hold(state.bucket, now, state.paused_until)
                 return None
+            if state.policy is not None:
+                # A window counts the times requests really leave. A thread or
+                # task woken late (a stalled process) would leave together with
+                # the ones due after it, more than the burst at once, and the
+                # window that starts then would hold more than q: past the
+                # burst by their real times, it queues again, and the bucket
+                # owes until the departures have a token. Half a token's time
+                # early is on time (a timer may fire a little early), and
+                # still no window holds more than c + r * w + 1/2: q.
+                bucket = state.bucket
+                interval = bucket.interval_ns
+                due = state.departed - (bucket.capacity - 1) * interval - interval // 2
+                if now < due:
+                    _hold(bucket, now, due)
+                    return None
+                state.departed = max(state.departed, now) + interval
             state.inflight += 1
             state.refill.sent(now)
             return Ticket(state, now, state.refill.admitted)
@@ -478,12 +523,24 @@ class Pacer:
             refill.admitted += ok
             learned = self._learn(ticket, ok, status, announced, pause, now)
             if announced is not None:
-                if announced.policy != state.policy:
-                    state.policy, state.seen = announced.policy, 0
+                policy = announced.policy
+                adopted = policy is not None and policy != state.policy
+                if policy != state.policy:
+                    state.policy, state.seen = policy, 0
                 if announced.remaining is not None:
                     state.seen = max(state.seen, announced.remaining + 1)
-                pace = announced.rate or learned or _spread(announced, self.capacity)
-                self._follow(state, pace, announced.limit, now)
+                pace: Fraction | None
+                most: int | None
+                if policy is not None:
+                    pace, most = window_pace(policy[0], policy[1], self.capacity)
+                else:
+                    pace, most = learned or _spread(announced, self.capacity), announced.limit
+                self._follow(state, pace, most, now)
+                if adopted and most is not None:
+                    # The requests let go before the window was known left at the
+                    # user's limits: this one, those still out and those answered
+                    # meanwhile count against the window the bucket starts now.
+                    _owe(bucket, now, most - 1 - state.inflight - unseen)
                 if announced.remaining is not None:
                     left = announced.remaining - state.inflight - unseen
                     _lower(bucket, now, left)
@@ -841,6 +898,14 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
         excess = math.ceil(bucket.tokens_at(at) - most)
         if excess <= 0 or bucket.allow_at(at, excess):
             return
+
+
+def _owe(bucket: TokenBucket, at: int, most: int) -> None:
+    """Leave *bucket* at most *most* tokens at *at* (ns); below none, a debt it refills first."""
+    if most >= 0:
+        _lower(bucket, at, most)
+    else:
+        _lower(bucket, at - most * bucket.interval_ns, 0)
 
 
 def _hold(bucket: TokenBucket, now: int, end: int) -> None:

@@ -9,12 +9,12 @@ capacity to the server's, never above yours (see `nanobucket._outbound`).
 >>> import httpx
 >>> from nanobucket.httpx import RateLimitedTransport
 >>> api = httpx.MockTransport(lambda request: httpx.Response(200, headers={
-...     "RateLimit-Policy": '"default";q=10;w=1', "RateLimit": '"default";r=9;t=1'}))
+...     "RateLimit-Policy": '"default";q=100;w=1', "RateLimit": '"default";r=99;t=1'}))
 >>> client = httpx.Client(transport=RateLimitedTransport(api, rate=500, capacity=50))
 >>> client.get("https://api.example.com/items").status_code
 200
->>> client._transport.limit("api.example.com")   # the server's 10/s, at most 10 at once
-KeyLimit(rate=Fraction(10, 1), capacity=10, paused_for=0.0)
+>>> client._transport.limit("api.example.com")   # 100 a second: 5 at once, then 95/s
+KeyLimit(rate=Fraction(95, 1), capacity=5, paused_for=0.0)
 """
 
 from __future__ import annotations
