@@ -33,7 +33,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nanobucket import _outbound
-from nanobucket._outbound import KeyLimit, LimitTimeout, Outbound
+from nanobucket._adapter import LimitTimeout, Outbound
+from nanobucket._outbound import KeyLimit
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout

@@ -155,9 +155,7 @@ def _bounded_plain(
 #: Cluster connection parameters the cluster client sets itself, per node; and
 #: "db", always 0 in a cluster, which a URL ending in /0 brings along but the
 #: cluster client refuses as an argument.
-_CLUSTER_OWNED = frozenset(
-    {"redis_connect_func", "host", "port", "retry", "connection_pool", "db"}
-)
+_CLUSTER_OWNED = frozenset({"redis_connect_func", "host", "port", "retry", "connection_pool", "db"})
 
 
 def _bounded_cluster(lib: _clients.Library, client: Any, timeout: float) -> Any:
