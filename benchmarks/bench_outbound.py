@@ -4,11 +4,13 @@
 
 A uvicorn on loopback enforces 50 req/s with bursts of 10 (nanobucket's
 middleware, IETF fields; also only ``Retry-After``, and only
-``X-RateLimit-*``). The client is `nanobucket.httpx` configured at 500/s,
-bursts of 50, with 8 workers (threads for sync and requests, tasks for
-async). Printed per kind: admitted/s and as a share of the server's 50/s,
-the 429s after the first one as a share of the answers after it, and the
-server's own count; medians of the runs.
+``X-RateLimit-*``), or 50 requests in any second (``sliding``: a sliding
+window, announced as ``RateLimit-Policy: "p";q=50;w=1``). The client is
+`nanobucket.httpx` configured at 500/s, bursts of 50, with 8 workers
+(threads for sync and requests, tasks for async). Printed per kind:
+admitted/s and as a share of the server's 50/s, the 429s after the first
+one as a share of the answers after it, and the server's own count;
+medians of the runs.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--fields", default="ietf,retry-after,x-ratelimit")
+    parser.add_argument("--fields", default="ietf,sliding,retry-after,x-ratelimit")
     parser.add_argument("--kinds", default="sync,async,requests")
     args = parser.parse_args()
     print(f"{args.runs} runs of {args.seconds:g} s, {args.workers} workers, client at 500/s")

@@ -1,6 +1,7 @@
 """Outbound CPU: what the pacing adds to each request, over httpx's MockTransport.
 
     PYTHONPATH=src python benchmarks/bench_outbound_cpu.py [--n 20000 --runs 5]
+    PYTHONPATH=src python benchmarks/bench_outbound_cpu.py --callgrind [--requests 2000]
 
 Per run, the same GETs through a plain client and through
 `RateLimitedTransport` / `AsyncRateLimitedTransport` at a limit never
@@ -8,6 +9,17 @@ reached (so no wait): the difference is the key, the ticket, the send loop
 and the reading of the answer's fields. Printed: µs added per request, the
 median of the runs, then each run. Compare two trees by running it with
 each on PYTHONPATH, alternately.
+
+``--callgrind`` counts instructions instead (valgrind, as
+benchmarks/callgrind.py does: ``(I(2N) - I(N)) / N`` after a warm-up, with
+``PYTHONHASHSEED=0``), for sync requests through: a plain client; a minimal
+transport of six lines that calls ``TokenBucket.allow()``; ours. Each is
+answered with four ordinary fields (a server's usual), and again with
+``RateLimit-Policy`` and ``RateLimit`` beside them (a limit never reached):
+httpx's own work per field counts in every case alike; last, with a
+``RateLimit`` whose remaining changes with every answer. Printed:
+instructions per request, and what each adds over the plain client and
+over the minimal transport with the same answers.
 """
 
 from __future__ import annotations
@@ -53,11 +65,98 @@ async def _async_us(n: int) -> float:
     return (times[1] - times[0]) / n * 1e6
 
 
+# One program per case: *n* requests after a warm-up of 200 (argv[1] is n).
+PROGRAM = """
+import sys
+import httpx
+from nanobucket import TokenBucket
+from nanobucket.httpx import RateLimitedTransport
+
+USUAL = [("content-type", "application/json"), ("content-length", "2"),
+         ("date", "Wed, 21 Oct 2015 07:28:00 GMT"), ("server", "uvicorn")]
+LIMITS = [("ratelimit-policy", '"default";q=1000000;w=1'),
+          ("ratelimit", '"default";r=500000;t=1')]
+FIELDS = USUAL + LIMITS if {fields} else USUAL
+VARYING = [USUAL + [LIMITS[0], ("ratelimit", f'"default";r={{r}};t=1')]
+           for r in range(401000, 400000, -1)]  # a remaining that falls, 1000 texts
+turn = 0
+
+
+def answer(request):
+    global turn
+    if {varying}:
+        turn += 1
+        return httpx.Response(200, headers=VARYING[turn % 1000])
+    return httpx.Response(200, headers=FIELDS)
+
+
+class Minimal(httpx.BaseTransport):
+    def __init__(self, inner):
+        self.inner, self.bucket = inner, TokenBucket(10**9, 10**9)
+
+    def handle_request(self, request):
+        if not self.bucket.allow():
+            raise RuntimeError("limited")
+        return self.inner.handle_request(request)
+
+
+mock = httpx.MockTransport(answer)
+transport = {transport}
+client = httpx.Client(transport=transport)
+for _ in range(200):
+    client.get("http://h/")
+for _ in range(int(sys.argv[1])):
+    client.get("http://h/")
+"""
+OURS = "RateLimitedTransport(mock, rate=10**9, capacity=1000)"
+# name -> (what, transport, answered with: "" no rate-limit fields, "_fields" the same
+# ones every time, "_varying" a remaining that changes with every answer)
+CASES = {
+    "plain": ("plain client over MockTransport", "mock", ""),
+    "minimal": ("minimal transport: allow() then send", "Minimal(mock)", ""),
+    "ours": ("RateLimitedTransport, no rate-limit fields", OURS, ""),
+    "plain_fields": ("plain client, answers with RateLimit fields", "mock", "_fields"),
+    "minimal_fields": ("minimal transport, the same answers", "Minimal(mock)", "_fields"),
+    "ours_fields": ("RateLimitedTransport, the same answers", OURS, "_fields"),
+    "minimal_varying": ("minimal, RateLimit r= changing each time", "Minimal(mock)", "_varying"),
+    "ours_varying": ("RateLimitedTransport, the same answers", OURS, "_varying"),
+}
+
+
+def _callgrind(requests: int, cases: list[str]) -> None:
+    from callgrind import instructions  # benchmarks/callgrind.py, beside this file
+
+    counts = {}
+    for name, (_, transport, fields) in CASES.items():
+        if name not in cases:
+            continue
+        code = PROGRAM.format(
+            transport=transport, fields=bool(fields), varying=fields == "_varying"
+        )
+        counts[name] = (instructions(code, 2 * requests) - instructions(code, requests)) / requests
+    print(f"instructions per sync request, (I(2N) - I(N)) / N with N = {requests:,}")
+    print(f"  {'':44} {'total':>9} {'over plain':>11} {'over minimal':>13}")
+    for name, (what, _, fields) in CASES.items():
+        if name not in counts:
+            continue
+        n = counts[name]
+        plain, minimal = counts.get("plain" + fields), counts.get("minimal" + fields)
+        over = f"{n - plain:11.0f}" if plain is not None else f"{'':11}"
+        more = f"{n - minimal:13.0f}" if minimal is not None and name.startswith("ours") else ""
+        print(f"  {what:44} {n:9.0f} {over} {more}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--callgrind", action="store_true", help="count instructions")
+    parser.add_argument("--requests", type=int, default=2000, help="N for --callgrind")
+    parser.add_argument("--cases", default=",".join(CASES), help="for --callgrind")
     args = parser.parse_args()
+    if args.callgrind:
+        _callgrind(args.requests, args.cases.split(","))
+        return
     runs: dict[str, list[float]] = {"sync": [], "async": []}
     for _ in range(args.runs):
         runs["sync"].append(_sync_us(args.n))

@@ -40,15 +40,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def api_server(fields: str, log: Path) -> Iterator[str]:
-    """The API's base URL while it runs (``fields``: ietf, retry-after, x-ratelimit)."""
+def api_server(fields: str, log: Path, rate: int = SERVER_RATE) -> Iterator[str]:
+    """The API's base URL while it runs (``fields``: ietf, retry-after, x-ratelimit, or
+    sliding: a sliding window of *rate* per second instead of a bucket of *rate*/s)."""
     port = free_port()
     argv = [sys.executable, "-m", "uvicorn", "outbound_app:app", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+    env = {**os.environ, "NB_OUT_FIELDS": fields, "NB_OUT_RATE": str(rate)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=APPS, env={**os.environ, "NB_OUT_FIELDS": fields}, stdout=out, stderr=out
-        )
+        proc = subprocess.Popen(argv, cwd=APPS, env=env, stdout=out, stderr=out)
         try:
             deadline = time.monotonic() + 30
             while True:

@@ -299,25 +299,45 @@ def test_follows_the_server_down_and_up_never_above_the_user() -> None:
     t = RateLimitedTransport(api, rate=10, capacity=5, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
     http.get("http://h/")
-    assert t.limit("h")[:2] == (Fraction(2), 4)  # q=4 per 2 s
+    # q=4 per 2 s: 1 at once and 3 per 2 s, so that no 2 s hold more than 4
+    assert t.limit("h")[:2] == (Fraction(3, 2), 1)
     http.get("http://h/")
-    assert t.limit("h")[:2] == (Fraction(8), 5)  # up again; capacity still the user's 5
+    assert t.limit("h")[:2] == (Fraction(15, 2), 1)  # up again
     http.get("http://h/")
     assert t.limit("h")[:2] == (10, 5)  # never above what the user configured
 
 
 def test_remaining_lowers_the_tokens_and_seen_capacity() -> None:
+    # 1050 per second: 50 at once (a twentieth) and 1000/s, so that no second
+    # holds more than 1050; the server's remaining lowers what the bucket holds.
     clock = Clock()
-    api, _ = answers((200, policy(50, 1, r=9)), (200, policy(50, 1, r=0)), (200, {}))
-    t = RateLimitedTransport(api, rate=500, capacity=50, clock=clock, sleep=clock.sleep)
+    api, _ = answers((200, policy(1050, 1, r=9)), (200, policy(1050, 1, r=0)), (200, {}))
+    t = RateLimitedTransport(api, rate=5000, capacity=50, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
     http.get("http://h/")
-    assert t.limit("h")[:2] == (Fraction(50), 10)  # at most what the server held: r + 1
+    assert t.limit("h")[:2] == (Fraction(1000), 10)  # at most what the server held: r + 1
     start = clock.now
     http.get("http://h/")  # 9 tokens left on both sides: no wait
     assert clock.now == start
-    http.get("http://h/")  # the server said 0 left: one token at 50/s
-    assert clock.now == start + NS // 50
+    http.get("http://h/")  # the server said 0 left: one token at 1000/s
+    assert clock.now == start + NS // 1000
+
+
+def test_requests_out_before_the_window_was_known_count_against_it() -> None:
+    # Eight requests leave at once at the user's limits; the first answer
+    # announces 50 per second. The bucket starts the window owing what went
+    # out: 2 (its burst) - 8 = -6 tokens, so the next waits 7 tokens at 48/s.
+    clock = Clock()
+    pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
+    tickets = [pacer.start("h") for _ in range(8)]
+    pacer.done(tickets[0], 200, {k.lower(): v for k, v in policy(50, 1, r=49).items()}.get)
+    bucket = pacer._keys["h"].bucket
+    assert (bucket.rate, bucket.capacity) == (48, 2)
+    token = NS // 48 + 1  # ceil(1e9 / 48) ns
+    assert bucket.peek().retry_after_ns == 7 * token
+    for ticket in tickets[1:]:  # the rest say less left, all of it in flight: no change
+        pacer.done(ticket, 200, {k.lower(): v for k, v in policy(50, 1, r=42).items()}.get)
+    assert bucket.peek().retry_after_ns == 7 * token
 
 
 def test_x_ratelimit_zero_remaining_waits_for_the_reset() -> None:
@@ -351,7 +371,8 @@ def test_a_key_never_seen_is_unknown_not_learned() -> None:
     t = RateLimitedTransport(api, rate=10, capacity=5)
     assert t.limit("h") == KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False)
     httpx.Client(transport=t).get("http://h/")
-    assert t.limit("h") == KeyLimit(rate=Fraction(2), capacity=2, paused_for=0.0, known=True)
+    # 2 per 1 s paced as a window (`window_pace`): 1 at once, then (2 - 1)/s.
+    assert t.limit("h") == KeyLimit(rate=Fraction(1), capacity=1, paused_for=0.0, known=True)
     assert t.limit("other") == KeyLimit(rate=10, capacity=5, paused_for=0.0, known=False)
 
 

@@ -33,7 +33,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nanobucket import _outbound
-from nanobucket._outbound import KeyLimit, LimitTimeout, Outbound
+from nanobucket._adapter import LimitTimeout, Outbound
+from nanobucket._outbound import KeyLimit
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout
@@ -350,16 +351,17 @@ def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_rate_past_146_years_is_the_slowest_the_bucket_holds(kind: str) -> None:
-    # 5 per 10**15 s: the capacity becomes 5 and the rate the slowest at
-    # which 5 tokens refill within 2**62 ns. The 5 tokens held go at once;
-    # the next waits a token's time, 2**62 // 5 ns: past the timeout.
+    # 5 per 10**15 s: the capacity becomes 1 (a twentieth of 5, at least 1)
+    # and the rate the slowest at which 1 token refills within 2**62 ns. The
+    # first request counts against the window: the next waits a token's
+    # time, 2**62 ns, past the timeout.
     clock = Clock()
     server = Server((200, [("RateLimit-Policy", '"d";q=5;w=999999999999999')]))
     limited, outcomes = send_all(kind, server, clock, 7, rate=100, capacity=10, timeout=5)
-    assert [status(o) for o in outcomes] == [200] * 6 + ["timeout"]
-    assert outcomes[-1][0].retry_after_ns == TAU_MAX // 5
-    slowest = Fraction(NS, TAU_MAX // 5)
-    assert limited.limit("h") == KeyLimit(rate=slowest, capacity=5, paused_for=0.0)
+    assert [status(o) for o in outcomes] == [200] + ["timeout"] * 6
+    assert outcomes[-1][0].retry_after_ns == TAU_MAX
+    slowest = Fraction(NS, TAU_MAX)
+    assert limited.limit("h") == KeyLimit(rate=slowest, capacity=1, paused_for=0.0)
     assert not any(is_closed(answer) for answer in server.answers)
 
 
@@ -427,10 +429,11 @@ def test_a_date_this_platform_cannot_read_is_ignored(
 @pytest.mark.wall_clock
 def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
     # Two requests out at once: the first answers 429 "Retry-After: 3600" at
-    # 1/s, then the second 200 at 10**6/s. The next request waits out the
-    # hour: 3.6 ms (the pause's 3600 tokens at the new rate), then the rest
-    # in one sleep. It used to wake once per 1 us token until the pause's
-    # end (3.6e9 times: a busy thread for an hour).
+    # 1/s (paced at 1 per 2 s), then the second 200 at 10**6/s (paced at
+    # 999,998/s: 1,001 ns a token). The next request waits out the hour: 1.8 ms
+    # (the pause's 1800 tokens at the new rate), then the rest in one sleep.
+    # It used to wake once per 1 us token until the pause's end (3.6e9
+    # times: a busy thread for an hour).
     clock = Clock()
     second_out, first_answered = asyncio.Event(), asyncio.Event()
 
@@ -465,7 +468,7 @@ def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
     statuses, waited = within(5, lambda: asyncio.run(main()))
     assert statuses == [429, 200, 200]
     assert waited == 3600 * NS
-    assert clock.slept == [0.0036, 3599.9964]
+    assert clock.slept == [0.0018018, 3599.9981982]
 
 
 # ------------------------------------------------------------------ fuzz

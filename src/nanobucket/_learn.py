@@ -56,7 +56,8 @@ class Refill:
     """What one key's answers prove about its server's refill rate (see the module)."""
 
     __slots__ = (
-        "_answers", "_episode", "admitted", "burst", "estimate", "first", "guessed", "rate",
+        "_answers", "_episode", "admitted", "burst", "estimate", "first", "guessed", "quiet",
+        "rate",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -70,6 +71,10 @@ class Refill:
         self.guessed = -1  # ns when the estimate was halved, not bounded (-1: it was bounded)
         # (first sent, 200s before it, its answer or -1); -1 first: none sent since a pause
         self._episode = (-1, 0, -1)
+        # True while an answer with no limit field teaches nothing but that it was
+        # admitted, and a request sent starts nothing: no rate is being run at and
+        # the episode's first request was answered. The adapters' fast path reads it.
+        self.quiet = False
 
     def forget(self) -> None:
         """Relearn the bound from here on (the server's limit changed, or a 429 came)."""
@@ -82,10 +87,16 @@ class Refill:
             self._episode = (now, self.admitted, -1)
 
     def answered(self, sent: int, now: int) -> None:
-        """The request sent at *sent* was answered at *now* (ns), and counted."""
+        """The request sent at *sent* was answered at *now* (ns), and counted.
+
+        >>> r = Refill()
+        >>> r.sent(5); r.quiet, r.answered(5, 7), r.quiet
+        (False, None, True)
+        """
         start, before, first = self._episode
         if sent == start and first < 0:
             self._episode = (start, before, now)
+            self.quiet = self.estimate is None
 
     def bound(
         self, sent: int, answered: int, seen: int, low: int, high: int | None, inflight: int
@@ -134,6 +145,7 @@ class Refill:
         if start < 0:
             return self.estimate  # answered while paused: sent before the pause
         self._episode = (-1, 0, -1)
+        self.quiet = False
         if self.burst is None:
             self.burst, self.first = self.admitted - before_start, answered - start
             self.estimate = rate  # one at a time from here: fewer in flight at the next 429

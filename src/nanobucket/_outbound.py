@@ -1,10 +1,10 @@
-"""What the outbound adapters share: reading a server's limits, and pacing each key by them.
+"""What the outbound adapters share: pacing each key by the limits its server announces.
 
 ``Pacer`` holds one `TokenBucket` per key (a host, by default), at the
 rate and capacity the user configured, and lowers them to what the server
-announces. ``Outbound``, the base of the `nanobucket.httpx` transports and
-the `nanobucket.requests` adapter, takes their keywords and runs each request
-through the pacer (and again after a 429). Nothing here imports an HTTP client.
+announces (the fields are read by `nanobucket._fields`); the adapters run
+each request through it (`nanobucket._adapter`). Nothing here imports an
+HTTP client.
 
 What a response teaches, per key:
 
@@ -12,10 +12,13 @@ What a response teaches, per key:
   response's ``Date``): no request to the key starts before then, and the
   bucket holds one token at that moment, so the requests that waited leave
   at the rate, not in one burst.
-* ``RateLimit-Policy: "name";q=<quota>;w=<window>`` (IETF httpapi draft): the
-  rate becomes ``q / w`` and the capacity at most ``q``. With several
-  policies, the one the ``RateLimit`` field names with the least remaining
-  (the binding one), else the slowest.
+* ``RateLimit-Policy: "name";q=<quota>;w=<window>`` (IETF httpapi draft): no
+  ``w``-long span may hold more than ``q`` (a sliding window's rule, which
+  fixed windows and token buckets also keep), so the capacity becomes ``c``,
+  a twentieth of ``q``, and the rate ``(q - c) / w`` (`window_pace`). The
+  requests let go before the policy was known start the bucket in debt.
+  With several policies, the one the ``RateLimit`` field names with the
+  least remaining (the binding one), else the slowest.
 * ``RateLimit: "name";r=<remaining>;t=<reset>``, or ``X-RateLimit-Remaining``
   / ``-Limit`` / ``-Reset`` (also without the ``X-``): the bucket never holds
   more tokens than the server has left (less the requests still in flight),
@@ -36,23 +39,41 @@ refilled in more than 146 years) is that slowest one: the key waits and
 a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
-recently used dropped first, a paused one last; a dropped key starts again
-from the user's limits.
+recently used dropped first (threads racing may swap two neighbours), a
+paused one last; a dropped key starts again from the user's limits.
+
+Cost: most requests take one path, written for it (`Pacer.take`, then
+``Outbound._paced`` without its generator, in `nanobucket._adapter`): the bucket has a token at
+hand, the answer carries no limit field (the adapter looks in one pass
+over its client's header list), or the same IETF fields as the last one
+followed, or another remaining of the same form. A key whose server has
+said nothing yet (no field, no 429, no 503) is bare: its requests are
+counted by two atomic counters, with no lock and no clock, and the first
+answer that says something reads them (`_fold`).
 """
 
 from __future__ import annotations
 
-import email.utils
+import functools
+import itertools
 import math
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable
 from fractions import Fraction
-from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar
+from typing import Any, NamedTuple
 
 from ._bucket import TokenBucket
-from ._drive import Call, drive, drive_async
+from ._fields import (
+    MAX_WAIT_S,
+    Announced,
+    Get,
+    one_state,
+    parse_limits,
+    parse_retry_after,
+    remaining_after,
+    told,
+)
 from ._learn import Refill
 from ._params import (
     NS_PER_S,
@@ -67,220 +88,20 @@ from ._params import (
     validated_max_keys,
     validated_timeout,
 )
-from .waiting import DEFAULT_MAX_WAITERS, Waiting
+from .waiting import Waiting
 
 __all__ = (
-    "IDEMPOTENT",
     "Announced",
     "KeyLimit",
-    "LimitTimeout",
-    "Options",
-    "Outbound",
     "Pacer",
-    "Retries",
     "Ticket",
+    "WaitTooLong",
     "parse_limits",
     "parse_retry_after",
+    "window_pace",
 )
 
-Get = Callable[[str], "str | None"]  # a response's header by name, case-insensitive
-
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-MAX_FIELD = 4096  # longer fields are not read
-MAX_WAIT_S = 86_400  # a server asking for longer is heard as one day
-_EPOCH = 10**9  # a reset above this is a Unix time (2001-09-09), not a delta
-_MAX_DIGITS = 15
-
-
-# --------------------------------------------------------------------------
-# Reading the fields
-
-
-def _number(text: str) -> Fraction | None:
-    """A non-negative decimal (``"2"``, ``"1.5"``) as an exact Fraction, else None."""
-    text = text.strip()
-    whole, _, frac = text.partition(".")
-    if not whole.isdigit() or not whole.isascii() or len(whole) > _MAX_DIGITS:
-        return None
-    if frac and (not frac.isdigit() or not frac.isascii() or len(frac) > 9):
-        return None
-    return Fraction(int(whole)) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
-
-
-def _whole(text: str) -> int | None:
-    value = _number(text)
-    return value.numerator if value is not None and value.denominator == 1 else None
-
-
-def _split(text: str, sep: str) -> list[str] | None:
-    """*text* split at *sep* outside double quotes; None if a quote is left open."""
-    parts, start, quoted, escaped = [], 0, False, False
-    for i, ch in enumerate(text):
-        if escaped:
-            escaped = False
-        elif quoted and ch == "\\":
-            escaped = True
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == sep and not quoted:
-            parts.append(text[start:i])
-            start = i + 1
-    if quoted:
-        return None
-    parts.append(text[start:])
-    return parts
-
-
-def _items(field: str | None) -> list[tuple[str | int, dict[str, int]]]:
-    """The members of a structured-field list: ``(name or integer, integer parameters)``.
-
-    A member that does not parse is left out; a quoted name keeps its text.
-    """
-    if not field or len(field) > MAX_FIELD:
-        return []
-    members = _split(field, ",")
-    out: list[tuple[str | int, dict[str, int]]] = []
-    for member in members or []:
-        parts = _split(member, ";")
-        if not parts or not parts[0].strip():
-            continue
-        head = parts[0].strip()
-        item: str | int
-        if len(head) >= 2 and head[0] == head[-1] == '"':
-            item = head[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-        elif (number := _whole(head)) is not None:
-            item = number
-        elif head.replace("_", "").replace("-", "").isalnum():
-            item = head
-        else:
-            continue
-        params: dict[str, int] = {}
-        for param in parts[1:]:
-            name, eq, value = param.partition("=")
-            number = _whole(value) if eq else None
-            if number is not None:
-                params[name.strip().lower()] = number
-        out.append((item, params))
-    return out
-
-
-# What reading an HTTP date may raise: OSError from a local time out of the
-# platform's range (a zone of "-0000" is local time; Windows stops at 3000).
-_BAD_DATE = (TypeError, ValueError, IndexError, OverflowError, OSError)
-
-
-def _wall_now(get: Get) -> float:
-    """The server's time of the response: its ``Date``, else this machine's clock."""
-    date = get("date")
-    if date and len(date) < 64:
-        try:
-            return email.utils.parsedate_to_datetime(date).timestamp()
-        except _BAD_DATE:
-            pass
-    return time.time()
-
-
-def _seconds_ns(seconds: Fraction) -> int:
-    return min(math.ceil(seconds * NS_PER_S), MAX_WAIT_S * NS_PER_S)
-
-
-def parse_retry_after(get: Get) -> int | None:
-    """``Retry-After`` in ns from now (seconds or an HTTP date), else None.
-
-    A date is read against the response's ``Date`` (the server's clock), or
-    this machine's clock when there is none; a date in the past is 0.
-
-    >>> parse_retry_after({"retry-after": "2"}.get)
-    2000000000
-    >>> parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT",
-    ...                    "date": "Wed, 21 Oct 2015 07:28:00 GMT"}.get)
-    5000000000
-    >>> parse_retry_after({"retry-after": "soon"}.get) is None
-    True
-    """
-    value = get("retry-after")
-    if not value or len(value) > 64:
-        return None
-    seconds = _number(value)
-    if seconds is not None:
-        return _seconds_ns(seconds)
-    try:
-        when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
-    except _BAD_DATE:
-        return None
-    delta = Fraction(when) - Fraction(_wall_now(get))
-    return _seconds_ns(max(delta, Fraction(0)))
-
-
-class Announced(NamedTuple):
-    """What a response says of its key's limit; None where it says nothing."""
-
-    rate: Fraction | None  # tokens per second (a policy's q / w)
-    limit: int | None  # the most the capacity may be (q, or X-RateLimit-Limit)
-    remaining: int | None  # tokens the server has left
-    reset_ns: int | None  # ns until the reset
-    policy: tuple[int, int] | None  # (q, w) of the policy followed
-
-
-def _reset_ns(value: int, get: Get) -> int:
-    if value > _EPOCH:
-        return _seconds_ns(max(Fraction(value) - Fraction(_wall_now(get)), Fraction(0)))
-    return _seconds_ns(Fraction(value))
-
-
-def parse_limits(get: Get) -> Announced | None:
-    """The limit a response announces (IETF fields first, then ``X-RateLimit-*``), or None.
-
-    >>> a = parse_limits({"ratelimit-policy": '"default";q=50;w=1',
-    ...                   "ratelimit": '"default";r=7;t=1'}.get)
-    >>> a.rate, a.limit, a.remaining, a.reset_ns
-    (Fraction(50, 1), 50, 7, 1000000000)
-    >>> parse_limits({"x-ratelimit-limit": "10", "x-ratelimit-remaining": "0"}.get).remaining
-    0
-    >>> parse_limits({"ratelimit-policy": "q=oops"}.get) is None
-    True
-    """
-    policies = {
-        (item if isinstance(item, str) else ""): (
-            p.get("q", item if isinstance(item, int) else 0),
-            p.get("w", 0),
-        )
-        for item, p in _items(get("ratelimit-policy"))
-    }
-    policies = {name: (q, w) for name, (q, w) in policies.items() if q >= 1 and w >= 1}
-    states = [(item, p) for item, p in _items(get("ratelimit")) if "r" in p]
-    policy: tuple[int, int] | None = None
-    remaining = reset = None
-    if states:
-        item, p = min(states, key=lambda s: s[1]["r"])
-        remaining, reset = p["r"], p.get("t")
-        policy = policies.get(item if isinstance(item, str) else "")
-    if policy is None and policies:
-        policy = min(policies.values(), key=lambda qw: Fraction(qw[0], qw[1]))
-    limit = policy[0] if policy is not None else None
-    if remaining is None:
-        for prefix in ("ratelimit-", "x-ratelimit-"):
-            found = [_first_int(get(prefix + name)) for name in ("limit", "remaining", "reset")]
-            if any(v is not None for v in found):
-                if limit is None and found[0] is not None and found[0] >= 1:
-                    limit = found[0]
-                remaining, reset = found[1], found[2]
-                break
-    if policy is None and limit is None and remaining is None:
-        return None
-    return Announced(
-        Fraction(policy[0], policy[1]) if policy is not None else None,
-        limit,
-        remaining,
-        _reset_ns(reset, get) if reset is not None else None,
-        policy,
-    )
-
-
-def _first_int(field: str | None) -> int | None:
-    """The first member of *field* when it is a whole number (``"100"``, ``"100, 100;w=60"``)."""
-    items = _items(field)
-    return items[0][0] if items and isinstance(items[0][0], int) else None
+BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
 # --------------------------------------------------------------------------
@@ -306,11 +127,38 @@ class KeyLimit(NamedTuple):
     known: bool = True
 
 
+def window_pace(quota: int, window: int, capacity: int) -> tuple[Fraction, int]:
+    """The rate (tokens/s) and capacity that keep every *window*-long span at most *quota*.
+
+    A server's ``q`` per ``w`` may be a sliding window, which admits at most
+    ``q`` in any ``w`` s, or a fixed one, or a token bucket; pacing that keeps
+    every ``w``-long span at most ``q`` suits all three. A bucket of capacity
+    ``c`` and rate ``r`` admits at most ``c + r * w`` in a closed span of
+    ``w``, so ``r = (q - c) / w`` holds it to ``q``, with one token's time to
+    spare against jitter. ``c`` is a twentieth of ``q`` (at least 1, at most
+    *capacity*): the rate stays at >= 95% of ``q / w`` (``q`` >= 20; a small
+    ``q`` loses one token, 90% at ``q`` = 10), and a caller idle for a while
+    still finds a burst that grows with the quota. The rate is never below
+    half of ``q / w``: with ``q`` = 1 the bound leaves nothing, and half keeps
+    a whole window of slack.
+
+    >>> window_pace(50, 1, 500), window_pace(1000, 60, 10), window_pace(1, 1, 5)
+    ((Fraction(48, 1), 2), (Fraction(33, 2), 10), (Fraction(1, 2), 1))
+    """
+    c = max(1, min(capacity, quota // BURST_SHARE))
+    return Fraction(max(2 * (quota - c), quota), 2 * window), c
+
+
+_window_pace = functools.lru_cache(maxsize=64)(window_pace)  # one Fraction per policy
+
+
 class _Key:
     """One key's bucket, its line of waiters, and what the server said."""
 
     __slots__ = (
-        "bucket", "inflight", "lock", "paused_until", "policy", "refill", "seen", "waiting",
+        "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
+        "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
+        "paused_until", "policy", "refill", "said", "said_texts", "seen", "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -327,14 +175,54 @@ class _Key:
         self.policy: tuple[int, int] | None = None  # the last (q, w) announced
         self.seen = 0  # the most tokens the server was seen to hold (r + 1)
         self.refill = Refill()  # the rate learned when none is announced
+        self.departed = 0  # the bucket's tat, by the times requests really left (ns)
+        self.interval = self.slack = 0  # the bucket's, for departures (`_Key.measure`)
+        self.measure()
+        self.said: Announced | None = None  # the last answer's, when `_done` followed it
+        # and the IETF fields that said it, when they alone did: the same texts are
+        # the same announcement, not read again (`Pacer.done`)
+        self.said_texts: tuple[str | None, str, Announced, str | None] | None = None
+        self.followed: tuple[Any, ...] = ()  # what `Pacer._follow` last set the bucket by
+        # Bare while its server has sent no limit field, no 429 and no 503: then a
+        # request is only counted, by two counters that need no lock (`Pacer.take`).
+        self.bare = True
+        self.bare_open = True  # bare requests may still be out: `_fold` reads the counters
+        self.bare_sends = itertools.count()  # bare requests sent
+        self.bare_oks = itertools.count()  # and answered with nothing to learn
+        self.bare_ended = 0  # and otherwise (an error, or an answer `done` read)
+        self.bare_counted = 0  # bare oks already in refill.admitted
+        self.bare_ticket: Ticket = (self, -1, -1)  # the ticket of every bare request
+
+    def measure(self) -> None:
+        """Note the bucket's interval, and how early a departure may be by the times
+        requests really left: ``(capacity - 1)`` tokens and half of one."""
+        interval = self.interval = self.bucket.interval_ns
+        self.slack = (self.bucket.capacity - 1) * interval + interval // 2
 
 
-class Ticket(NamedTuple):
-    """A request `Pacer.start` let go: its key's state and when it left (ns)."""
+def _count(counter: itertools.count[int]) -> int:
+    """How many times ``next`` was called on *counter* (made as ``itertools.count()``)."""
+    return int(repr(counter)[6:-1])
 
-    state: _Key
-    sent: int
-    before: int  # the key's 200s answered before it left
+
+def _fold(state: _Key) -> int:
+    """Under the key's lock: its bare 200s counted into ``refill.admitted``; the bare
+    requests still out."""
+    if not state.bare_open:
+        return 0
+    sends, oks = _count(state.bare_sends), _count(state.bare_oks)
+    state.refill.admitted += oks - state.bare_counted
+    state.bare_counted = oks
+    out = sends - oks - state.bare_ended
+    if not out and not state.bare:
+        state.bare_open = False  # none out and none to come: no more counting
+    return out
+
+
+#: A request `Pacer.start` or `Pacer.take` let go: its key's state, when it left
+#: (ns), and the key's 200s answered before it left. A plain tuple: one is made
+#: per request.
+Ticket = tuple[_Key, int, int]
 
 
 class WaitTooLong(Exception):
@@ -371,6 +259,7 @@ class Pacer:
         self.sleep = sleep
         self.async_sleep = async_sleep
         self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
+        self._last: _Key | None = None  # the key `take` last moved to the end
         self._lock = threading.Lock()
         Waiting(TokenBucket(1, 1), sleep=sleep, async_sleep=async_sleep)  # checks them now
 
@@ -379,6 +268,7 @@ class Pacer:
             state = self._keys.get(key)
             if state is not None:
                 self._keys.move_to_end(key)
+                self._last = state
                 return state
             if len(self._keys) >= self.max_keys:
                 now = self.clock()
@@ -387,7 +277,7 @@ class Pacer:
                     next(iter(self._keys)),
                 )
                 del self._keys[victim]
-            state = self._keys[key] = _Key(self)
+            state = self._keys[key] = self._last = _Key(self)
             return state
 
     def limit(self, key: Hashable) -> KeyLimit:
@@ -407,20 +297,44 @@ class Pacer:
     def _left(self, deadline: int | None) -> float | None:
         return None if deadline is None else max(0, deadline - self.clock()) / NS_PER_S
 
-    def _sent(self, state: _Key) -> Ticket | None:
-        """Count the request as sent, unless a pause began while it waited."""
-        with state.lock:
-            now = self.clock()
-            if now < state.paused_until:
-                # Its token predates the pause: it queues again behind it. The
-                # bucket may hold tokens before the pause's end again (a faster
-                # rate, a refund since): emptied to it, the wait is one sleep,
-                # not one per token of the pause.
-                _hold(state.bucket, now, state.paused_until)
+    def _sent(self, state: _Key, now: int | None = None) -> Ticket | None:
+        """Count the request as sent, unless a pause began while it waited; with *now*,
+        the caller holds the key's lock and read the clock."""
+        if now is None:
+            # acquire / release: on every request, and half the cost of `with`.
+            lock = state.lock
+            lock.acquire()
+            try:
+                return self._sent(state, self.clock())
+            finally:
+                lock.release()
+        if now < state.paused_until:
+            # Its token predates the pause: it queues again behind it. The
+            # bucket may hold tokens before the pause's end again (a faster
+            # rate, a refund since): emptied to it, the wait is one sleep,
+            # not one per token of the pause.
+            _hold(state.bucket, now, state.paused_until)
+            return None
+        if state.policy is not None:
+            # A window counts the times requests really leave. A thread or
+            # task woken late (a stalled process) would leave together with
+            # the ones due after it, more than the burst at once, and the
+            # window that starts then would hold more than q: past the
+            # burst by their real times, it queues again, and the bucket
+            # owes until the departures have a token. Half a token's time
+            # early is on time (a timer may fire a little early), and
+            # still no window holds more than c + r * w + 1/2: q.
+            departed = state.departed
+            due = departed - state.slack
+            if now < due:
+                _hold(state.bucket, now, due)
                 return None
-            state.inflight += 1
-            state.refill.sent(now)
-            return Ticket(state, now, state.refill.admitted)
+            state.departed = (departed if departed > now else now) + state.interval
+        state.inflight += 1
+        refill = state.refill
+        if not refill.quiet:
+            refill.sent(now)
+        return state, now, refill.admitted
 
     def _refused(self, key: Hashable, state: _Key, timeout: float | None) -> WaitTooLong:
         now = self.clock()
@@ -435,6 +349,48 @@ class Pacer:
             key,
             wait,
         )
+
+    def take(self, key: Hashable) -> Ticket | None:
+        """*key*'s ticket if its bucket holds a token now: the path of most requests.
+
+        None when the request must wait (`start` then waits in line), a
+        pause or the window's departures hold it, or the key is new.
+        """
+        keys = self._keys
+        state = keys.get(key)
+        if state is None:
+            return None
+        if state is not self._last:  # else already the most recently used, or nearly
+            self._last = state
+            try:
+                keys.move_to_end(key)  # one call, atomic
+            except KeyError:  # dropped by another thread meanwhile
+                return None
+        if not state.bucket.allow():
+            return None
+        if state.bare:
+            # Nothing to learn, no pause, no window: counted (one atomic call), no lock,
+            # no clock. `done` reads such a ticket as one of unknown time.
+            next(state.bare_sends)
+            return state.bare_ticket
+        lock = state.lock
+        lock.acquire()
+        try:
+            # `_sent`'s common case, written out: no pause, nothing learned from
+            # plain answers, the window's departures on time.
+            now = self.clock()
+            refill = state.refill
+            if now < state.paused_until or not refill.quiet:
+                return self._sent(state, now)
+            if state.policy is not None:
+                departed = state.departed
+                if now < departed - state.slack:
+                    return self._sent(state, now)
+                state.departed = (departed if departed > now else now) + state.interval
+            state.inflight += 1
+            return state, now, refill.admitted
+        finally:
+            lock.release()
 
     def start(self, key: Hashable) -> Ticket:
         """Wait (block the thread) for *key*'s token; the ticket for `done`."""
@@ -460,61 +416,173 @@ class Pacer:
 
     def failed(self, ticket: Ticket) -> None:
         """The request of *ticket* raised before an answer: nothing is learned."""
-        with ticket.state.lock:
-            ticket.state.inflight -= 1
+        state = ticket[0]
+        with state.lock:
+            if ticket[1] < 0:
+                state.bare_ended += 1
+            else:
+                state.inflight -= 1
+
+    def plain(self, ticket: Ticket) -> bool:
+        """Count an answer of *ticket* with no `TRIGGERS` field, neither 429 nor 503, if
+        that is all it teaches (True); False when `done` must read it (a rate is run
+        at, or an episode's first answer is awaited: see `Refill.quiet`)."""
+        state, sent, _ = ticket
+        if sent < 0:  # a bare request: counted without a lock
+            next(state.bare_oks)
+            return True
+        refill = state.refill
+        lock = state.lock
+        lock.acquire()
+        try:
+            if not refill.quiet:
+                return False
+            state.inflight -= 1
+            refill.admitted += 1
+            return True
+        finally:
+            lock.release()
 
     def done(self, ticket: Ticket, status: int, get: Get) -> int:
         """Learn from the answer of a request `start` let go; ns until the key's pause ends."""
-        try:
-            announced = parse_limits(get)
-            pause = parse_retry_after(get) if status in (429, 503) else None
-        except BaseException:
-            self.failed(ticket)  # answered all the same: no longer in flight
-            raise
+        state, sent, before = ticket
+        said = state.said_texts
+        remaining = None
+        if said is not None and status not in {429, 503} and get("ratelimit-policy") == said[0]:
+            text = get("ratelimit")
+            if text == said[1]:
+                remaining = said[2].remaining
+            elif text is not None and said[3] is not None:
+                # The same policy's state in the same form, another remaining.
+                remaining = remaining_after(said[3], text)
+        if remaining is not None:
+            announced: Announced | None = said[2]  # type: ignore[index]
+            pause = None
+        else:
+            try:
+                announced = parse_limits(get)
+                pause = parse_retry_after(get) if status in (429, 503) else None
+            except BaseException:
+                self.failed(ticket)  # answered all the same: no longer in flight
+                raise
         now = self.clock()
-        state = ticket.state
-        with state.lock:
+        lock = state.lock
+        lock.acquire()
+        try:
+            if (
+                remaining is not None
+                and announced is state.said
+                and remaining < state.seen
+                and not state.bare_open
+            ):
+                # What the last answer said, and it was followed: only the counts
+                # and the tokens left move (the common case of a server's fields).
+                refill = state.refill
+                if sent < 0:
+                    state.bare_ended += 1
+                    unseen = 0
+                else:
+                    state.inflight -= 1
+                    unseen = refill.admitted - before
+                refill.admitted += 1
+                left = remaining - state.inflight - unseen
+                if left < state.bucket.capacity:
+                    _lower(state.bucket, now, left)
+                left_ns = state.paused_until - now
+                return left_ns if left_ns > 0 else 0
+            if remaining is not None and remaining != announced.remaining:  # type: ignore[union-attr]
+                announced = parse_limits(get)  # it says more than the last one: read it all
+            left_ns = self._done(state, ticket, before, status, announced, pause, now)
+            if announced is not None and state.said is announced:
+                policy_text, state_text = get("ratelimit-policy"), get("ratelimit")
+                # The IETF fields alone said it: the same texts next time say it again.
+                if state_text and told(policy_text, state_text) is announced:
+                    state.said_texts = (policy_text, state_text, announced, one_state(state_text))
+            return left_ns
+        finally:
+            lock.release()
+
+    def _done(
+        self,
+        state: _Key,
+        ticket: Ticket,
+        before: int,
+        status: int,
+        announced: Announced | None,
+        pause: int | None,
+        now: int,
+    ) -> int:
+        """`done` under the key's lock."""
+        out = _fold(state)
+        ok = status not in {429, 503}
+        refill = state.refill
+        if ticket[1] < 0:  # bare: sent before the server said anything, at a time unknown
+            state.bare_ended += 1
+            out -= 1
+            unseen = 0
+        else:
             state.inflight -= 1
-            bucket = state.bucket
-            if status == 429:
-                state.seen = 0  # our picture was too generous: relearn it
-            ok = status not in (429, 503)
-            refill = state.refill
             # Answered while it was out: maybe decided after it, so not in its fields.
-            unseen = refill.admitted - ticket.before
-            refill.admitted += ok
-            learned = self._learn(ticket, ok, status, announced, pause, now)
-            if announced is not None:
-                if announced.policy != state.policy:
-                    state.policy, state.seen = announced.policy, 0
-                if announced.remaining is not None:
-                    state.seen = max(state.seen, announced.remaining + 1)
-                pace = announced.rate or learned or _spread(announced, self.capacity)
-                self._follow(state, pace, announced.limit, now)
-                if announced.remaining is not None:
-                    left = announced.remaining - state.inflight - unseen
-                    _lower(bucket, now, left)
-                    if learned is not None:
-                        # Spend what the server says it has: paced at a lower bound
-                        # alone, the key would stay below the server's rate.
-                        _raise(bucket, now, left - state.waiting.waiters)
-                    if (
-                        not announced.remaining
-                        and announced.rate is None
-                        and learned is None
-                        and announced.reset_ns is not None
-                        and pause is None
-                    ):
-                        pause = announced.reset_ns
+            unseen = refill.admitted - before
+        inflight = state.inflight + out
+        if announced is not None or not ok:
+            state.bare = False
+        bucket = state.bucket
+        if status == 429:
+            state.seen = 0  # our picture was too generous: relearn it
+        refill.admitted += ok
+        learned = None
+        if announced is None or announced.rate is None:
+            learned = self._learn(ticket, ok, status, announced, pause, now, inflight)
+        if announced is not None:
+            rate, limit, remaining, reset_ns, policy = announced
+            adopted = policy is not None and policy != state.policy
+            if policy != state.policy:
+                state.policy, state.seen = policy, 0
+            if remaining is not None and remaining >= state.seen:
+                state.seen = remaining + 1
+            pace: Fraction | None
+            most: int | None
+            if policy is not None:
+                pace, most = _window_pace(policy[0], policy[1], self.capacity)
             else:
+                pace, most = learned or _spread(announced, self.capacity), limit
+            self._follow(state, pace, most, now)
+            if adopted and most is not None:
+                # The requests let go before the window was known left at the
+                # user's limits: this one, those still out and those answered
+                # meanwhile count against the window the bucket starts now.
+                _owe(bucket, now, most - 1 - inflight - unseen)
+            if remaining is not None:
+                left = remaining - inflight - unseen
+                if left < bucket.capacity:  # else the bucket holds no more anyway
+                    _lower(bucket, now, left)
                 if learned is not None:
-                    self._follow(state, learned, 1, now)  # a small burst: the server's is unsaid
-                if status == 429:
-                    _lower(bucket, now, 0)
-            if pause is not None and now + pause > state.paused_until:
-                state.paused_until = now + pause
-                _hold(bucket, now, state.paused_until)
-            return max(0, state.paused_until - now)
+                    # Spend what the server says it has: paced at a lower bound
+                    # alone, the key would stay below the server's rate.
+                    _raise(bucket, now, left - state.waiting.waiters)
+                if (
+                    not remaining
+                    and rate is None
+                    and learned is None
+                    and reset_ns is not None
+                    and pause is None
+                ):
+                    pause = reset_ns
+        else:
+            if learned is not None:
+                self._follow(state, learned, 1, now)  # a small burst: the server's is unsaid
+            if status == 429:
+                _lower(bucket, now, 0)
+        if pause is not None and now + pause > state.paused_until:
+            state.paused_until = now + pause
+            _hold(bucket, now, state.paused_until)
+        # Followed as it says, the same fields next time change only the counts.
+        followed = announced is not None and announced.rate is not None and ok and pause is None
+        state.said = announced if followed else None
+        state.said_texts = None
+        left_ns = state.paused_until - now
+        return left_ns if left_ns > 0 else 0
 
     def _learn(
         self,
@@ -524,23 +592,36 @@ class Pacer:
         announced: Announced | None,
         pause: int | None,
         now: int,
+        inflight: int,
     ) -> Fraction | None:
-        """The rate learned for a key whose server announces none (None: none yet)."""
-        refill = ticket.state.refill
+        """The rate learned for a key whose server announces none (None: none yet).
+
+        A bare ticket (`Pacer.take`) was sent before any of this: at an unknown
+        time, after unknown 200s. It bounds no rate (a guess could overstate it);
+        as a 429 it ends an episode as if sent when answered (a later send: a
+        slower estimate).
+        """
         if announced is not None and announced.rate is not None:
             return None
-        seen = ticket.before + ok
+        state, sent, before = ticket
+        refill = state.refill
+        bare = sent < 0
+        if bare:
+            sent, before = now, refill.admitted - ok
+        seen = before + ok
         if status == 429:
             refill.forget()  # the bound was too generous, or the server changed
         if announced is None or announced.remaining is None:
-            refill.answered(ticket.sent, now)
+            refill.answered(sent, now)
             if status == 429 and pause is not None:
                 # The lower bound would hold the key below the server for good: see _learn.
-                running = rate_fraction(ticket.state.bucket.rate)
-                refill.episode(ticket.sent, ticket.before, now, running, pause)
+                running = rate_fraction(state.bucket.rate)
+                refill.episode(sent, before, now, running, pause)
             return refill.pace(now)
         left = announced.remaining
-        rate = refill.bound(ticket.sent, now, seen, left, left + 1, ticket.state.inflight)
+        if bare:
+            return refill.rate
+        rate = refill.bound(sent, now, seen, left, left + 1, inflight)
         limit, reset = announced.limit, announced.reset_ns
         if (
             rate is not None
@@ -565,290 +646,17 @@ class Pacer:
         for bound in (limit, state.seen or None):
             if bound is not None:
                 capacity = max(1, min(capacity, bound))
+        followed = (rate_bound, capacity)
+        if followed == state.followed:
+            return  # as last time: the bucket has them
+        state.followed = followed
         rate: RateLike = self.rate
         if rate_bound is not None and rate_bound < self._exact:
             rate = max(rate_bound, Fraction(NS_PER_S, TAU_MAX // capacity))
         bucket = state.bucket
         if rate != bucket.rate or capacity != bucket.capacity:
             bucket.reconfigure(rate, capacity, now=now)
-
-
-class Retries:
-    """When a 429 is sent again: at most *retries* times, for *methods*, within *budget* s."""
-
-    def __init__(self, retries: int, budget: float, methods: Iterable[str] | None) -> None:
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        seconds = validated_timeout(budget)
-        if seconds is None:
-            raise ValueError("retry_budget must be a number of seconds, not None")
-        methods = IDEMPOTENT if methods is None else methods
-        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
-            raise TypeError("retry_methods must be an iterable of method names")
-        self.retries = retries
-        self.budget = seconds
-        self.methods = frozenset(m.upper() for m in methods)
-        self._budget_ns = int(min(seconds, MAX_WAIT_S) * NS_PER_S)
-
-    def deadline(self, pacer: Pacer) -> int:
-        """The clock's ns by which every retry of a request must have started."""
-        return pacer.clock() + self._budget_ns
-
-    def again(
-        self,
-        pacer: Pacer,
-        status: int,
-        method: str,
-        replayable: bool,
-        tries: int,
-        pause: int,
-        end: int,
-    ) -> bool:
-        """Whether to send the request again, *pause* ns from now, after *tries* retries."""
-        if status != 429 or tries >= self.retries or method.upper() not in self.methods:
-            return False
-        if not replayable:
-            return False  # a streamed body cannot be sent twice
-        if pacer.timeout is not None and pause > pacer.timeout * NS_PER_S:
-            return False
-        return pacer.clock() + pause <= end
-
-
-# --------------------------------------------------------------------------
-# What the adapters share
-
-
-class Options(TypedDict, total=False):
-    """The keywords every outbound adapter takes (`nanobucket.httpx.RateLimitedTransport`
-    says what each does; the defaults are `Outbound._configure`'s). *sleep* is for
-    the adapters that block a thread, *async_sleep* for the asyncio transport."""
-
-    timeout: float | None  # 30.0
-    retries: int  # 0
-    retry_budget: float  # 60.0
-    retry_methods: Iterable[str] | None  # IDEMPOTENT
-    max_keys: int  # 1024
-    max_waiters: int  # DEFAULT_MAX_WAITERS
-    clock: Clock | None
-    sleep: Callable[[float], object] | None
-    async_sleep: Callable[[float], Any] | None
-
-
-class LimitTimeout(Exception):
-    """The base of the adapters' ``RateLimitTimeout``: the wait for a token would pass
-    the timeout. ``key`` is the request's key; ``retry_after_ns`` says when a request
-    of that key may start, as far as is known now. Other keywords (``request=``) go
-    to the HTTP client's exception, the other base.
-
-    >>> err = LimitTimeout("wait", key="api.example.com", retry_after_ns=1_500_000_000)
-    >>> err.key, err.retry_after_ns
-    ('api.example.com', 1500000000)
-    """
-
-    def __init__(self, message: str, *, key: Hashable, retry_after_ns: int, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.key = key
-        self.retry_after_ns = retry_after_ns
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until a request of the key may start.
-
-        >>> LimitTimeout("wait", key="h", retry_after_ns=250_000_000).retry_after
-        0.25
-        """
-        return self.retry_after_ns / NS_PER_S
-
-
-class Answer(Protocol):
-    """A response as the retry loop reads it (httpx's and requests' alike)."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    def close(self) -> None: ...
-
-
-class AsyncAnswer(Answer, Protocol):
-    """An `Answer` that an asyncio client closes."""
-
-    async def aclose(self) -> None: ...
-
-
-_Request = TypeVar("_Request")
-_Answer = TypeVar("_Answer", bound=Answer)
-_AsyncAnswer = TypeVar("_AsyncAnswer", bound=AsyncAnswer)
-
-
-class Outbound:
-    """What the outbound adapters share: a `Pacer`, `Retries` and key function set from
-    their `Options`, and the loop that paces a request and sends it again after a 429.
-
-    A subclass names its `LimitTimeout` (``_timeout_error``) and whether it waits
-    in asyncio (``_async``: it takes *async_sleep*, not *sleep*).
-    """
-
-    _timeout_error: type[LimitTimeout] = LimitTimeout
-    _async = False
-    pacer: Pacer
-    retry: Retries
-    _key: Callable[[Any], Hashable]
-
-    def _configure(
-        self,
-        rate: RateLike,
-        capacity: int,
-        key: Callable[[Any], Hashable] | None,
-        default_key: Callable[[Any], Hashable],
-        options: Mapping[str, Any],
-    ) -> None:
-        """Check *options* (an `Options`) and set the pacer, key and retries from them.
-
-        >>> o = Outbound()
-        >>> o._configure(5, 10, None, str, {"retries": 2})
-        >>> o.retry.retries, o.pacer.timeout, o.limit("api.example.com")
-        (2, 30.0, KeyLimit(rate=5, capacity=10, paused_for=0.0, known=False))
-        >>> o._configure(5, 10, None, str, {"async_sleep": None})
-        Traceback (most recent call last):
-        TypeError: unexpected keyword argument 'async_sleep'
-        """
-        not_taken = "sleep" if self._async else "async_sleep"
-        unknown = options.keys() - (Options.__optional_keys__ - {not_taken})
-        if unknown:
-            raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
-        if key is not None and not callable(key):
-            raise TypeError(f"key must be a callable taking the request, not {key!r}")
-        self.pacer = Pacer(
-            rate,
-            capacity,
-            timeout=options.get("timeout", 30.0),
-            max_keys=options.get("max_keys", 1024),
-            max_waiters=options.get("max_waiters", DEFAULT_MAX_WAITERS),
-            clock=options.get("clock"),
-            sleep=options.get("sleep"),
-            async_sleep=options.get("async_sleep"),
-        )
-        self._key = key if key is not None else default_key
-        self.retry = Retries(
-            options.get("retries", 0),
-            options.get("retry_budget", 60.0),
-            options.get("retry_methods"),
-        )
-
-    def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate and capacity now, the seconds left of its pause, and whether it is known.
-
-        A key no request went to yet (or forgotten past ``max_keys``) is
-        ``known=False``: the rate and capacity are your own, what its first
-        request gets, nothing learned from the server.
-
-        >>> import httpx
-        >>> from nanobucket.httpx import RateLimitedTransport
-        >>> api = httpx.MockTransport(lambda request: httpx.Response(200))
-        >>> t = RateLimitedTransport(api, rate=5, capacity=10)
-        >>> t.limit("api.example.com")
-        KeyLimit(rate=5, capacity=10, paused_for=0.0, known=False)
-        >>> _ = httpx.Client(transport=t).get("https://api.example.com/")
-        >>> t.limit("api.example.com")   # known, and no limit announced: still your own
-        KeyLimit(rate=5, capacity=10, paused_for=0.0, known=True)
-        """
-        return self.pacer.limit(key)
-
-    def _timeout(self, err: WaitTooLong, request: object) -> LimitTimeout:
-        return self._timeout_error(
-            str(err), key=err.key, retry_after_ns=err.retry_after_ns, request=request
-        )
-
-    def _again(
-        self, ticket: Ticket, answer: Answer, method: str, replayable: bool, tries: int, end: int
-    ) -> bool:
-        """Learn from *answer*; whether to send its request again (see `Retries`)."""
-        pacer = self.pacer
-        status = answer.status_code
-        pause = pacer.done(ticket, status, answer.headers.get)
-        return self.retry.again(pacer, status, method, replayable, tries, pause, end)
-
-    def _paced(
-        self,
-        request: _Request,
-        send: Callable[[_Request], _Answer],
-        method: str,
-        replayable: bool,
-    ) -> _Answer:
-        """Wait (block the thread) for *request*'s token, then ``send(request)``; again
-        after a 429 while `Retries` allow (*replayable*: its body can go twice).
-
-        >>> class Answered(NamedTuple):
-        ...     status_code: int
-        ...     headers: dict
-        ...     def close(self): pass
-        >>> o = Outbound()   # 10/s, 1 at once, and a clock that stands still
-        >>> o._configure(10, 1, None, str, {"clock": lambda: 0, "sleep": print})
-        >>> [o._paced("h", lambda r: Answered(204, {}), "GET", True).status_code for _ in "ab"]
-        0.1
-        [204, 204]
-        """
-        try:
-            answer: _Answer = drive(
-                self._tries(request, send, method, replayable, self.pacer.start, "close")
-            )
-        except WaitTooLong as err:
-            raise self._timeout(err, request) from None
-        return answer
-
-    async def _paced_async(
-        self,
-        request: _Request,
-        send: Callable[[_Request], Awaitable[_AsyncAnswer]],
-        method: str,
-        replayable: bool,
-    ) -> _AsyncAnswer:
-        """`_paced` for asyncio: waits in the event loop (a cancelled waiter gives its
-        place back) and awaits *send*."""
-        start = self.pacer.start_async
-        try:
-            answer: _AsyncAnswer = await drive_async(
-                self._tries(request, send, method, replayable, start, "aclose")
-            )
-        except WaitTooLong as err:
-            raise self._timeout(err, request) from None
-        return answer
-
-    def _tries(
-        self,
-        request: _Request,
-        send: Callable[[_Request], Any],
-        method: str,
-        replayable: bool,
-        start: Callable[[Hashable], Any],
-        close: str,
-    ) -> Generator[Call, Any, Any]:
-        """The loop of `_paced` and `_paced_async`, as the calls it makes (see `drive`):
-        *start* waits for a ticket (or raises `WaitTooLong`), *send* sends, and the
-        answer's *close* method closes an answer whose request is sent again."""
-        key = self._key(request)
-        pacer = self.pacer
-        end = self.retry.deadline(pacer)
-        tries = 0
-        while True:
-            ticket = yield start, (key,)
-            try:
-                answer = yield send, (request,)
-            except BaseException:  # GeneratorExit: send raised, or its caller gave up
-                pacer.failed(ticket)
-                raise
-            try:
-                again = self._again(ticket, answer, method, replayable, tries, end)
-            except BaseException:
-                yield getattr(answer, close), ()  # the caller never sees it: not left open
-                raise
-            if not again:
-                return answer
-            yield getattr(answer, close), ()
-            tries += 1
+            state.measure()
 
 
 def _lower(bucket: TokenBucket, at: int, most: int) -> None:
@@ -858,6 +666,14 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
         excess = math.ceil(bucket.tokens_at(at) - most)
         if excess <= 0 or bucket.allow_at(at, excess):
             return
+
+
+def _owe(bucket: TokenBucket, at: int, most: int) -> None:
+    """Leave *bucket* at most *most* tokens at *at* (ns); below none, a debt it refills first."""
+    if most >= 0:
+        _lower(bucket, at, most)
+    else:
+        _lower(bucket, at - most * bucket.interval_ns, 0)
 
 
 def _hold(bucket: TokenBucket, now: int, end: int) -> None:

@@ -9,22 +9,25 @@ capacity to the server's, never above yours (see `nanobucket._outbound`).
 >>> import httpx
 >>> from nanobucket.httpx import RateLimitedTransport
 >>> api = httpx.MockTransport(lambda request: httpx.Response(200, headers={
-...     "RateLimit-Policy": '"default";q=10;w=1', "RateLimit": '"default";r=9;t=1'}))
+...     "RateLimit-Policy": '"default";q=100;w=1', "RateLimit": '"default";r=99;t=1'}))
 >>> client = httpx.Client(transport=RateLimitedTransport(api, rate=500, capacity=50))
 >>> client.get("https://api.example.com/items").status_code
 200
->>> client._transport.limit("api.example.com")   # the server's 10/s, at most 10 at once
-KeyLimit(rate=Fraction(10, 1), capacity=10, paused_for=0.0, known=True)
+>>> client._transport.limit("api.example.com")   # 100 a second: 5 at once, then 95/s
+KeyLimit(rate=Fraction(95, 1), capacity=5, paused_for=0.0, known=True)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import httpx
 
-from ._outbound import IDEMPOTENT, KeyLimit, LimitTimeout, Options, Outbound
+from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
+from ._fields import FIELDS, TRIGGERS, fields_of
+from ._outbound import KeyLimit
 from ._params import RateLike
 
 if TYPE_CHECKING:
@@ -65,7 +68,49 @@ def host_key(request: httpx.Request) -> str:
     ('api.example.com', '127.0.0.1:8000')
     """
     url = request.url
-    return url.host if url.port is None else f"{url.host}:{url.port}"
+    try:  # httpx's parsed URL, as its host and port properties read it, without them
+        parsed = url._uri_reference
+        host, port = parsed.host, parsed.port
+    except AttributeError:  # another httpx: the public properties
+        host, port = url.host, url.port
+    if "xn--" in host and host.startswith("xn--"):
+        host = url.host  # IDNA, decoded
+    return host if port is None else f"{host}:{port}"
+
+
+_TRIGGERS = frozenset(name.encode("ascii") for name in TRIGGERS)
+_FIELDS = frozenset(name.encode("ascii") for name in FIELDS)
+_TEXT = {name.encode("ascii"): name for name in FIELDS}
+_lower_name = itemgetter(1)  # of httpx's (name, lower-case name, value) triples
+
+
+def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The limit fields of *headers* (`nanobucket._fields.FIELDS`), or None without a
+    `TRIGGERS` one: found by a C loop over httpx's own list of lower-cased names.
+
+    >>> limit_fields(httpx.Headers({"Server": "x", "Date": "now"})) is None
+    True
+    >>> fields = limit_fields(httpx.Headers([("RateLimit", '"d";r=1;t=1'), ("Date", "now")]))
+    >>> fields == {"ratelimit": '"d";r=1;t=1', "date": "now"}
+    True
+    """
+    try:
+        raw = headers._list  # type: ignore[attr-defined]
+    except AttributeError:  # another mapping (or another httpx): its public view
+        return fields_of(headers)
+    if _TRIGGERS.isdisjoint(map(_lower_name, raw)):
+        return None
+    found: dict[str, str] = {}
+    for _, name, value in raw:
+        if name in _FIELDS:
+            key = _TEXT[name]
+            if key in found:  # a field sent twice: httpx joins them
+                return fields_of(headers)
+            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
+                found[key] = value.decode("ascii")
+            except UnicodeDecodeError:
+                return fields_of(headers)
+    return found
 
 
 class _Limited(Outbound, Generic[_Transport]):
@@ -91,6 +136,12 @@ class _Limited(Outbound, Generic[_Transport]):
         self.transport: _Transport = (
             transport if transport is not None else self._default_transport()
         )
+
+    _fields = staticmethod(limit_fields)
+
+    @staticmethod
+    def _retry_info(request: httpx.Request) -> tuple[str, bool]:
+        return request.method, isinstance(request.stream, httpx.ByteStream)  # a stream: once
 
 
 class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
@@ -129,8 +180,7 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
         >>> t.handle_request(httpx.Request("GET", "http://h/")).status_code
         200
         """
-        replayable = isinstance(request.stream, httpx.ByteStream)  # a stream cannot go twice
-        return self._paced(request, self.transport.handle_request, request.method, replayable)
+        return self._paced(request, self.transport.handle_request)
 
     def close(self) -> None:
         """Close the wrapped transport.
@@ -171,9 +221,7 @@ class AsyncRateLimitedTransport(_Limited[httpx.AsyncBaseTransport], httpx.AsyncB
         >>> asyncio.run(t.handle_async_request(httpx.Request("GET", "http://h/"))).status_code
         200
         """
-        replayable = isinstance(request.stream, httpx.ByteStream)
-        send = self.transport.handle_async_request
-        return await self._paced_async(request, send, request.method, replayable)
+        return await self._paced_async(request, self.transport.handle_async_request)
 
     async def aclose(self) -> None:
         """Close the wrapped transport.

@@ -15,13 +15,15 @@ KeyLimit(rate=500, capacity=50, paused_for=0.0, known=False)
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import requests
 import requests.adapters
 
-from ._outbound import IDEMPOTENT, KeyLimit, LimitTimeout, Options, Outbound
+from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
+from ._fields import FIELDS, TRIGGERS, fields_of
+from ._outbound import KeyLimit
 from ._params import RateLike
 
 if TYPE_CHECKING:
@@ -67,6 +69,26 @@ def host_key(request: requests.PreparedRequest) -> str:
     return host if parts.port is None else f"{host}:{parts.port}"
 
 
+def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The limit fields of a response's *headers* (`nanobucket._fields.FIELDS`), or None
+    without a `TRIGGERS` one: one look, in C, at the lower-cased names that requests'
+    ``CaseInsensitiveDict`` keeps.
+
+    >>> from requests.structures import CaseInsensitiveDict
+    >>> limit_fields(CaseInsensitiveDict({"Server": "x", "Date": "now"})) is None
+    True
+    >>> limit_fields(CaseInsensitiveDict({"Retry-After": "2", "Date": "now"}))
+    {'retry-after': '2', 'date': 'now'}
+    """
+    try:
+        store = headers._store  # type: ignore[attr-defined]
+    except AttributeError:  # another mapping: its public view
+        return fields_of(headers)
+    if TRIGGERS.isdisjoint(store):
+        return None
+    return {name: value for name, (_, value) in store.items() if name in FIELDS}
+
+
 class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
     """A ``requests`` transport adapter that waits for each host's token and learns its limit.
 
@@ -94,6 +116,13 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         self._configure(rate, capacity, key, host_key, ours)
         super().__init__(**pool)
 
+    _fields = staticmethod(limit_fields)
+
+    @staticmethod
+    def _retry_info(request: requests.PreparedRequest) -> tuple[str, bool]:
+        replayable = request.body is None or isinstance(request.body, (bytes, str))
+        return request.method or "GET", replayable
+
     def send(
         self, request: requests.PreparedRequest, *args: Any, **kwargs: Any
     ) -> requests.Response:
@@ -110,7 +139,4 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         (200, KeyLimit(rate=10, capacity=3, paused_for=0.0, known=True))
         """
         send = super().send
-        replayable = request.body is None or isinstance(request.body, (bytes, str))
-        return self._paced(
-            request, lambda r: send(r, *args, **kwargs), request.method or "GET", replayable
-        )
+        return self._paced(request, lambda r: send(r, *args, **kwargs))

@@ -1,0 +1,207 @@
+"""The outbound clients' quick paths read and decide exactly as the general ones.
+
+Most answers carry no limit field, and an answer that does usually says what
+the last one said: the adapters look for the fields in one pass over their
+HTTP client's own header list, a key whose server never said anything is
+counted without a lock (bare), and the same IETF texts are not parsed
+twice. Each is checked here against the general reading it stands for:
+string by string (hypothesis), and request by request on a clock that only
+the injected sleep moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import requests.structures
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanobucket import _fields, _outbound
+from nanobucket._fields import (
+    FIELDS,
+    TRIGGERS,
+    _first_int,
+    _items,
+    _split,
+    _split_escaped,
+    _states,
+    _whole,
+    fields_of,
+    parse_limits,
+)
+from nanobucket.httpx import RateLimitedTransport
+from nanobucket.httpx import limit_fields as httpx_fields
+from nanobucket.requests import limit_fields as requests_fields
+
+NS = 1_000_000_000
+
+# Text made of what the fields' grammar turns on.
+GRAMMAR = st.text(alphabet='"\\;,= ar1t09.q-w5x_', max_size=40)
+STATE = st.builds(
+    lambda name, r, t, tail: f'"{name}";r={r};t={t}{tail}',
+    st.text(alphabet='ab,;"\\ ', max_size=6),
+    st.sampled_from(["0", "7", "007", "1" * 15, "1" * 16, "１", "2.0", "", "-1"]),
+    st.sampled_from(["1", "60", "9" * 15, "x"]),
+    st.sampled_from(["", ",", ', "b";r=1;t=2', ";w=1", " "]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=GRAMMAR, sep=st.sampled_from([",", ";"]))
+def test_split_without_escapes_is_the_character_scan(text: str, sep: str) -> None:
+    assert _split(text, sep) == _split_escaped(text, sep)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(GRAMMAR, STATE))
+def test_the_usual_ratelimit_field_reads_as_the_general_parser(text: str) -> None:
+    assert _states(text) == [(item, p) for item, p in _items(text) if "r" in p]
+
+
+@settings(max_examples=400, deadline=None)
+@given(first=STATE, then=st.one_of(STATE, GRAMMAR))
+def test_another_remaining_of_the_same_form_is_what_the_parser_reads(first: str, then: str) -> None:
+    prefix = _fields.one_state(first)
+    if prefix is None:
+        return
+    (name, _), *_ = _states(first)
+    remaining = _fields.remaining_after(prefix, then)
+    if remaining is not None:  # then it names the same policy, and only it
+        assert _states(then) == [(name, {"r": remaining, "t": _states(then)[0][1]["t"]})]
+
+
+def _whole_reference(text: str) -> int | None:
+    value = _fields._number(text)
+    return value.numerator if value is not None and value.denominator == 1 else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(alphabet=" 0123456789.１x", max_size=20), GRAMMAR))
+def test_whole_numbers_read_as_exact_fractions_do(text: str) -> None:
+    assert _whole(text) == _whole_reference(text)
+    items = _items(text)
+    expected = items[0][0] if items and isinstance(items[0][0], int) else None
+    assert _first_int(text) == expected
+
+
+HEADER_NAMES = st.sampled_from(
+    [*sorted(FIELDS), "RateLimit", "Retry-After", "X-RateLimit-Remaining", "Date", "Server"]
+)
+HEADER_VALUES = st.sampled_from(["1", '"p";r=2;t=1', '"p";q=5;w=1', "nö", "a, b", ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(headers=st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=8))
+def test_the_adapters_find_the_fields_httpx_and_requests_give(
+    headers: list[tuple[str, str]],
+) -> None:
+    h = httpx.Headers([(name.encode(), value.encode()) for name, value in headers])  # UTF-8
+    expected = {name: h[name] for name in FIELDS if name in h}
+    triggered = not TRIGGERS.isdisjoint(expected)
+    assert httpx_fields(h) == (expected if triggered else None)
+    assert fields_of(h) == (expected if triggered else None)
+    r: requests.structures.CaseInsensitiveDict[str] = requests.structures.CaseInsensitiveDict()
+    for name, value in headers:  # as urllib3 hands them to requests: repeats joined
+        r[name] = f"{r[name]}, {value}" if name in r else value
+    wanted = {name: r[name] for name in FIELDS if name in r}
+    assert requests_fields(r) == (wanted if not TRIGGERS.isdisjoint(wanted) else None)
+
+
+def test_the_same_texts_are_the_same_announcement() -> None:
+    fields = {"ratelimit-policy": '"p";q=50;w=1', "ratelimit": '"p";r=9;t=1'}
+    first = parse_limits(fields.get)
+    assert parse_limits(dict(fields).get) is first
+    assert _fields.told(*fields.values()) is first
+    # With Date or X-RateLimit-* consulted, nothing is remembered.
+    epoch = {"ratelimit": '"p";r=9;t=1445412540', "date": "Wed, 21 Oct 2015 07:28:00 GMT"}
+    parse_limits(epoch.get)
+    assert _fields.told(None, epoch["ratelimit"]) is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10 * NS
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += round(seconds * NS)
+
+
+def _run(answers: list[dict[str, str]], **kwargs: Any) -> list[tuple[int, float]]:
+    clock = Clock()
+    replies = iter(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=next(replies))
+
+    t = RateLimitedTransport(
+        httpx.MockTransport(handler), rate=500, capacity=50, clock=clock, sleep=clock.sleep,
+        **kwargs,
+    )  # fmt: skip
+    out = []
+    with httpx.Client(transport=t) as client:
+        for _ in answers:
+            client.get("http://h/")
+            state = t.pacer._keys["h"]
+            out.append((clock.now, state.bucket.tokens_at(clock.now)))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    remaining=st.lists(st.sampled_from([0, 1, 2, 3, 40, 39, 1000]), min_size=1, max_size=30),
+    quota=st.sampled_from([10, 50, 1000]),
+)
+def test_answers_that_repeat_themselves_pace_as_if_read_anew(
+    remaining: list[int], quota: int
+) -> None:
+    answers = [
+        {"RateLimit-Policy": f'"p";q={quota};w=1', "RateLimit": f'"p";r={r};t=1'} for r in remaining
+    ]
+    quick = _run(answers)
+    with pytest.MonkeyPatch.context() as mp:  # nothing remembered: every answer read anew
+        mp.setattr(_fields, "_CACHED_LEN", -1)
+        mp.setattr(_outbound, "told", lambda *texts: None)
+        _fields._SAID.clear()
+        assert _run(answers) == quick
+
+
+def test_bare_requests_out_count_against_the_window_announced() -> None:
+    # One request starts the key; seven more leave bare (no field heard yet:
+    # counted without a lock). The first answer announces 50 per second: the
+    # bucket owes the eight of them less its burst of 2, so the next waits
+    # 7 tokens at 48/s, as when all eight were counted one by one.
+    clock = Clock()
+    pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
+    first = pacer.start("h")
+    bare = [pacer.take("h") for _ in range(7)]
+    assert all(ticket is not None and ticket[1] < 0 for ticket in bare)
+    fields = {"ratelimit-policy": '"p";q=50;w=1', "ratelimit": '"p";r=49;t=1'}
+    pacer.done(first, 200, fields.get)
+    state = pacer._keys["h"]
+    assert not state.bare
+    assert state.bucket.peek().retry_after_ns == 7 * (NS // 48 + 1)
+    for ticket in bare:
+        assert ticket is not None
+        pacer.done(ticket, 200, {**fields, "ratelimit": '"p";r=42;t=1'}.get)
+    assert (state.inflight, _outbound._fold(state), state.refill.admitted) == (0, 0, 8)
+    assert not state.bare_open  # none out, none to come: the counters are no longer read
+
+
+def test_a_bare_request_that_fails_is_no_longer_out() -> None:
+    clock = Clock()
+    pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
+    nothing: dict[str, str] = {}
+    pacer.done(pacer.start("h"), 200, nothing.get)
+    ticket = pacer.take("h")
+    assert ticket is not None and ticket[1] < 0
+    pacer.failed(ticket)
+    plain = pacer.take("h")
+    assert plain is not None and pacer.plain(plain)
+    state = pacer._keys["h"]
+    assert _outbound._fold(state) == 0 and state.refill.admitted == 2
