@@ -29,7 +29,7 @@ import httpx
 import pytest
 import requests
 import requests.adapters
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nanobucket import _outbound
@@ -689,6 +689,15 @@ def test_hostile_fields_answer_or_time_out_in_bounded_work(
     timeout=st.sampled_from([0, 5, 3600]),
     retries=st.sampled_from([0, 2]),
     delays=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+)
+# A window slower than a bucket can hold, adopted while requests were out:
+# the debt they leave was once set past the last time a bucket can hold.
+@example(
+    replies=[(200, [("RateLimit-Policy", '"d";q=0;w=0, "d";q=1;w=999999999999999')])],
+    limit=(100, 10),
+    timeout=0,
+    retries=0,
+    delays=[1],
 )
 def test_hostile_fields_to_requests_out_at_once(
     replies: list[Reply],

@@ -258,6 +258,30 @@ class Outbound:
             return False
         return self.retry.again(pacer, status, info[0], info[1], tries, pause, end)
 
+    def _first(self, ticket: Ticket, answer: Any, info: tuple[str, bool]) -> int | None:
+        """Learn from *answer*, the first to a request that `Pacer.take` let go with
+        *ticket*: None when it is the caller's, else the end (ns) of the retry budget
+        for sending it again (the caller closes it). Written for most requests: a bare
+        key's answer with no limit field is one atomic count."""
+        pacer = self.pacer
+        try:
+            fields = self._fields(answer.headers)
+        except BaseException:
+            pacer.failed(ticket)
+            raise
+        status = answer.status_code
+        if status != 429:
+            if fields is None and status != 503:
+                if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
+                    next(ticket[0].bare_oks)
+                    return None
+                if pacer.plain(ticket):
+                    return None
+            pacer.done(ticket, status, (fields or _NONE).get)
+            return None  # only a 429 is sent again
+        end = self.retry.deadline(pacer, ticket[1])
+        return end if self._again(ticket, status, fields, info, 0, end) else None
+
     def _paced(self, request: _Request, send: Callable[[_Request], _Answer]) -> _Answer:
         """Wait (block the thread) for *request*'s token, then ``send(request)``; again
         after a 429 while `Retries` allow.
@@ -289,29 +313,14 @@ class Outbound:
                 pacer.failed(ticket)
                 raise
             try:
-                try:
-                    fields = self._fields(answer.headers)
-                except BaseException:
-                    pacer.failed(ticket)
-                    raise
-                status = answer.status_code
-                if status != 429:
-                    if fields is None and status != 503:
-                        if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
-                            next(ticket[0].bare_oks)
-                            return answer
-                        if pacer.plain(ticket):
-                            return answer
-                    pacer.done(ticket, status, (fields or _NONE).get)
-                    return answer  # only a 429 is sent again
-                end, tries = self.retry.deadline(pacer, ticket[1]), 1
-                again = self._again(ticket, status, fields, info, 0, end)
+                again = self._first(ticket, answer, info)
             except BaseException:
                 answer.close()  # the caller never sees it: not left open
                 raise
-            if not again:
+            if again is None:
                 return answer
             answer.close()
+            end, tries = again, 1
         steps = self._tries(request, send, pacer.start, "close", key, info)
         try:
             done: _Answer = drive(steps(tries, end))
@@ -337,29 +346,14 @@ class Outbound:
                 pacer.failed(ticket)
                 raise
             try:
-                try:
-                    fields = self._fields(answer.headers)
-                except BaseException:
-                    pacer.failed(ticket)
-                    raise
-                status = answer.status_code
-                if status != 429:
-                    if fields is None and status != 503:
-                        if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
-                            next(ticket[0].bare_oks)
-                            return answer
-                        if pacer.plain(ticket):
-                            return answer
-                    pacer.done(ticket, status, (fields or _NONE).get)
-                    return answer  # only a 429 is sent again
-                end, tries = self.retry.deadline(pacer, ticket[1]), 1
-                again = self._again(ticket, status, fields, info, 0, end)
+                again = self._first(ticket, answer, info)
             except BaseException:
                 await answer.aclose()
                 raise
-            if not again:
+            if again is None:
                 return answer
             await answer.aclose()
+            end, tries = again, 1
         steps = self._tries(request, send, pacer.start_async, "aclose", key, info)
         try:
             done: _AsyncAnswer = await drive_async(steps(tries, end))

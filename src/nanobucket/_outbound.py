@@ -76,6 +76,7 @@ from ._fields import (
 )
 from ._learn import Refill
 from ._params import (
+    NOW_MAX,
     NS_PER_S,
     TAU_MAX,
     Clock,
@@ -673,7 +674,9 @@ def _owe(bucket: TokenBucket, at: int, most: int) -> None:
     if most >= 0:
         _lower(bucket, at, most)
     else:
-        _lower(bucket, at - most * bucket.interval_ns, 0)
+        # At the slowest rate a token is 2**62 ns: a debt of more than one would
+        # fall past the last time a bucket holds, which is then when it is owed to.
+        _lower(bucket, min(at - most * bucket.interval_ns, NOW_MAX), 0)
 
 
 def _hold(bucket: TokenBucket, now: int, end: int) -> None:
