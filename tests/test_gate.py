@@ -87,14 +87,11 @@ def shown(outcome: Outcome) -> tuple[bool, tuple[Any, ...], list[tuple[bytes, by
     return admitted, five, list(fields), (body, due)
 
 
-def test_one_bucket_admits_then_refuses_exactly(impl: ModuleType, clock: ManualClock) -> None:
-    limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
-    gate = Gate(VIEW, limiter)
-    assert gate.awaits is False
+def two_then_refused() -> list[tuple[bool, tuple[Any, ...], list[tuple[bytes, bytes]], Any]]:
+    """`shown` outcomes of three requests at one instant to a bucket of 2 at 1/s."""
     policy = (b"ratelimit-policy", b'"default";q=2;w=2')
-    got = [shown(gate.decide(Request())) for _ in range(3)]
     body = problem("default", 1)
-    assert got == [
+    return [
         (True, (True, 1, 0, S, 2), [policy, (b"ratelimit", b'"default";r=1;t=1')], (None, None)),
         (
             True,
@@ -109,6 +106,14 @@ def test_one_bucket_admits_then_refuses_exactly(impl: ModuleType, clock: ManualC
             (body, None),
         ),
     ]
+
+
+def test_one_bucket_admits_then_refuses_exactly(impl: ModuleType, clock: ManualClock) -> None:
+    limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    gate = Gate(VIEW, limiter)
+    assert gate.awaits is False
+    got = [shown(gate.decide(Request())) for _ in range(3)]
+    assert got == two_then_refused()
     assert gate.counters.snapshot() == counts(admitted=2, limited=1, shadow_limited=0, exempt=0)
     # Another peer has its own bucket; one the adapter hands over is the one keyed.
     assert gate.decide(Request(peer="10.0.0.2"))[1].remaining == 1
@@ -324,23 +329,7 @@ def test_an_asyncio_limiter_and_hook_are_awaited(impl: ModuleType, clock: Manual
         return [await gate.decide_async(Request()) for _ in range(3)]
 
     got = [shown(o) for o in asyncio.run(three())]
-    policy = (b"ratelimit-policy", b'"default";q=2;w=2')
-    body = problem("default", 1)
-    assert got == [
-        (True, (True, 1, 0, S, 2), [policy, (b"ratelimit", b'"default";r=1;t=1')], (None, None)),
-        (
-            True,
-            (True, 0, 0, 2 * S, 2),
-            [policy, (b"ratelimit", b'"default";r=0;t=2')],
-            (None, None),
-        ),
-        (
-            False,
-            (False, 0, S, 2 * S, 2),
-            refusal(body, 1, policy, (b"ratelimit", b'"default";r=0;t=2')),
-            (body, None),
-        ),
-    ]
+    assert got == two_then_refused()
     assert limiter.keys == ["10.0.0.1"] * 3
     assert [e.outcome for e in events] == ["admitted", "admitted", "limited"]
     assert gate.counters.snapshot() == counts(admitted=2, limited=1, shadow_limited=0, exempt=0)
