@@ -214,16 +214,19 @@ class Policy:
         >>> policy = Policy(limit, "default", None)
         >>> policy.fields(limit.check_at("alice", 0, cost=2))[0]   # the client's bucket binds
         'default-0'
+        >>> policy.fields(limit.check_at("bob", 0)) is policy.fields(limit.check_at("eve", 0))
+        True
         """
         assert self.composite is not None
         name, leaf = self.composite.binding(decision)
-        got = self._by_leaf.get((name, id(leaf)))
+        slot = (name, id(leaf))  # as binding() said it, so that the next decision finds it
+        got = self._by_leaf.get(slot)
         if got is None:
             if name is None:  # no plan: the policy's name and the bucket's place
                 place = self._place.get(id(leaf))
                 name = self.name if place is None else f"{self.name}-{place}"
             got = (name, f'"{name}";r='.encode("ascii"), _policy_header(name, leaf))
-            self._by_leaf[(name, id(leaf))] = got
+            self._by_leaf[slot] = got
         return got
 
     def validated_cost(self, cost: object) -> int:
