@@ -387,6 +387,19 @@ def test_retries_are_bounded_in_count() -> None:
     assert len(calls) == 3 and clock.slept == [1.0, 1.0]
 
 
+def test_a_429_from_a_server_that_said_nothing_before_is_retried() -> None:
+    # The key's answers had no limit field (its requests are counted without
+    # their send times): the retry budget of its first 429 counts from the
+    # answer, not from the clock's zero. On a clock far from zero, as
+    # monotonic's is, no retry happened.
+    clock = Clock()
+    clock.now = 10**6 * NS
+    api, calls = answers((200, {}), (429, {"Retry-After": "1"}), (200, {}))
+    http = client(api, clock, retries=1)
+    assert [http.get("http://h/").status_code for _ in range(2)] == [200, 200]
+    assert len(calls) == 3 and clock.slept == [1.0]
+
+
 def test_retries_are_bounded_in_time_and_succeed() -> None:
     clock = Clock()
     api, calls = answers((429, {"Retry-After": "1"}))

@@ -279,7 +279,8 @@ class Outbound:
                     return None
             pacer.done(ticket, status, (fields or _NONE).get)
             return None  # only a 429 is sent again
-        end = self.retry.deadline(pacer, ticket[1])
+        sent = ticket[1]  # a bare ticket's is unknown (-1): the budget counts from now
+        end = self.retry.deadline(pacer, sent if sent >= 0 else None)
         return end if self._again(ticket, status, fields, info, 0, end) else None
 
     def _paced(self, request: _Request, send: Callable[[_Request], _Answer]) -> _Answer:

@@ -211,7 +211,11 @@ def _fold(state: _Key) -> int:
     requests still out."""
     if not state.bare_open:
         return 0
-    sends, oks = _count(state.bare_sends), _count(state.bare_oks)
+    # The answers first: each was sent before it was answered, so a request sent and
+    # answered between the two reads is counted as still out (the next fold sees it
+    # answered), never an answered one as not sent.
+    oks = _count(state.bare_oks)
+    sends = _count(state.bare_sends)
     state.refill.admitted += oks - state.bare_counted
     state.bare_counted = oks
     out = sends - oks - state.bare_ended
@@ -273,8 +277,10 @@ class Pacer:
                 return state
             if len(self._keys) >= self.max_keys:
                 now = self.clock()
+                # A copy made in one C call: `take` moves keys without this lock, and
+                # would break an iteration that a thread switch interrupts.
                 victim = next(
-                    (k for k, s in self._keys.items() if s.paused_until <= now),
+                    (k for k, s in list(self._keys.items()) if s.paused_until <= now),
                     next(iter(self._keys)),
                 )
                 del self._keys[victim]
