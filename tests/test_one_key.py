@@ -50,6 +50,16 @@ def test_bad_input_is_a_clear_error(impl: ModuleType) -> None:
         nb.OneKey(impl.KeyedTokenBucket(rate=1, capacity=1), cast(Hashable, []))
 
 
+def test_an_asyncio_table_is_refused() -> None:
+    # Its verbs return coroutines, which all_of and Waiting read as admitted:
+    # all_of(per_client, OneKey(async_table, "all")) admitted every request.
+    redis_asyncio = pytest.importorskip("redis.asyncio")
+    nbr = pytest.importorskip("nanobucket.redis")
+    table = nbr.AsyncRedisTokenBucket(redis_asyncio.Redis(port=1), rate=1, capacity=1)
+    with pytest.raises(TypeError, match="AsyncRedisTokenBucket is an asyncio limiter, and "):
+        nb.OneKey(table, "all")
+
+
 def _spend(limit: nb.AllOf, user: str, out: multiprocessing.Queue[int]) -> None:
     out.put(sum(limit.allow_at(user, 0) for _ in range(50)))
 

@@ -33,6 +33,7 @@ move with it. `Composite` is a limiter made of others (``all_of``,
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -169,6 +170,26 @@ class Composite(Protocol):
     def leaves(self) -> tuple[Any, ...]: ...
     def parts(self, *key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]: ...
     def binding(self, decision: Any) -> tuple[str | None, Any]: ...
+
+
+def is_async(limiter: object) -> bool:
+    """Whether *limiter*'s verbs are coroutines to await (an asyncio limiter).
+
+    Every wrapper that calls verbs without awaiting them refuses such a
+    limiter through this one test: a coroutine is truthy, so each call would
+    admit.
+
+    >>> import nanobucket as nb
+    >>> class Remote:
+    ...     keyed = True
+    ...     async def check(self, key, cost=1): ...
+    >>> is_async(nb.KeyedTokenBucket(1, 1)), is_async(Remote())
+    (False, True)
+    """
+    return any(
+        inspect.iscoroutinefunction(getattr(limiter, verb, None))
+        for verb in ("check", "allow", "reserve")
+    )
 
 
 def is_keyed(limiter: object) -> bool:

@@ -40,14 +40,13 @@ timeout; a caller refused or cancelled on the way holds nothing::
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from . import _acquire
 from ._bucket import Decision
-from ._limiter import Composite, KeyedLimiter, Limiter, Refundable, Reservable, is_keyed
+from ._limiter import Composite, KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
 from ._params import validated_timeout
 from .concurrency import Slot
 
@@ -126,7 +125,7 @@ def _style(layer: object) -> int:
         return _NESTED
     keyed = is_keyed(layer)
     name = type(layer).__name__
-    if inspect.iscoroutinefunction(getattr(layer, "allow", None)):
+    if is_async(layer):
         raise TypeError(
             f"{name} is an asyncio limiter, and all_of calls its layers' verbs without "
             "awaiting them: give all_of sync limiters"

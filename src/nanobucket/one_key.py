@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ._limiter import is_keyed
+from ._limiter import is_async, is_keyed
 
 __all__ = ("OneKey",)
 
@@ -43,6 +43,13 @@ class OneKey:
         if not is_keyed(table):
             raise TypeError(
                 f"{type(table).__name__} takes no key: use it as it is, not in a OneKey"
+            )
+        if is_async(table):
+            # Its verbs would hand back coroutines, which every sync caller (all_of,
+            # Waiting) reads as admitted.
+            raise TypeError(
+                f"{type(table).__name__} is an asyncio limiter, and OneKey's verbs are "
+                "sync: give OneKey a sync table"
             )
         hash(key)  # an unhashable key fails here, not at the first request
         self.table = table

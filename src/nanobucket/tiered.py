@@ -54,7 +54,6 @@ request.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
@@ -65,7 +64,7 @@ from . import _acquire
 from ._bucket import Decision
 from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
-from ._limiter import Composite
+from ._limiter import Composite, is_async
 from ._params import validated_max_keys, validated_timeout
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
@@ -125,10 +124,6 @@ class TieredDecision(Decision):
         return f"{super().__repr__()[:-1]}, plan={self.plan!r})"
 
 
-def _is_async(limiter: object) -> bool:
-    return inspect.iscoroutinefunction(getattr(limiter, "check", None))
-
-
 def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
     """Validated plans: each name to ``(name, limiter)``, the name kept as one object."""
     if not isinstance(plans, Mapping):
@@ -161,7 +156,7 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
             raise ValueError(f"plans {seen[id(limiter)]!r} and {name!r} are the same limiter")
         seen[id(limiter)] = name
         found[name] = (name, limiter)
-    kinds = {name: _is_async(lr) for name, (_, lr) in found.items()}
+    kinds = {name: is_async(lr) for name, (_, lr) in found.items()}
     if len(set(kinds.values())) > 1:
         sync = [n for n, a in kinds.items() if not a]
         asyncio_ = [n for n, a in kinds.items() if a]
@@ -214,7 +209,7 @@ class _Plans:
         self._view = MappingProxyType({name: lr for name, (_, lr) in found.items()})
         self._tier = tier
         self._default = None if default is None else found[default]
-        if any(_is_async(lr) is not self._asyncio for lr in self._view.values()):
+        if any(is_async(lr) is not self._asyncio for lr in self._view.values()):
             raise TypeError(self._wrong_kind)
         self._last: dict[Hashable, str] = {}  # key -> the plan it was last served on
         self._owed: dict[Hashable, Owed] = {}  # key -> what it owes (few keys: see `Owed`)
@@ -860,6 +855,6 @@ def tiered(
     ...     limiter.allow_at("bob", 0) for _ in range(300))
     (200, 20)
     """
-    if isinstance(plans, Mapping) and any(_is_async(lr) for lr in plans.values()):
+    if isinstance(plans, Mapping) and any(is_async(lr) for lr in plans.values()):
         return AsyncTiered(plans, tier, default=default, max_keys=max_keys)
     return Tiered(plans, tier, default=default, max_keys=max_keys)

@@ -36,14 +36,13 @@ True
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from . import _wait
 from ._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from ._bucket import TokenBucket
-from ._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_keyed
+from ._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
 from ._params import int_at_least
 from ._wait import AsyncSleep, SleepOrWake
 
@@ -87,7 +86,7 @@ class Waiting:
         async_sleep: AsyncSleep | None = None,
         sleep_or_wake: SleepOrWake | None = None,
     ) -> None:
-        if inspect.iscoroutinefunction(getattr(limiter, "reserve", None)):
+        if is_async(limiter):
             raise TypeError(
                 f"{type(limiter).__name__} is an asyncio limiter: await its own "
                 "acquire_async (Waiting calls a limiter's verbs without awaiting them)"

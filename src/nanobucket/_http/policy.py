@@ -26,13 +26,12 @@ apart. The 429 body names the same.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import math
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .._limiter import Composite, is_keyed
+from .._limiter import Composite, is_async, is_keyed
 from .._params import NS_PER_S, int_at_least, rate_fraction, validated_cost
 
 __all__ = (
@@ -166,7 +165,7 @@ class Policy:
         self.limiter = limiter  # for charge= (refund and debit after the response)
         self.keyed = keyed_of(limiter, keyed)
         self.check = _checker(limiter, self.keyed)
-        self.is_async = inspect.iscoroutinefunction(getattr(limiter, "check", None))
+        self.is_async = is_async(limiter)
         self.name = name
         capacity = getattr(limiter, "capacity", None)
         self.capacity: int | None = capacity if isinstance(capacity, int) else None
