@@ -181,6 +181,43 @@ def test_hung_redis_threads_return_within_the_timeout(own_redis_server: RedisSer
     limiter.close()
 
 
+def test_hung_redis_the_first_decision_returns_within_the_timeout(
+    own_redis_server: RedisServer,
+) -> None:
+    # The first decision checks the prefix's limit first: on a hung Redis that
+    # ask took the whole timeout, then the decision a second one (2 s here).
+    timeout = 1.0
+    limiter = _limiter(_user_client(own_redis_server), timeout=timeout)
+    own_redis_server.pause()
+    try:
+        start = time.monotonic()
+        d = limiter.check("k")
+        elapsed = time.monotonic() - start
+    finally:
+        own_redis_server.resume()
+    assert (d.allowed, d.source, d.reason) == (False, "policy:closed", "timeout")
+    assert elapsed < timeout + MARGIN, f"{elapsed:.3f} s"
+    limiter.close()
+
+
+def test_hung_redis_the_first_batch_returns_within_the_timeout(
+    own_redis_server: RedisServer,
+) -> None:
+    # The same for a batch: its prefix check is a step of the pipeline.
+    timeout = 1.0
+    limiter = _limiter(_user_client(own_redis_server), timeout=timeout)
+    own_redis_server.pause()
+    try:
+        start = time.monotonic()
+        got = limiter.allow_many(["a", "b"])
+        elapsed = time.monotonic() - start
+    finally:
+        own_redis_server.resume()
+    assert got == bytearray([0, 0])  # both refused, by the policy
+    assert elapsed < timeout + MARGIN, f"{elapsed:.3f} s"
+    limiter.close()
+
+
 def test_dead_redis_threads_return_within_the_timeout(own_redis_server: RedisServer) -> None:
     sync_failing(own_redis_server, "dead", lambda: _user_client(own_redis_server))
 

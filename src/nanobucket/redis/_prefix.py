@@ -155,15 +155,19 @@ class Checked:
     def steps(self) -> Generator[Any, Any, None]:
         """The check as a step of client calls (see `_limits.drive`), for a pipeline.
 
-        A sync client's error reaches it here, and the batch goes on unchecked;
-        an asyncio one's is raised where the call is awaited, failing the batch.
+        A sync client's error reaches it here, and the batch goes on unchecked
+        unless the ask timed out (the caller's time is spent: the batch fails to
+        the policy); an asyncio one's is raised where the call is awaited,
+        failing the batch.
         """
         if not self._due():
             return
         try:
             stored = yield self._ask()
-        except _clients.UNAVAILABLE:
+        except _clients.UNAVAILABLE as err:
             self._unanswered()
+            if _clients.class_reason(err) == "timeout":
+                raise
             return
         self._passed(stored)
 
@@ -179,8 +183,11 @@ class Checked:
         if self._due():
             try:
                 stored = self._ask()
-            except _clients.UNAVAILABLE:
-                self._unanswered()  # decide unchecked; check again later
+            except _clients.UNAVAILABLE as err:
+                self._unanswered()  # check again later
+                if _clients.class_reason(err) == "timeout":
+                    raise  # the caller's time is spent: the policy answers, not a second wait
+                # else (refused, reset: at once) decide unchecked
             else:
                 self._passed(stored)
         return self._run(keys, args, client)
