@@ -239,12 +239,15 @@ class AsyncRedisTokenBucket(_RedisLimits):
         ok, reply = await self._send(self._deadline(deadline), self._batch_script, rkeys, args)
         if not ok:
             return [self._policy_answer(c.key, c.cost, c.now_ns, c.consume, reply) for c in calls]
-        decision, tau, saw = self._decision, self._tau_us, self._saw
-        answers: list[Any] = []
-        for c, owed in zip(calls, map(int, reply.split(b","))):
-            saw(c.key, owed, c.cost if c.consume else 0)
-            answers.append(decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval)
-        return answers
+        decision, tau = self._decision, self._tau_us
+        owed_each = list(map(int, reply.split(b",")))
+        if self._fallback is not None:
+            for c, owed in zip(calls, owed_each):
+                self._saw(c.key, owed, c.cost if c.consume else 0)
+        return [
+            decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
+            for c, owed in zip(calls, owed_each)
+        ]
 
     def _expired(self, call: _coalesce.Call) -> RedisDecision:
         """A call that waited past its deadline: the policy answers, the breaker is not told

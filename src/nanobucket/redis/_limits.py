@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from importlib.resources import files
 from typing import Any, TypeVar
@@ -38,7 +39,7 @@ from .._params import (
 from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
-from ._policy import Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
+from ._policy import _MAX_SEEN, Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
 
 NS_PER_US = 1000
 #: Largest tau in us: tat = now + tau must stay below 2**53 for every now.
@@ -371,6 +372,19 @@ class _RedisLimits(_FailurePolicy):
     def _admits(self, owed_us: int, cost: int) -> bool:
         """Whether a bucket owing *owed_us* (the script's reply) admits *cost* tokens."""
         return owed_us <= self._tau_us - cost * self._interval_us
+
+    def _saw(self, key: Hashable, owed_us: int, cost: int) -> None:
+        """Note Redis's decision of *key* (its script's reply *owed_us*) for the fallback
+        (see `_FailurePolicy._resume`)."""
+        if self._fallback is None:
+            return
+        if self._admits(owed_us, cost):
+            owed_us += cost * self._interval_us  # admitted: its cost is owed too
+        seen = self._seen
+        seen.pop(key, None)  # the most recent last
+        if len(seen) >= _MAX_SEEN:
+            del seen[next(iter(seen))]
+        seen[key] = time.monotonic_ns() + owed_us * NS_PER_US
 
     def _decision(self, owed_us: int, cost: int) -> RedisDecision:
         # The script returns only the debt before the decision (Redis's CPU

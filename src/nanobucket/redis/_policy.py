@@ -121,7 +121,6 @@ def failure_reason(err: BaseException | None) -> str:
 #: The most keys a limiter with a fallback remembers as last seen (least recent
 #: forgotten first), and the most keys one outage resumes.
 _MAX_SEEN = 1 << 17
-_NS_PER_US = 1000
 
 
 class Fallback(Protocol):
@@ -159,19 +158,6 @@ class _FailurePolicy:
     def _breaker_of(self, key: Hashable) -> CircuitBreaker:
         """The breaker that decides for *key* (a cluster's node's: see `_RedisLimits`)."""
         return self._breaker
-
-    def _saw(self, key: Hashable, owed_us: int, cost: int) -> None:
-        """Note Redis's decision of *key* (its script's reply *owed_us*) for the fallback."""
-        if self._fallback is None:
-            return
-        cost_us = cost * self._interval_ns // _NS_PER_US
-        if owed_us <= self._tau_ns // _NS_PER_US - cost_us:
-            owed_us += cost_us  # admitted: its cost is owed too
-        seen = self._seen
-        seen.pop(key, None)  # the most recent last
-        if len(seen) >= _MAX_SEEN:
-            del seen[next(iter(seen))]
-        seen[key] = time.monotonic_ns() + owed_us * _NS_PER_US
 
     def _resume(self, fb: Fallback, key: Hashable, now_ns: int | None) -> None:
         """The first time the fallback decides *key* in an outage, it starts from what this
