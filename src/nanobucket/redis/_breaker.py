@@ -67,6 +67,9 @@ class CircuitBreaker:
         >>> b.node("10.0.0.1:6379").state, b.node("10.0.0.2:6379").state, b.state
         ('open', 'closed', 'open')
         """
+        found = self._nodes.get(name)  # every cluster decision asks: no lock once made
+        if found is not None:
+            return found
         with self._lock:
             found = self._nodes.get(name)
             if found is None:
