@@ -221,6 +221,30 @@ def test_an_async_key_function_and_legacy_headers(
     assert "ratelimit" not in r.headers
 
 
+def test_a_function_in_a_tuple_of_keys_gets_the_request(
+    clock: ManualClock, asgi_client: MakeClient
+) -> None:
+    seen: list[object] = []
+
+    def tenant(request: Request) -> str:
+        seen.append(request)
+        return request.headers.get("x-tenant", "anonymous")
+
+    table = nb.KeyedTokenBucket(rate=1, capacity=1, clock=clock)
+    limit = RateLimit(table, key=(header("x-tenant"), tenant))
+    app = FastAPI()
+
+    @app.get("/", dependencies=[Depends(limit)])
+    async def root() -> str:
+        return "ok"
+
+    client = asgi_client(app)
+    statuses = [client.get("/", headers={"x-tenant": t}).status_code for t in ("a", "a", "b")]
+    assert statuses == [200, 429, 200]
+    assert all(isinstance(r, Request) for r in seen) and len(seen) == 3
+    assert table.peek_at(("a", "a"), clock()).remaining == 0
+
+
 def test_an_asyncio_redis_limiter_is_awaited(redis_url: str, asgi_client: MakeClient) -> None:
     # Redis's own clock: a rate of one an hour keeps the counts exact.
     limiter = nbr.AsyncRedisTokenBucket.from_url(
