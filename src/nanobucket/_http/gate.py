@@ -173,11 +173,10 @@ class Gate:
         )
         # The hot case, which `decide` takes in a few steps: a `Rule.plain`
         # (keyed by the peer at a fixed cost, one bucket), nothing but the
-        # IETF fields or none to add, nothing to call, settle or lock.
+        # IETF fields or none to add, nothing to call or settle (a lock only to count).
         self._plain = (
             self._hooks is None
             and self._charge is None
-            and self._lock is None
             and not shadow
             and self.headers != "legacy"
         )
@@ -257,7 +256,12 @@ class Gate:
         decision = check(key, rule.cost)
         if not decision.allowed:
             return self._outcome(bucket, key, rule.cost, decision)
-        self.counters.admitted += 1
+        lock = self._lock
+        if lock is None:
+            self.counters.admitted += 1
+        else:
+            with lock:  # threads (WSGI, Django): no count lost between read and write
+                self.counters.admitted += 1
         if not self._ietf:
             return (True, decision, (), None, None)
         # `limit_headers` for one bucket, inlined: keep the two alike.
