@@ -175,10 +175,7 @@ class Gate:
         # (keyed by the peer at a fixed cost, one bucket), nothing but the
         # IETF fields or none to add, nothing to call or settle (a lock only to count).
         self._plain = (
-            self._hooks is None
-            and self._charge is None
-            and not shadow
-            and self.headers != "legacy"
+            self._hooks is None and self._charge is None and not shadow and self.headers != "legacy"
         )
         # Every request takes one plain rule: `decide` goes straight to the hot case.
         hot = self._simple and self._plain and self._default.plain
