@@ -51,6 +51,12 @@ class Step(NamedTuple):
     cost: int  # at most the plan's capacity
 
 
+#: These tests count tokens, not time: a Redis timeout long enough that a
+#: machine slowed by line tracing (coverage) never turns a slow connect into
+#: a failure of the decision under test.
+REDIS_TIMEOUT = 5.0
+
+
 def over_the_bound(
     plans: list[Plan], steps: list[Step], admitted: list[bool]
 ) -> list[tuple[int, int, int, Fraction]]:
@@ -174,7 +180,9 @@ def test_random_hops_stay_within_the_most_generous_plan_in_redis(
 ) -> None:
     def make(plans: list[Plan]) -> dict[str, Any]:
         return {
-            f"p{i}": nbr.RedisTokenBucket.from_url(redis_url, p.rate, p.capacity, prefix=_prefix())
+            f"p{i}": nbr.RedisTokenBucket.from_url(
+                redis_url, p.rate, p.capacity, prefix=_prefix(), socket_timeout=REDIS_TIMEOUT
+            )
             for i, p in enumerate(plans)
         }
 
@@ -189,7 +197,7 @@ def test_random_hops_stay_within_the_most_generous_plan_in_redis_asyncio(
     def make(plans: list[Plan]) -> dict[str, Any]:
         return {
             f"p{i}": nbr.AsyncRedisTokenBucket.from_url(
-                redis_url, p.rate, p.capacity, prefix=_prefix()
+                redis_url, p.rate, p.capacity, prefix=_prefix(), socket_timeout=REDIS_TIMEOUT
             )
             for i, p in enumerate(plans)
         }
@@ -263,7 +271,7 @@ def test_hops_in_shared_memory() -> None:
 def test_hops_in_redis(redis_url: str) -> None:
     plans = hop_plans(
         lambda rate, capacity: nbr.RedisTokenBucket.from_url(
-            redis_url, rate, capacity, prefix=_prefix()
+            redis_url, rate, capacity, prefix=_prefix(), socket_timeout=REDIS_TIMEOUT
         )
     )
     asyncio.run(hops(plans))
@@ -275,7 +283,7 @@ def test_hops_in_redis_asyncio(redis_url: str) -> None:
     async def main() -> None:
         plans = hop_plans(
             lambda rate, capacity: nbr.AsyncRedisTokenBucket.from_url(
-                redis_url, rate, capacity, prefix=_prefix()
+                redis_url, rate, capacity, prefix=_prefix(), socket_timeout=REDIS_TIMEOUT
             )
         )
         await hops(plans)
