@@ -201,8 +201,12 @@ def simulate(
     capacity: int = 50,
     make: Callable[..., Any] | None = None,
     stall: tuple[int, int] | None = None,
+    processes: int = 1,
 ) -> Simulated:
     """*workers* tasks calling *server* through one transport for *seconds* of virtual time.
+
+    With *processes*, that many transports (each *make*'s, each its own
+    client), *workers* tasks each: several processes calling one server.
 
     *latency*: the range (ns) of each way's delay, drawn with *seed*. *make*
     builds the transport from ``(api, clock=...)``: default an
@@ -234,20 +238,24 @@ def simulate(
     async def main() -> None:
         stalling = asyncio.ensure_future(stalls(*stall)) if stall else None
         api = httpx.MockTransport(handler)
-        if make is None:
-            transport = AsyncRateLimitedTransport(
-                api, rate=rate, capacity=capacity, timeout=None, clock=clock
-            )
-        else:
-            transport = make(api, clock=clock)
-        async with httpx.AsyncClient(transport=transport) as client:
+        clients = []
+        for _ in range(processes):
+            if make is None:
+                transport = AsyncRateLimitedTransport(
+                    api, rate=rate, capacity=capacity, timeout=None, clock=clock
+                )
+            else:
+                transport = make(api, clock=clock)
+            clients.append(httpx.AsyncClient(transport=transport))
 
-            async def worker() -> None:
-                while clock.now < end:
-                    status = (await client.get("http://api/")).status_code
-                    out.counts[status] = out.counts.get(status, 0) + 1
+        async def worker(client: httpx.AsyncClient) -> None:
+            while clock.now < end:
+                status = (await client.get("http://api/")).status_code
+                out.counts[status] = out.counts.get(status, 0) + 1
 
-            await asyncio.gather(*(worker() for _ in range(workers)))
+        await asyncio.gather(*(worker(c) for c in clients for _ in range(workers)))
+        for client in clients:
+            await client.aclose()
         if stalling is not None:
             stalling.cancel()
 

@@ -65,6 +65,7 @@ MODULES = [
     "nanobucket.metrics",
     "nanobucket._outbound",
     "nanobucket._adapter",
+    "nanobucket._shared_pace",
     "nanobucket._fields",
     "nanobucket._learn",
     "nanobucket._drive",

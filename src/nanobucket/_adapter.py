@@ -20,6 +20,7 @@ from ._drive import Call, drive, drive_async
 from ._fields import MAX_WAIT_S, fields_of
 from ._outbound import KeyLimit, Pacer, Ticket, WaitTooLong
 from ._params import NS_PER_S, Clock, RateLike, validated_timeout
+from ._shared_pace import SharedPace, validated_shared
 from .waiting import DEFAULT_MAX_WAITERS
 
 __all__ = (
@@ -90,6 +91,7 @@ class Options(TypedDict, total=False):
     retry_methods: Iterable[str] | None  # IDEMPOTENT
     max_keys: int  # 1024
     max_waiters: int  # DEFAULT_MAX_WAITERS
+    shared: Any  # None: this process alone (a keyed limiter: `nanobucket._shared_pace`)
     clock: Clock | None
     sleep: Callable[[float], object] | None
     async_sleep: Callable[[float], Any] | None
@@ -158,6 +160,7 @@ class Outbound:
     retry: Retries
     _retrying: bool  # retry.retries > 0
     _key: Callable[[Any], Hashable]
+    _shared: SharedPace | None  # the pacing the processes share, if any
 
     def _configure(
         self,
@@ -194,6 +197,12 @@ class Outbound:
             async_sleep=options.get("async_sleep"),
         )
         self._key = key if key is not None else default_key
+        shared = options.get("shared")
+        self._shared = (
+            None
+            if shared is None
+            else SharedPace(validated_shared(shared, self._async), self.pacer)
+        )
         self.retry = retry = Retries(
             options.get("retries", 0),
             options.get("retry_budget", 60.0),
@@ -304,7 +313,7 @@ class Outbound:
         pacer = self.pacer
         key = self._key(request)
         info = self._retry_info(request) if self._retrying else _ONCE
-        ticket = pacer.take(key)
+        ticket = pacer.take(key) if self._shared is None else None
         if ticket is None:
             end, tries = self.retry.deadline(pacer), 0
         else:
@@ -337,7 +346,7 @@ class Outbound:
         pacer = self.pacer
         key = self._key(request)
         info = self._retry_info(request) if self._retrying else _ONCE
-        ticket = pacer.take(key)
+        ticket = pacer.take(key) if self._shared is None else None
         if ticket is None:
             end, tries = self.retry.deadline(pacer), 0
         else:
@@ -377,10 +386,26 @@ class Outbound:
         sent again. Its steps start after *tries* tries, with the retry budget ending at
         *end* (ns)."""
         pacer = self.pacer
+        shared = self._shared
+        if shared is not None:
+            wait, hold = (
+                (shared.wait_async, shared.hold_async)
+                if self._async
+                else (shared.wait, shared.hold)
+            )
 
         def steps(tries: int, end: int) -> Generator[Call, Any, Any]:
             while True:
-                ticket = yield start, (key,)
+                if shared is None:
+                    ticket = yield start, (key,)
+                else:  # the processes' token first, then this one's, within one timeout
+                    deadline = pacer._deadline()
+                    cost = yield wait, (key, deadline)
+                    try:
+                        ticket = yield start, (key, deadline)
+                    except BaseException:  # not sent: the other processes may have them
+                        shared.give_back(key, cost)
+                        raise
                 try:
                     answer = yield send, (request,)
                 except BaseException:  # GeneratorExit: send raised, or its caller gave up
@@ -392,7 +417,10 @@ class Outbound:
                     except BaseException:
                         pacer.failed(ticket)
                         raise
-                    again = self._again(ticket, answer.status_code, fields, info, tries, end)
+                    status = answer.status_code
+                    again = self._again(ticket, status, fields, info, tries, end)
+                    if shared is not None and (fields is not None or status in {429, 503}):
+                        yield hold, (key,)  # a pause it heard holds every process
                 except BaseException:
                     yield getattr(answer, close), ()  # the caller never sees it: not left open
                     raise

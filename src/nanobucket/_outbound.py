@@ -159,7 +159,8 @@ class _Key:
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
         "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
-        "paused_until", "policy", "refill", "said", "said_texts", "seen", "slack", "waiting",
+        "paused_until", "policy", "refill", "said", "said_texts", "seen", "shared_carry",
+        "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -193,6 +194,7 @@ class _Key:
         self.bare_ended = 0  # and otherwise (an error, or an answer `done` read)
         self.bare_counted = 0  # bare oks already in refill.admitted
         self.bare_ticket: Ticket = (self, -1, -1)  # the ticket of every bare request
+        self.shared_carry = Fraction(0)  # shared tokens owed, in fractions (`SharedPace.cost`)
 
     def measure(self) -> None:
         """Note the bucket's interval, and how early a departure may be by the times
@@ -399,9 +401,11 @@ class Pacer:
         finally:
             lock.release()
 
-    def start(self, key: Hashable) -> Ticket:
-        """Wait (block the thread) for *key*'s token; the ticket for `done`."""
-        deadline = self._deadline()
+    def start(self, key: Hashable, deadline: int | None = None) -> Ticket:
+        """Wait (block the thread) for *key*'s token; the ticket for `done`. The wait ends
+        by *deadline* (clock ns; default: the timeout from now)."""
+        if deadline is None:
+            deadline = self._deadline()
         while True:
             state = self._state(key)
             left = self._left(deadline)
@@ -410,9 +414,10 @@ class Pacer:
             if (ticket := self._sent(state)) is not None:
                 return ticket
 
-    async def start_async(self, key: Hashable) -> Ticket:
+    async def start_async(self, key: Hashable, deadline: int | None = None) -> Ticket:
         """`start` for asyncio."""
-        deadline = self._deadline()
+        if deadline is None:
+            deadline = self._deadline()
         while True:
             state = self._state(key)
             left = self._left(deadline)

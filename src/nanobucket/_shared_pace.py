@@ -1,0 +1,235 @@
+"""Several processes calling one server as one client: an outbound key's pacing kept in a
+keyed limiter they all use (``shared=`` of the outbound adapters).
+
+Each process's `nanobucket._outbound.Pacer` learns from the answers it gets;
+alone, N processes run at N times what each learned. With ``shared=`` a
+keyed limiter every process reaches (`SharedKeyedTokenBucket` on one
+machine, a Redis table across machines), a request first takes its key's
+token there, waiting for it within the timeout, and only then its
+process's own. What a process learns reaches the others through that
+bucket:
+
+* **The rate.** A key whose own bucket runs slower than the shared one
+  (the server announced less, or your *rate* is lower) spends more than one
+  shared token per request, ``shared interval / own interval`` on average
+  (the fraction carried from request to request): together the processes
+  keep the slowest rate any of them learned, as far as the requests they
+  send. One request spends at most the shared capacity.
+* **A pause.** A ``Retry-After`` (or a window with nothing left until its
+  reset) holds the shared bucket until the pause ends (in whole shared
+  tokens, rounded up), so no process sends into it; processes that heard
+  the same pause at once may each add up to one shared capacity past its
+  end. A pause longer than 64 shared
+  capacities is held that long in the shared bucket (the process that heard
+  it holds all of it).
+
+Requests are spaced at the shared rate (shaped reservations: no burst
+across processes). The shared bucket's own rate is the most all the
+processes together send: made at yours (the transport's), its tokens are
+small beside a learned rate, which divides them finely; made at the
+server's limit, a learned rate close to it costs a fraction of a token that
+each process pays ahead in whole ones, so together they may send up to one
+request each over that rate in a window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Callable, Generator, Hashable
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from ._drive import Call, drive, drive_async
+from ._limiter import KeyedLimiter, Refundable, Reservable, is_async
+from ._params import NS_PER_S
+
+if TYPE_CHECKING:
+    from ._outbound import Pacer, _Key
+
+__all__ = ("SharedPace", "validated_shared")
+
+HOLD_STEPS = 64  # reservations at most to hold a pause: a long one costs no more round trips
+
+
+def validated_shared(shared: object, allow_async: bool) -> object:
+    """*shared* if it is a keyed limiter that reserves and refunds (awaited only when
+    *allow_async*), else ``TypeError``.
+
+    >>> import nanobucket as nb
+    >>> validated_shared(nb.KeyedTokenBucket(1, 1), False)
+    KeyedTokenBucket(rate=1, capacity=1, max_keys=1000000)
+    >>> validated_shared(nb.TokenBucket(1, 1), False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: shared must be a keyed limiter that reserves and refunds (...), not TokenBucket(...)
+    """
+    if not (
+        isinstance(shared, KeyedLimiter)
+        and isinstance(shared, Reservable)
+        and isinstance(shared, Refundable)
+        and getattr(shared, "keyed", False) is True
+        and isinstance(getattr(shared, "interval_ns", None), int)
+        and isinstance(getattr(shared, "capacity", None), int)
+    ):
+        raise TypeError(
+            "shared must be a keyed limiter that reserves and refunds "
+            f"(SharedKeyedTokenBucket, RedisTokenBucket), not {shared!r}"
+        )
+    if is_async(shared) and not allow_async:
+        raise TypeError(
+            f"shared {shared!r} is an asyncio limiter: give it to AsyncRateLimitedTransport, "
+            "or give this adapter a synchronous one"
+        )
+    return shared
+
+
+class SharedPace:
+    """A `Pacer`'s keys paced in *shared* too; see the module."""
+
+    def __init__(self, shared: Any, pacer: Pacer) -> None:
+        self.shared = shared
+        self.pacer = pacer
+        self.interval_ns: int = shared.interval_ns
+        self.interval = Fraction(shared.interval_ns)
+        self.capacity: int = shared.capacity
+        self.awaits = is_async(shared)
+        self._refunds: set[asyncio.Task[Any]] = set()
+        # The sleeps the pacer's line uses: a test's, or the real ones.
+        self.sleep: Callable[[float], object] = pacer.sleep or time.sleep
+        self.async_sleep: Callable[[float], Any] = pacer.async_sleep or asyncio.sleep
+
+    def steps(self, in_asyncio: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The wait and the hold a request's steps call (`nanobucket._drive`): awaited
+        ones *in_asyncio*."""
+        return (self.wait_async, self.hold_async) if in_asyncio else (self.wait, self.hold)
+
+    def cost(self, state: _Key) -> int:
+        """The shared tokens *state*'s next request spends (under the key's lock): one,
+        and its own slower interval's share, paid ahead in whole tokens. What was paid
+        ahead is a credit the next requests spend first: the processes never run ahead
+        of the slowest rate they learned, not even for their first requests."""
+        own = state.interval
+        if own <= self.interval:
+            state.shared_carry = Fraction(0)
+            return 1
+        extra = own / self.interval - 1
+        credit = state.shared_carry
+        if credit >= extra:
+            state.shared_carry = credit - extra
+            return 1
+        paid = min(math.ceil(extra - credit), self.capacity - 1)
+        state.shared_carry = max(credit + paid - extra, Fraction(0))
+        return 1 + paid
+
+    def _priced(self, key: Hashable, deadline: int | None) -> tuple[int, int]:
+        """The request's shared cost and the longest it may wait for it (ns)."""
+        pacer = self.pacer
+        state = pacer._state(key)
+        with state.lock:
+            cost = self.cost(state)
+        left = (1 << 62) if deadline is None else max(0, deadline - pacer.clock())
+        return cost, left
+
+    def _refused(self, key: Hashable, cost: int, decision: Any) -> Exception:
+        from ._outbound import WaitTooLong
+
+        wait = max(int(decision.retry_after_ns), 0)
+        return WaitTooLong(
+            f"rate limit of {key!r}, shared by every process: the next request may start "
+            f"in {wait / NS_PER_S:.3f} s; that is more than the timeout of "
+            f"{self.pacer.timeout} s",
+            key,
+            wait,
+        )
+
+    def wait(self, key: Hashable, deadline: int | None) -> int:
+        """Take *key*'s shared tokens, sleeping (the thread) until they are due: how many;
+        past *deadline* (clock ns), `WaitTooLong` with nothing taken."""
+        cost, left = self._priced(key, deadline)
+        shared = self.shared
+        wait = shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
+        if wait < 0:
+            raise self._refused(key, cost, shared.peek(key, cost))
+        if wait:
+            try:
+                self.sleep(wait / NS_PER_S)
+            except BaseException:
+                shared.refund(key, cost)  # not sent: the others may have them
+                raise
+        return cost
+
+    async def wait_async(self, key: Hashable, deadline: int | None) -> int:
+        """`wait` in asyncio (a cancelled waiter gives its tokens back)."""
+        cost, left = self._priced(key, deadline)
+        shared = self.shared
+        if self.awaits:
+            wait = await shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
+            if wait < 0:
+                raise self._refused(key, cost, await shared.peek(key, cost))
+        else:
+            wait = shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
+            if wait < 0:
+                raise self._refused(key, cost, shared.peek(key, cost))
+        if wait:
+            try:
+                await self.async_sleep(wait / NS_PER_S)
+            except BaseException:
+                if self.awaits:
+                    await shared.refund(key, cost)
+                else:
+                    shared.refund(key, cost)
+                raise
+        return cost
+
+    def give_back(self, key: Hashable, cost: int) -> None:
+        """Refund *cost* shared tokens of a request that was not sent after all (an
+        asyncio store's refund runs as a task of the loop)."""
+        if not self.awaits:
+            self.shared.refund(key, cost)
+            return
+        task = asyncio.get_running_loop().create_task(self.shared.refund(key, cost))
+        self._refunds.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._refunds.discard)
+
+    def _pause(self, key: Hashable) -> int:
+        """The ns left of *key*'s own pause (0: none)."""
+        state = self.pacer._keys.get(key)
+        if state is None:
+            return 0
+        return max(0, state.paused_until - self.pacer.clock())
+
+    def hold(self, key: Hashable) -> None:
+        """Hold *key*'s shared bucket empty until its own pause ends (if it has one)."""
+        pause = self._pause(key)
+        if pause:
+            drive(self._holding(key, pause))
+
+    async def hold_async(self, key: Hashable) -> None:
+        """`hold` in asyncio."""
+        pause = self._pause(key)
+        if pause:
+            steps = self._holding(key, pause)
+            await drive_async(steps) if self.awaits else drive(steps)
+
+    def _holding(self, key: Hashable, pause: int) -> Generator[Call, Any, None]:
+        """The calls that leave *key*'s next shared slot *pause* ns away, or later: how far
+        the bucket is from full (a peek), then reservations of at most its capacity, each
+        of which says where the bucket stood (`HOLD_STEPS` at most)."""
+        shared, interval, capacity = self.shared, self.interval_ns, self.capacity
+        decision = yield shared.peek, (key, 0)  # cost 0: the bucket as it stands
+        # A shaped reservation waits until the bucket is full (its tat): the pause is
+        # held once the tat is pause ns away.
+        short = pause - max(int(decision.reset_after_ns), 0)
+        for _ in range(HOLD_STEPS):
+            if short <= 0:
+                return
+            cost = min(capacity, -(-short // interval))
+            reserve = functools.partial(shared.reserve, cost=cost, max_wait_ns=pause, shape=True)
+            stood = yield reserve, (key,)
+            if stood < 0:
+                return  # held further already (another process heard it too)
+            # Where the bucket stood counts another process's hold: racing ones stop
+            # short of twice the pause.
+            short = pause - stood - cost * interval

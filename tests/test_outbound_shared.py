@@ -1,0 +1,391 @@
+"""Several processes' outbound clients as one: ``shared=`` a keyed limiter they all use.
+
+Each transport here stands for one process (its own `Pacer`); the store is
+the limiter they share. Time is a manual clock that the sleeps move, shared
+by the store (``clock=``), so every wait is exact; the Redis tests read the
+server's clock and bound the waits by what the store promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+import nanobucket as nb
+import nanobucket.redis as nbr
+from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
+from nanobucket.shared import SharedKeyedTokenBucket
+
+from conftest import NEEDS_SHARED_TABLE, ManualClock
+from server_models import NS, SlidingWindow, TokenBucketServer, most_in_window, simulate
+
+MS = 1_000_000
+
+
+def keyed_store(clock: ManualClock, tmp_path: Path, rate: int, capacity: int) -> Any:
+    return nb.KeyedTokenBucket(rate=rate, capacity=capacity, clock=clock)
+
+
+def shared_store(clock: ManualClock, tmp_path: Path, rate: int, capacity: int) -> Any:
+    return SharedKeyedTokenBucket.create(
+        path=tmp_path / "outbound", rate=rate, capacity=capacity, clock=clock
+    )
+
+
+STORES = pytest.mark.parametrize(
+    "make_store",
+    [keyed_store, pytest.param(shared_store, marks=NEEDS_SHARED_TABLE)],
+    ids=["keyed", "shm"],
+)
+
+
+class Recording:
+    """A keyed store that notes the cost of every reservation made on it."""
+
+    keyed = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.costs: list[int] = []
+        self.interval_ns, self.capacity = inner.interval_ns, inner.capacity
+
+    def reserve(self, key: Hashable, **kw: Any) -> int:
+        self.costs.append(kw["cost"])
+        wait: int = self.inner.reserve(key, **kw)
+        return wait
+
+    def __getattr__(self, name: str) -> Any:  # allow, check, peek, refund: the inner's
+        return getattr(self.inner, name)
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        return bool(self.inner.allow(key, cost))
+
+    def check(self, key: Hashable, cost: int = 1) -> Any:
+        return self.inner.check(key, cost)
+
+    def peek(self, key: Hashable, cost: int = 1) -> Any:
+        return self.inner.peek(key, cost)
+
+    def refund(self, key: Hashable, cost: int = 1) -> None:
+        self.inner.refund(key, cost)
+
+    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> None:
+        self.inner.refund_at(key, now, cost)
+
+
+def sleeper(clock: ManualClock, slept: list[float]) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(round(seconds * NS))
+
+    return sleep
+
+
+def api(clock: ManualClock, sent: list[int], answer: Callable[[], httpx.Response]) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(clock.now)
+        return answer()
+
+    return httpx.MockTransport(handler)
+
+
+def ok() -> httpx.Response:
+    return httpx.Response(200)
+
+
+@STORES
+def test_two_processes_take_turns_in_the_shared_bucket(
+    make_store: Callable[..., Any], clock: ManualClock, tmp_path: Path
+) -> None:
+    # Each process alone at 100/s; together they share 10/s, one every 100 ms
+    # (shaped: no burst across processes, whatever the store's capacity).
+    store = make_store(clock, tmp_path, 10, 2)
+    slept: list[float] = []
+    sent: list[int] = []
+    a, b = (
+        httpx.Client(
+            transport=RateLimitedTransport(
+                api(clock, sent, ok), rate=100, capacity=10, shared=store,
+                clock=clock, sleep=sleeper(clock, slept),
+            )
+        )
+        for _ in "ab"
+    )  # fmt: skip
+    for client in (a, b, a, b, a):
+        assert client.get("http://api/").status_code == 200
+    assert sent == [0, 100 * MS, 200 * MS, 300 * MS, 400 * MS]
+    assert slept == [0.1, 0.1, 0.1, 0.1]
+    assert store.peek("api", 0).reset_after_ns == 100 * MS  # the last slot, not yet over
+
+
+POLICY = {"RateLimit-Policy": '"p";q=5;w=1', "RateLimit": '"p";r=4;t=1'}
+
+
+def test_a_rate_one_process_learned_costs_every_process_the_same(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    # q=5 per 1 s paces the key at 4/s (one token of burst): 2.5 shared tokens
+    # of 10/s per request, paid ahead: 3, then 2 (the half paid ahead), ...
+    store = Recording(keyed_store(clock, tmp_path, 10, 5))
+    slept: list[float] = []
+    sent: list[int] = []
+    transport = RateLimitedTransport(
+        api(clock, sent, lambda: httpx.Response(200, headers=POLICY)),
+        rate=100, capacity=10, shared=store, clock=clock, sleep=sleeper(clock, slept),
+    )  # fmt: skip
+    client = httpx.Client(transport=transport)
+    for _ in range(6):
+        client.get("http://api/")
+    assert store.costs == [1, 3, 2, 3, 2, 3]  # the first left before the server spoke
+    assert transport.limit("api").rate == 4
+    # Its own bucket paces it at 4/s; the shared one is spent at the same rate
+    # (2.5 tokens of 100 ms a request), 150 ms ahead of it: 1.4 s after 1.25 s.
+    assert sent == [0, 250 * MS, 500 * MS, 750 * MS, NS, 1250 * MS]
+    assert store.peek("api", 0).reset_after_ns == 150 * MS
+    # A second process that has heard nothing yet pays 1 a request, and waits its turn.
+    other = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, ok), rate=100, capacity=10, shared=store,
+            clock=clock, sleep=sleeper(clock, slept),
+        )
+    )  # fmt: skip
+    other.get("http://api/")
+    assert store.costs[-1] == 1 and sent[-1] == 1400 * MS
+
+
+@STORES
+def test_a_pause_one_process_heard_holds_every_process(
+    make_store: Callable[..., Any], clock: ManualClock, tmp_path: Path
+) -> None:
+    store = make_store(clock, tmp_path, 10, 2)
+    slept: list[float] = []
+    sent: list[int] = []
+    answers = iter([httpx.Response(429, headers={"Retry-After": "2"})])
+    heard = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, lambda: next(answers, ok())), rate=100, capacity=10,
+            shared=store, clock=clock, sleep=sleeper(clock, slept),
+        )
+    )  # fmt: skip
+    other = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, ok), rate=100, capacity=10, shared=store,
+            clock=clock, sleep=sleeper(clock, slept),
+        )
+    )  # fmt: skip
+    assert heard.get("http://api/").status_code == 429
+    # Before: the other process sent at once (100 ms, its turn) into the pause.
+    assert other.get("http://api/").status_code == 200
+    assert sent == [0, 2 * NS] and slept == [2.0]
+    assert heard.get("http://api/").status_code == 200  # then its own turn
+    assert sent[-1] == 2 * NS + 100 * MS
+
+
+def test_racing_holds_stop_short_of_twice_the_pause(clock: ManualClock, tmp_path: Path) -> None:
+    # Two processes heard the same 1 s pause and hold it at once, step by step
+    # in turn: each step sees where the other's left the bucket.
+    store = keyed_store(clock, tmp_path, 10, 2)
+    inner = httpx.MockTransport(lambda r: ok())
+    paces = [
+        RateLimitedTransport(inner, rate=100, capacity=10, shared=store, clock=clock)._shared
+        for _ in "ab"
+    ]
+    holds = [pace._holding("api", NS) for pace in paces if pace is not None]
+    calls = [next(hold) for hold in holds]
+    while holds:
+        for i, hold in enumerate(holds):
+            fn, args = calls[i]
+            try:
+                calls[i] = hold.send(fn(*args))
+            except StopIteration:
+                holds[i] = calls[i] = None  # type: ignore[call-overload]
+        holds = [h for h in holds if h is not None]
+        calls = [c for c in calls if c is not None]
+    # One capacity (200 ms) past the pause; before, each pushed the whole pause: 2 s.
+    assert store.peek("api", 0).reset_after_ns == NS + 200 * MS
+
+
+@STORES
+def test_a_wait_past_the_timeout_takes_nothing(
+    make_store: Callable[..., Any], clock: ManualClock, tmp_path: Path
+) -> None:
+    store = make_store(clock, tmp_path, 1, 1)
+    sent: list[int] = []
+    first = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, ok), rate=100, capacity=10, shared=store, clock=clock
+        )
+    )
+    hurried = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, ok), rate=100, capacity=10, shared=store, clock=clock, timeout=0.5
+        )
+    )
+    first.get("http://api/")
+    with pytest.raises(RateLimitTimeout, match="shared by every process") as err:
+        hurried.get("http://api/")
+    assert err.value.retry_after_ns == NS and err.value.key == "api"
+    assert sent == [0]
+    assert store.peek("api", 0).reset_after_ns == NS  # as the first request left it
+
+
+@STORES
+def test_a_request_its_own_process_refuses_gives_the_shared_tokens_back(
+    make_store: Callable[..., Any], clock: ManualClock, tmp_path: Path
+) -> None:
+    # A 10 s pause in a store of 1 ms tokens, capacity 1: held 64 ms (64 steps)
+    # past the first request's slot; the next request waits those 65 ms in the
+    # store, then its own process refuses it (10 s > the 5 s timeout): the
+    # token it took goes back.
+    store = make_store(clock, tmp_path, 1000, 1)
+    slept: list[float] = []
+    sent: list[int] = []
+    answers = iter([httpx.Response(429, headers={"Retry-After": "10"})])
+    client = httpx.Client(
+        transport=RateLimitedTransport(
+            api(clock, sent, lambda: next(answers, ok())), rate=100, capacity=10,
+            shared=store, clock=clock, sleep=sleeper(clock, slept), timeout=5,
+        )
+    )  # fmt: skip
+    assert client.get("http://api/").status_code == 429
+    assert store.peek("api", 0).reset_after_ns == 65 * MS
+    with pytest.raises(RateLimitTimeout):
+        client.get("http://api/")
+    assert slept == [0.065] and sent == [0]
+    assert store.peek("api", 0).reset_after_ns == 0  # before: 1 ms, a token lost
+
+
+def test_asyncio_transport_with_a_shared_memory_store(clock: ManualClock, tmp_path: Path) -> None:
+    store = keyed_store(clock, tmp_path, 10, 2)
+    sent: list[int] = []
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(round(seconds * NS))
+
+    async def main() -> None:
+        transports = [
+            AsyncRateLimitedTransport(
+                api(clock, sent, ok), rate=100, capacity=10, shared=store,
+                clock=clock, async_sleep=sleep,
+            )
+            for _ in "ab"
+        ]  # fmt: skip
+        for t in transports + transports:
+            async with httpx.AsyncClient(transport=t) as client:
+                assert (await client.get("http://api/")).status_code == 200
+
+    asyncio.run(main())
+    assert sent == [0, 100 * MS, 200 * MS, 300 * MS]
+
+
+def test_a_store_that_is_not_a_keyed_reserving_limiter_is_refused() -> None:
+    inner = httpx.MockTransport(lambda r: httpx.Response(200))
+    for store in (nb.TokenBucket(10, 2), object(), nb.Concurrency(2)):
+        with pytest.raises(TypeError, match="shared must be a keyed limiter"):
+            RateLimitedTransport(inner, rate=10, capacity=2, shared=store)
+    remote = nbr.AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=10, capacity=2)
+    with pytest.raises(TypeError, match="asyncio limiter"):
+        RateLimitedTransport(inner, rate=10, capacity=2, shared=remote)
+
+
+def test_processes_on_one_redis(redis_url: str) -> None:
+    # The store's clock is the server's: each wait is bounded by what it promises.
+    store = nbr.RedisTokenBucket(
+        nbr.client_from_url(redis_url, socket_timeout=5.0), rate=10, capacity=2,
+        prefix=f"outbound-shared-{time.monotonic_ns()}",
+    )  # fmt: skip
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    answers = iter([httpx.Response(429, headers={"Retry-After": "1"})])
+    heard = httpx.Client(
+        transport=RateLimitedTransport(
+            httpx.MockTransport(lambda r: next(answers, ok())),
+            rate=100, capacity=10, shared=store, sleep=sleep,
+        )
+    )  # fmt: skip
+    other = httpx.Client(
+        transport=RateLimitedTransport(
+            httpx.MockTransport(lambda r: ok()), rate=100, capacity=10, shared=store, sleep=sleep
+        )
+    )
+    assert heard.get("http://api/").status_code == 429
+    held = time.monotonic()
+    assert other.get("http://api/").status_code == 200
+    # Held until 1 s after the 429: no sooner than that less the time since, and
+    # less than one token (100 ms) later: a hold is whole tokens, rounded up.
+    assert 1.0 - (time.monotonic() - held) - 0.001 <= slept[0] < 1.1
+
+
+def test_asyncio_processes_on_one_redis(redis_url: str) -> None:
+    async def main() -> list[float]:
+        store = nbr.AsyncRedisTokenBucket.from_url(
+            redis_url, rate=10, capacity=2, prefix=f"outbound-shared-{time.monotonic_ns()}"
+        )
+        slept: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            slept.append(seconds)
+            await asyncio.sleep(seconds)
+
+        clients = [
+            httpx.AsyncClient(
+                transport=AsyncRateLimitedTransport(
+                    httpx.MockTransport(lambda r: ok()), rate=100, capacity=10,
+                    shared=store, async_sleep=sleep,
+                )
+            )
+            for _ in "ab"
+        ]  # fmt: skip
+        for http in clients:
+            assert (await http.get("http://api/")).status_code == 200
+            await http.aclose()
+        await store.aclose()
+        return slept
+
+    slept = asyncio.run(main())
+    assert len(slept) == 1 and 0 < slept[0] <= 0.1  # the second waited its turn, at most 100 ms
+
+
+@pytest.mark.parametrize(
+    ("server", "store", "counts"),
+    [
+        # Alone, each of the 8 at what it learned: {200: 1588, 429: 306}, 53%.
+        (lambda: TokenBucketServer(100, 10), (100, 10), {200: 2864}),
+        (lambda: TokenBucketServer(100, 10), (500, 50), {200: 2791, 429: 4}),
+        # Alone: {200: 2716, 429: 311}.
+        (lambda: SlidingWindow(100, 1), (500, 50), {200: 2791, 429: 5}),
+    ],
+    ids=["bucket-store-at-server-rate", "bucket-store-at-client-rate", "sliding-client-rate"],
+)
+def test_eight_processes_against_100_per_second(
+    server: Callable[[], Any], store: tuple[int, int], counts: dict[int, int]
+) -> None:
+    # Exact simulations: 8 processes of 2 tasks each, configured at 500/s,
+    # 30 s against a server of 100/s; the store at the server's limit, or
+    # only at the client's (the rate learned from the fields then spreads).
+    made: list[Any] = []
+
+    def make(inner: Any, clock: Any) -> AsyncRateLimitedTransport:
+        if not made:
+            made.append(nb.KeyedTokenBucket(rate=store[0], capacity=store[1], clock=clock))
+        return AsyncRateLimitedTransport(
+            inner, rate=500, capacity=50, timeout=None, clock=clock, shared=made[0]
+        )
+
+    run = simulate(server(), workers=2, seconds=30, make=make, processes=8)
+    assert run.counts == counts
+    answered = sum(counts.values())
+    assert counts.get(429, 0) <= 0.01 * answered
+    assert counts[200] >= 0.92 * 100 * 30
+    assert most_in_window(run.admitted_at, NS) <= 101
