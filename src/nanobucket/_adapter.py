@@ -388,23 +388,22 @@ class Outbound:
         pacer = self.pacer
         shared = self._shared
         if shared is not None:
-            wait, hold = (
-                (shared.wait_async, shared.hold_async)
-                if self._async
-                else (shared.wait, shared.hold)
-            )
+            wait, hold = shared.steps(self._async)
 
         def steps(tries: int, end: int) -> Generator[Call, Any, Any]:
             while True:
                 if shared is None:
                     ticket = yield start, (key,)
-                else:  # the processes' token first, then this one's, within one timeout
+                else:
+                    # This process's token, then the processes' one, within one timeout:
+                    # the request leaves when its shared slot starts, so no two
+                    # processes' requests leave closer than the shared rate.
                     deadline = pacer._deadline()
-                    cost = yield wait, (key, deadline)
+                    ticket = yield start, (key, deadline)
                     try:
-                        ticket = yield start, (key, deadline)
-                    except BaseException:  # not sent: the other processes may have them
-                        shared.give_back(key, cost)
+                        yield wait, (key, deadline)
+                    except BaseException:  # not sent: its own token goes back
+                        pacer.unsent(ticket)
                         raise
                 try:
                     answer = yield send, (request,)

@@ -739,6 +739,7 @@ def _restore_token_bucket(rate, capacity, clock, int64_t tat):
 
 
 include "_keyed.pxi"
+include "_keyed_gc.pxi"
 
 
 # -- refund, reserve (waiting) and reconfigure: off the hot path ---------------

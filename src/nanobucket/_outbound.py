@@ -58,7 +58,7 @@ import functools
 import itertools
 import math
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -102,6 +102,7 @@ __all__ = (
     "window_pace",
 )
 
+RECENT = 512  # requests of a key remembered with their shared price (`SharedPace.cost`)
 BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
@@ -160,7 +161,7 @@ class _Key:
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
         "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
         "paused_until", "policy", "refill", "said", "said_texts", "seen", "shared_carry",
-        "slack", "waiting",
+        "shared_price", "shared_recent", "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -194,7 +195,11 @@ class _Key:
         self.bare_ended = 0  # and otherwise (an error, or an answer `done` read)
         self.bare_counted = 0  # bare oks already in refill.admitted
         self.bare_ticket: Ticket = (self, -1, -1)  # the ticket of every bare request
-        self.shared_carry = Fraction(0)  # shared tokens owed, in fractions (`SharedPace.cost`)
+        # With a shared limit (`SharedPace.cost`): shared tokens paid ahead (below 0:
+        # owed), the price of a request, and the recent requests' times and prices.
+        self.shared_carry = Fraction(0)
+        self.shared_price = Fraction(1)
+        self.shared_recent: deque[tuple[int, Fraction]] = deque(maxlen=RECENT)
 
     def measure(self) -> None:
         """Note the bucket's interval, and how early a departure may be by the times
@@ -434,6 +439,12 @@ class Pacer:
                 state.bare_ended += 1
             else:
                 state.inflight -= 1
+
+    def unsent(self, ticket: Ticket) -> None:
+        """The request of *ticket* was not sent after all (the processes' shared limit
+        refused it): no longer out, and its token goes back to the key's bucket."""
+        self.failed(ticket)
+        ticket[0].bucket.refund()
 
     def plain(self, ticket: Ticket) -> bool:
         """Count an answer of *ticket* with no `TRIGGERS` field, neither 429 nor 503, if

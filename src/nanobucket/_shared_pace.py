@@ -4,32 +4,32 @@ keyed limiter they all use (``shared=`` of the outbound adapters).
 Each process's `nanobucket._outbound.Pacer` learns from the answers it gets;
 alone, N processes run at N times what each learned. With ``shared=`` a
 keyed limiter every process reaches (`SharedKeyedTokenBucket` on one
-machine, a Redis table across machines), a request first takes its key's
-token there, waiting for it within the timeout, and only then its
-process's own. What a process learns reaches the others through that
-bucket:
+machine, a Redis table across machines), what a process learns reaches the
+others through that bucket:
 
+* **Pacing.** A request that its process let go takes its key's tokens in
+  the shared bucket, shaped (no burst across processes), and leaves when
+  its slot there starts: no two processes' requests leave closer than the
+  shared rate allows. A wait past the timeout sends nothing (the token its
+  process gave it goes back).
 * **The rate.** A key whose own bucket runs slower than the shared one
-  (the server announced less, or your *rate* is lower) spends more than one
-  shared token per request, ``shared interval / own interval`` on average
-  (the fraction carried from request to request): together the processes
-  keep the slowest rate any of them learned, as far as the requests they
-  send. One request spends at most the shared capacity.
+  (the server announced less, or your *rate* is lower) spends ``own
+  interval / shared interval`` shared tokens per request, paid ahead in
+  whole tokens (at most the shared capacity): together the processes keep
+  the slowest rate any of them learned.
 * **A pause.** A ``Retry-After`` (or a window with nothing left until its
   reset) holds the shared bucket until the pause ends (in whole shared
-  tokens, rounded up), so no process sends into it; processes that heard
+  tokens, rounded up), so no process sends into it. Processes that heard
   the same pause at once may each add up to one shared capacity past its
-  end. A pause longer than 64 shared
-  capacities is held that long in the shared bucket (the process that heard
-  it holds all of it).
+  end; a pause longer than 64 shared capacities is held that long (the
+  process that heard it holds all of it).
 
-Requests are spaced at the shared rate (shaped reservations: no burst
-across processes). The shared bucket's own rate is the most all the
-processes together send: made at yours (the transport's), its tokens are
-small beside a learned rate, which divides them finely; made at the
-server's limit, a learned rate close to it costs a fraction of a token that
-each process pays ahead in whole ones, so together they may send up to one
-request each over that rate in a window.
+The shared bucket's own rate is the most all the processes together send.
+Made at yours (the transport's), its tokens are small beside a learned
+rate, which divides them finely; made at the server's limit, a learned rate
+close to it costs a fraction of a token that each process pays ahead in
+whole ones, so together they may send up to one request each over that
+rate in a window.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ("SharedPace", "validated_shared")
 
+ONE = Fraction(1)
 HOLD_STEPS = 64  # reservations at most to hold a pause: a long one costs no more round trips
 
 
@@ -95,7 +96,6 @@ class SharedPace:
         self.interval = Fraction(shared.interval_ns)
         self.capacity: int = shared.capacity
         self.awaits = is_async(shared)
-        self._refunds: set[asyncio.Task[Any]] = set()
         # The sleeps the pacer's line uses: a test's, or the real ones.
         self.sleep: Callable[[float], object] = pacer.sleep or time.sleep
         self.async_sleep: Callable[[float], Any] = pacer.async_sleep or asyncio.sleep
@@ -105,31 +105,38 @@ class SharedPace:
         ones *in_asyncio*."""
         return (self.wait_async, self.hold_async) if in_asyncio else (self.wait, self.hold)
 
-    def cost(self, state: _Key) -> int:
-        """The shared tokens *state*'s next request spends (under the key's lock): one,
-        and its own slower interval's share, paid ahead in whole tokens. What was paid
-        ahead is a credit the next requests spend first: the processes never run ahead
-        of the slowest rate they learned, not even for their first requests."""
-        own = state.interval
-        if own <= self.interval:
-            state.shared_carry = Fraction(0)
-            return 1
-        extra = own / self.interval - 1
-        credit = state.shared_carry
-        if credit >= extra:
-            state.shared_carry = credit - extra
-            return 1
-        paid = min(math.ceil(extra - credit), self.capacity - 1)
-        state.shared_carry = max(credit + paid - extra, Fraction(0))
+    def cost(self, state: _Key, now: int) -> int:
+        """The shared tokens *state*'s next request spends, sent at *now* (clock ns; under
+        the key's lock): its price (its own interval in shared ones, at least one),
+        paid ahead in whole tokens, what was paid ahead a credit the next requests spend
+        first, at most the shared capacity at once.
+
+        When the price rises (a window learned), the requests sent within that window
+        at the old price owe the difference: paid with the next request, the window
+        that holds them holds no more than the new price allows."""
+        price = max(Fraction(state.interval) / self.interval, ONE)
+        recent = state.shared_recent
+        if price > state.shared_price and state.policy is not None and recent:
+            horizon = now - state.policy[1] * NS_PER_S
+            state.shared_carry -= sum(price - paid for sent, paid in recent if sent > horizon)
+            for i, (sent, _) in enumerate(recent):
+                recent[i] = (sent, price)
+        state.shared_price = price
+        extra = price - 1
+        paid = min(max(math.ceil(extra - state.shared_carry), 0), self.capacity - 1)
+        # A debt past one capacity is forgiven: a price over the capacity cannot be paid.
+        state.shared_carry = max(state.shared_carry + paid - extra, -Fraction(self.capacity))
+        recent.append((now, price))
         return 1 + paid
 
     def _priced(self, key: Hashable, deadline: int | None) -> tuple[int, int]:
         """The request's shared cost and the longest it may wait for it (ns)."""
         pacer = self.pacer
         state = pacer._state(key)
+        now = pacer.clock()
         with state.lock:
-            cost = self.cost(state)
-        left = (1 << 62) if deadline is None else max(0, deadline - pacer.clock())
+            cost = self.cost(state, now)
+        left = (1 << 62) if deadline is None else max(0, deadline - now)
         return cost, left
 
     def _refused(self, key: Hashable, cost: int, decision: Any) -> Exception:
@@ -182,16 +189,6 @@ class SharedPace:
                     shared.refund(key, cost)
                 raise
         return cost
-
-    def give_back(self, key: Hashable, cost: int) -> None:
-        """Refund *cost* shared tokens of a request that was not sent after all (an
-        asyncio store's refund runs as a task of the loop)."""
-        if not self.awaits:
-            self.shared.refund(key, cost)
-            return
-        task = asyncio.get_running_loop().create_task(self.shared.refund(key, cost))
-        self._refunds.add(task)  # held until done: the loop keeps only a weak reference
-        task.add_done_callback(self._refunds.discard)
 
     def _pause(self, key: Hashable) -> int:
         """The ns left of *key*'s own pause (0: none)."""

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 from .. import __version__
-from . import cases
+from . import cases, memory
 from .goals import GOALS, goals
 from .timer import FULL_BUDGET, QUICK_BUDGET, Budget, summarize, time_trial
 
@@ -197,7 +197,7 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
         progress.start(label)
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "nanobucket.bench.cases", kind, str(n)],
+            [sys.executable, "-m", "nanobucket.bench.memory", kind, str(n)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -218,7 +218,7 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
 
 def memory_kinds(peers: dict[str, str | None], every: bool) -> list[str]:
     """What the memory measurement covers: ours and a bare dict, or also the others."""
-    kinds = list(cases.MEMORY_KINDS) + (list(cases.MEMORY_MORE) if every else [])
+    kinds = list(memory.MEMORY_KINDS) + (list(memory.MEMORY_MORE) if every else [])
     return [k for k in kinds if k not in peers or peers[k] is not None]
 
 

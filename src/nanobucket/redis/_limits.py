@@ -191,6 +191,7 @@ class _RedisLimits(_FailurePolicy):
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': the key is the hash tag")
         self._prefix = prefix.encode("utf-8") + b":{"
+        self._prefix_retry_at = 0.0  # monotonic s: no prefix check before (`_prefix.Checked`)
         super().__init__(on_error, fallback, breaker)
 
     def _connect(self, client: Any) -> None:

@@ -132,7 +132,7 @@ class Checked:
 
     def _due(self) -> bool:
         """Whether to check now: not within `RETRY_S` of a check Redis could not answer."""
-        return time.monotonic() >= getattr(self.limiter, "_prefix_retry_at", 0.0)
+        return time.monotonic() >= self.limiter._prefix_retry_at
 
     def _unanswered(self) -> None:
         self.limiter._prefix_retry_at = time.monotonic() + RETRY_S
