@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 from .. import __version__
-from . import cases, memory
+from . import cases
 from .goals import GOALS, goals
 from .timer import FULL_BUDGET, QUICK_BUDGET, Budget, summarize, time_trial
 
@@ -218,7 +218,9 @@ def run_memory(n: int, kinds: Sequence[str], progress: Progress) -> dict[str, An
 
 def memory_kinds(peers: dict[str, str | None], every: bool) -> list[str]:
     """What the memory measurement covers: ours and a bare dict, or also the others."""
-    kinds = list(memory.MEMORY_KINDS) + (list(memory.MEMORY_MORE) if every else [])
+    from .memory import MEMORY_KINDS, MEMORY_MORE  # not at import: `-m ...memory` runs it
+
+    kinds = list(MEMORY_KINDS) + (list(MEMORY_MORE) if every else [])
     return [k for k in kinds if k not in peers or peers[k] is not None]
 
 

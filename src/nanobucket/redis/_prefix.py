@@ -132,7 +132,8 @@ class Checked:
 
     def _due(self) -> bool:
         """Whether to check now: not within `RETRY_S` of a check Redis could not answer."""
-        return time.monotonic() >= self.limiter._prefix_retry_at
+        retry_at: float = self.limiter._prefix_retry_at
+        return time.monotonic() >= retry_at
 
     def _unanswered(self) -> None:
         self.limiter._prefix_retry_at = time.monotonic() + RETRY_S
