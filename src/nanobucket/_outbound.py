@@ -195,11 +195,12 @@ class _Key:
         self.bare_ended = 0  # and otherwise (an error, or an answer `done` read)
         self.bare_counted = 0  # bare oks already in refill.admitted
         self.bare_ticket: Ticket = (self, -1, -1)  # the ticket of every bare request
-        # With a shared limit (`SharedPace.cost`): shared tokens paid ahead (below 0:
-        # owed), the price of a request, and the recent requests' times and prices.
-        self.shared_carry = Fraction(0)
-        self.shared_price = Fraction(1)
-        self.shared_recent: deque[tuple[int, Fraction]] = deque(maxlen=RECENT)
+        # With a shared limit (`SharedPace.cost`), in ns of its timeline: what was paid
+        # ahead (below 0: owed), a request's price (0: none yet), and the recent
+        # requests' times and prices.
+        self.shared_carry = 0
+        self.shared_price = 0
+        self.shared_recent: deque[tuple[int, int]] = deque(maxlen=RECENT)
 
     def measure(self) -> None:
         """Note the bucket's interval, and how early a departure may be by the times

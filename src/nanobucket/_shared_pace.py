@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
 from collections.abc import Callable, Generator, Hashable
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from ._drive import Call, drive, drive_async
 from ._limiter import KeyedLimiter, Refundable, Reservable, is_async
+from ._outbound import WaitTooLong
 from ._params import NS_PER_S
 
 if TYPE_CHECKING:
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ("SharedPace", "validated_shared")
 
-ONE = Fraction(1)
 HOLD_STEPS = 64  # reservations at most to hold a pause: a long one costs no more round trips
 
 
@@ -93,7 +91,6 @@ class SharedPace:
         self.shared = shared
         self.pacer = pacer
         self.interval_ns: int = shared.interval_ns
-        self.interval = Fraction(shared.interval_ns)
         self.capacity: int = shared.capacity
         self.awaits = is_async(shared)
         # The sleeps the pacer's line uses: a test's, or the real ones.
@@ -107,25 +104,30 @@ class SharedPace:
 
     def cost(self, state: _Key, now: int) -> int:
         """The shared tokens *state*'s next request spends, sent at *now* (clock ns; under
-        the key's lock): its price (its own interval in shared ones, at least one),
+        the key's lock): its price (its own interval, at least one shared token's),
         paid ahead in whole tokens, what was paid ahead a credit the next requests spend
-        first, at most the shared capacity at once.
+        first, at most the shared capacity at once. In ns of the shared timeline: ints.
 
         When the price rises (a window learned), the requests sent within that window
         at the old price owe the difference: paid with the next request, the window
         that holds them holds no more than the new price allows."""
-        price = max(Fraction(state.interval) / self.interval, ONE)
+        unit = self.interval_ns
+        own = state.interval
+        price = own if own > unit else unit
         recent = state.shared_recent
+        if price == unit == state.shared_price and not state.shared_carry:
+            recent.append((now, price))  # the common case: one token, nothing owed
+            return 1
         if price > state.shared_price and state.policy is not None and recent:
             horizon = now - state.policy[1] * NS_PER_S
             state.shared_carry -= sum(price - paid for sent, paid in recent if sent > horizon)
             for i, (sent, _) in enumerate(recent):
                 recent[i] = (sent, price)
         state.shared_price = price
-        extra = price - 1
-        paid = min(max(math.ceil(extra - state.shared_carry), 0), self.capacity - 1)
+        extra = price - unit
+        paid = min(max(-(-(extra - state.shared_carry) // unit), 0), self.capacity - 1)
         # A debt past one capacity is forgiven: a price over the capacity cannot be paid.
-        state.shared_carry = max(state.shared_carry + paid - extra, -Fraction(self.capacity))
+        state.shared_carry = max(state.shared_carry + paid * unit - extra, -self.capacity * unit)
         recent.append((now, price))
         return 1 + paid
 
@@ -140,8 +142,6 @@ class SharedPace:
         return cost, left
 
     def _refused(self, key: Hashable, cost: int, decision: Any) -> Exception:
-        from ._outbound import WaitTooLong
-
         wait = max(int(decision.retry_after_ns), 0)
         return WaitTooLong(
             f"rate limit of {key!r}, shared by every process: the next request may start "
