@@ -814,3 +814,31 @@ def test_the_middlewares_refuse_an_in_flight_limit_they_would_never_release() ->
         for middleware in (AsgiMiddleware, WsgiMiddleware):
             with pytest.raises(TypeError, match="keeps its slots until released"):
                 middleware(app, limiter)
+
+
+def test_keyed_concurrency_refuses_key_none_unless_told() -> None:
+    # A key function returns None for a missing header: every such request
+    # would share one limit. Before: admitted, two at a time for all of them.
+    per_user = KeyedConcurrency(2)
+    verbs: list[Callable[[KeyedConcurrency], object]] = [
+        lambda c: c.allow(None),
+        lambda c: c.allow_at(None, 0),
+        lambda c: c.check(None),
+        lambda c: c.check_at(None, 0),
+        lambda c: c.peek(None),
+        lambda c: c.peek_at(None, 0),
+        lambda c: c.release(None),
+        lambda c: c.refund(None),
+        lambda c: c.acquire(None, timeout=0),
+        lambda c: asyncio.run(c.acquire_async(None, timeout=0)),
+        lambda c: c.slot(None).__enter__(),
+    ]
+    for verb in verbs:
+        with pytest.raises(TypeError, match="key is None: KeyedConcurrency refuses it"):
+            verb(per_user)
+    assert len(per_user) == 0 and per_user.waiters == 0
+    anyone = KeyedConcurrency(2, none_key=True)
+    assert [anyone.allow(None) for _ in range(3)] == [True, True, False]
+    assert anyone.in_flight(None) == 2
+    with pytest.raises(TypeError, match="none_key must be a bool"):
+        KeyedConcurrency(2, none_key=1)  # type: ignore[arg-type]

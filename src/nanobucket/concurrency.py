@@ -48,7 +48,9 @@ from ._params import (
     FOREVER_NS,
     NS_PER_S,
     int_at_least,
+    none_key_error,
     validated_cost,
+    validated_flag,
     validated_max_keys,
     validated_now,
     validated_timeout,
@@ -93,6 +95,7 @@ class _InFlight:
     """The machinery of both classes: counts by key, under one lock."""
 
     releases = True  # an admitted request holds its slots until release()
+    _refuses_none = False  # KeyedConcurrency: key None is refused (see `none_key`)
 
     def __init__(
         self,
@@ -181,11 +184,15 @@ class _InFlight:
         return validated_cost(cost, self._max)
 
     def _allow(self, key: Hashable, cost: object) -> bool:
+        if key is None and self._refuses_none:
+            raise none_key_error(type(self).__name__)
         c = self._cost(cost)
         with self._lock:
             return self._take(key, c) is True
 
     def _peek(self, key: Hashable, cost: object, take: bool) -> Decision:
+        if key is None and self._refuses_none:
+            raise none_key_error(type(self).__name__)
         c = self._cost(cost)
         with self._lock:
             ok = self._take(key, c, take)
@@ -196,6 +203,8 @@ class _InFlight:
         return Decision(ok, self._max - held - (c if ok and not take else 0), 0, 0, self._max)
 
     def _release(self, key: Hashable, cost: object) -> None:
+        if key is None and self._refuses_none:
+            raise none_key_error(type(self).__name__)
         c = self._cost(cost)
         with self._lock:
             count = self._counts.get(key)
@@ -239,6 +248,8 @@ class _InFlight:
             return False
 
     def _acquire(self, key: Hashable, cost: object, timeout: object) -> bool:
+        if key is None and self._refuses_none:
+            raise none_key_error(type(self).__name__)
         c, seconds = self._cost(cost), _seconds(timeout)
         bell = Bell()
         with self._lock:
@@ -253,6 +264,8 @@ class _InFlight:
         return self._leave(key, w, keep=True)  # handed its slots as time ran out: kept
 
     async def _acquire_async(self, key: Hashable, cost: object, timeout: object) -> bool:
+        if key is None and self._refuses_none:
+            raise none_key_error(type(self).__name__)
         c, seconds = self._cost(cost), _seconds(timeout)
         alarm = Alarm(asyncio.get_running_loop())
         with self._lock:
@@ -536,6 +549,9 @@ class KeyedConcurrency(_InFlight):
     with nothing in flight and nobody waiting holds no memory, and at most
     *max_keys* keys hold or wait at once; a request for another key is
     refused (False, a `Decision` with ``remaining`` 0) until one finishes.
+    Key None raises ``TypeError`` (as in `KeyedTokenBucket`: it is what a key
+    function returns for a missing value, and every such request would share
+    one limit) unless made with ``none_key=True``.
 
     >>> per_user = KeyedConcurrency(2, max_keys=2)
     >>> [per_user.allow(user) for user in ("alice", "alice", "alice", "bob", "carol")]
@@ -554,10 +570,12 @@ class KeyedConcurrency(_InFlight):
         max_waiters: int = DEFAULT_MAX_WAITERS,
         sleep_or_wake: SleepOrWake | None = None,
         async_sleep: AsyncSleep | None = None,
+        none_key: bool = False,
     ) -> None:
         super().__init__(
             max_in_flight, validated_max_keys(max_keys), max_waiters, sleep_or_wake, async_sleep
         )
+        self._refuses_none = not validated_flag(none_key, "none_key")
 
     @property
     def max_keys(self) -> int:
