@@ -67,6 +67,12 @@ def server(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-u
             # worker that changed directory would report it under no plugin.
             "--pythonpath",
             str(APPS),
+            # A worker forked just before the SIGTERM of the teardown may miss it
+            # (it still has the master's handler until it sets its own) and would
+            # run out gunicorn's default 30 s grace, past the 20 s waited below:
+            # after 5 s the master kills it and exits as usual.
+            "--graceful-timeout",
+            "5",
             "-b",
             f"127.0.0.1:{port}",
             "shared_wsgi_app:app",
