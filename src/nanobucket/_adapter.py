@@ -401,7 +401,7 @@ class Outbound:
                     deadline = pacer._deadline()
                     ticket = yield start, (key, deadline)
                     try:
-                        yield wait, (key, deadline)
+                        yield wait, (ticket[0], key, deadline)
                     except BaseException:  # not sent: its own token goes back
                         pacer.unsent(ticket)
                         raise
@@ -419,7 +419,7 @@ class Outbound:
                     status = answer.status_code
                     again = self._again(ticket, status, fields, info, tries, end)
                     if shared is not None and (fields is not None or status in {429, 503}):
-                        yield hold, (key,)  # a pause it heard holds every process
+                        yield hold, (ticket[0], key)  # a pause it heard holds every process
                 except BaseException:
                     yield getattr(answer, close), ()  # the caller never sees it: not left open
                     raise

@@ -131,17 +131,7 @@ class SharedPace:
         recent.append((now, price))
         return 1 + paid
 
-    def _priced(self, key: Hashable, deadline: int | None) -> tuple[int, int]:
-        """The request's shared cost and the longest it may wait for it (ns)."""
-        pacer = self.pacer
-        state = pacer._state(key)
-        now = pacer.clock()
-        with state.lock:
-            cost = self.cost(state, now)
-        left = (1 << 62) if deadline is None else max(0, deadline - now)
-        return cost, left
-
-    def _refused(self, key: Hashable, cost: int, decision: Any) -> Exception:
+    def _refused(self, key: Hashable, decision: Any) -> Exception:
         wait = max(int(decision.retry_after_ns), 0)
         return WaitTooLong(
             f"rate limit of {key!r}, shared by every process: the next request may start "
@@ -151,14 +141,22 @@ class SharedPace:
             wait,
         )
 
-    def wait(self, key: Hashable, deadline: int | None) -> int:
-        """Take *key*'s shared tokens, sleeping (the thread) until they are due: how many;
-        past *deadline* (clock ns), `WaitTooLong` with nothing taken."""
-        cost, left = self._priced(key, deadline)
+    def _priced(self, state: _Key, deadline: int | None) -> tuple[int, int]:
+        """The shared cost of *state*'s request and the longest it may wait for it (ns)."""
+        now = self.pacer.clock()
+        with state.lock:
+            cost = self.cost(state, now)
+        return cost, (1 << 62) if deadline is None else max(0, deadline - now)
+
+    def wait(self, state: _Key, key: Hashable, deadline: int | None) -> int:
+        """Take *key*'s shared tokens (*state* its pacer's), sleeping (the thread) until
+        they are due: how many; past *deadline* (clock ns), `WaitTooLong` with nothing
+        taken."""
+        cost, left = self._priced(state, deadline)
         shared = self.shared
         wait = shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
         if wait < 0:
-            raise self._refused(key, cost, shared.peek(key, cost))
+            raise self._refused(key, shared.peek(key, cost))
         if wait:
             try:
                 self.sleep(wait / NS_PER_S)
@@ -167,45 +165,35 @@ class SharedPace:
                 raise
         return cost
 
-    async def wait_async(self, key: Hashable, deadline: int | None) -> int:
+    async def wait_async(self, state: _Key, key: Hashable, deadline: int | None) -> int:
         """`wait` in asyncio (a cancelled waiter gives its tokens back)."""
-        cost, left = self._priced(key, deadline)
-        shared = self.shared
-        if self.awaits:
-            wait = await shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
-            if wait < 0:
-                raise self._refused(key, cost, await shared.peek(key, cost))
-        else:
-            wait = shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
-            if wait < 0:
-                raise self._refused(key, cost, shared.peek(key, cost))
+        cost, left = self._priced(state, deadline)
+        shared, awaits = self.shared, self.awaits
+        wait = shared.reserve(key, cost=cost, max_wait_ns=left, shape=True)
+        if awaits:
+            wait = await wait
+        if wait < 0:
+            decision = shared.peek(key, cost)
+            raise self._refused(key, await decision if awaits else decision)
         if wait:
             try:
                 await self.async_sleep(wait / NS_PER_S)
             except BaseException:
-                if self.awaits:
-                    await shared.refund(key, cost)
-                else:
-                    shared.refund(key, cost)
+                refunded = shared.refund(key, cost)  # not sent: the others may have them
+                if awaits:
+                    await refunded
                 raise
         return cost
 
-    def _pause(self, key: Hashable) -> int:
-        """The ns left of *key*'s own pause (0: none)."""
-        state = self.pacer._keys.get(key)
-        if state is None:
-            return 0
-        return max(0, state.paused_until - self.pacer.clock())
-
-    def hold(self, key: Hashable) -> None:
-        """Hold *key*'s shared bucket empty until its own pause ends (if it has one)."""
-        pause = self._pause(key)
+    def hold(self, state: _Key, key: Hashable) -> None:
+        """Hold *key*'s shared bucket empty until its own pause (*state*'s) ends, if any."""
+        pause = max(0, state.paused_until - self.pacer.clock())
         if pause:
             drive(self._holding(key, pause))
 
-    async def hold_async(self, key: Hashable) -> None:
+    async def hold_async(self, state: _Key, key: Hashable) -> None:
         """`hold` in asyncio."""
-        pause = self._pause(key)
+        pause = max(0, state.paused_until - self.pacer.clock())
         if pause:
             steps = self._holding(key, pause)
             await drive_async(steps) if self.awaits else drive(steps)
