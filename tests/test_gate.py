@@ -302,6 +302,7 @@ def test_charge_settles_what_is_due(impl: ModuleType, clock: ManualClock) -> Non
     assert limiter.tokens_at("10.0.0.1", clock()) == 5
 
 
+@pytest.mark.gil_atomic  # four threads insert keys into one C table at once
 def test_a_locked_gate_counts_every_thread(impl: ModuleType) -> None:
     gate = Gate(VIEW, impl.KeyedTokenBucket(rate=1e-6, capacity=100), locked=True)
 
