@@ -69,6 +69,7 @@ MODULES = [
     "nanobucket._fields",
     "nanobucket._learn",
     "nanobucket._drive",
+    "nanobucket._verbs",
     "nanobucket.httpx",
     "nanobucket.requests",
     "nanobucket.executor",
@@ -152,7 +153,9 @@ def _example_plan() -> object:
 def _doctest(module: ModuleType) -> doctest.TestResults:
     if module.__name__ in SCRATCH_MODULES:
         return _run(doctest.DocTestFinder().find(module), scratch=True)
-    extra = _redis_globals() if module.__name__ in REDIS_MODULES else None
+    # The asyncio verbs are shown on an asyncio Redis limiter.
+    redis_examples = (*REDIS_MODULES, "nanobucket._verbs")
+    extra = _redis_globals() if module.__name__ in redis_examples else None
     if module.__name__ == "nanobucket.tiered":
         extra = {"example_plan": _example_plan}
     return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)

@@ -52,9 +52,9 @@ from ._params import (
     validated_cost,
     validated_flag,
     validated_max_keys,
-    validated_now,
     validated_timeout,
 )
+from ._verbs import KeyedVerbs, Verbs
 from ._wait import Alarm, AsyncSleep, Bell, SleepOrWake, bell_wait
 from .decorator import RateLimited
 
@@ -202,6 +202,17 @@ class _InFlight:
             return Decision(False, 0, 0, 0, self._max)  # no room for another key
         return Decision(ok, self._max - held - (c if ok and not take else 0), 0, 0, self._max)
 
+    # The steps the verbs are derived from (`nanobucket._verbs`): time plays no part.
+
+    def _decide(self, key: Hashable, cost: object, now: int | None, consume: bool) -> Decision:
+        return self._peek(key, cost, consume)
+
+    def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
+        return self._allow(key, cost)
+
+    def _give(self, key: Hashable, cost: object, now: int | None) -> None:
+        self._release(key, cost)
+
     def _release(self, key: Hashable, cost: object) -> None:
         if key is None and self._refuses_none:
             raise none_key_error(type(self).__name__)
@@ -337,7 +348,7 @@ class Slot:
         self.limiter.release(*self.key, self.cost)
 
 
-class Concurrency(_InFlight):
+class Concurrency(_InFlight, Verbs[Decision, None]):
     """At most *max_in_flight* slots held at once; callers wait in a bounded FIFO line.
 
     The verbs are a bucket's, with slots for tokens and no clock: ``allow``,
@@ -382,78 +393,8 @@ class Concurrency(_InFlight):
         count = self._counts.get(None)
         return count.held if count is not None else 0
 
-    def allow(self, cost: int = 1) -> bool:
-        """Take *cost* slots (True) if they are free and nobody waits, else False.
-
-        >>> pool = Concurrency(1)
-        >>> pool.allow(), pool.allow()
-        (True, False)
-        """
-        return self._allow(None, cost)
-
-    def allow_at(self, now: int, cost: int = 1) -> bool:
-        """`allow`; *now* (int ns) is checked and plays no part.
-
-        >>> Concurrency(1).allow_at(0)
-        True
-        """
-        validated_now(now)
-        return self._allow(None, cost)
-
-    def check(self, cost: int = 1) -> Decision:
-        """Like `allow`, as a `Decision`: ``remaining`` is the slots left free.
-
-        >>> pool = Concurrency(3)
-        >>> d = pool.check(cost=2)
-        >>> d.allowed, d.remaining, d.limit, d.retry_after_ns
-        (True, 1, 3, 0)
-        """
-        return self._peek(None, cost, True)
-
-    def check_at(self, now: int, cost: int = 1) -> Decision:
-        """`check`; *now* (int ns) is checked and plays no part.
-
-        >>> Concurrency(3).check_at(0).remaining
-        2
-        """
-        validated_now(now)
-        return self._peek(None, cost, True)
-
-    def peek(self, cost: int = 1) -> Decision:
-        """The `Decision` `check` would return now, taking nothing.
-
-        >>> pool = Concurrency(3)
-        >>> pool.peek(cost=3).allowed, pool.in_flight
-        (True, 0)
-        """
-        return self._peek(None, cost, False)
-
-    def peek_at(self, now: int, cost: int = 1) -> Decision:
-        """`peek`; *now* (int ns) is checked and plays no part.
-
-        >>> Concurrency(3).peek_at(0, cost=2).remaining
-        1
-        """
-        validated_now(now)
-        return self._peek(None, cost, False)
-
-    def tokens(self) -> float:
-        """Slots free now (waiters may still be owed them).
-
-        >>> pool = Concurrency(3)
-        >>> pool.allow(), pool.tokens()
-        (True, 2.0)
-        """
-        return float(self._max - self.in_flight)
-
-    def tokens_at(self, now: int) -> float:
-        """`tokens`; *now* (int ns) is checked and plays no part.
-
-        >>> Concurrency(3).tokens_at(0)
-        3.0
-        """
-        validated_now(now)
-        return self.tokens()
+    def _tokens(self, key: Hashable, now: int | None) -> float:
+        return float(self._max - self.in_flight)  # waiters may still be owed them
 
     def release(self, cost: int = 1) -> None:
         """Give back *cost* slots held by a finished request; the first waiter gets them.
@@ -468,25 +409,6 @@ class Concurrency(_InFlight):
         ...
         ValueError: release of 1 slot(s), but 0 held
         """
-        self._release(None, cost)
-
-    def refund(self, cost: int = 1) -> None:
-        """`release` (for ``all_of``: a request another layer refused gives its slots back).
-
-        >>> pool = Concurrency(1)
-        >>> pool.allow(), pool.refund(), pool.allow()
-        (True, None, True)
-        """
-        self._release(None, cost)
-
-    def refund_at(self, now: int, cost: int = 1) -> None:
-        """`refund`; *now* (int ns) is checked and plays no part.
-
-        >>> pool = Concurrency(1)
-        >>> pool.allow_at(0), pool.refund_at(0), pool.in_flight
-        (True, None, 0)
-        """
-        validated_now(now)
         self._release(None, cost)
 
     def acquire(self, cost: int = 1, timeout: float | None = None) -> bool:
@@ -542,7 +464,7 @@ class Concurrency(_InFlight):
         return f"Concurrency(max_in_flight={self._max}, in_flight={self.in_flight})"
 
 
-class KeyedConcurrency(_InFlight):
+class KeyedConcurrency(_InFlight, KeyedVerbs[Decision, None]):
     """At most *max_in_flight* slots held at once per key, for at most *max_keys* keys.
 
     The verbs of `Concurrency` with the key first. Memory is bounded: a key
@@ -596,6 +518,9 @@ class KeyedConcurrency(_InFlight):
         count = self._counts.get(key)
         return count.held if count is not None else 0
 
+    def _tokens(self, key: Hashable, now: int | None) -> float:
+        return float(self._max - self.in_flight(key))  # waiters may still be owed them
+
     def __len__(self) -> int:
         """Keys holding slots or waiting now.
 
@@ -605,76 +530,6 @@ class KeyedConcurrency(_InFlight):
         """
         return len(self._counts)
 
-    def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Take *cost* slots of *key* (True) if free, nobody waits and the key has room.
-
-        >>> per_user = KeyedConcurrency(1)
-        >>> per_user.allow("alice"), per_user.allow("alice"), per_user.allow("bob")
-        (True, False, True)
-        """
-        return self._allow(key, cost)
-
-    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow`; *now* (int ns) is checked and plays no part.
-
-        >>> KeyedConcurrency(1).allow_at("alice", 0)
-        True
-        """
-        validated_now(now)
-        return self._allow(key, cost)
-
-    def check(self, key: Hashable, cost: int = 1) -> Decision:
-        """Like `allow`, as a `Decision`: ``remaining`` is *key*'s slots left free.
-
-        >>> KeyedConcurrency(3).check("alice", cost=2).remaining
-        1
-        """
-        return self._peek(key, cost, True)
-
-    def check_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
-        """`check`; *now* (int ns) is checked and plays no part.
-
-        >>> KeyedConcurrency(3).check_at("alice", 0).allowed
-        True
-        """
-        validated_now(now)
-        return self._peek(key, cost, True)
-
-    def peek(self, key: Hashable, cost: int = 1) -> Decision:
-        """The `Decision` `check` would return now, taking nothing.
-
-        >>> per_user = KeyedConcurrency(3)
-        >>> per_user.peek("alice").remaining, len(per_user)
-        (2, 0)
-        """
-        return self._peek(key, cost, False)
-
-    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> Decision:
-        """`peek`; *now* (int ns) is checked and plays no part.
-
-        >>> KeyedConcurrency(3).peek_at("alice", 0, cost=3).remaining
-        0
-        """
-        validated_now(now)
-        return self._peek(key, cost, False)
-
-    def tokens(self, key: Hashable) -> float:
-        """*key*'s slots free now (waiters may still be owed them).
-
-        >>> KeyedConcurrency(3).tokens("alice")
-        3.0
-        """
-        return float(self._max - self.in_flight(key))
-
-    def tokens_at(self, key: Hashable, now: int) -> float:
-        """`tokens`; *now* (int ns) is checked and plays no part.
-
-        >>> KeyedConcurrency(3).tokens_at("alice", 0)
-        3.0
-        """
-        validated_now(now)
-        return self.tokens(key)
-
     def release(self, key: Hashable, cost: int = 1) -> None:
         """Give back *cost* slots of *key*; ``ValueError`` if fewer are held.
 
@@ -682,25 +537,6 @@ class KeyedConcurrency(_InFlight):
         >>> per_user.allow("alice"), per_user.release("alice"), len(per_user)
         (True, None, 0)
         """
-        self._release(key, cost)
-
-    def refund(self, key: Hashable, cost: int = 1) -> None:
-        """`release` (for ``all_of``: a request another layer refused gives its slots back).
-
-        >>> per_user = KeyedConcurrency(1)
-        >>> per_user.allow("alice"), per_user.refund("alice"), per_user.allow("alice")
-        (True, None, True)
-        """
-        self._release(key, cost)
-
-    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> None:
-        """`refund`; *now* (int ns) is checked and plays no part.
-
-        >>> per_user = KeyedConcurrency(1)
-        >>> per_user.allow_at("alice", 0), per_user.refund_at("alice", 0), len(per_user)
-        (True, None, 0)
-        """
-        validated_now(now)
         self._release(key, cost)
 
     def acquire(self, key: Hashable, cost: int = 1, timeout: float | None = None) -> bool:

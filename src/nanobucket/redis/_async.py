@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import _acquire
 from .._params import RateLike, validated_now
+from .._verbs import AsyncKeyedVerbs
 from . import _clients, _coalesce, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
@@ -45,7 +46,7 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-class AsyncRedisTokenBucket(_RedisLimits):
+class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
     """:class:`RedisTokenBucket` on ``redis.asyncio.Redis``: the same verbs, awaited.
 
     Decisions coalesce (``coalesce=True``, the default): one that finds no
@@ -172,18 +173,26 @@ class AsyncRedisTokenBucket(_RedisLimits):
             task.add_done_callback(_retrieved)
         await asyncio.shield(task)
 
-    async def _call(
-        self, key: Hashable, cost: int, now_ns: int | None, consume: bool
+    # The steps the verbs are derived from (`nanobucket._verbs`).
+
+    async def _decide(
+        self, key: Hashable, cost: object, now_ns: int | None, consume: bool
     ) -> RedisDecision:
-        result: RedisDecision = await self._submit(
-            _coalesce.Call(self.key(key), key, cost, now_ns, consume)
-        )
+        cost = self._cost(cost)  # checked before the key, as by every limiter
+        call = _coalesce.Call(self.key(key), key, cost, now_ns, consume)
+        result: RedisDecision = await self._submit(call)
         return result
 
-    async def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
-        """`_call` for `allow`: a decision Redis made is answered as a bool, not built."""
-        d = await self._submit(_coalesce.Call(self.key(key), key, cost, now_ns, True, False))
+    async def _admit(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
+        """`_decide` for `allow`: a decision Redis made is answered as a bool, not built."""
+        cost = self._cost(cost)
+        call = _coalesce.Call(self.key(key), key, cost, now_ns, True, False)
+        d = await self._submit(call)
         return d if d.__class__ is bool else d.allowed
+
+    async def _tokens(self, key: Hashable, now_ns: int | None) -> float:
+        # Only Redis knows: with Redis unreachable it raises `RedisUnavailable`.
+        return self._tokens_in(await self._decide(key, 0, now_ns, False))
 
     def _submit(self, call: _coalesce.Call) -> Awaitable[Any]:
         if not self._coalesce:
@@ -254,87 +263,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
         (the round trip before it was slow and counted already)."""
         return self._policy(call.key, call.cost, call.now_ns, call.consume, _late())
 
-    async def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s shared bucket now; True if admitted.
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 on_error="closed", breaker=down)
-        >>> asyncio.run(limiter.allow("alice"))
-        False
-        """
-        return await self._allowed(key, self._cost(cost), None)
-
-    async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns).
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 on_error="open", breaker=down)
-        >>> asyncio.run(limiter.allow_at("alice", 0))
-        True
-        """
-        return await self._allowed(key, self._cost(cost), validated_now(now))
-
-    async def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, but return the whole decision.
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 on_error="open", breaker=down)
-        >>> asyncio.run(limiter.check("alice")).source
-        'policy:open'
-        """
-        return await self._call(key, self._cost(cost), None, True)
-
-    async def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
-        >>> asyncio.run(limiter.check_at("alice", 0)).remaining   # the fallback's bucket
-        1
-        """
-        return await self._call(key, self._cost(cost), validated_now(now), True)
-
-    async def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """The decision `check` would return now, without spending anything.
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 on_error="closed", breaker=down)
-        >>> asyncio.run(limiter.peek("alice")).retry_after   # when the breaker next tries Redis
-        0.1
-        """
-        return await self._call(key, self._cost(cost), None, False)
-
-    async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 fallback=KeyedTokenBucket(1, 2), breaker=down)
-        >>> [asyncio.run(limiter.peek_at("alice", 0)).remaining for _ in range(2)]   # nothing spent
-        [1, 1]
-        """
-        return await self._call(key, self._cost(cost), validated_now(now), False)
-
-    async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
-        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 on_error="closed", breaker=down)
-        >>> list(asyncio.run(limiter.allow_many(["alice", "bob"])))
-        [0, 0]
-        """
-        return await self._many(keys, self._cost(cost), None)
-
-    async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns).
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 100, 200,
-        ...                                 fallback=KeyedTokenBucket(1, 1), breaker=down)
-        >>> list(asyncio.run(limiter.allow_many_at(["alice", "alice", "bob"], 0)))
-        [1, 0, 1]
-        """
-        return await self._many(keys, self._cost(cost), validated_now(now))
-
-    async def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+    async def _many(self, keys: Iterable[Hashable], cost: object, now_ns: int | None) -> bytearray:
+        cost = self._cost(cost)
         keys, rkeys = self._batch(keys)
         if not keys:
             return bytearray()
@@ -358,27 +288,8 @@ class AsyncRedisTokenBucket(_RedisLimits):
 
     # -- refund, reset, waiting, reconfigure (as RedisTokenBucket's) -------------
 
-    async def refund(self, key: Hashable, cost: int = 1) -> bool:
-        """`RedisTokenBucket.refund`, awaited: True if Redis took it, else fallback or lost.
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
-        ...                                 breaker=down)
-        >>> asyncio.run(limiter.refund("alice"))   # not delivered: lost, never queued
-        False
-        """
-        return await self._give(key, self._cost(cost), None)
-
-    async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> limiter = AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, 2, on_error="open",
-        ...                                 breaker=down)
-        >>> asyncio.run(limiter.refund_at("alice", 0))
-        False
-        """
-        return await self._give(key, self._cost(cost), validated_now(now))
-
-    async def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+    async def _give(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
+        cost = self._cost(cost)
         rkey = self.key(key)
         args = self._give_args(cost, now_ns)
         ok, err = await self._send(_UNBOUNDED, self._give_script, (rkey,), args)

@@ -477,7 +477,8 @@ class _RedisLimits(_FailurePolicy):
             return bytearray([self._admits(owed, cost) for owed in reply])
         return bytearray(reply)
 
-    def _tokens(self, d: RedisDecision) -> float:
+    def _tokens_in(self, d: RedisDecision) -> float:
+        """The tokens decision *d* (of cost 0) read in Redis; raises if another source made it."""
         if d.source != "redis":
             raise RedisUnavailable("Redis unavailable: cannot read tokens")
         if d.reset_after_ns >= self._tau_ns:

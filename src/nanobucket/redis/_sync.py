@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _acquire
 from .._params import RateLike, validated_now, validated_timeout
+from .._verbs import KeyedBatch, KeyedVerbs
 from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -189,7 +190,9 @@ class _SyncLimits(_RedisLimits):
             drive(self._migrate_key(client, self._swap_script, rkey, params, now_ns))
 
 
-class RedisTokenBucket(_SyncLimits):
+class RedisTokenBucket(
+    _SyncLimits, KeyedVerbs[RedisDecision, bool], KeyedBatch[RedisDecision, bool]
+):
     """A token bucket per key, held in Redis and shared by every client.
 
     Same verbs and :class:`Decision` as :class:`nanobucket.KeyedTokenBucket`;
@@ -233,131 +236,34 @@ class RedisTokenBucket(_SyncLimits):
         self._many_script = self._wired(self._client.register_script(_GCRA_MANY))
         _prefix.guard(self)  # the prefix's limit is checked before the first decision
 
-    def _call(self, key: Hashable, cost: int, now_ns: int | None, consume: bool) -> RedisDecision:
+    # The steps the verbs are derived from (`nanobucket._verbs`).
+
+    def _decide(
+        self, key: Hashable, cost: object, now_ns: int | None, consume: bool
+    ) -> RedisDecision:
+        cost = self._cost(cost)
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
         if not ok:
             return self._policy(key, cost, now_ns, consume, reply)
         self._saw(key, reply, cost if consume else 0)
         return self._decision(reply, cost)
 
-    def _allowed(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
-        # `_call(...).allowed` without building the decision.
+    def _admit(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
+        # `_decide(...).allowed` without building the decision.
+        cost = self._cost(cost)
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, True))
         if not ok:
             return self._policy(key, cost, now_ns, True, reply).allowed
         self._saw(key, reply, cost)
         return self._admits(reply, cost)
 
-    def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s shared bucket now (Redis time); True if admitted.
+    def _tokens(self, key: Hashable, now_ns: int | None) -> float:
+        # Only Redis knows: with Redis unreachable it raises `RedisUnavailable`,
+        # whatever ``on_error`` and ``fallback`` say.
+        return self._tokens_in(self._decide(key, 0, now_ns, False))
 
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
-        >>> limiter.allow("alice")
-        False
-        """
-        return self._allowed(key, self._cost(cost), None)
-
-    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns; Redis sees ``now // 1000`` us).
-
-        >>> local = KeyedTokenBucket(rate=1, capacity=1)
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
-        (True, False)
-        """
-        return self._allowed(key, self._cost(cost), validated_now(now))
-
-    def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, but return the whole decision.
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
-        >>> d = limiter.check("alice")
-        >>> d.allowed, d.remaining, d.source
-        (True, 199, 'policy:open')
-        """
-        return self._call(key, self._cost(cost), None, True)
-
-    def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> local = KeyedTokenBucket(rate=10, capacity=20)
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> d = limiter.check_at("alice", 0)
-        >>> d.allowed, d.remaining, d.limit, d.source   # the fallback's own numbers
-        (True, 19, 20, 'fallback')
-        """
-        return self._call(key, self._cost(cost), validated_now(now), True)
-
-    def peek(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """The decision `check` would return now, without spending anything.
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
-        >>> d = limiter.peek("alice")
-        >>> d.allowed, d.retry_after, d.source   # retry when the breaker next tries Redis
-        (False, 0.1, 'policy:closed')
-        """
-        return self._call(key, self._cost(cost), None, False)
-
-    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> local = KeyedTokenBucket(rate=10, capacity=20)
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> [limiter.peek_at("alice", 0, cost=5).remaining for _ in range(2)]   # nothing spent
-        [15, 15]
-        """
-        return self._call(key, self._cost(cost), validated_now(now), False)
-
-    def tokens_at(self, key: Hashable, now: int) -> float:
-        """Tokens in *key*'s bucket at *now* (int ns); raises if Redis is unavailable.
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
-        >>> limiter.tokens_at("alice", 0)
-        Traceback (most recent call last):
-        ...
-        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
-        """
-        d = self._call(key, 0, validated_now(now), False)
-        return self._tokens(d)
-
-    def tokens(self, key: Hashable) -> float:
-        """Tokens in *key*'s bucket now (Redis time).
-
-        Only Redis knows: with Redis unreachable it raises `RedisUnavailable`,
-        whatever ``on_error`` and ``fallback`` say.
-
-        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).tokens("alice")
-        Traceback (most recent call last):
-        ...
-        nanobucket.redis.RedisUnavailable: Redis unavailable: cannot read tokens
-        """
-        return self._tokens(self._call(key, 0, None, False))
-
-    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
-        """Decide a batch in order, in one round trip; ``bytearray`` of 1 / 0.
-
-        On one Redis the batch is one script call at one reading of Redis's
-        clock, like ``KeyedTokenBucket.allow_many``. On a ``RedisCluster``
-        client (keys of different slots cannot share a script) it is one
-        script call per key, pipelined, each reading the clock itself.
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
-        >>> list(limiter.allow_many(["alice", "bob"]))
-        [1, 1]
-        """
-        return self._many(keys, self._cost(cost), None)
-
-    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns).
-
-        >>> local = KeyedTokenBucket(rate=1, capacity=1)
-        >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> list(limiter.allow_many_at(["alice", "alice", "bob"], 0))
-        [1, 0, 1]
-        """
-        return self._many(keys, self._cost(cost), validated_now(now))
-
-    def _many(self, keys: Iterable[Hashable], cost: int, now_ns: int | None) -> bytearray:
+    def _many(self, keys: Iterable[Hashable], cost: object, now_ns: int | None) -> bytearray:
+        cost = self._cost(cost)
         keys, rkeys = self._batch(keys)
         if not keys:
             return bytearray()
@@ -366,30 +272,8 @@ class RedisTokenBucket(_SyncLimits):
 
     # -- refund, reset -----------------------------------------------------------
 
-    def refund(self, key: Hashable, cost: int = 1) -> bool:
-        """Give back *cost* tokens to *key*'s bucket (Redis time), never above capacity.
-
-        As in process: a full bucket gets nothing, and the bucket ends where
-        it would be had the tokens not been spent, or full. True if Redis
-        took it; when Redis cannot, the refund goes to the ``fallback`` (if
-        it has ``refund``) or is lost -- never queued, never raised except
-        under ``on_error="raise"`` -- and the result is False.
-
-        >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).refund("alice")
-        False
-        """
-        return self._give(key, self._cost(cost), None)
-
-    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
-        >>> limiter.refund_at("alice", 0, cost=2)   # not delivered: lost, never queued
-        False
-        """
-        return self._give(key, self._cost(cost), validated_now(now))
-
-    def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+    def _give(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
+        cost = self._cost(cost)
         rkey = self.key(key)
         ok, err = self._send(self._give_script, (rkey,), self._give_args(cost, now_ns))
         return True if ok else self._refund_lost(key, cost, now_ns, err)
