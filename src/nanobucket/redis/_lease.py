@@ -20,6 +20,7 @@ from .._params import (
     validated_max_keys,
     validated_now,
 )
+from .._verbs import KeyedDecide
 from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -45,7 +46,7 @@ class _Lease:
         self.denied_full = 0  # when Redis said the bucket would be full again
 
 
-class LeasedTokenBucket(_SyncLimits):
+class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
     """A Redis-shared limit whose fast path stays local, spending leased tokens.
 
     When a key's local balance cannot pay for a request, one round trip takes
@@ -72,6 +73,10 @@ class LeasedTokenBucket(_SyncLimits):
     tokens forfeited (an under-admission, never an over-admission).
     `reconfigure` gives every lease back first (leased tokens were counted in
     the old terms) and caps ``min_lease`` and ``max_lease`` at the new capacity.
+    A decision's ``remaining`` is this instance's lease balance. ``refund``
+    gives tokens back to this instance's lease while it stays under
+    ``max_lease`` unspent (the bound holds), the rest to Redis as
+    `RedisTokenBucket.refund` does: False if a part for Redis was lost.
 
     >>> with LeasedTokenBucket(client, rate=1000, capacity=2000) as limiter:  # doctest: +SKIP
     ...     limiter.allow("alice")
@@ -149,53 +154,24 @@ class LeasedTokenBucket(_SyncLimits):
         lease = self._leases.get(self.key(key))
         return lease.balance if lease is not None else 0
 
-    def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens of *key*'s lease, taking a new lease when it runs out.
+    # The steps the verbs are derived from (`nanobucket._verbs`): a lease never peeks.
 
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
-        >>> limiter.allow("alice")   # no lease could be taken: the policy admits
-        True
-        """
+    def _admit(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
         rkey, cost = self.key(key), self._cost(cost)
-        with self._lock:  # the fast path: no clock, no Decision object
-            lease = self._leases.get(rkey)
-            if lease is not None and lease.balance >= cost:
-                lease.balance -= cost
-                return True
-        return self._decide(rkey, key, cost, None).allowed
+        if now_ns is None:
+            with self._lock:  # the fast path: no clock, no Decision object
+                lease = self._leases.get(rkey)
+                if lease is not None and lease.balance >= cost:
+                    lease.balance -= cost
+                    return True
+        return self._leased(rkey, key, cost, now_ns).allowed
 
-    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns), for Redis and for the adaptation.
+    def _decide(
+        self, key: Hashable, cost: object, now_ns: int | None, consume: bool
+    ) -> RedisDecision:
+        return self._leased(self.key(key), key, self._cost(cost), now_ns)
 
-        >>> local = KeyedTokenBucket(rate=1, capacity=1)
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
-        (True, False)
-        """
-        return self._decide(self.key(key), key, self._cost(cost), validated_now(now)).allowed
-
-    def check(self, key: Hashable, cost: int = 1) -> RedisDecision:
-        """Like `allow`, returning a decision; ``remaining`` is this instance's lease balance.
-
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, on_error="closed", breaker=down)
-        >>> d = limiter.check("alice")
-        >>> d.allowed, d.source
-        (False, 'policy:closed')
-        """
-        return self._decide(self.key(key), key, self._cost(cost), None)
-
-    def check_at(self, key: Hashable, now: int, cost: int = 1) -> RedisDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> local = KeyedTokenBucket(rate=1, capacity=2)
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
-        >>> d = limiter.check_at("alice", 0)
-        >>> d.allowed, d.remaining, d.source
-        (True, 1, 'fallback')
-        """
-        return self._decide(self.key(key), key, self._cost(cost), validated_now(now))
-
-    def _decide(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
+    def _leased(self, rkey: bytes, key: Hashable, cost: int, now_ns: int | None) -> RedisDecision:
         wait_until = 0  # monotonic ns past which a waiter stops waiting for a lease in flight
         while True:
             t = self._clock() if now_ns is None else now_ns
@@ -355,27 +331,8 @@ class LeasedTokenBucket(_SyncLimits):
 
     # -- refund, reset, waiting, reconfigure ------------------------------------
 
-    def refund(self, key: Hashable, cost: int = 1) -> bool:
-        """Give back *cost* tokens: to this instance's lease while it stays under
-        ``max_lease`` unspent (the bound holds), the rest to Redis as
-        `RedisTokenBucket.refund` does. False if a part for Redis was lost.
-
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
-        >>> limiter.refund("alice")   # no lease held, Redis down: lost
-        False
-        """
-        return self._give(key, self._cost(cost), None)
-
-    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> limiter = LeasedTokenBucket(redis.Redis(), 1, 2, on_error="open", breaker=down)
-        >>> limiter.refund_at("alice", 0)
-        False
-        """
-        return self._give(key, self._cost(cost), validated_now(now))
-
-    def _give(self, key: Hashable, cost: int, now_ns: int | None) -> bool:
+    def _give(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
+        cost = self._cost(cost)
         rkey = self.key(key)
         with self._lock:
             lease = self._leases.get(rkey)

@@ -208,11 +208,25 @@ class RedisTokenBucket(
     >>> limiter.check("alice").remaining                                  # doctest: +SKIP
     199
 
-    While Redis is unreachable, the failure policy (or ``fallback``) decides:
+    While Redis is unreachable, the failure policy (or ``fallback``) decides
+    (``tokens`` excepted: only Redis knows, so it raises `RedisUnavailable`):
 
     >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
-    >>> limiter.check("alice").source
-    'policy:open'
+    >>> limiter.check("alice").source, limiter.peek("alice").remaining
+    ('policy:open', 199)
+    >>> local = KeyedTokenBucket(rate=1, capacity=1)
+    >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, fallback=local, breaker=down)
+    >>> limiter.allow_at("alice", 0), limiter.allow_at("alice", 0)   # the fallback decides
+    (True, False)
+
+    ``refund`` works as in process: a full bucket gets nothing, and the
+    bucket ends where it would be had the tokens not been spent, or full.
+    True if Redis took it; when Redis cannot, the refund goes to the
+    ``fallback`` (if it has ``refund``) or is lost -- never queued, never
+    raised except under ``on_error="raise"`` -- and the result is False:
+
+    >>> RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down).refund("alice")
+    False
     """
 
     def __init__(
