@@ -23,6 +23,7 @@ import pytest
 
 from nanobucket import redis as nbr
 from nanobucket.redis import _coalesce
+from nanobucket.tiered import tiered
 
 from redis_server import RedisServer
 
@@ -576,3 +577,22 @@ def test_an_error_that_is_no_redis_error_reaches_every_caller_of_the_batch() -> 
     assert [type(e) for e in got[1:]] == [ValueError] * 4
     fake.broken = None
     assert [d.source for d in run(together([lambda: limiter.check("k")] * 3))] == ["redis"] * 3
+
+
+def test_asyncio_tokens_are_the_in_process_tables(
+    impl: ModuleType, own_redis_server: RedisServer
+) -> None:
+    # tokens / tokens_at of the asyncio limiter (and of a tiered over it): Redis's bucket,
+    # exactly the in-process table's at the same explicit times.
+    async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
+        reference = impl.KeyedTokenBucket(rate=100, capacity=20)
+        plans = tiered({"std": limiter}, tier=lambda key: "std")
+        assert await limiter.tokens("fresh") == 20.0  # Redis's own clock: a new key is full
+        got = []
+        for now, cost in ((10 * S, 7), (10 * S + 25 * MS, 3)):
+            assert await limiter.check_at("t", now, cost) == reference.check_at("t", now, cost)
+            got.append(await limiter.tokens_at("t", now))
+            assert await plans.tokens_at("t", now) == got[-1] == reference.tokens_at("t", now)
+        assert got == [13.0, 12.5]  # 20 - 7; then + 2.5 refilled - 3
+
+    run_warm(own_redis_server, body, rate=100, capacity=20)

@@ -66,6 +66,7 @@ from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
 from ._limiter import Composite, is_async
 from ._params import validated_max_keys, validated_timeout
+from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
 
@@ -318,8 +319,8 @@ class _Plans:
                 self._owed[key] = owed
         return forgotten
 
-    def _many(
-        self, keys: Iterable[Hashable], cost: int, now: int | None
+    def _batch_steps(
+        self, keys: Iterable[Hashable], cost: object, now: int | None
     ) -> Generator[Call, Any, bytearray]:
         """A batch as the calls it makes (one `_pick` per distinct key, one
         ``allow_many`` per plan), for `drive` or `drive_async` to run."""
@@ -387,7 +388,7 @@ class _Plans:
         return f"tiered({{{plans}}}, tier={self._tier!r})"
 
 
-class Tiered(_Plans):
+class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision, Any]):
     """A keyed limiter whose buckets come from each key's plan; build it with `tiered`.
 
     The verbs of a keyed table, each forwarded to the plan ``tier(key)``
@@ -420,8 +421,26 @@ class Tiered(_Plans):
             if self._last.get(key) is not found[0]:
                 drive(self._carrying(key, now, found))
 
+    # The steps the verbs are derived from (`nanobucket._verbs`): the plan's own verbs.
+
+    def _decide(
+        self, key: Hashable, cost: object, now: int | None, consume: bool
+    ) -> TieredDecision:
+        name, plan = self._pick(key, now)
+        if now is None:
+            d = plan.check(key, cost) if consume else plan.peek(key, cost)
+        else:
+            d = plan.check_at(key, now, cost) if consume else plan.peek_at(key, now, cost)
+        return TieredDecision(d, name)
+
+    def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
+        plan = self._pick(key, now)[1]
+        return bool(plan.allow(key, cost) if now is None else plan.allow_at(key, now, cost))
+
     def allow(self, key: Hashable, cost: int = 1) -> bool:
         """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
+
+        Written out (not derived from `_admit`): the hot path, one call fewer.
 
         >>> from nanobucket import KeyedTokenBucket
         >>> plans = {"free": KeyedTokenBucket(1, 1, clock=lambda: 0),
@@ -432,124 +451,16 @@ class Tiered(_Plans):
         """
         return bool(self._pick(key)[1].allow(key, cost))
 
-    def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns).
+    def _tokens(self, key: Hashable, now: int | None) -> float:
+        plan = self._pick(key, now)[1]
+        return float(plan.tokens(key) if now is None else plan.tokens_at(key, now))
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=1, capacity=1)}, tier=lambda key: "free")
-        >>> t.allow_at("alice", 0), t.allow_at("alice", 0), t.allow_at("alice", 1_000_000_000)
-        (True, False, True)
-        """
-        return bool(self._pick(key, now)[1].allow_at(key, now, cost))
+    def _many(self, keys: Iterable[Hashable], cost: object, now: int | None) -> bytearray:
+        return drive(self._batch_steps(keys, cost, now))
 
-    def check(self, key: Hashable, cost: int = 1) -> TieredDecision:
-        """Like `allow`, but return the `TieredDecision` (naming the plan).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
-        >>> t.check("alice", cost=5)
-        TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
-limit=20, plan='free')
-        """
-        name, plan = self._pick(key)
-        return TieredDecision(plan.check(key, cost), name)
-
-    def check_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
-        >>> t.allow_at("alice", 0, cost=20), t.check_at("alice", 0).retry_after_ns
-        (True, 100000000)
-        """
-        name, plan = self._pick(key, now)
-        return TieredDecision(plan.check_at(key, now, cost), name)
-
-    def peek(self, key: Hashable, cost: int = 1) -> TieredDecision:
-        """The `TieredDecision` `check` would return now, without spending anything.
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
-        >>> t.peek("alice", cost=5).remaining, t.peek("alice", cost=5).remaining
-        (15, 15)
-        """
-        name, plan = self._pick(key)
-        return TieredDecision(plan.peek(key, cost), name)
-
-    def peek_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
-        >>> t.allow_at("alice", 0, cost=20), t.peek_at("alice", 50_000_000).retry_after_ns
-        (True, 50000000)
-        """
-        name, plan = self._pick(key, now)
-        return TieredDecision(plan.peek_at(key, now, cost), name)
-
-    def tokens(self, key: Hashable) -> float:
-        """Tokens in *key*'s bucket of its plan now.
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
-        >>> t.allow("alice", cost=5), t.tokens("alice")
-        (True, 15.0)
-        """
-        return float(self._pick(key)[1].tokens(key))
-
-    def tokens_at(self, key: Hashable, now: int) -> float:
-        """Tokens in *key*'s bucket of its plan at *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
-        >>> t.allow_at("alice", 0, cost=20), t.tokens_at("alice", 250_000_000)
-        (True, 2.5)
-        """
-        return float(self._pick(key, now)[1].tokens_at(key, now))
-
-    def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
-        """Decide a batch in order, each key by its plan; ``bytearray`` of 1 / 0.
-
-        One ``allow_many`` per plan, on the keys of that plan (in order).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> plans = {"free": KeyedTokenBucket(1, 1, clock=lambda: 0),
-        ...          "pro": KeyedTokenBucket(1, 2, clock=lambda: 0)}
-        >>> t = tiered(plans, tier=lambda user: "pro" if user == "alice" else "free")
-        >>> list(t.allow_many(["alice", "bob", "alice", "bob", "alice"]))
-        [1, 1, 1, 0, 0]
-        """
-        return drive(self._many(keys, cost, None))
-
-    def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(1, 1)}, tier=lambda user: "free")
-        >>> list(t.allow_many_at(["alice", "bob", "alice"], 0))
-        [1, 1, 0]
-        """
-        return drive(self._many(keys, cost, now))
-
-    def refund(self, key: Hashable, cost: int = 1) -> Any:
-        """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
-        >>> t.allow("alice", cost=5), t.refund("alice", cost=5), t.tokens("alice")
-        (True, None, 20.0)
-        """
-        return self._pick(key)[1].refund(key, cost)
-
-    def refund_at(self, key: Hashable, now: int, cost: int = 1) -> Any:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> t = tiered({"free": KeyedTokenBucket(rate=10, capacity=20)}, tier=lambda k: "free")
-        >>> t.allow_at("alice", 0, cost=5), t.refund_at("alice", 0, cost=2), t.tokens_at("alice", 0)
-        (True, None, 17.0)
-        """
-        return self._pick(key, now)[1].refund_at(key, now, cost)
+    def _give(self, key: Hashable, cost: object, now: int | None) -> Any:
+        plan = self._pick(key, now)[1]
+        return plan.refund(key, cost) if now is None else plan.refund_at(key, now, cost)
 
     def reset(self, key: Hashable) -> None:
         """Forget *key*'s bucket in every plan: the next decision sees it full
@@ -624,12 +535,12 @@ limit=20, plan='free')
         return _acquire.acquire_async(self, (key,), cost, timeout)
 
 
-class AsyncTiered(_Plans):
+class AsyncTiered(_Plans, AsyncKeyedVerbs[TieredDecision, Any]):
     """`Tiered` over asyncio plans (``AsyncRedisTokenBucket``): the same verbs, awaited.
 
-    ``allow``, ``allow_at``, ``check``, ``check_at``, ``peek``, ``peek_at``,
-    ``allow_many``, ``allow_many_at``, ``refund``, ``refund_at``, ``reset``
-    and ``acquire_async``; two tasks switching one key at once carry it once.
+    ``allow``, ``check``, ``peek``, ``tokens``, ``allow_many``, ``refund``
+    (and their ``_at`` forms), ``reset`` and ``acquire_async``; two tasks
+    switching one key at once carry it once.
     (In the examples of its verbs, ``example_plan()`` is an asyncio Redis plan
     whose Redis has just failed, with ``on_error="open"``: they run offline.)
 
@@ -675,114 +586,32 @@ class AsyncTiered(_Plans):
             del self._moves[key]
             done.set_result(None)
 
-    async def allow(self, key: Hashable, cost: int = 1) -> bool:
-        """Spend *cost* tokens from *key*'s bucket of its plan now; True if admitted.
+    # The steps the verbs are derived from (`nanobucket._verbs`): the plan's own, awaited.
 
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.allow("alice"))   # Redis is not reached: the policy admits
-        True
-        """
-        plan = (await self._pick(key))[1]
-        return bool(await plan.allow(key, cost))
-
-    async def allow_at(self, key: Hashable, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.allow_at("alice", 0))
-        True
-        """
-        plan = (await self._pick(key, now))[1]
-        return bool(await plan.allow_at(key, now, cost))
-
-    async def check(self, key: Hashable, cost: int = 1) -> TieredDecision:
-        """Like `allow`, but return the `TieredDecision` (naming the plan).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> d = asyncio.run(t.check("alice"))
-        >>> d.plan, d.allowed, d.source
-        ('free', True, 'policy:open')
-        """
-        name, plan = await self._pick(key)
-        return TieredDecision(await plan.check(key, cost), name)
-
-    async def check_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.check_at("alice", 0, cost=5)).remaining
-        15
-        """
+    async def _decide(
+        self, key: Hashable, cost: object, now: int | None, consume: bool
+    ) -> TieredDecision:
         name, plan = await self._pick(key, now)
-        return TieredDecision(await plan.check_at(key, now, cost), name)
+        if now is None:
+            d = await (plan.check(key, cost) if consume else plan.peek(key, cost))
+        else:
+            d = await (plan.check_at(key, now, cost) if consume else plan.peek_at(key, now, cost))
+        return TieredDecision(d, name)
 
-    async def peek(self, key: Hashable, cost: int = 1) -> TieredDecision:
-        """The `TieredDecision` `check` would return now, without spending anything.
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.peek("alice")).plan
-        'free'
-        """
-        name, plan = await self._pick(key)
-        return TieredDecision(await plan.peek(key, cost), name)
-
-    async def peek_at(self, key: Hashable, now: int, cost: int = 1) -> TieredDecision:
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.peek_at("alice", 0, cost=2)).remaining
-        18
-        """
-        name, plan = await self._pick(key, now)
-        return TieredDecision(await plan.peek_at(key, now, cost), name)
-
-    async def allow_many(self, keys: Iterable[Hashable], cost: int = 1) -> bytearray:
-        """Decide a batch in order, each key by its plan; ``bytearray`` of 1 / 0.
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> list(asyncio.run(t.allow_many(["alice", "bob"])))
-        [1, 1]
-        """
-        return await drive_async(self._many(keys, cost, None))
-
-    async def allow_many_at(self, keys: Iterable[Hashable], now: int, cost: int = 1) -> bytearray:
-        """`allow_many` at an explicit time *now* (int ns).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> list(asyncio.run(t.allow_many_at(["alice"], 0)))
-        [1]
-        """
-        return await drive_async(self._many(keys, cost, now))
-
-    async def refund(self, key: Hashable, cost: int = 1) -> Any:
-        """Give *cost* tokens back to *key*'s bucket of its plan (never above capacity).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.refund("alice"))   # Redis is not reached: not delivered
-        False
-        """
-        plan = (await self._pick(key))[1]
-        return await plan.refund(key, cost)
-
-    async def refund_at(self, key: Hashable, now: int, cost: int = 1) -> Any:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> import asyncio
-        >>> t = tiered({"free": example_plan()}, tier=lambda key: "free")
-        >>> asyncio.run(t.refund_at("alice", 0))
-        False
-        """
+    async def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
         plan = (await self._pick(key, now))[1]
-        return await plan.refund_at(key, now, cost)
+        return bool(await (plan.allow(key, cost) if now is None else plan.allow_at(key, now, cost)))
+
+    async def _tokens(self, key: Hashable, now: int | None) -> float:
+        plan = (await self._pick(key, now))[1]
+        return float(await (plan.tokens(key) if now is None else plan.tokens_at(key, now)))
+
+    async def _many(self, keys: Iterable[Hashable], cost: object, now: int | None) -> bytearray:
+        return await drive_async(self._batch_steps(keys, cost, now))
+
+    async def _give(self, key: Hashable, cost: object, now: int | None) -> Any:
+        plan = (await self._pick(key, now))[1]
+        return await (plan.refund(key, cost) if now is None else plan.refund_at(key, now, cost))
 
     async def reset(self, key: Hashable) -> None:
         """Forget *key*'s bucket in every plan: the next decision sees it full.
