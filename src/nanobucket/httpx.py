@@ -159,8 +159,9 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
     * *max_keys*, *max_waiters*: bounds on the keys remembered (default 1024)
       and on the requests waiting per key (past it: `RateLimitTimeout`).
     * *shared*: a keyed limiter that several processes' transports share (a
-      `SharedKeyedTokenBucket`, a `RedisTokenBucket`): each request takes its
-      key's token there first, and what one process learns (a slower rate, a
+      `SharedKeyedTokenBucket`, a `RedisTokenBucket`): each request, once its
+      own token is taken, takes its key's token there and leaves at that
+      slot, and what one process learns (a slower rate, a
       pause) slows them all, so they behave as one client (see
       `nanobucket._shared_pace`). Default None: this transport alone.
     * *clock* (int ns) and *sleep* serve tests.
