@@ -418,3 +418,86 @@ def test_eight_processes_against_100_per_second(
     assert counts.get(429, 0) <= 0.01 * answered
     assert counts[200] >= 0.92 * 100 * 30
     assert most_in_window(run.admitted_at, NS) <= 101
+
+
+@pytest.mark.parametrize("in_asyncio", [False, True], ids=["sync", "asyncio"])
+def test_a_store_that_fails_while_holding_a_pause_loses_no_answer(
+    own_redis_server: Any, in_asyncio: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis stops while the server answers 429 Retry-After: 30. The hold that would
+    # tell every process fails (on_error="raise"), and is logged: the caller still
+    # gets the 429, and this process keeps the pause.
+    prefix = f"outbound-hold-{time.monotonic_ns()}"
+    kwargs: dict[str, Any] = {"rate": 10, "capacity": 2, "prefix": prefix, "socket_timeout": 1.0}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        own_redis_server.stop()  # after the request took its shared token, before the hold
+        return httpx.Response(429, headers={"Retry-After": "30"})
+
+    def pause_of(transport: Any) -> int:
+        state = transport.pacer._keys["api"]
+        return int(state.paused_until - transport.pacer.clock())
+
+    if in_asyncio:
+
+        async def main() -> tuple[int, int]:
+            store = nbr.AsyncRedisTokenBucket.from_url(own_redis_server.url, **kwargs)
+            transport = AsyncRateLimitedTransport(
+                httpx.MockTransport(answer), rate=100, capacity=10, shared=store
+            )
+            async with httpx.AsyncClient(transport=transport) as http:
+                status = (await http.get("http://api/")).status_code
+            await store.aclose()
+            return status, pause_of(transport)
+
+        status, pause = asyncio.run(main())
+    else:
+        store = nbr.RedisTokenBucket.from_url(own_redis_server.url, **kwargs)
+        transport = RateLimitedTransport(
+            httpx.MockTransport(answer), rate=100, capacity=10, shared=store
+        )
+        with httpx.Client(transport=transport) as http:
+            status = http.get("http://api/").status_code
+        store.close()
+        pause = pause_of(transport)
+    assert status == 429
+    assert 29 * NS < pause <= 30 * NS  # kept here, whatever the store did
+    [record] = [r for r in caplog.records if "holding" in r.getMessage()]
+    assert record.getMessage() == (
+        "nanobucket: the shared limiter failed while holding 'api''s pause for every "
+        "process; the answer goes to the caller"
+    )
+    assert record.exc_info is not None
+    assert record.exc_info[0] is nbr.RedisUnavailable
+
+
+def test_a_request_cancelled_while_it_holds_a_pause_is_cancelled(own_redis_server: Any) -> None:
+    # Redis hangs while the server answers 429: the hold waits on it, and the
+    # caller gives up meanwhile. The caller sees its cancellation, nothing else.
+    answered: list[bool] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        own_redis_server.pause()  # the hold's first call hangs until the timeout
+        answered.append(True)
+        return httpx.Response(429, headers={"Retry-After": "30"})
+
+    async def main() -> None:
+        store = nbr.AsyncRedisTokenBucket.from_url(
+            own_redis_server.url, rate=10, capacity=2, socket_timeout=10.0,
+            prefix=f"outbound-cancel-{time.monotonic_ns()}",
+        )  # fmt: skip
+        transport = AsyncRateLimitedTransport(
+            httpx.MockTransport(answer), rate=100, capacity=10, shared=store
+        )
+        async with httpx.AsyncClient(transport=transport) as http:
+            request = asyncio.ensure_future(http.get("http://api/"))
+            while not answered:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # in the hold, waiting on Redis
+            request.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(request, 5)
+        own_redis_server.resume()
+        await store.aclose()
+
+    asyncio.run(main())

@@ -418,11 +418,14 @@ class Outbound:
                         raise
                     status = answer.status_code
                     again = self._again(ticket, status, fields, info, tries, end)
-                    if shared is not None and (fields is not None or status in {429, 503}):
-                        yield hold, (ticket[0], key)  # a pause it heard holds every process
                 except BaseException:
                     yield getattr(answer, close), ()  # the caller never sees it: not left open
                     raise
+                if shared is not None and (fields is not None or status in {429, 503}):
+                    # A pause it heard holds every process. Outside the block above: a
+                    # hold raises only when its caller gives up (a cancelled task), and a
+                    # generator being closed can make no call (close the answer) then.
+                    yield hold, (ticket[0], key)
                 if not again:
                     return answer
                 yield getattr(answer, close), ()

@@ -22,7 +22,8 @@ others through that bucket:
   tokens, rounded up), so no process sends into it. Processes that heard
   the same pause at once may each add up to one shared capacity past its
   end; a pause longer than 64 shared capacities is held that long (the
-  process that heard it holds all of it).
+  process that heard it holds all of it). The hold is best effort: a store
+  that fails meanwhile is logged, and the answer still goes to the caller.
 
 The shared bucket's own rate is the most all the processes together send.
 Made at yours (the transport's), its tokens are small beside a learned
@@ -44,6 +45,7 @@ from ._drive import Call, drive, drive_async
 from ._limiter import KeyedLimiter, Refundable, Reservable, is_async
 from ._outbound import WaitTooLong
 from ._params import NS_PER_S
+from .hooks import logger
 
 if TYPE_CHECKING:
     from ._outbound import Pacer, _Key
@@ -186,17 +188,27 @@ class SharedPace:
         return cost
 
     def hold(self, state: _Key, key: Hashable) -> None:
-        """Hold *key*'s shared bucket empty until its own pause (*state*'s) ends, if any."""
+        """Hold *key*'s shared bucket empty until its own pause (*state*'s) ends, if any.
+
+        Best effort: the answer that told of the pause is the caller's, so a store
+        that fails here (Redis down, ``on_error="raise"``) is logged, never raised;
+        this process keeps the pause, and the next request meets the store's error."""
         pause = max(0, state.paused_until - self.pacer.clock())
         if pause:
-            drive(self._holding(key, pause))
+            try:
+                drive(self._holding(key, pause))
+            except Exception:
+                _hold_failed(key)
 
     async def hold_async(self, state: _Key, key: Hashable) -> None:
         """`hold` in asyncio."""
         pause = max(0, state.paused_until - self.pacer.clock())
         if pause:
             steps = self._holding(key, pause)
-            await drive_async(steps) if self.awaits else drive(steps)
+            try:
+                await drive_async(steps) if self.awaits else drive(steps)
+            except Exception:
+                _hold_failed(key)
 
     def _holding(self, key: Hashable, pause: int) -> Generator[Call, Any, None]:
         """The calls that leave *key*'s next shared slot *pause* ns away, or later: how far
@@ -218,3 +230,11 @@ class SharedPace:
             # Where the bucket stood counts another process's hold: racing ones stop
             # short of twice the pause.
             short = pause - stood - cost * interval
+
+
+def _hold_failed(key: Hashable) -> None:
+    logger.exception(
+        "nanobucket: the shared limiter failed while holding %r's pause for every process; "
+        "the answer goes to the caller",
+        key,
+    )
