@@ -451,6 +451,20 @@ class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision,
         """
         return bool(self._pick(key)[1].allow(key, cost))
 
+    def check(self, key: Hashable, cost: int = 1) -> TieredDecision:
+        """Like `allow`, but return the `TieredDecision` (naming the plan).
+
+        Written out too: what an HTTP integration calls for every request.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> t = tiered({"free": KeyedTokenBucket(10, 20, clock=lambda: 0)}, tier=lambda k: "free")
+        >>> t.check("alice", cost=5)
+        TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
+limit=20, plan='free')
+        """
+        name, plan = self._pick(key)
+        return TieredDecision(plan.check(key, cost), name)
+
     def _tokens(self, key: Hashable, now: int | None) -> float:
         plan = self._pick(key, now)[1]
         return float(plan.tokens(key) if now is None else plan.tokens_at(key, now))
