@@ -33,9 +33,13 @@ def counts(*, admitted: int, limited: int, shadow_limited: int, exempt: int) -> 
 class Client:
     """A synchronous face on ``httpx.AsyncClient(transport=ASGITransport(...))``."""
 
-    def __init__(self, app: Any, client: tuple[str, int] = ("127.0.0.1", 40000)) -> None:
+    def __init__(
+        self, app: Any, client: tuple[str, int] = ("127.0.0.1", 40000), root_path: str = ""
+    ) -> None:
         self.loop = asyncio.new_event_loop()
-        transport = httpx.ASGITransport(app=app, client=client)
+        # A root path as uvicorn gives it: in scope["root_path"], and in front of the
+        # path, which the client sends whole ("/api/login" under "/api").
+        transport = httpx.ASGITransport(app=app, client=client, root_path=root_path)
         self.http = httpx.AsyncClient(transport=transport, base_url="http://test")
 
     def get(self, path: str = "/", **kwargs: Any) -> httpx.Response:
@@ -49,16 +53,16 @@ class Client:
         self.loop.close()
 
 
-MakeClient = Callable[..., Client]  # the `asgi_client` fixture: (app, host=...) -> Client
+MakeClient = Callable[..., Client]  # the `asgi_client` fixture: (app, host=..., root_path=...)
 
 
 @pytest.fixture
 def asgi_client() -> Iterator[MakeClient]:
-    """Makes a `Client` of an app (calling from *host*), closed when the test ends."""
+    """Makes a `Client` of an app (from *host*, under *root_path*), closed when the test ends."""
     made: list[Client] = []
 
-    def make(app: Any, host: str = "127.0.0.1") -> Client:
-        made.append(Client(app, (host, 40000)))
+    def make(app: Any, host: str = "127.0.0.1", root_path: str = "") -> Client:
+        made.append(Client(app, (host, 40000), root_path))
         return made[-1]
 
     yield make
