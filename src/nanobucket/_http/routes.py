@@ -227,6 +227,18 @@ class Router:
         twin._guarded = None  # it is the guard: it looks the path up as given
         return twin
 
+    def patterns(self) -> list[str]:
+        """The paths the routes were written with (``"/api/*"`` as written).
+
+        >>> import nanobucket as nb
+        >>> limiter = nb.TokenBucket(rate=1, capacity=1)
+        >>> build_router(limiter, None, 1, "d", None, [Route("/api/*")], "/healthz").patterns()
+        ['/api/*', '/healthz']
+        """
+        found = {rule.pattern for rules in self.exact.values() for _, rule in rules}
+        found.update(rule.pattern for _, _, rule in self.prefixes)
+        return sorted(found)
+
     def policies(self) -> list[Policy]:
         """The policy of every rule that is not exempt, the default's first."""
         rules = [self.default]
