@@ -50,7 +50,7 @@ def _wsgi_statuses(app: Any, environs: list[dict[str, Any]]) -> list[int]:
     statuses: list[int] = []
 
     def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
-        statuses.append(int(status.split()[0]))
+        statuses.append(int(status.split(maxsplit=1)[0]))
 
     for environ in environs:
         app({"REMOTE_ADDR": "1.2.3.4", "REQUEST_METHOD": "GET", **environ}, start_response)
@@ -157,9 +157,7 @@ def test_an_exact_rule_takes_one_trailing_slash_more_or_less(impl: ModuleType, p
 
 
 def test_an_exempt_rule_takes_no_trailing_slash_twin(impl: ModuleType) -> None:
-    app = WSGIMiddleware(
-        _wsgi_ok, impl.KeyedTokenBucket(rate=1e-6, capacity=2), exempt="/healthz"
-    )
+    app = WSGIMiddleware(_wsgi_ok, impl.KeyedTokenBucket(rate=1e-6, capacity=2), exempt="/healthz")
     assert _wsgi_statuses(app, [{"PATH_INFO": "/healthz"}] * 3) == [200, 200, 200]
     assert _wsgi_statuses(app, [{"PATH_INFO": "/healthz/"}] * 3) == [200, 200, 429]
 
