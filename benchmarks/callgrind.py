@@ -61,7 +61,7 @@ for _ in range(passes):
 ASGI = """
 import sys
 import nanobucket as nb
-from nanobucket.asgi import RateLimitMiddleware, Route
+from nanobucket.asgi import RateLimitMiddleware, Route, header
 n = int(sys.argv[1])
 START = {{"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}}
 BODY = {{"type": "http.response.body", "body": b"ok"}}
@@ -73,7 +73,8 @@ async def send(message):
 limiter = nb.KeyedTokenBucket(rate=10**9, capacity=10**9)
 app = {make}
 scope = {{"type": "http", "method": "GET", "path": "/api/items", "query_string": b"",
-         "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 5000)}}
+         "headers": [(b"host", b"localhost"), (b"x-api-key", b"k1")],
+         "client": ("127.0.0.1", 5000)}}
 for _ in range(n):
     try:
         app(dict(scope), None, send).send(None)
@@ -84,7 +85,7 @@ for _ in range(n):
 WSGI = """
 import sys
 import nanobucket as nb
-from nanobucket.wsgi import RateLimitMiddleware, Route
+from nanobucket.wsgi import RateLimitMiddleware, Route, header
 n = int(sys.argv[1])
 def bare(environ, start_response):
     start_response("200 OK", [("Content-Length", "2")])
@@ -94,7 +95,7 @@ def start_response(status, headers, exc_info=None):
 limiter = nb.KeyedTokenBucket(rate=10**9, capacity=10**9)
 app = {make}
 environ = {{"REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/api/items",
-           "HTTP_HOST": "localhost", "REMOTE_ADDR": "127.0.0.1"}}
+           "HTTP_HOST": "localhost", "HTTP_X_API_KEY": "k1", "REMOTE_ADDR": "127.0.0.1"}}
 for _ in range(n):
     app(dict(environ), start_response)
 """
@@ -137,6 +138,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         f"RateLimitMiddleware(bare, limiter, routes={ROUTES})",
         "ASGI middleware, IETF fields, 3 routes",
     ),
+    "asgi_api_key": (
+        ASGI,
+        f"RateLimitMiddleware(bare, limiter, key=header('X-API-Key'), routes={ROUTES})",
+        "ASGI middleware, IETF fields, 3 routes, keyed by X-API-Key",
+    ),
     "wsgi_bare": (WSGI, "bare", "floor: the bare WSGI app"),
     "wsgi_ietf": (WSGI, "RateLimitMiddleware(bare, limiter)", "WSGI middleware, IETF fields"),
     "wsgi_off": (
@@ -148,6 +154,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         WSGI,
         f"RateLimitMiddleware(bare, limiter, routes={ROUTES})",
         "WSGI middleware, IETF fields, 3 routes",
+    ),
+    "wsgi_api_key": (
+        WSGI,
+        f"RateLimitMiddleware(bare, limiter, key=header('X-API-Key'), routes={ROUTES})",
+        "WSGI middleware, IETF fields, 3 routes, keyed by X-API-Key",
     ),
 }
 FLOOR_OF = {
@@ -162,9 +173,11 @@ FLOOR_OF = {
     "asgi_ietf": "asgi_bare",
     "asgi_off": "asgi_bare",
     "asgi_routes": "asgi_bare",
+    "asgi_api_key": "asgi_bare",
     "wsgi_ietf": "wsgi_bare",
     "wsgi_off": "wsgi_bare",
     "wsgi_routes": "wsgi_bare",
+    "wsgi_api_key": "wsgi_bare",
 }
 
 

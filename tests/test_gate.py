@@ -53,6 +53,8 @@ class FakeView:
     def header(self, request: Request, name: str) -> str | None:
         return request.headers.get(name)
 
+    app_header = header
+
     def note(self, request: Request, name: str, value: object) -> None:
         request.notes[name] = value
 

@@ -44,17 +44,21 @@ class RequestView:
     __slots__ = ()
 
     def method(self, request: Any) -> str:
-        return request.method or "GET"
+        return request.method or "GET"  # upper case: Django upper-cases what was sent
 
     def path(self, request: Any) -> str:
-        # Text already (decoded, SCRIPT_NAME included), as routes are written.
-        return request.path or "/"
+        # What the URL resolver routes: below SCRIPT_NAME (or FORCE_SCRIPT_NAME,
+        # or an ASGI root_path), decoded text.
+        return request.path_info or "/"
 
     def peer(self, request: Any) -> str:
         return request.META.get("REMOTE_ADDR") or ""
 
     def header(self, request: Any, name: str) -> str | None:
         return request.META.get(cgi_name(name))  # type: ignore[no-any-return]
+
+    # As the view reads it: Django joins repeated fields (ASGI) as the WSGI servers do.
+    app_header = header
 
     def note(self, request: Any, name: str, value: object) -> None:
         request.META[name] = value

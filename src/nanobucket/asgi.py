@@ -11,6 +11,7 @@ FastAPI / Starlette: ``app.add_middleware(RateLimitMiddleware, limiter=limiter)`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -93,12 +94,20 @@ class RateLimitMiddleware:
         )
         self.counters = gate.counters
         self.headers, self.shadow = gate.headers, gate.shadow  # as configured
+        # The root paths seen (a few: the server's, the mounts'), each checked
+        # once against the routes (see `_new_root`); None: no routes to check.
+        self._roots: set[str] | None = set() if gate.router.patterns() else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         gate = self._gate
+        roots = self._roots
+        if roots is not None:
+            root = scope.get("root_path")
+            if root and root not in roots:
+                self._new_root(root)
         if gate.awaits:
             admitted, decision, fields, body, due = await gate.decide_async(scope)
         else:  # the peer read here, where it costs least: every request's default key needs it
@@ -126,6 +135,27 @@ class RateLimitMiddleware:
             return
         app = self.app  # a local name: a callable attribute is called faster from one
         await app(scope, receive, to_app)
+
+    def _new_root(self, root: str) -> None:
+        """Warn once if a route was written with the root path *root* in it.
+
+        Rules match the path below the root path, as the app routes it, so
+        ``Route("/api/login")`` under ``--root-path /api`` never applies.
+        """
+        roots = self._roots
+        assert roots is not None
+        if len(roots) >= 64:  # mounts are few: past that, stop looking
+            return
+        roots.add(root)
+        written = [p for p in self._gate.router.patterns() if p == root or p.startswith(root + "/")]
+        if written:
+            warnings.warn(
+                f"Route({written[0]!r}) begins with the root path {root!r}: routes are "
+                f"matched against the path below it, as the app routes it, so write "
+                f"Route({written[0][len(root) :] or '/'!r})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     async def _charged(self, scope: Scope, receive: Receive, send: Send, due: Due) -> None:
         """Run the app, then settle ``charge(scope, status)`` against the up-front cost."""

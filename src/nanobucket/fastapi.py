@@ -115,16 +115,19 @@ class _RequestView:
     __slots__ = ()
 
     def method(self, request: Request) -> str:
-        return request.scope["method"]  # type: ignore[no-any-return]
+        return SCOPE.method(request.scope)
 
     def path(self, request: Request) -> str:
-        return request.scope["path"]  # type: ignore[no-any-return]
+        return SCOPE.path(request.scope)
 
     def peer(self, request: Request) -> str:
         return SCOPE.peer(request.scope)
 
     def header(self, request: Request, name: str) -> str | None:
         return SCOPE.header(request.scope, name)
+
+    def app_header(self, request: Request, name: str) -> str | None:
+        return SCOPE.app_header(request.scope, name)
 
     def note(self, request: Request, name: str, value: object) -> None:
         request.scope[name] = value

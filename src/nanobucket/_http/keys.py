@@ -57,6 +57,8 @@ class header(KeyFunc):  # lower case: reads as a function at the call site
     'header:k1'
     >>> header("X-API-Key").asgi({"headers": [], "client": ("1.2.3.4", 5)})  # none sent
     'addr:1.2.3.4'
+    >>> header("X-API-Key").asgi({"headers": [(b"x-api-key", b"k1"), (b"x-api-key", b"k2")]})
+    'header:k1'
     """
 
     __slots__ = ("_fallback", "_name")
@@ -76,7 +78,9 @@ class header(KeyFunc):  # lower case: reads as a function at the call site
         >>> header("X-API-Key").read(SCOPE, {"headers": [(b"x-api-key", b"k1")]})
         'header:k1'
         """
-        value = view.header(request, self._name)
+        # As the app reads it (the first of repeated fields under ASGI): the
+        # key is the value the app authenticates, not a join the client extends.
+        value = view.app_header(request, self._name)
         if value:
             return bounded("header", value)
         return "addr:" + self._fallback.read(view, request)  # type: ignore[no-any-return]

@@ -30,7 +30,9 @@ class Route:
 
     *path* is exact (``"/login"``) or a prefix ending in ``"/*"``
     (``"/api/*"`` matches ``/api`` and everything below it). The most
-    specific rule wins: an exact match, else the longest prefix. *path* is
+    specific rule wins: an exact match, else the longest prefix. An exact
+    path also takes its form with one trailing ``/`` more or less (unless
+    the rule is exempt, or that form has a rule of its own). *path* is
     the decoded path, as the app routes it (``"/café"``, not
     ``"/caf%C3%A9"``). *methods* limits the rule to some methods (e.g.
     ``{"POST"}``); other methods take the next rule that matches (a shorter
@@ -200,6 +202,15 @@ class Router:
         prefixes.sort(key=lambda p: (-len(p[0]), p[1] is None))
         for rules in self.exact.values():
             rules.sort(key=lambda p: p[0] is None)
+        # One trailing slash more or less takes an exact rule's path too (never
+        # an exempt one): Litestar serves "/login/" from its "/login" route, and
+        # Starlette and Werkzeug redirect between the two forms. Kept in the
+        # table, so matching pays nothing for it.
+        for path, rules in list(self.exact.items()):
+            twin_path = path[:-1] if path.endswith("/") else path + "/"
+            kept = [(methods, rule) for methods, rule in rules if not rule.exempt]
+            if len(path) > 1 and twin_path not in self.exact and kept:
+                self.exact[twin_path] = kept
         self.prefixes = prefixes
         self._guarded: Router | None = self._without_exempt()
 
@@ -215,6 +226,18 @@ class Router:
         twin.prefixes = [p for p in self.prefixes if not p[2].exempt]
         twin._guarded = None  # it is the guard: it looks the path up as given
         return twin
+
+    def patterns(self) -> list[str]:
+        """The paths the routes were written with (``"/api/*"`` as written).
+
+        >>> import nanobucket as nb
+        >>> limiter = nb.TokenBucket(rate=1, capacity=1)
+        >>> build_router(limiter, None, 1, "d", None, [Route("/api/*")], "/healthz").patterns()
+        ['/api/*', '/healthz']
+        """
+        found = {rule.pattern for rules in self.exact.values() for _, rule in rules}
+        found.update(rule.pattern for _, _, rule in self.prefixes)
+        return sorted(found)
 
     def policies(self) -> list[Policy]:
         """The policy of every rule that is not exempt, the default's first."""

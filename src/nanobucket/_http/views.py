@@ -31,12 +31,21 @@ __all__ = (
 class View(Protocol):
     """What the gate needs from one framework's requests (each method takes the request).
 
-    * ``method(request)``, ``path(request)``: the method, and the path as
-      received (percent-decoded text, dot segments and all: what the app routes);
+    * ``method(request)``: the method as the frameworks route it, upper case
+      (Werkzeug and Django upper-case what the client sent);
+    * ``path(request)``: the path the application under the middleware
+      routes: below its mount or root path (ASGI ``root_path``, WSGI
+      ``SCRIPT_NAME``, Django's ``path_info``), as received otherwise
+      (percent-decoded text, dot segments and all);
     * ``peer(request)``: the socket peer's address (``""`` when there is none,
       a unix socket);
     * ``header(request, name)``: a request header by its lower-case name, the
-      fields of one name joined with ``", "``; None when absent;
+      fields of one name joined with ``", "`` (a forwarded address cannot
+      hide in a second field); None when absent;
+    * ``app_header(request, name)``: the header as the application reads it
+      (the first field, where the framework reads the first): a key is
+      built from the value the app authenticates, never from a join the
+      client controls; None when absent;
     * ``note(request, name, value)``, ``noted(request, name)``: the
       ``"nanobucket.*"`` entries left on the request for the app and for
       `route` (``scope``, ``environ`` or ``request.META``).
@@ -48,6 +57,7 @@ class View(Protocol):
     def path(self, request: Any) -> str: ...
     def peer(self, request: Any) -> str: ...
     def header(self, request: Any, name: str) -> str | None: ...
+    def app_header(self, request: Any, name: str) -> str | None: ...
     def note(self, request: Any, name: str, value: object) -> None: ...
     def noted(self, request: Any, name: str) -> Any: ...
 
@@ -61,6 +71,8 @@ class ScopeView:
     ('1.2.3.4', 'k1', None)
     >>> SCOPE.method(scope), SCOPE.path(scope)
     ('GET', '/a')
+    >>> SCOPE.method({"method": "post"}), SCOPE.path({"path": "/api/login", "root_path": "/api"})
+    ('POST', '/login')
     >>> SCOPE.note(scope, "nanobucket.route", "/api/*"); scope["nanobucket.route"]
     '/api/*'
     """
@@ -70,13 +82,57 @@ class ScopeView:
     def __init__(self) -> None:
         self._names: dict[str, bytes] = {}  # header names as the scope spells them
 
-    # C callables, not methods: the gate calls them on every routed request.
-    #: The request's method: ``SCOPE.method({"method": "POST"})`` is ``"POST"``.
-    method = operator.itemgetter("method")
-    #: The path as the server decoded it (``scope["path"]``).
-    path = operator.itemgetter("path")
     #: Leave a value in the scope: ``SCOPE.note(scope, "nanobucket.route", "/api/*")``.
+    #: (A C callable: the gate calls it on every routed request.)
     note = staticmethod(_setitem)
+
+    def method(self, request: Mapping[str, Any]) -> str:
+        """The method upper-cased, as Werkzeug (Quart) routes it: ``post`` takes a POST rule.
+
+        Starlette routes the method as sent and answers ``post`` with 405;
+        counting it under the POST rule gives the client nothing there.
+
+        >>> SCOPE.method({"method": "pOsT"})
+        'POST'
+        """
+        return request["method"].upper()  # type: ignore[no-any-return]
+
+    def path(self, request: Mapping[str, Any]) -> str:
+        """The path the app routes: ``scope["path"]`` below ``root_path``.
+
+        Servers (uvicorn's ``--root-path``) and mounts (Starlette's
+        ``Mount``) keep the root path inside ``scope["path"]``, and the
+        frameworks route what follows it. They agree on a path that
+        starts with the root path at a segment boundary; elsewhere they
+        differ: Starlette routes ``/apix/a`` (root ``/api``) whole, Quart
+        strips the prefix however it ends and Litestar cuts at the root
+        path's first occurrence anywhere, so both route it as ``/x/a``.
+        Those are read as Quart and Litestar read them: the app may serve
+        them there, and under Starlette they reach no route of its own
+        (unless one begins with the root path's text). The root path comes
+        from the server's configuration or the app's mount, never from the
+        client.
+
+        >>> SCOPE.path({"path": "/v1/login", "root_path": "/v1"})
+        '/login'
+        >>> SCOPE.path({"path": "/v1", "root_path": "/v1"})
+        '/'
+        >>> SCOPE.path({"path": "/v1x/a", "root_path": "/v1"})
+        '/x/a'
+        """
+        path: str = request["path"]
+        root = request.get("root_path")
+        if not root:
+            return path
+        if path.startswith(root):
+            rest = path[len(root) :]
+        elif root in path:  # Litestar's reading: after the first occurrence
+            rest = path.split(root, 1)[1]
+        else:
+            return path
+        if rest[:1] == "/":
+            return rest
+        return "/" + rest
 
     def peer(self, request: Mapping[str, Any]) -> str:
         """The client's address, ``""`` for none (a unix socket).
@@ -102,6 +158,24 @@ class ScopeView:
         values = [v.decode("latin-1") for k, v in request.get("headers", ()) if k.lower() == raw]
         return ", ".join(values) if values else None
 
+    def app_header(self, request: Mapping[str, Any], name: str) -> str | None:
+        """The header *name* (lower case) as Starlette and FastAPI read it: its first field.
+
+        ``request.headers["x-api-key"]`` and FastAPI's ``APIKeyHeader`` read
+        the first of repeated fields, so a key is built from that one: a
+        second field the client adds buys no new bucket.
+
+        >>> SCOPE.app_header({"headers": [(b"X-A", b"1"), (b"x-a", b"2")]}, "x-a")
+        '1'
+        """
+        raw = self._names.get(name)
+        if raw is None:
+            raw = self._names[name] = name.encode("latin-1")
+        for k, v in request.get("headers", ()):
+            if k.lower() == raw:
+                return v.decode("latin-1")  # type: ignore[no-any-return]
+        return None
+
     def noted(self, request: Mapping[str, Any], name: str) -> Any:
         """What `note` left under *name*, else None.
 
@@ -123,20 +197,28 @@ class EnvironView:
     __slots__ = ()
 
     def method(self, request: Mapping[str, Any]) -> str:
-        """The request's method (GET when the server gave none).
+        """The method upper-cased, as Werkzeug and Django route it (GET when the server gave none).
 
-        >>> ENVIRON.method({})
-        'GET'
+        Servers (werkzeug's, wsgiref, gunicorn) pass it as sent: a
+        ``post`` reaches Flask's POST view, so it takes the POST rule.
+
+        >>> ENVIRON.method({}), ENVIRON.method({"REQUEST_METHOD": "post"})
+        ('GET', 'POST')
         """
-        return request.get("REQUEST_METHOD") or "GET"
+        return (request.get("REQUEST_METHOD") or "GET").upper()
 
     def path(self, request: Mapping[str, Any]) -> str:
-        """``SCRIPT_NAME + PATH_INFO`` as text (see `wsgi_path`), ``"/"`` when empty.
+        """``PATH_INFO`` as text (see `wsgi_path`), ``"/"`` when empty: what the app routes.
+
+        Never ``SCRIPT_NAME``: the app below a mount (Werkzeug's
+        ``DispatcherMiddleware``) routes ``PATH_INFO`` alone, and a proxy
+        fixer (``ProxyFix(x_prefix=1)``) sets ``SCRIPT_NAME`` from a header
+        the client may send.
 
         >>> ENVIRON.path({"SCRIPT_NAME": "/app", "PATH_INFO": "/caf\xc3\xa9"})
-        '/app/café'
+        '/café'
         """
-        return wsgi_path(request.get("SCRIPT_NAME", "") + request.get("PATH_INFO", "")) or "/"
+        return wsgi_path(request.get("PATH_INFO", "")) or "/"
 
     def peer(self, request: Mapping[str, Any]) -> str:
         """``REMOTE_ADDR``, ``""`` when absent.
@@ -153,6 +235,10 @@ class EnvironView:
         '1.2.3.4'
         """
         return request.get(cgi_name(name))
+
+    #: The header as the app reads it: the server's one value (joined by the
+    #: server where the client sent several, as Flask reads it too).
+    app_header = header
 
     #: Leave a value in the environ (a C callable: the gate calls it on every routed request).
     note = staticmethod(_setitem)
