@@ -23,13 +23,16 @@ A new framework joins the suite with an `Adapter` here and its name in
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
+import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponse
 from django.test import Client as DjangoClient
 from django.test import override_settings
@@ -55,6 +58,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.serving import make_server
 from werkzeug.test import Client as WerkzeugClient
 
+import nanobucket
 from nanobucket._http import Counters, Route, header
 from nanobucket.asgi import RateLimitMiddleware
 from nanobucket.django import NanobucketThrottle
@@ -65,7 +69,9 @@ from nanobucket.wsgi import RateLimitMiddleware as WSGIMiddleware
 API_KEY = "X-API-Key"
 PEER = "127.0.0.1"  # every client below calls from here: the key's fallback is its address
 FALLBACK = "addr:" + PEER
-ROOT = "/api"  # the root path (ASGI) or prefix (WSGI, Django) a mount puts above the app
+ROOT = "/api"  # a server's root path (ASGI), SCRIPT_NAME (WSGI, Django) above the app
+MOUNTED = "/v1"  # where a mount (Starlette's Mount, Werkzeug's DispatcherMiddleware) puts it
+NANOBUCKET_SRC = os.path.dirname(nanobucket.__file__)  # the package under test
 BIG = 1 << 30  # every limiter's capacity: no request is ever refused, every one is compared
 
 #: The rule each handler's route has: the pattern the gate should choose for
@@ -117,10 +123,12 @@ class Adapter:
     """A framework's app behind its gate, and how to send it a request.
 
     ``mounts`` names where the app can sit: ``""`` (at the root), ``"mount"``
-    (Starlette ``Mount`` / Werkzeug ``DispatcherMiddleware`` at `ROOT`),
-    ``"root_path"`` (an ASGI server's root path), ``"proxyfix"`` (Werkzeug's
-    ``ProxyFix(x_prefix=1)`` with a client-set ``X-Forwarded-Prefix``),
-    ``"script_name"`` (Django under a WSGI ``SCRIPT_NAME``).
+    (Starlette ``Mount`` / Werkzeug ``DispatcherMiddleware`` at `MOUNTED`),
+    ``"root_path"`` (an ASGI server's root path, `ROOT`), ``"mount+root_path"``
+    (both), ``"unprefixed_root_path"`` (a root path left out of ``path``, as
+    hypercorn and daphne give it), ``"proxyfix"`` (Werkzeug's ``ProxyFix(x_prefix=1)`` with a
+    client-set ``X-Forwarded-Prefix``), ``"script_name"`` and
+    ``"force_script_name"`` (Django under a ``SCRIPT_NAME``, or its setting).
     ``routed``: the gate chooses a rule by path and method (a middleware);
     False when it only keys (a FastAPI dependency, a DRF throttle).
     """
@@ -139,12 +147,13 @@ class Adapter:
         """Called by a handler: what the framework handed it."""
         self.seen.handler, self.seen.method, self.seen.read = handler, method, read
 
-    def send(self, method: str, target: str, keys: list[str], mount: str) -> Seen:
-        """Send one request: *target* is the path (percent-encoded) below the mount."""
+    def send(self, method: str, target: str, keys: list[tuple[str, str]], mount: str) -> Seen:
+        """Send one request: *target* is the request target (percent-encoded) below
+        the mount, *keys* its key header fields (name, value)."""
         self.seen = seen = Seen()
         self.events.clear()
         exempt = self.counters.exempt
-        seen.status = self.deliver(method, target, [(API_KEY, k) for k in keys], mount)
+        seen.status = self.deliver(method, target, keys, mount)
         seen.events = list(self.events)
         seen.exempt = self.counters.exempt - exempt
         return seen
@@ -161,15 +170,18 @@ class Adapter:
 
 class ASGIDriver:
     """Calls an ASGI app as uvicorn does: the method and the headers as sent, the path
-    percent-decoded, a root path put in front of ``path`` and ``raw_path`` (uvicorn >= 0.26)."""
+    percent-decoded, a root path put in front of ``path`` and ``raw_path`` (uvicorn >= 0.26;
+    hypercorn and daphne leave it out: *prefixed* False)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, lifespan: bool = True) -> None:
         self.app = app
         self.loop = asyncio.new_event_loop()
         self._shutdown = asyncio.Event()
         self._started = self.loop.create_future()
-        self._lifespan = self.loop.create_task(self._run_lifespan())
-        self.loop.run_until_complete(self._started)
+        self._lifespan: asyncio.Task[None] | None = None
+        if lifespan:  # as uvicorn's "auto": the app's startup runs first
+            self._lifespan = self.loop.create_task(self._run_lifespan())
+            self.loop.run_until_complete(self._started)
 
     async def _run_lifespan(self) -> None:
         sent = False
@@ -193,9 +205,17 @@ class ASGIDriver:
             if not self._started.done():
                 self._started.set_result("unsupported")
 
-    def call(self, method: str, target: str, headers: list[tuple[str, str]], root: str) -> int:
+    def call(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        root: str,
+        prefixed: bool = True,
+    ) -> int:
         raw_path, _, query = target.encode("ascii").partition(b"?")
         path = urllib.parse.unquote(raw_path.decode("ascii"))
+        prefix = root if prefixed else ""
         fields = [(b"host", b"test")]
         fields += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         scope = {
@@ -207,8 +227,8 @@ class ASGIDriver:
             "scheme": "http",
             "method": method,
             "root_path": root,
-            "path": root + path,
-            "raw_path": root.encode("ascii") + raw_path,
+            "path": prefix + path,
+            "raw_path": prefix.encode("ascii") + raw_path,
             "query_string": query,
             "headers": fields,
             "state": {},
@@ -235,13 +255,22 @@ class ASGIDriver:
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 done.set()
 
-        await self.app(scope, receive, send)
-        done.set()
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            # The app's own failure is a server's 500 (Quart fails on an empty
+            # path); one raised inside nanobucket is the test's.
+            if NANOBUCKET_SRC in traceback.extract_tb(exc.__traceback__)[-1].filename:
+                raise
+            return 500
+        finally:
+            done.set()
         return status
 
     def close(self) -> None:
         self._shutdown.set()
-        self.loop.run_until_complete(self._lifespan)
+        if self._lifespan is not None:
+            self.loop.run_until_complete(self._lifespan)
         self.loop.close()
 
 
@@ -249,25 +278,26 @@ class ASGIAdapter(Adapter):
     """An ASGI app behind `nanobucket.asgi.RateLimitMiddleware`, at the root, in a
     Starlette ``Mount`` or under a server's root path."""
 
-    mounts = ("", "mount", "root_path")
+    mounts: ClassVar[tuple[str, ...]] = (
+        *("", "mount", "root_path", "mount+root_path", "unprefixed_root_path"),
+    )
 
     def __init__(self, impl: Any) -> None:
         super().__init__(impl)
         inner = RateLimitMiddleware(self.build(), **self.options)
         self.plain = ASGIDriver(inner)
         mounted = RateLimitMiddleware(self.build(), **self.options)
-        self.mounted = ASGIDriver(Starlette(routes=[Mount(ROOT, app=mounted)]))
+        self.mounted = ASGIDriver(Starlette(routes=[Mount(MOUNTED, app=mounted)]))
 
     def build(self) -> Any:
         """The framework's app (without the gate)."""
         raise NotImplementedError
 
     def deliver(self, method: str, target: str, headers: list[tuple[str, str]], mount: str) -> int:
-        if mount == "mount":
-            return self.mounted.call(method, ROOT + target, headers, "")
-        if mount == "root_path":
-            return self.plain.call(method, target, headers, ROOT)
-        return self.plain.call(method, target, headers, "")
+        root = ROOT if mount.endswith("root_path") else ""
+        if mount.startswith("mount"):
+            return self.mounted.call(method, MOUNTED + target, headers, root)
+        return self.plain.call(method, target, headers, root, mount != "unprefixed_root_path")
 
     def close(self) -> None:
         self.plain.close()
@@ -334,7 +364,7 @@ class FastAPIDependencyAdapter(Adapter):
     """`nanobucket.fastapi.RateLimit` as the app's dependency: it keys, routing is FastAPI's."""
 
     name = "fastapi-dependency"
-    mounts = ("", "mount", "root_path")
+    mounts = ASGIAdapter.mounts
     routed = False
 
     def __init__(self, impl: Any) -> None:
@@ -343,7 +373,7 @@ class FastAPIDependencyAdapter(Adapter):
         limit = RateLimit(options.pop("limiter"), **options)
         self.plain = ASGIDriver(fastapi_app(self, [Depends(limit)]))
         inner = fastapi_app(self, [Depends(limit)])
-        self.mounted = ASGIDriver(Starlette(routes=[Mount(ROOT, app=inner)]))
+        self.mounted = ASGIDriver(Starlette(routes=[Mount(MOUNTED, app=inner)]))
 
     deliver = ASGIAdapter.deliver
     close = ASGIAdapter.close
@@ -431,7 +461,7 @@ def wsgi_stack(adapter: Adapter, mount: str) -> Any:
     app = flask_app(adapter)
     app.wsgi_app = WSGIMiddleware(app.wsgi_app, **adapter.options)  # type: ignore[method-assign]
     if mount == "mount":
-        return DispatcherMiddleware(not_found, {ROOT: app})
+        return DispatcherMiddleware(not_found, {MOUNTED: app})
     if mount == "proxyfix":
         app.wsgi_app = ProxyFix(app.wsgi_app, x_prefix=1)  # type: ignore[method-assign]
     return app
@@ -455,8 +485,10 @@ class FlaskAdapter(Adapter):
         self.clients = {mount: WerkzeugClient(wsgi_stack(self, mount)) for mount in self.mounts}
 
     def deliver(self, method: str, target: str, headers: list[tuple[str, str]], mount: str) -> int:
+        if "://" in target:
+            return 0  # the test client parses an absolute URL itself: werkzeug's server sends it
         response = self.clients[mount].open(
-            (ROOT if mount == "mount" else "") + target,
+            (MOUNTED if mount == "mount" else "") + target,
             method=method,
             headers=wsgi_headers(headers, target, mount),
             environ_overrides={"REQUEST_METHOD": method, "REMOTE_ADDR": PEER},
@@ -509,7 +541,8 @@ class WerkzeugServerAdapter(Adapter):
     def deliver(self, method: str, target: str, headers: list[tuple[str, str]], mount: str) -> int:
         self.server.app = self.apps[mount]
         fields = wsgi_headers(headers, target, mount)
-        return self.server.request(method, (ROOT if mount == "mount" else "") + target, fields)
+        where = (MOUNTED if mount == "mount" else "") + target
+        return self.server.request(method, where, fields)
 
     def close(self) -> None:
         self.server.app = not_found
@@ -561,6 +594,7 @@ class DjangoAdapter(Adapter):
         # One value per name in a WSGI environ: a server joins repeated fields.
         joined: dict[str, str] = {}
         for k, v in headers:
+            k = k.replace("_", "-")  # noqa: PLW2901 - as the environ spells it (HTTP_X_API_KEY)
             joined[k] = joined[k] + "," + v if k in joined else v
         extra: dict[str, Any] = {"REQUEST_METHOD": method}
         if mount == "script_name":
@@ -572,6 +606,27 @@ class DjangoAdapter(Adapter):
 
     def close(self) -> None:
         self.settings.disable()
+
+
+class DjangoASGIAdapter(DjangoAdapter):
+    """The nanobucket Django middleware on Django's async path (``ASGIHandler``), called as
+    uvicorn calls it: repeated fields as sent, a root path, ``FORCE_SCRIPT_NAME``."""
+
+    name = "django-asgi"
+    mounts: ClassVar[tuple[str, ...]] = ("", "root_path", "force_script_name")
+
+    def __init__(self, impl: Any) -> None:
+        super().__init__(impl)
+        self.driver = ASGIDriver(ASGIHandler(), lifespan=False)  # Django serves no lifespan
+
+    def deliver(self, method: str, target: str, headers: list[tuple[str, str]], mount: str) -> int:
+        force = ROOT if mount == "force_script_name" else None
+        with override_settings(FORCE_SCRIPT_NAME=force):
+            return self.driver.call(method, target, headers, ROOT if mount == "root_path" else "")
+
+    def close(self) -> None:
+        self.driver.close()
+        super().close()
 
 
 class DRFAdapter(DjangoAdapter):
@@ -631,5 +686,6 @@ def adapters() -> Iterator[type[Adapter]]:
         QuartAdapter,
         FlaskAdapter,
         DjangoAdapter,
+        DjangoASGIAdapter,
         DRFAdapter,
     )

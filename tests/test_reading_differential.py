@@ -31,12 +31,18 @@ from fastapi import Depends, FastAPI, Security
 from fastapi.security import APIKeyHeader
 from flask import Flask
 from flask import request as flask_request
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
+from quart import Quart
+from quart import request as quart_request
 from reading_adapters import (
+    API_KEY,
     EXPECTED,
     FALLBACK,
+    MOUNTED,
+    ROOT,
     Adapter,
+    ASGIDriver,
     Seen,
     URLConf,
     WerkzeugServer,
@@ -65,36 +71,71 @@ __all__ = ("asgi_client",)  # a fixture, used by name
 
 # ----------------------------------------------------------------- strategies
 
+# Method spellings: the routes' own (most often, so most requests reach a
+# handler) and their case variants, and methods no route takes.
 METHODS = st.sampled_from(
     [
-        *("GET", "get", "Get", "gEt", "POST", "post", "Post", "pOsT", "HEAD", "head", "hEAD"),
+        *("GET", "GET", "GET", "POST", "POST", "POST", "HEAD"),
+        *("get", "Get", "gEt", "post", "Post", "pOsT", "head", "hEAD"),
         *("PUT", "put", "DELETE", "OPTIONS", "options", "PATCH"),
     ]
 )
 
-# Path segments as a client may write them: the routes' own, dot segments
-# (plain and percent-encoded), encoded slashes and letters, ";" parameters,
-# case changes, unicode (UTF-8, percent-encoded on the wire) and empty ones ("//").
+# A route's path, as a client may dress it: something before it (a path the
+# app serves, dot segments, "//", the root path's or the mount's text), its
+# letters encoded or upper-cased, something after it (a slash, dot segments,
+# a ";" parameter, a query, a fragment, unicode, bytes that are not UTF-8),
+# and the other request-target forms (relative, absolute) a server may pass
+# on as sent. Each part is most often left out.
+BASES = st.sampled_from(["/login", "/items/a", "/items/a/b", "/healthz", "/"])
+
+
+def maybe(*parts: str) -> st.SearchStrategy[str]:
+    return st.one_of(st.just(""), st.sampled_from(parts))
+
+
+BEFORE = maybe("/items", "/x", "/.", "/x/..", "/%2e", "/", "/items/%2E%2E", "/items/")
+INSIDE = maybe(ROOT, MOUNTED)  # the text of the root path or the mount, inside the path
+AFTER = maybe("/", "/.", "/..", "//", ";x=1", "?next=/healthz", "#f", "%20", "/caf%C3%A9", "%FF")
+SPELLING = maybe("encoded", "upper")
+FORM = maybe("relative", "absolute")
+
+
+def dressed(before: str, inside: str, base: str, spelling: str, after: str, form: str) -> str:
+    if spelling == "encoded" and len(base) > 1:  # "/login" as "/%6Cogin"
+        base = base[:1] + "%" + format(ord(base[1]), "02X") + base[2:]
+    elif spelling == "upper":
+        base = base.upper()
+    target = before + inside + base + after
+    if form == "relative":
+        return target.lstrip("/") or "*"
+    return "http://t" + target if form == "absolute" else target
+
+
+DRESSED = st.builds(dressed, BEFORE, INSIDE, BASES, SPELLING, AFTER, FORM)
+# Free-form paths from segments: the routes' own, dot segments, encoded
+# slashes and letters, ";" parameters, unicode and empty ones ("//").
 SEGMENTS = st.sampled_from(
     [
-        *("login", "items", "healthz", "a", "b.c", "", ".", "..", "%2e", "%2E%2e", ".%2e"),
+        *("login", "items", "healthz", "a", "b.c", "", ".", "..", "%2e", "%2E%2e", ".%2e", "api"),
         *("%2F", "login%2F", "items%2Fa", "%6Cogin", "%2Flogin", "LOGIN", "Healthz"),
         *("login;x=1", "healthz;", "items;a", "caf%C3%A9", "%C3%A9", "%FF", "%20", "login%00"),
     ]
 )
-TARGETS = st.one_of(
-    st.sampled_from(["/login", "/items/a", "/healthz", "/", "/items/a/b", "/login/", "/healthz/"]),
-    st.builds(
-        lambda segs, slash: "/" + "/".join(segs) + ("/" if slash else ""),
-        st.lists(SEGMENTS, min_size=1, max_size=4),
-        st.booleans(),
-    ),
+FREE = st.builds(
+    lambda segs, slash: "/" + "/".join(segs) + ("/" if slash else ""),
+    st.lists(SEGMENTS, min_size=1, max_size=4),
+    st.booleans(),
 )
+TARGETS = st.one_of(BASES, DRESSED, FREE)
 KEY_VALUES = st.sampled_from(
     ["k1", "k2", "", "junk-1", "junk-2", "x" * 8192, "a, b", "k1,k2", "caf\xe9"]
 )
-KEYS = st.lists(KEY_VALUES, max_size=3)  # one X-API-Key field per value (none, repeated)
-MOUNT = st.integers(0, 2)  # an index into the adapter's mounts
+# The key header's fields (none, one, repeated), its name spelled as clients may.
+KEYS = st.lists(
+    st.tuples(st.sampled_from(["X-API-Key", "x-api-key", "X_API_KEY"]), KEY_VALUES), max_size=3
+)
+MOUNT = st.integers(0, 4)  # an index into the adapter's mounts
 
 
 def check_reading(adapter: Adapter, seen: Seen) -> None:
@@ -142,12 +183,26 @@ def werkzeug_server() -> Iterator[WerkzeugServer]:
 # upper-cased), a repeated key header (Starlette reads the first field), a
 # mount or root path above the app.
 KNOWN = [
-    ("post", "/login", ["k1"], 0),
-    ("POST", "/login", ["k1", "junk-1"], 0),
-    ("POST", "/login", ["k1"], 1),
-    ("POST", "/login", ["k1"], 2),
-    ("GET", "/items/a", ["k1", "junk-2"], 1),
+    ("post", "/login", [(API_KEY, "k1")], 0),
+    ("POST", "/login", [(API_KEY, "k1"), (API_KEY, "junk-1")], 0),
+    ("POST", "/login", [(API_KEY, "k1")], 1),
+    ("POST", "/login", [(API_KEY, "k1")], 2),
+    ("GET", "/items/a", [(API_KEY, "k1"), (API_KEY, "junk-2")], 3),
 ]
+
+
+def open_divergence(adapter: Adapter, target: str, mount: str) -> str | None:
+    """The divergence, found by this suite, that the gate does not close yet and
+    *target* would meet, else None; each has a strict xfail test below (it
+    fails once the gate closes it: then its line goes here)."""
+    path = target.partition("?")[0].partition("#")[0]
+    if adapter.name == "quart" and "://" in path:
+        return "an absolute-form target: Quart routes its path"
+    if path[:1] not in ("/", "h") and ("/." in path or "//" in path):
+        return "a relative target with a dot segment or //: Werkzeug routes it below /"
+    if mount == "unprefixed_root_path" and ROOT in path:
+        return "the root path's text inside a path that does not start with it"
+    return None
 
 
 def _examples(test: Any) -> Any:
@@ -160,10 +215,11 @@ def _examples(test: Any) -> Any:
 @fuzz(40)
 @given(method=METHODS, target=TARGETS, keys=KEYS, mount=MOUNT)
 def test_gate_reads_the_request_as_the_app(
-    adapter: Adapter, method: str, target: str, keys: list[str], mount: int
+    adapter: Adapter, method: str, target: str, keys: list[tuple[str, str]], mount: int
 ) -> None:
-    seen = adapter.send(method, target, keys, adapter.mounts[mount % len(adapter.mounts)])
-    check_reading(adapter, seen)
+    where = adapter.mounts[mount % len(adapter.mounts)]
+    assume(open_divergence(adapter, target, where) is None)
+    check_reading(adapter, adapter.send(method, target, keys, where))
 
 
 @_examples
@@ -174,12 +230,14 @@ def test_gate_reads_the_request_as_flask_on_werkzeugs_server(
     werkzeug_server: WerkzeugServer,
     method: str,
     target: str,
-    keys: list[str],
+    keys: list[tuple[str, str]],
     mount: int,
 ) -> None:
     adapter = WerkzeugServerAdapter(impl, werkzeug_server)
+    where = adapter.mounts[mount % len(adapter.mounts)]
+    assume(open_divergence(adapter, target, where) is None)
     try:
-        seen = adapter.send(method, target, keys, adapter.mounts[mount % len(adapter.mounts)])
+        seen = adapter.send(method, target, keys, where)
     finally:
         adapter.close()
     check_reading(adapter, seen)
@@ -191,7 +249,7 @@ ROUTES += [("root", "GET", "/")]
 
 def test_every_adapter_dispatches_each_handler(adapter: Adapter) -> None:
     # The property compares only dispatched requests: each handler must be reachable.
-    got = {h: adapter.send(method, target, ["k1"], "") for h, method, target in ROUTES}
+    got = {h: adapter.send(method, target, [(API_KEY, "k1")], "") for h, method, target in ROUTES}
     assert {h: s.handler for h, s in got.items()} == {h: h for h in got}
     keys = [e.key for s in got.values() for e in s.events]
     if adapter.routed:
@@ -395,3 +453,83 @@ def test_route_rule_holds_below_djangos_force_script_name(impl: ModuleType, cloc
         got = [c.post("/login").status_code for _ in range(6)]
     assert got == [200, 200, 429, 429, 429, 429]
     assert runs == ["/app/login"] * 2
+
+
+# ------------------------------------------- divergences the gate leaves open
+# Found by the property above; each is a strict xfail until the gate closes
+# it (then it passes, fails as XPASS, and its line in `open_divergence` goes).
+
+
+@pytest.mark.xfail(strict=True, reason="the gate reads an absolute-form target as sent")
+def test_quart_absolute_form_target_takes_the_rule_of_its_path(
+    impl: ModuleType, clock: Any
+) -> None:
+    # hypercorn (Quart's server) and uvicorn's h11 pass "POST http://t/login"
+    # on with scope["path"] "http://t/login"; Quart routes its path, /login.
+    runs: list[str] = []
+    app = Quart("nanobucket_absolute")
+
+    @app.route("/login", methods=["POST"])
+    async def login() -> str:
+        runs.append(quart_request.path)
+        return "login"
+
+    strict, lenient = strict_and_lenient(impl, clock, 2)
+    asgi: Any = app  # Quart's own ASGI types, narrower than the middleware's
+    driver = ASGIDriver(RateLimitMiddleware(asgi, lenient, routes=[Route("/login", strict)]))
+    try:
+        got = [driver.call("POST", "http://t/login", [], "") for _ in range(6)]
+    finally:
+        driver.close()
+    assert runs[:1] == ["/login"]
+    assert got == [200, 200, 429, 429, 429, 429]
+
+
+@pytest.mark.xfail(strict=True, reason="a relative target with a dot segment takes no rule")
+def test_relative_target_with_a_dot_segment_takes_the_prefix_rule(
+    impl: ModuleType, clock: Any, werkzeug_server: WerkzeugServer
+) -> None:
+    # Werkzeug's server passes "GET items/a/. HTTP/1.1" on as PATH_INFO
+    # "items/a/.", and Flask serves it from /items/<path:p>.
+    runs: list[str] = []
+    app = Flask("nanobucket_relative")
+
+    @app.route("/items/<path:p>")
+    def items(p: str) -> str:
+        runs.append(p)
+        return "items"
+
+    strict, lenient = strict_and_lenient(impl, clock, 2)
+    app.wsgi_app = WSGIMiddleware(app.wsgi_app, lenient, routes=[Route("/items/*", strict)])  # type: ignore[method-assign]
+    werkzeug_server.app = app
+    try:
+        got = [werkzeug_server.request("GET", "items/a/.", []) for _ in range(6)]
+    finally:
+        werkzeug_server.app = not_found
+    assert runs[:1] == ["a/."]
+    assert got == [200, 200, 429, 429, 429, 429]
+
+
+@pytest.mark.xfail(strict=True, reason="the root path's text inside the path is cut there")
+def test_root_path_text_inside_the_path_is_never_exempt(impl: ModuleType, clock: Any) -> None:
+    # hypercorn and daphne leave the root path out of scope["path"]; Starlette
+    # then routes /items/api/healthz whole, from /items/{p:path}.
+    runs: list[str] = []
+
+    async def items(request: Request) -> PlainTextResponse:
+        runs.append(request.path_params["p"])
+        return PlainTextResponse("items")
+
+    async def healthz(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    routes = [StarletteRoute("/items/{p:path}", items), StarletteRoute("/healthz", healthz)]
+    limiter = impl.KeyedTokenBucket(rate=PER_MINUTE, capacity=2, clock=clock)
+    app = RateLimitMiddleware(Starlette(routes=routes), limiter, exempt=["/healthz"])
+    driver = ASGIDriver(app)
+    try:
+        got = [driver.call("GET", "/items/api/healthz", [], "/api", False) for _ in range(4)]
+    finally:
+        driver.close()
+    assert runs[:1] == ["api/healthz"]
+    assert got == [200, 200, 429, 429]
