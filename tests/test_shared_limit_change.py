@@ -32,6 +32,8 @@ def path(tmp_path: Path) -> Path:
 def test_a_release_with_another_limit_gets_it_and_the_old_keeps_its_own(path: Path) -> None:
     old = SharedKeyedTokenBucket.create(path=path, rate=1, capacity=2)  # release N
     assert [old.allow_at("alice", 0) for _ in range(2)] == [True, True]
+    with pytest.raises(FileExistsError, match=r"open_or_create\(\) to apply this limit"):
+        SharedKeyedTokenBucket.create(path=path, rate=2, capacity=4)  # says what to call
     new = SharedKeyedTokenBucket.open_or_create(path=path, rate=2, capacity=4)  # release N+1
     assert (new.rate, new.capacity, old.rate, old.capacity) == (2, 4, 1, 2)
     # Interleaved, each exact under its own limit: the new table starts full.

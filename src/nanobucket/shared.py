@@ -385,7 +385,16 @@ class SharedKeyedTokenBucket(_Table):
             elif target is not None:
                 # Atomic and exclusive: FileExistsError if anything is at the
                 # name, a symbolic link included (link never follows one).
-                os.link(tmp, target)
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise FileExistsError(
+                        errno.EEXIST,
+                        "a file is already at the name (open() attaches to its table and "
+                        "its limit; open_or_create() to apply this limit, replacing a table "
+                        "of another)",
+                        target,
+                    ) from None
         finally:
             os.close(fd)
             if tmp:
