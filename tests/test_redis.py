@@ -163,8 +163,10 @@ def test_key_expires_when_the_bucket_is_full_again(client: Any) -> None:
 def test_keys_share_a_cluster_slot_per_client_key(client: Any) -> None:
     a = nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=1, capacity=1, prefix="api")
     b = nbr.RedisTokenBucket(client, timeout=CLIENT_TIMEOUT, rate=10, capacity=5, prefix="login")
-    assert (
-        a.key("user:1") == b"api:{user:1}" and a.key(5) == b"api:{5}" and a.key(b"x") == b"api:{x}"
+    assert (a.key("user:1"), a.key(5), a.key(b"x")) == (
+        b"api:1000000:1:{user:1}",
+        b"api:1000000:1:{5}",
+        b"api:1000000:1:{x}",
     )
     assert key_slot(a.key("user:1")) == key_slot(b.key("user:1"))
     assert key_slot(a.key("user:1")) != key_slot(a.key("user:2"))
@@ -333,7 +335,7 @@ def test_none_is_refused_as_a_key_unless_the_limiter_takes_it(cls: Any, make: An
     )
     taking = cls(make(), rate=1, capacity=1, prefix="api", none_key=True)
     assert (limiter.none_key, taking.none_key) == (False, True)
-    assert taking.key(None) == b"api:{\xff}"  # no str or int key is these bytes
+    assert taking.key(None) == b"api:1000000:1:{\xff}"  # no str or int key is these bytes
 
 
 def test_none_key_against_redis(client: Any) -> None:

@@ -155,6 +155,27 @@ def test_keys_on_every_shard_decide_exactly(cluster: RedisClusterServers, lib: s
     client.close()
 
 
+def test_two_limits_on_one_prefix_decide_exactly_on_every_shard(
+    cluster: RedisClusterServers,
+) -> None:
+    # A rolling change of limit on a cluster: each limit has its own buckets, each
+    # key's buckets (of every limit) in the key's one slot, on its one shard.
+    client = _client(cluster)
+    old = _limiter(client, "change")
+    new = nbr.RedisTokenBucket(client, rate=200, capacity=400, prefix="change", timeout=SLOW_OK)
+    keys = _one_key_per_shard(cluster, client, old)
+    for port, key in keys.items():
+        assert cluster.node_of(new.key(key)).port == port
+        admitted = [old.allow_at(key, T0, 150), new.allow_at(key, T0, 300)]
+        admitted += [old.allow_at(key, T0, 100), new.allow_at(key, T0, 100)]
+        admitted += [old.allow_at(key, T0, 50), new.allow_at(key, T0, 1)]
+        assert admitted == [True, True, False, True, True, False]
+    assert old.allow_many_at(list(keys.values()), T0 + S) == bytearray([1] * 3)
+    new.reconfigure(rate=100, capacity=200, migrate=False)  # back to the old limit's buckets
+    assert [new.tokens_at(key, T0 + S) for key in keys.values()] == [99.0] * 3
+    client.close()
+
+
 def test_allow_many_over_shards_gives_the_per_key_bits(
     cluster: RedisClusterServers, lib: str
 ) -> None:

@@ -63,8 +63,7 @@ def server() -> Iterator[RedisServer]:
 
 def test_plain_client_decides_through_the_wire(redis_url: str) -> None:
     limiter = _limiter(nbr.client_from_url(redis_url, socket_timeout=2.0), prefix="wire-plain")
-    # Wrapped by the prefix check until the first decision, then the wire's script.
-    assert isinstance(limiter._script.inner, _wire.WireScript)
+    assert isinstance(limiter._script, _wire.WireScript)
     limiter.reset("k")
     d = limiter.check_at("k", 0, cost=2)
     assert isinstance(limiter._script, _wire.WireScript)
@@ -80,7 +79,7 @@ def test_plain_client_decides_through_the_wire(redis_url: str) -> None:
 def test_valkey_client_decides_through_the_wire(redis_url: str) -> None:
     client: Any = valkey.Valkey.from_url(redis_url, socket_timeout=2.0)
     limiter = _limiter(client, prefix="wire-valkey")
-    assert isinstance(limiter._script.inner, _wire.WireScript)
+    assert isinstance(limiter._script, _wire.WireScript)
     assert limiter.check_at("k", 0, cost=5).remaining == 0
     assert isinstance(limiter._script, _wire.WireScript)
     d = limiter.check_at("k", 0)

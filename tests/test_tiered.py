@@ -460,14 +460,23 @@ def test_redis_asyncio_one_loop(redis_url: str) -> None:
 
 def test_redis_plans_in_one_prefix_and_a_redis_that_cannot_answer(redis_url: str) -> None:
     same = _prefix("same")
-    with pytest.raises(ValueError, match="'free' and 'pro' share the Redis prefix"):
+    with pytest.raises(ValueError, match="'free' and 'trial' share their Redis buckets"):
         nb.tiered(
             {
                 "free": nbr.RedisTokenBucket(redis.Redis(), *FREE, prefix=same),
-                "pro": nbr.RedisTokenBucket(redis.Redis(), *PRO, prefix=same),
+                "trial": nbr.RedisTokenBucket(redis.Redis(), *FREE, prefix=same),
             },
             tier=lambda key: "free",
         )
+    # Two limits on one prefix keep their buckets apart (a key space each): accepted.
+    apart = nb.tiered(
+        {
+            "free": nbr.RedisTokenBucket.from_url(redis_url, *FREE, prefix=same),
+            "pro": nbr.RedisTokenBucket.from_url(redis_url, *PRO, prefix=same),
+        },
+        tier=lambda key: "pro",
+    )
+    assert apart.check_at("alice", 0, cost=150).remaining == 50
     # Redis down: the policy decides, the move is not made nor remembered (tried again).
     down = nbr.CircuitBreaker(clock=lambda: 0)
     down.record_failure()

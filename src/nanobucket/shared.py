@@ -79,6 +79,9 @@ PROBE = 128
 DEFAULT_MAX_KEYS = 100_000  # a 4 MiB file
 WHEN_FULL = ("reject", "admit")
 INT64_MAX = (1 << 63) - 1
+#: Rounds of `open_or_create` (open, else create; replace another limit's table)
+#: before it gives up: each lost only to another process's replacement.
+OPEN_OR_CREATE_TRIES = 100
 
 # magic, bom, version, header size, rate num, rate den, capacity, interval_ns,
 # slot count, max_keys, probe, when_full, seed0, seed1; then check, horizon.
@@ -150,6 +153,29 @@ def _header(fields: tuple[Any, ...]) -> bytes:
     return body + _CHECK.pack(hashlib.blake2b(body, digest_size=8).digest())
 
 
+def _validated_mode(mode: object) -> None:
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+        raise ValueError(f"mode must be a permission int such as 0o600, got {mode!r}")
+    if mode & 0o022:
+        raise ValueError(
+            f"mode {oct(mode)} lets group or others write the table, which open() "
+            "refuses; give at most 0o644"
+        )
+
+
+def _limit(
+    rate: RateLike, capacity: int, max_keys: int, when_full: str
+) -> tuple[Fraction, int, int, int]:
+    """A table's limit, checked: ``(exact rate, capacity, interval_ns, max_keys)``."""
+    exact, cap, interval, _tau = bucket_params(rate, capacity)
+    keys = validated_max_keys(max_keys)
+    if when_full not in WHEN_FULL:
+        raise ValueError(f"when_full must be 'reject' or 'admit', got {when_full!r}")
+    if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
+        raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
+    return exact, cap, interval, keys
+
+
 def _require_extension() -> None:
     if _Base is None:
         raise RuntimeError(
@@ -197,7 +223,10 @@ class SharedKeyedTokenBucket(_Table):
 
     keyed = True  # the verbs take the key first
 
-    __slots__ = ()
+    # (st_dev, st_ino) of a named table's file: `unlink` removes the name only while it is this
+    # table's (`open_or_create` may have put another there since).
+    __slots__ = ("_file",)
+    _file: tuple[int, int] | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError(
@@ -241,13 +270,7 @@ class SharedKeyedTokenBucket(_Table):
         """
         _require_extension()
         target = _resolve(name, path)
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise ValueError(f"mode must be a permission int such as 0o600, got {mode!r}")
-        if mode & 0o022:
-            raise ValueError(
-                f"mode {oct(mode)} lets group or others write the table, which open() "
-                "refuses; give at most 0o644"
-            )
+        _validated_mode(mode)
         return cls._create(target, rate, capacity, max_keys, mode, when_full, clock, none_key)
 
     @classmethod
@@ -294,14 +317,12 @@ class SharedKeyedTokenBucket(_Table):
         when_full: str,
         clock: Clock | None,
         none_key: bool,
+        *,
+        replace: bool = False,
     ) -> SharedKeyedTokenBucket:
-        """Build a table in a new file linked in at *target*, or in an anonymous one (None)."""
-        exact, cap, interval, _tau = bucket_params(rate, capacity)
-        keys = validated_max_keys(max_keys)
-        if when_full not in WHEN_FULL:
-            raise ValueError(f"when_full must be 'reject' or 'admit', got {when_full!r}")
-        if exact.numerator > INT64_MAX or exact.denominator > INT64_MAX:
-            raise ValueError(f"rate {rate!r} is too fine a fraction to store (num/den > 2**63)")
+        """Build a table in a new file linked in at *target* (or, with *replace*, renamed
+        over the file there), or in an anonymous one (None)."""
+        exact, cap, interval, keys = _limit(rate, capacity, max_keys, when_full)
         validated_clock(clock)
         validated_flag(none_key, "none_key")
         slots = _slot_count(keys)
@@ -338,6 +359,8 @@ class SharedKeyedTokenBucket(_Table):
                 _reserve(fd, size)
             os.pwrite(fd, header, 0)
             table = cls.__new__(cls)
+            info = os.fstat(fd)
+            table._file = None if target is None else (info.st_dev, info.st_ino)
             table._attach(
                 fd,
                 size,
@@ -355,10 +378,23 @@ class SharedKeyedTokenBucket(_Table):
                 clock,
                 none_key,
             )
-            if target is not None:
+            if target is not None and replace:
+                # Atomic: a process opening the name finds the old table or this one.
+                os.rename(tmp, target)
+                tmp = ""
+            elif target is not None:
                 # Atomic and exclusive: FileExistsError if anything is at the
                 # name, a symbolic link included (link never follows one).
-                os.link(tmp, target)
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise FileExistsError(
+                        errno.EEXIST,
+                        "a file is already at the name (open() attaches to its table and "
+                        "its limit; open_or_create() to apply this limit, replacing a table "
+                        "of another)",
+                        target,
+                    ) from None
         finally:
             os.close(fd)
             if tmp:
@@ -398,42 +434,129 @@ class SharedKeyedTokenBucket(_Table):
         target = _resolve(name, path)
         fd = _open_file(target)
         try:
-            info = os.fstat(fd)
-            _require_table_file(target, info)
-            raw = os.pread(fd, HEADER_SIZE, 0)
-            fields = _parse_header(target, raw, info.st_size)
-            (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy, seed0, seed1) = (
-                fields
-            )
+            info, fields = _read_table(target, fd)
             validated_clock(clock)
             validated_flag(none_key, "none_key")
-            rate = Fraction(num, den)
-            table = cls.__new__(cls)
-            table._attach(
-                fd,
-                info.st_size,
-                HEADER_SIZE,
-                target,
-                stored_rate(rate),
-                cap,
-                interval,
-                slots,
-                keys,
-                probe,
-                policy == 1,
-                seed0,
-                seed1,
-                clock,
-                none_key,
-            )
+            return cls._attached(fd, target, info, fields, clock, none_key)
         finally:
             os.close(fd)
+
+    @classmethod
+    def open_or_create(
+        cls,
+        name: str | None = None,
+        *,
+        rate: RateLike,
+        capacity: int,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        path: str | os.PathLike[str] | None = None,
+        mode: int = 0o600,
+        when_full: str = "reject",
+        clock: Clock | None = None,
+        none_key: bool = False,
+    ) -> SharedKeyedTokenBucket:
+        """Attach to the table at the name if it holds this limit, else put one that does there.
+
+        What a process that states its limit calls (each worker of a release,
+        a master before it forks), so a limit changed in code applies once
+        deployed, with no file to remove by hand:
+
+        - nothing at the name: a table is created, as `create` makes it (of
+          several processes at once, one creates it and the others attach);
+        - a table of this rate, capacity, ``max_keys`` and ``when_full``:
+          attached, as `open` does (its buckets as they are);
+        - a table of another: a new table of this limit replaces it at the
+          name in one step (a rename, one process at a time), every key
+          full. Processes attached to the old table keep it, under the old
+          limit, until they attach again (by name: to the new one); their
+          table never changes or shrinks under them. Buckets are not carried
+          over: a key starts full once under the new limit.
+
+        A file at the name that `open` refuses (not a table, damaged, another
+        layout version, unsafe) raises `BadTableError` and is left alone.
+
+        >>> path = os.path.join(tmp_dir, "limits")
+        >>> with SharedKeyedTokenBucket.open_or_create(path=path, rate=1, capacity=2) as old:
+        ...     with SharedKeyedTokenBucket.open_or_create(path=path, rate=2, capacity=4) as new:
+        ...         [old.allow_at("alice", 0) for _ in range(3)], new.tokens_at("alice", 0)
+        ([True, True, False], 4.0)
+        >>> with SharedKeyedTokenBucket.open(path=path) as t:   # the name holds the new limit
+        ...     t.capacity
+        4
+        """
+        _require_extension()
+        target = _resolve(name, path)
+        _validated_mode(mode)
+        exact, cap, _interval, keys = _limit(rate, capacity, max_keys, when_full)
+        wanted = (exact.numerator, exact.denominator, cap, keys, WHEN_FULL.index(when_full))
+        validated_clock(clock)
+        validated_flag(none_key, "none_key")
+        made = (target, rate, capacity, max_keys, mode, when_full, clock, none_key)
+        for _ in range(OPEN_OR_CREATE_TRIES):
+            try:
+                fd = _open_file(target)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):  # another process made it: open it
+                    return cls._create(*made)
+                continue
+            try:
+                info, fields = _read_table(target, fd)
+                num, den, has_cap, has_keys, policy = (fields[i] for i in (4, 5, 6, 9, 11))
+                if (num, den, has_cap, has_keys, policy) == wanted:
+                    return cls._attached(fd, target, info, fields, clock, none_key)
+                import fcntl  # POSIX only: here, so that the package still imports on Windows
+
+                # One replacer at a time (the lock is the old file's, dropped with fd):
+                # a process that waited finds the name moved and attaches to the new table.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _still_at(target, info):
+                    return cls._create(*made, replace=True)
+            finally:
+                os.close(fd)
+        raise BlockingIOError(
+            f"{target}: replaced by other processes {OPEN_OR_CREATE_TRIES} times in a row; "
+            "do processes with different limits open it at once?"
+        )
+
+    @classmethod
+    def _attached(
+        cls,
+        fd: int,
+        target: str,
+        info: os.stat_result,
+        fields: tuple[Any, ...],
+        clock: Clock | None,
+        none_key: bool,
+    ) -> SharedKeyedTokenBucket:
+        """A handle on the table of *fd*, whose header `_read_table` read as *fields*."""
+        (_m, _b, _v, _h, num, den, cap, interval, slots, keys, probe, policy, seed0, seed1) = fields
+        table = cls.__new__(cls)
+        table._file = (info.st_dev, info.st_ino)
+        table._attach(
+            fd,
+            info.st_size,
+            HEADER_SIZE,
+            target,
+            stored_rate(Fraction(num, den)),
+            cap,
+            interval,
+            slots,
+            keys,
+            probe,
+            policy == 1,
+            seed0,
+            seed1,
+            clock,
+            none_key,
+        )
         return table
 
     def unlink(self) -> None:
         """Remove the file; processes attached to it keep using the table until they close.
 
-        An anonymous table has no file: nothing to remove.
+        An anonymous table has no file: nothing to remove. A table that
+        replaced this one at the name (`open_or_create` with another limit)
+        is not this one's file: it stays.
 
         >>> path = os.path.join(tmp_dir, "api")
         >>> with SharedKeyedTokenBucket.create(path=path, rate=1, capacity=1) as t:
@@ -442,7 +565,7 @@ class SharedKeyedTokenBucket(_Table):
         (False, True)
         """
         if self.path is not None:
-            os.unlink(self.path)
+            _unlink_own(self.path, getattr(self, "_file", None))
         elif not self.slot_count:  # made with __new__: no table, anonymous or named
             raise ValueError(
                 "this SharedKeyedTokenBucket is not attached to a table: "
@@ -551,6 +674,43 @@ def _require_table_file(target: str, info: os.stat_result) -> None:
             f"{target}: writable by group or others (mode {oct(stat.S_IMODE(info.st_mode))}); "
             "a shared table must be writable by its owner only"
         )
+
+
+def _read_table(target: str, fd: int) -> tuple[os.stat_result, tuple[Any, ...]]:
+    """The file *fd* opened at *target*, checked as `open` checks it, and its header's fields."""
+    info = os.fstat(fd)
+    _require_table_file(target, info)
+    return info, _parse_header(target, os.pread(fd, HEADER_SIZE, 0), info.st_size)
+
+
+def _unlink_own(target: str, own: tuple[int, int] | None) -> None:
+    """Remove *target* if it names the file *own* (``(st_dev, st_ino)``); else leave it."""
+    import fcntl  # POSIX only: here, so that the package still imports on Windows
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):  # a symbolic link: no table's file
+            return
+        raise
+    try:
+        # The lock `open_or_create` takes to replace the file: never both at once.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) == own and _still_at(target, info):
+            os.unlink(target)
+    finally:
+        os.close(fd)
+
+
+def _still_at(target: str, info: os.stat_result) -> bool:
+    """Whether *target* still names the file of *info* (no other process replaced it)."""
+    try:
+        now = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
 
 def _parse_header(target: str, raw: bytes, size: int) -> tuple[Any, ...]:

@@ -169,7 +169,8 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
 
 
 def _check_redis_keys(plans: dict[str, tuple[str, Any]]) -> None:
-    """Plans in one Redis must not share a prefix: each is its own bucket of a key."""
+    """Plans in one Redis must not share their buckets (one prefix and one limit): each is
+    its own bucket of a key."""
     owner: dict[object, str] = {}
     for name, (_, limiter) in plans.items():
         to_key = getattr(limiter, "key", None)
@@ -178,8 +179,8 @@ def _check_redis_keys(plans: dict[str, tuple[str, Any]]) -> None:
         stored = to_key("k")
         if stored in owner:
             raise ValueError(
-                f"plans {owner[stored]!r} and {name!r} share the Redis prefix: "
-                "give each plan its own prefix="
+                f"plans {owner[stored]!r} and {name!r} share their Redis buckets (the same "
+                "prefix and limit): give each plan its own prefix="
             )
         owner[stored] = name
 

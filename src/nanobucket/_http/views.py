@@ -102,37 +102,32 @@ class ScopeView:
 
         Servers (uvicorn's ``--root-path``) and mounts (Starlette's
         ``Mount``) keep the root path inside ``scope["path"]``, and the
-        frameworks route what follows it. They agree on a path that
-        starts with the root path at a segment boundary; elsewhere they
-        differ: Starlette routes ``/apix/a`` (root ``/api``) whole, Quart
-        strips the prefix however it ends and Litestar cuts at the root
-        path's first occurrence anywhere, so both route it as ``/x/a``.
-        Those are read as Quart and Litestar read them: the app may serve
-        them there, and under Starlette they reach no route of its own
-        (unless one begins with the root path's text). The root path comes
-        from the server's configuration or the app's mount, never from the
-        client.
+        frameworks route what follows it when it starts at a segment
+        boundary. Right after the root path, mid-segment (``/apilogin``
+        under ``/api``: a target such as ``login`` with no leading ``/``),
+        they differ: Starlette routes the whole path, Quart and Litestar
+        strip the prefix and serve ``/login``. That reading is taken, and
+        marked as a suspect path (a doubled leading ``/``), so it never
+        takes an exempt rule (see `Router`). A path that does not start
+        with the root path is read whole, as Starlette reads it. The root
+        path comes from the server's configuration or the app's mount,
+        never from the client.
 
         >>> SCOPE.path({"path": "/v1/login", "root_path": "/v1"})
         '/login'
         >>> SCOPE.path({"path": "/v1", "root_path": "/v1"})
         '/'
-        >>> SCOPE.path({"path": "/v1x/a", "root_path": "/v1"})
-        '/x/a'
+        >>> SCOPE.path({"path": "/v1login", "root_path": "/v1"})
+        '//login'
         """
         path: str = request["path"]
         root = request.get("root_path")
-        if not root:
+        if not root or not path.startswith(root):
             return path
-        if path.startswith(root):
-            rest = path[len(root) :]
-        elif root in path:  # Litestar's reading: after the first occurrence
-            rest = path.split(root, 1)[1]
-        else:
-            return path
+        rest = path[len(root) :]
         if rest[:1] == "/":
             return rest
-        return "/" + rest
+        return "//" + rest if rest else "/"
 
     def peer(self, request: Mapping[str, Any]) -> str:
         """The client's address, ``""`` for none (a unix socket).

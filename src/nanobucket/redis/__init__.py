@@ -18,10 +18,13 @@ microsecond never counts, conservative); their returned times are us * 1000.
 With times that are whole microseconds and a whole-microsecond interval, a
 trace gives the very same decisions as :class:`nanobucket.KeyedTokenBucket`.
 
-Keys are ``b"<prefix>:{<key>}"``: the user key is the Redis Cluster hash tag,
-so every limit on one key (different prefixes, one layered decision) lives in
-one slot. Keys may be ``str``, ``bytes`` or ``int`` (``1`` and ``"1"`` are the
-same bucket). Two limiters with different rates must not share a prefix.
+Keys are ``b"<prefix>:<interval_us>:<capacity>:{<key>}"``: each limit on a
+prefix has a key space of its own, so limiters of two limits (the old and the
+new release of a rolling deploy) each decide exactly under their own, and a
+key starts full once under a new limit. The user key is the Redis Cluster hash
+tag, so every limit on one key (different prefixes, one layered decision)
+lives in one slot. Keys may be ``str``, ``bytes`` or ``int`` (``1`` and ``"1"``
+are the same bucket).
 
 No call waits longer than the limiter's ``timeout`` (0.1 s by default),
 whatever client it is given: the limiter talks to the client's server through

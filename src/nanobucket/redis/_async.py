@@ -10,7 +10,7 @@ from typing import Any
 from .. import _acquire
 from .._params import RateLike, validated_now
 from .._verbs import AsyncKeyedVerbs
-from . import _clients, _coalesce, _prefix
+from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
 from ._deadline import Deadline
@@ -117,7 +117,6 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         self._script = self._fast.register_script(_GCRA)
         self._many_script = self._fast.register_script(_GCRA_MANY)
         self._batch_script = self._fast.register_script(_GCRA_BATCH)
-        _prefix.guard(self)  # the prefix's limit is checked before the first decision
         self._coalesce = coalesce and not self._cluster
         self._discovery: asyncio.Future[Any] | None = None
         # The queue of the loop last used, and of every loop not closed (a
@@ -362,20 +361,14 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         50
         """
         params = self._new_params(rate, capacity, migrate)
-        if migrate:
+        if migrate and params[1:] != (self._capacity, self._interval_us):
             now_ns = None if now is None else validated_now(now)
             client = self._client
             async for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
                 await drive_async(
-                    self._migrate_key(client, self._swap_script, rkey, params, now_ns)
+                    self._migrate_key(client, self._carry_script, rkey, params, now_ns)
                 )
         self._set_params(params)
-        if migrate:  # as RedisTokenBucket's: the new terms recorded, or checked before use
-            value = _prefix.params_value(self._interval_us, self._tau_us)
-            await self._client.set(_prefix.params_key(self), value)
-            _prefix.release(self)
-        else:
-            _prefix.guard(self)
 
     def __repr__(self) -> str:
         return f"AsyncRedisTokenBucket(rate={self._rate!r}, capacity={self._capacity})"

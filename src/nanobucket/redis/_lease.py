@@ -21,7 +21,7 @@ from .._params import (
     validated_now,
 )
 from .._verbs import KeyedDecide
-from . import _clients, _prefix
+from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
 from ._limits import EXPLICIT_TTL_SLACK_MS, NS_PER_US, drive, evalsha_pipeline
@@ -112,7 +112,6 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
         )
         self._connect(client)
         self._script = self._give_script  # lua/lease.lua: take and give
-        _prefix.guard(self)  # the prefix's limit is checked before the first decision
         self._max_keys = validated_max_keys(max_keys)
         if max_lease is None:
             max_lease = max(1, self._capacity // 16)

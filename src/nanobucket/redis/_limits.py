@@ -51,8 +51,6 @@ EXPLICIT_TTL_SLACK_MS = 86_400_000
 #: The bytes of key None (``none_key=True``) in its Redis key: not UTF-8, so no
 #: str or int key has them (only the bytes key ``b"\xff"``).
 NONE_KEY = b"\xff"
-#: Compare-and-swap attempts per key when reconfigure migrates a busy bucket.
-SWAP_TRIES = 100
 
 _LUA = files(__package__).joinpath("lua")
 #: The shared Lua library (lua/lib.lua): its head (locals every part uses)
@@ -79,7 +77,7 @@ _GCRA_MANY = _script("gcra_many.lua")
 _GCRA_BATCH = _script("gcra_batch.lua")
 _LEASE = _script("lease.lua")
 _RESERVE = _script("reserve.lua")
-_SWAP = _script("swap.lua")
+_CARRY = _script("carry.lua")
 
 Steps = Generator[Any, Any, Any]
 _Limits = TypeVar("_Limits", bound="_RedisLimits")
@@ -113,9 +111,6 @@ def evalsha_pipeline(client: Any, script: Any, calls: list[tuple[bytes, tuple[An
     lost the script (restart, ``SCRIPT FLUSH``), load it and re-run only the
     calls that got ``NOSCRIPT``: those ran nothing, so none is applied twice.
     """
-    if isinstance(script, _prefix.Checked):  # the limiter's prefix is not checked yet
-        yield from script.steps()
-        script = script.inner
     results: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for _ in range(2):
@@ -185,13 +180,13 @@ class _RedisLimits(_FailurePolicy):
     ) -> None:
         self._timeout = _timeout_seconds(timeout)
         self._none_key = validated_flag(none_key, "none_key")
-        self._set_params(_redis_params(rate, capacity))
+        params = _redis_params(rate, capacity)
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': the key is the hash tag")
-        self._prefix = prefix.encode("utf-8") + b":{"
-        self._prefix_retry_at = 0.0  # monotonic s: no prefix check before (`_prefix.Checked`)
+        self._prefix = prefix.encode("utf-8")
+        self._set_params(params)
         super().__init__(on_error, fallback, breaker)
 
     def _connect(self, client: Any) -> None:
@@ -209,7 +204,7 @@ class _RedisLimits(_FailurePolicy):
         self._cluster = _clients.is_cluster(self._client)
         self._give_script = self._client.register_script(_LEASE)
         self._reserve_script = self._client.register_script(_RESERVE)
-        self._swap_script = self._client.register_script(_SWAP)
+        self._carry_script = self._client.register_script(_CARRY)
 
     @classmethod
     def from_url(
@@ -245,7 +240,7 @@ class _RedisLimits(_FailurePolicy):
         """Whether None is a key (``none_key=True``); else a verb given None raises.
 
         >>> RedisTokenBucket(redis.Redis(), rate=1, capacity=2, none_key=True).key(None)
-        b'nanobucket:{\\xff}'
+        b'nanobucket:1000000:2:{\\xff}'
         """
         return self._none_key
 
@@ -329,11 +324,12 @@ class _RedisLimits(_FailurePolicy):
         return self._breaker
 
     def key(self, key: Hashable) -> bytes:
-        """The Redis key of *key*'s bucket: ``<prefix>:{<key>}``.
+        """The Redis key of *key*'s bucket: ``<prefix>:<interval_us>:<capacity>:{<key>}``,
+        a key space of this limit's own (another limit on the prefix has another).
 
         >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200, prefix="api")
         >>> limiter.key("alice"), limiter.key(42)
-        (b'api:{alice}', b'api:{42}')
+        (b'api:10000:200:{alice}', b'api:10000:200:{42}')
         """
         if isinstance(key, str):
             raw = key.encode("utf-8")
@@ -349,7 +345,7 @@ class _RedisLimits(_FailurePolicy):
             raise TypeError(
                 f"a Redis limiter key must be str, bytes or int, not {type(key).__name__}"
             )
-        return self._prefix + raw + b"}"
+        return self._space + raw + b"}"
 
     def _cost(self, cost: object) -> int:
         if cost.__class__ is int and 0 <= cost <= self._capacity:
@@ -420,6 +416,7 @@ class _RedisLimits(_FailurePolicy):
         self._interval_ns = self._interval_us * NS_PER_US
         self._tau_ns = self._tau_us * NS_PER_US
         self._head = (str(self._interval_us).encode(), str(self._tau_us).encode())
+        self._space = _prefix.space(self._prefix, self._interval_us, self._capacity)
 
     def _give_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:
         # The lease script's "give": tat -= cost * interval, never below now.
@@ -519,26 +516,25 @@ class _RedisLimits(_FailurePolicy):
         return str(now_us + debt_us).encode(), debt_us // 1000 + 1 + slack_ms
 
     def _migrate_key(
-        self, client: Any, swap: Any, rkey: bytes, params: tuple[Any, int, int], now: int | None
+        self, client: Any, carry: Any, rkey: bytes, params: tuple[Any, int, int], now: int | None
     ) -> Steps:
-        """Re-express one stored bucket under *params* (see `reconfigure`; steps: see `drive`)."""
-        explicit = None if now is None else now // NS_PER_US
-        slack = 0 if explicit is None else EXPLICIT_TTL_SLACK_MS
-        for _ in range(SWAP_TRIES):
-            if explicit is None:
-                pipe = client.pipeline(transaction=False)
-                (secs, us), raw = yield pipe.time().get(rkey).execute()
-                now_us = int(secs) * 1_000_000 + int(us)
-            else:
-                now_us, raw = explicit, (yield client.get(rkey))
-            new = None if raw is None else self._new_tat(raw, now_us, params, slack)
-            if new is None or (yield swap(keys=(rkey,), args=(raw, *new))):
-                return
-        raise RuntimeError(f"{rkey!r} kept changing: not migrated")
+        """Carry one stored bucket over to *params*'s key space (see `reconfigure`; steps:
+        see `drive`). The old bucket stays as it is, for limiters still on the old limit."""
+        if now is None:
+            pipe = client.pipeline(transaction=False)
+            (secs, us), raw = yield pipe.time().get(rkey).execute()
+            now_us, slack = int(secs) * 1_000_000 + int(us), 0
+        else:
+            now_us, slack = now // NS_PER_US, EXPLICIT_TTL_SLACK_MS
+            raw = yield client.get(rkey)
+        new = None if raw is None else self._new_tat(raw, now_us, params, slack)
+        if new is not None and new[0]:  # a debt to carry (a full bucket carries nothing)
+            target = _prefix.space(self._prefix, params[2], params[1]) + rkey[len(self._space) :]
+            yield carry(keys=(target,), args=new)
 
     def _pattern(self) -> bytes:
-        # SCAN's glob: every byte of the prefix literal, then the key.
-        return b"".join(b"\\" + bytes([c]) for c in self._prefix) + b"*"
+        # SCAN's glob: every byte of this limit's key space literal, then the key.
+        return b"".join(b"\\" + bytes([c]) for c in self._space) + b"*"
 
 
 def _late() -> RedisTimeoutError:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _acquire
 from .._params import RateLike, validated_now, validated_timeout
 from .._verbs import KeyedBatch, KeyedVerbs
-from . import _clients, _prefix
+from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
 from ._limits import (
@@ -145,49 +145,43 @@ class _SyncLimits(_RedisLimits):
         now: int | None = None,
         migrate: bool = True,
     ) -> None:
-        """Change this instance's rate and/or capacity; with *migrate*, every stored bucket too.
+        """Change this instance's rate and/or capacity; with *migrate*, carry its buckets over.
 
-        Rate and capacity travel with each call, so they are this instance's:
-        reconfigure every instance sharing the prefix, the first with
-        ``migrate=True`` (the default), the others with ``migrate=False``
-        (the stored state is already in the new terms). Migrating does what
-        the in-process ``reconfigure`` does to each bucket of the prefix:
-        the tokens it holds at *now* (default: Redis time) carry over as
-        they are, capped at the new capacity, the new debt rounded up to a
-        whole microsecond. One difference: a full bucket is a missing key,
-        so it stays full under a larger capacity (in process it keeps the old
-        capacity's tokens and refills the rest). Each bucket changes
-        atomically (a compare-and-swap: a decision made meanwhile is never
-        overwritten); the prefix as a whole does not. Redis errors raise.
-        Migrating records the new limit as the prefix's (``<prefix>:params``,
-        which every limiter on the prefix checks before its first decision);
-        with ``migrate=False`` the limiter checks the recorded limit again
-        before its next decision.
+        Rate and capacity travel with each call, so they are this instance's.
+        Each limit keeps its buckets in a key space of its own under the prefix
+        (see `key`), so after the change this instance decides on the new
+        limit's buckets, beside instances still on the old limit (on the old
+        buckets, untouched) and those already on the new one (on the same
+        new buckets): nothing else needs telling. Without *migrate* a key the
+        new limit has not seen starts full. With *migrate* (the default)
+        every stored bucket of the old limit is carried over first, as the
+        in-process ``reconfigure`` does: the tokens it holds at *now*
+        (default: Redis time) carry over as they are, capped at the new
+        capacity, the new debt rounded up to a whole microsecond; a bucket
+        the new limit already holds keeps the stricter of the two (a
+        decision made meanwhile is never undone). One difference: a full
+        bucket is a missing key, so it stays full under a larger capacity (in
+        process it keeps the old capacity's tokens and refills the rest).
+        Carrying over scans the prefix once; Redis errors raise.
 
         >>> limiter = RedisTokenBucket(redis.Redis(), rate=100, capacity=200)
-        >>> limiter.reconfigure(rate=50, migrate=False)   # another instance already migrated
+        >>> limiter.reconfigure(rate=50, migrate=False)   # start the new limit full
         >>> limiter.rate, limiter.capacity, limiter.interval_ns
         (50, 200, 20000000)
         """
         self._reconfigure(self._new_params(rate, capacity, migrate), now, migrate)
 
     def _reconfigure(self, params: tuple[Any, int, int], now: int | None, migrate: bool) -> None:
-        if migrate:
+        if migrate and params[1:] != (self._capacity, self._interval_us):
             self._migrate(params, now)
         self._set_params(params)
-        if migrate:  # the prefix's buckets are in the new terms: record them
-            value = _prefix.params_value(self._interval_us, self._tau_us)
-            self._client.set(_prefix.params_key(self), value)
-            _prefix.release(self)
-        else:  # another instance migrated: its record is checked before the next decision
-            _prefix.guard(self)
 
     def _migrate(self, params: tuple[Any, int, int], now: int | None) -> None:
-        """Re-express every stored bucket of the prefix under *params* (see `reconfigure`)."""
+        """Carry every stored bucket of this limit over to *params* (see `reconfigure`)."""
         now_ns = None if now is None else validated_now(now)
         client = self._client
         for rkey in client.scan_iter(match=self._pattern(), count=1000, _type="string"):
-            drive(self._migrate_key(client, self._swap_script, rkey, params, now_ns))
+            drive(self._migrate_key(client, self._carry_script, rkey, params, now_ns))
 
 
 class RedisTokenBucket(
@@ -248,7 +242,6 @@ class RedisTokenBucket(
         self._connect(client)
         self._script = self._wired(self._client.register_script(_GCRA))
         self._many_script = self._wired(self._client.register_script(_GCRA_MANY))
-        _prefix.guard(self)  # the prefix's limit is checked before the first decision
 
     # The steps the verbs are derived from (`nanobucket._verbs`).
 
