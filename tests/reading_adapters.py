@@ -77,7 +77,7 @@ BIG = 1 << 30  # every limiter's capacity: no request is ever refused, every one
 #: The rule each handler's route has: the pattern the gate should choose for
 #: a request the app dispatched to it (by the method the handler saw).
 EXPECTED: dict[str, Callable[[str], str]] = {
-    "login": lambda method: "/login" if method == "POST" else "*",
+    "login": lambda method: "/login" if method.upper() == "POST" else "*",
     "items": lambda method: "/items/*",
     "healthz": lambda method: "exempt",
     "root": lambda method: "*",
