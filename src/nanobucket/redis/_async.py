@@ -13,7 +13,7 @@ from .._verbs import AsyncKeyedVerbs
 from . import _clients, _coalesce, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
-from ._deadline import Deadline
+from ._deadline import Deadline, ceiling
 from ._limits import (
     _GCRA,
     _GCRA_BATCH,
@@ -33,7 +33,7 @@ __all__ = ("AsyncRedisTokenBucket",)
 #: instead of redis.asyncio's costly socket timeout; the loop's own lag is not
 #: counted against Redis (see `_deadline`). On 3.10 the asyncio limiter keeps
 #: the socket timeout.
-_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = (
+_timeout_at: Callable[[float, float], contextlib.AbstractAsyncContextManager[Any]] | None = (
     Deadline if hasattr(asyncio.Task, "uncancel") else None
 )
 #: No deadline of the limiter's own: the client's socket timeout bounds the call.
@@ -66,7 +66,10 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
     Each decision round trip is bounded by one deadline (``timeout`` after
     the oldest caller of the batch queued) instead of a socket timeout
     (Python >= 3.11; on 3.10 the socket timeout; a cluster keeps its socket
-    timeouts under the deadline). A caller
+    timeouts under the deadline). Time the event loop spends blocked or
+    busy with other tasks moves the deadline (it is not Redis's), but never
+    past ``max(10 * timeout, 1 s)`` after the call: then the policy answers,
+    however busy the loop. A caller
     that waited past its deadline behind a slow round trip gets the policy
     (reason ``"timeout"``) without being sent. When
     Redis cannot decide a batch, every caller in it gets the policy's (or the
@@ -125,13 +128,17 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         self._coalescer: _coalesce.Coalescer | None = None
         self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
 
-    def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
+    def _deadline(
+        self, at: float | None = None, hard: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The bound of one decision round trip: loop time *at*, moved by the loop's lag
+        up to loop time *hard* (default: ``timeout`` and `ceiling` from now)."""
         if _timeout_at is None:
             return contextlib.nullcontext()  # the client's socket timeout bounds it
-        if at is None:
-            at = asyncio.get_running_loop().time() + self._timeout
-        return _timeout_at(at)
+        if at is None or hard is None:
+            now = asyncio.get_running_loop().time()
+            at, hard = now + self._timeout, now + ceiling(self._timeout)
+        return _timeout_at(at, hard)
 
     async def _send(
         self, bound: contextlib.AbstractAsyncContextManager[Any], call: Any, *args: Any
@@ -223,8 +230,11 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             return self._decision(reply, cost)
         return self._admits(reply, cost)
 
-    async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
-        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
+    async def _send_batch(
+        self, calls: list[_coalesce.Call], deadline: float, hard: float
+    ) -> list[Any]:
+        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*
+        (moved by the loop's lag, up to *hard*).
 
         Answers every call, raising nothing: a decision each, or when Redis
         cannot decide, the policy's answer each (its exception, for "raise").
@@ -245,7 +255,9 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             args.append(b"")
             args += codes
         rkeys = [c.rkey for c in calls]
-        ok, reply = await self._send(self._deadline(deadline), self._batch_script, rkeys, args)
+        ok, reply = await self._send(
+            self._deadline(deadline, hard), self._batch_script, rkeys, args
+        )
         if not ok:
             return [self._policy_answer(c.key, c.cost, c.now_ns, c.consume, reply) for c in calls]
         decision, tau = self._decision, self._tau_us
