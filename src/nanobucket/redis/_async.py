@@ -96,7 +96,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         capacity: int,
         *,
         prefix: str = "nanobucket",
-        on_error: Policy = "raise",
+        on_error: Policy = "local",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
@@ -152,6 +152,8 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             async with bound:
                 if self._cluster and getattr(self._client, "_initialize", False):
                     await self._discovered()
+                if self._outage.owed:  # Redis is back: its buckets first take what was admitted
+                    await self._charge(breaker)
                 reply = await call(*args)
         except _clients.UNAVAILABLE as e:
             err = e
@@ -164,6 +166,18 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             return True, reply
         breaker.record_failure()  # once: one round trip failed, whatever it carried
         return False, err
+
+    async def _charge(self, breaker: CircuitBreaker) -> None:
+        """`RedisTokenBucket._charge`, awaited."""
+        charges = self._outage.take(breaker, self._fallback)
+        if not charges:
+            return
+        try:
+            await drive_async(self._charge_steps(charges))
+        except BaseException:  # a deadline's cancel too: charged again next time
+            self._outage.restore(breaker, charges)
+            raise
+        self._outage.charged(self, charges)
 
     async def _discovered(self) -> None:
         """Wait for the cluster client to learn the topology, in a task a deadline cannot cancel.
@@ -225,7 +239,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         ok, reply = await self._send(self._deadline(), self._script, (call.rkey,), args)
         if not ok:
             return self._policy(key, cost, now_ns, consume, reply)
-        self._saw(key, reply, cost if consume else 0)
+        self._saw(key, reply, cost if consume else 0, now_ns)
         if call.full:
             return self._decision(reply, cost)
         return self._admits(reply, cost)
@@ -264,7 +278,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         owed_each = list(map(int, reply.split(b",")))
         if self._fallback is not None:
             for c, owed in zip(calls, owed_each):
-                self._saw(c.key, owed, c.cost if c.consume else 0)
+                self._saw(c.key, owed, c.cost if c.consume else 0, c.now_ns)
         return [
             decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
             for c, owed in zip(calls, owed_each)
