@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 
 import nanobucket as nb
@@ -111,8 +112,6 @@ def test_a_middleware_over_a_default_redis_limiter_limits_through_an_outage(
 def test_the_policies_chosen_stay_and_bad_ones_are_refused() -> None:
     down = nbr.CircuitBreaker(clock=lambda: 0)
     down.record_failure()
-    import redis
-
     default = nbr.RedisTokenBucket(redis.Redis(), 1, 2, breaker=down)
     local = nbr.RedisTokenBucket(redis.Redis(), 1, 2, on_error="local", breaker=down)
     for limiter in (default, local):
@@ -256,3 +255,26 @@ def test_an_outage_notes_a_bounded_number_of_keys(monkeypatch: pytest.MonkeyPatc
     # fallback owes at its last admission.
     assert outages.take(breaker, fallback) == [("a", 6, 0), ("b", 4, 0), ("c", 4, 0)]
     assert outages.take(breaker, fallback) == []  # taken: owed no more
+
+
+def test_a_leased_limiter_charges_what_its_fallback_admitted(own_redis_server: RedisServer) -> None:
+    breaker_clock = ManualClock()
+    client = nbr.client_from_url(own_redis_server.url, socket_timeout=0.25)
+    limiter = nbr.LeasedTokenBucket(
+        client,
+        rate=0.001,  # no refill within the test
+        capacity=4,
+        prefix=_prefix(),
+        max_lease=1,
+        timeout=0.25,
+        breaker=_held(breaker_clock),
+    )
+    own_redis_server.pause()
+    try:  # the local table of the default admits the whole capacity
+        assert [limiter.allow_at("k", 0) for _ in range(5)] == [True] * 4 + [False]
+    finally:
+        own_redis_server.resume()
+    breaker_clock.advance(S)
+    d = limiter.check_at("k", 0)  # Redis's bucket took the 4 first: empty
+    assert (d.allowed, d.source) == (False, "redis")
+    limiter.close()

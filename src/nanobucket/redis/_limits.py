@@ -380,16 +380,16 @@ class _RedisLimits(_FailurePolicy):
         the fallback (see `_FailurePolicy._resume`)."""
         if self._fallback is None:
             return
-        if self._admits(owed_us, cost):
-            owed_us += cost * self._interval_us  # admitted: its cost is owed too
-        seen = self._seen
-        seen.pop(key, None)  # the most recent last
-        if len(seen) >= _MAX_SEEN:
-            del seen[next(iter(seen))]
+        cost_us = cost * self._interval_us
+        if owed_us <= self._tau_us - cost_us:
+            owed_us += cost_us  # admitted: its cost is owed too
         if now_ns is None:
-            seen[key] = (time.monotonic_ns() + owed_us * NS_PER_US, True)
+            seen, full_at = self._seen, time.monotonic_ns() + owed_us * NS_PER_US
         else:  # Redis's now was the whole microseconds of now_ns
-            seen[key] = ((now_ns // NS_PER_US + owed_us) * NS_PER_US, False)
+            seen, full_at = self._seen_at, (now_ns // NS_PER_US + owed_us) * NS_PER_US
+        if seen.pop(key, None) is None and len(seen) >= _MAX_SEEN:
+            del seen[next(iter(seen))]  # the least recent
+        seen[key] = full_at  # the most recent last
 
     def _decision(self, owed_us: int, cost: int) -> RedisDecision:
         # The script returns only the debt before the decision (Redis's CPU

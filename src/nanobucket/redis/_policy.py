@@ -179,10 +179,11 @@ class _FailurePolicy:
             raise TypeError("breaker must be a CircuitBreaker")
         self._breaker = breaker if breaker is not None else CircuitBreaker()
         # With a fallback: each key's last Redis decision in this process, as the ns
-        # when its Redis bucket is full, on the clock of the call (True: the monotonic
-        # clock; False: the explicit times of the `*_at` verbs), most recent last; and
+        # when its Redis bucket is full, on the clock of the call (the monotonic clock;
+        # `_seen_at`: the explicit times of the `*_at` verbs), most recent last; and
         # the keys the fallback has decided since Redis last answered (see `_resume`).
-        self._seen: dict[Hashable, tuple[int, bool]] = {}
+        self._seen: dict[Hashable, int] = {}
+        self._seen_at: dict[Hashable, int] = {}
         self._outages: dict[int, tuple[int, set[Hashable]]] = {}
         self._outage = Outages()  # told once; what the fallback admitted, charged after
 
@@ -195,8 +196,8 @@ class _FailurePolicy:
     ) -> None:
         """The first time the fallback decides *key* in an outage (of *breaker*: a cluster
         node's), it starts from what this process last saw of the key's Redis bucket,
-        scaled to the fallback's capacity (a key not seen here, or seen on the other
-        clock: the fallback's bucket as it is). A full fallback would admit its burst
+        scaled to the fallback's capacity (a key not seen here on the call's clock: the
+        fallback's bucket as it is). A full fallback would admit its burst
         again on top of a burst Redis admitted just before the outage."""
         outage, keys = self._outages.get(id(breaker), (-1, set()))
         if outage != breaker.recoveries:
@@ -205,11 +206,13 @@ class _FailurePolicy:
         if key in keys or len(keys) >= _MAX_SEEN:
             return
         keys.add(key)
-        seen = self._seen.get(key)
-        if seen is None or seen[1] is not (now_ns is None):
+        if now_ns is None:
+            full_at, now = self._seen.get(key), time.monotonic_ns()
+        else:
+            full_at, now = self._seen_at.get(key), now_ns
+        if full_at is None:
             return
-        now = time.monotonic_ns() if now_ns is None else now_ns
-        owed = max(seen[0] - now, 0) / self._interval_ns  # tokens
+        owed = max(full_at - now, 0) / self._interval_ns  # tokens
         capacity = self._capacity
         share = getattr(fb, "capacity", capacity)
         if not isinstance(share, int):
