@@ -243,6 +243,7 @@ def test_a_charge_stops_at_an_empty_bucket(own_redis_server: RedisServer) -> Non
 
 def test_an_outage_notes_a_bounded_number_of_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_outage, "MAX_KEYS", 3)
+    monkeypatch.setattr(_outage, "BATCH", 2)
     outages = _outage.Outages()
     breaker = nbr.CircuitBreaker()
     fallback = nb.KeyedTokenBucket(rate=1, capacity=10)
@@ -251,10 +252,13 @@ def test_an_outage_notes_a_bounded_number_of_keys(monkeypatch: pytest.MonkeyPatc
         outages.note(breaker, key, 4, 0)
     assert fallback.allow_at("a", 0, cost=2)
     outages.note(breaker, "a", 2, 0)
-    # The first 3 keys only; each the lesser of what it admitted and what its
-    # fallback owes at its last admission.
-    assert outages.take(breaker, fallback) == [("a", 6, 0), ("b", 4, 0), ("c", 4, 0)]
-    assert outages.take(breaker, fallback) == []  # taken: owed no more
+    # The first 3 keys only, 2 before a call and 1 before the next; each the lesser of
+    # what it admitted and what its fallback owes at its last admission.
+    assert outages.take(breaker, fallback) == [("a", 6, 0), ("b", 4, 0)]
+    assert outages.owed
+    assert outages.take(breaker, fallback) == [("c", 4, 0)]
+    assert not outages.owed  # all taken: owed no more
+    assert outages.take(breaker, fallback) == []
 
 
 def test_a_leased_limiter_charges_what_its_fallback_admitted(own_redis_server: RedisServer) -> None:
@@ -277,4 +281,34 @@ def test_a_leased_limiter_charges_what_its_fallback_admitted(own_redis_server: R
     breaker_clock.advance(S)
     d = limiter.check_at("k", 0)  # Redis's bucket took the 4 first: empty
     assert (d.allowed, d.source) == (False, "redis")
+    limiter.close()
+
+
+def test_many_keys_are_charged_a_round_trip_of_them_before_each_call(
+    own_redis_server: RedisServer,
+) -> None:
+    # 300 keys spent in the outage: the first call back charges 256 of them first
+    # (one round trip), the next the other 44, then decides: every bucket is empty.
+    breaker_clock = ManualClock()
+    limiter = nbr.RedisTokenBucket.from_url(
+        own_redis_server.url,
+        rate=0.001,
+        capacity=1,
+        prefix=_prefix(),
+        socket_timeout=0.25,
+        breaker=_held(breaker_clock),
+    )
+    keys = [f"user-{i}" for i in range(300)]
+    own_redis_server.pause()
+    try:
+        assert limiter.allow_many_at(keys, 0) == bytearray([1]) * 300  # the local table
+    finally:
+        own_redis_server.resume()
+    breaker_clock.advance(S)
+    assert _outage.BATCH == 256
+    d = limiter.peek_at(keys[0], 0)
+    assert (d.allowed, d.source) == (False, "redis")
+    assert len(limiter._outage.owed[limiter.breaker]) == 300 - 256
+    assert limiter.allow_many_at(keys, 0) == bytearray(300)  # every one charged first
+    assert not limiter._outage.owed
     limiter.close()

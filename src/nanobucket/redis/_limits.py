@@ -39,7 +39,7 @@ from .._params import (
 from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
-from ._outage import BATCH, Charge
+from ._outage import Charge
 from ._policy import _MAX_SEEN, Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
 
 NS_PER_US = 1000
@@ -434,16 +434,14 @@ class _RedisLimits(_FailurePolicy):
 
     def _charge_steps(self, charges: list[Charge]) -> Steps:
         """Charge each key's bucket what its fallback admitted in an outage (see `_outage`):
-        the lease script's "take" with no minimum, a consume that stops at empty;
-        pipelined, `BATCH` keys a round trip (steps: see `drive`)."""
+        the lease script's "take" with no minimum, a consume that stops at empty; one
+        pipelined round trip (steps: see `drive`)."""
         calls = [
             (self.key(key), (*self._head, b"take", tokens, 0, now_arg, EXPLICIT_TTL_SLACK_MS))
             for key, tokens, now_ns in charges
             for now_arg in (b"" if now_ns is None else now_ns // NS_PER_US,)
         ]
-        for start in range(0, len(calls), BATCH):
-            batch = calls[start : start + BATCH]
-            yield from evalsha_pipeline(self._client, self._give_script, batch)
+        return evalsha_pipeline(self._client, self._give_script, calls)
 
     def _reserve_params(
         self, cost: object, max_wait_ns: object, shape: object, now: object

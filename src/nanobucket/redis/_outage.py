@@ -5,9 +5,9 @@ process, and Redis never sees what it admits. On Redis's return a key
 whose fallback admitted a burst would find its Redis bucket refilled
 meanwhile and admit the burst again: each outage would add up to one
 capacity to any window spanning it. So every request the fallback admits
-is noted per key (`Outages.note`), and before its first call that finds
-Redis answering again (`Outages.take`) the limiter charges each key's Redis
-bucket with:
+is noted per key (`Outages.note`), and before its calls to a Redis that
+answers again (`Outages.take`) the limiter charges each key's Redis bucket
+with:
 
 * the lesser of what the fallback admitted for the key since Redis last
   answered and what the fallback's bucket owes then (its capacity less its
@@ -26,8 +26,11 @@ bucket with:
   capacity per outage.
 
 Bounded: at most `MAX_KEYS` keys are noted per outage (one count and one
-time each; the keys past them are not charged), charged in pipelines of
-`BATCH` calls. A charge Redis does not take stays noted for its next return.
+time each; the keys past them are not charged), and each call to Redis
+carries the charges of at most `BATCH` keys first, in one pipelined round
+trip, until none is left: a call waits for one round trip more, never for
+the whole outage's (which, under the asyncio limiter's deadline, could fail
+every probe). A charge Redis does not take stays noted for the next call.
 
 Told: the first answer of the policy or the fallback in each outage (each
 breaker's: a Redis Cluster node's) is logged as a warning on the
@@ -37,6 +40,7 @@ answer is counted by the metrics (``source`` and ``reason``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Hashable
@@ -50,8 +54,8 @@ logger = logging.getLogger("nanobucket")
 
 #: The most keys one outage charges (per breaker).
 MAX_KEYS = 1 << 14
-#: Charges per pipelined round trip.
-BATCH = 1024
+#: The most keys charged before one call (one pipelined round trip).
+BATCH = 256
 
 #: ``(key, tokens, now_ns)``: charge *key*'s bucket *tokens* at *now_ns* (None: Redis's time).
 Charge = tuple[Hashable, int, "int | None"]
@@ -100,12 +104,17 @@ class Outages:
                 keys[key] = [cost, now_ns]
 
     def take(self, breaker: CircuitBreaker, fallback: Any) -> list[Charge]:
-        """The charges owed to *breaker*'s Redis, no longer noted (see the module): each key's
-        admissions, at most what *fallback*'s bucket owes when it last admitted."""
+        """The charges owed to *breaker*'s Redis of the `BATCH` keys noted first, no longer
+        noted (see the module): each key's admissions, at most what *fallback*'s bucket
+        owes when it last admitted."""
         with self._lock:
-            keys = self.owed.pop(breaker, None)
-        if not keys:
-            return []
+            keys = self.owed.get(breaker)
+            if keys is None:
+                return []
+            if len(keys) <= BATCH:
+                del self.owed[breaker]
+            else:
+                keys = {key: keys.pop(key) for key in list(itertools.islice(keys, BATCH))}
         charges: list[Charge] = []
         for key, (admitted, now_ns) in keys.items():
             d = fallback.peek(key, 0) if now_ns is None else fallback.peek_at(key, now_ns, 0)
