@@ -312,3 +312,32 @@ def test_many_keys_are_charged_a_round_trip_of_them_before_each_call(
     assert limiter.allow_many_at(keys, 0) == bytearray(300)  # every one charged first
     assert not limiter._outage.owed
     limiter.close()
+
+
+def test_an_outage_is_told_once_from_when_its_breaker_opens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outages = _outage.Outages()
+    breaker = nbr.CircuitBreaker(failures=2, clock=ManualClock())
+
+    def tell() -> None:
+        outages.tell(breaker, "limiter", "timeout", "the local table decides")
+
+    tell()  # closed: a call that waited too long on a busy loop, no outage
+    breaker.record_failure()
+    tell()  # one failure of two: still closed
+    breaker.record_failure()
+    tell()
+    tell()
+    breaker.record_success()  # the outage is over
+    breaker.record_failure()
+    breaker.record_failure()
+    tell()
+    assert (
+        _warnings(caplog)
+        == [
+            "nanobucket: 'limiter' cannot decide in Redis (timeout): the local table decides "
+            "until Redis answers again"
+        ]
+        * 2
+    )

@@ -33,7 +33,7 @@ the whole outage's (which, under the asyncio limiter's deadline, could fail
 every probe). A charge Redis does not take stays noted for the next call.
 
 Told: the first answer of the policy or the fallback in each outage (each
-breaker's: a Redis Cluster node's) is logged as a warning on the
+breaker's, from when it opens: a Redis Cluster node's) is logged as a warning on the
 ``"nanobucket"`` logger, and the charge on Redis's return as info; every
 answer is counted by the metrics (``source`` and ``reason``).
 """
@@ -74,9 +74,11 @@ class Outages:
         self._told: dict[CircuitBreaker, int] = {}  # the outage last told, by its breaker
 
     def tell(self, breaker: CircuitBreaker, limiter: object, reason: str, answer: str) -> None:
-        """Log that Redis cannot decide for *limiter*, once per outage of *breaker*."""
+        """Log that Redis cannot decide for *limiter*, once per outage of *breaker*: from
+        the answer that finds the breaker open (a call that only waited too long behind
+        others on a busy event loop is no outage)."""
         outage = breaker.recoveries  # the same until Redis answers again
-        if self._told.get(breaker) == outage:
+        if self._told.get(breaker) == outage or breaker.state == "closed":
             return
         with self._lock:
             if self._told.get(breaker) == outage:
