@@ -341,3 +341,45 @@ def test_an_outage_is_told_once_from_when_its_breaker_opens(
         ]
         * 2
     )
+
+
+def test_two_instances_with_a_share_each_stay_within_the_bound_through_flapping(
+    own_redis_server: RedisServer,
+) -> None:
+    # Two instances of one limit, each with half of it as its fallback (the setting
+    # the docs recommend for N instances), the requests alternating between them:
+    # through five freezes they admit together what one bucket would.
+    breaker_clock = ManualClock()
+    prefix = _prefix()
+    limiters = [
+        nbr.RedisTokenBucket.from_url(
+            own_redis_server.url,
+            RATE,
+            CAPACITY,
+            prefix=prefix,
+            socket_timeout=0.25,
+            breaker=_held(breaker_clock),
+            fallback=nb.KeyedTokenBucket(rate=RATE / 2, capacity=CAPACITY // 2),
+        )
+        for _ in range(2)
+    ]
+    turn = iter(range(1 << 30))
+    trace = _Flapping(lambda now: limiters[next(turn) % 2].allow_at("k", now))
+
+    async def main() -> None:
+        await trace.run(S)
+        for _ in range(OUTAGES):
+            own_redis_server.pause()
+            try:
+                await trace.run(S)
+            finally:
+                own_redis_server.resume()
+            breaker_clock.advance(S)
+            await trace.run(S)
+
+    asyncio.run(main())
+    total = (2 * OUTAGES + 1) * S
+    for window in (S, 2 * S, 3 * S, 5 * S, total):
+        assert most_in_window(trace.admitted, window) <= CAPACITY + RATE * window // S, window
+    for limiter in limiters:
+        limiter.close()
