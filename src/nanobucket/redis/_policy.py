@@ -226,10 +226,13 @@ class _FailurePolicy:
     def _policy(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
     ) -> RedisDecision:
-        fb = self._fallback
+        if self._fallback is None and self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         breaker = self._breaker_of(key)  # an outage is its breaker's (a cluster node's)
+        reason = failure_reason(err)
+        self._outage.tell(breaker, self, reason, self._answers)
+        fb = self._fallback
         if fb is not None:
-            self._outage.tell(breaker, self, failure_reason(err), self._answers)
             self._resume(fb, breaker, key, now_ns)
             if consume:
                 d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
@@ -244,51 +247,37 @@ class _FailurePolicy:
                 d.reset_after_ns,
                 d.limit,
                 "fallback",
-                failure_reason(err),
+                reason,
             )
-        if self._on_error == "raise":
-            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
-        self._outage.tell(breaker, self, failure_reason(err), self._answers)
         if self._on_error == "open":
             return RedisDecision(
-                True,
-                self._capacity - cost,
-                0,
-                0,
-                self._capacity,
-                "policy:open",
-                failure_reason(err),
+                True, self._capacity - cost, 0, 0, self._capacity, "policy:open", reason
             )
         # Closed: come back when the breaker will try Redis again (at least one
         # token's interval, so clients never spin on a zero Retry-After).
         retry = max(breaker.retry_in_ns(), cost * self._interval_ns, 1)
-        return RedisDecision(
-            False, 0, retry, self._tau_ns, self._capacity, "policy:closed", failure_reason(err)
-        )
+        return RedisDecision(False, 0, retry, self._tau_ns, self._capacity, "policy:closed", reason)
 
     def _policy_many(
         self, keys: list[Hashable], cost: int, now_ns: int | None, err: BaseException | None
     ) -> bytearray:
         fb = self._fallback
-        if fb is not None:
-            breakers = [self._breaker_of(key) for key in keys]
-            self._outage.tell(breakers[0], self, failure_reason(err), self._answers)
-            for breaker, key in zip(breakers, keys):
-                self._resume(fb, breaker, key, now_ns)
-            admitted = (
-                fb.allow_many(keys, cost)
-                if now_ns is None
-                else fb.allow_many_at(keys, now_ns, cost)
-            )
-            if cost:
-                for breaker, key, allowed in zip(breakers, keys, admitted):
-                    if allowed:
-                        self._outage.note(breaker, key, cost, now_ns)
-            return admitted
-        if self._on_error == "raise":
+        if fb is None and self._on_error == "raise":
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
-        self._outage.tell(self._breaker_of(keys[0]), self, failure_reason(err), self._answers)
-        return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+        breakers = [self._breaker_of(key) for key in keys]
+        self._outage.tell(breakers[0], self, failure_reason(err), self._answers)
+        if fb is None:
+            return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+        for breaker, key in zip(breakers, keys):
+            self._resume(fb, breaker, key, now_ns)
+        admitted = (
+            fb.allow_many(keys, cost) if now_ns is None else fb.allow_many_at(keys, now_ns, cost)
+        )
+        if cost:
+            for breaker, key, allowed in zip(breakers, keys, admitted):
+                if allowed:
+                    self._outage.note(breaker, key, cost, now_ns)
+        return admitted
 
     def _reserve_policy(self, key: Hashable, cost: int, now_ns: int | None, err: Any) -> int:
         """What `reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""
