@@ -195,8 +195,9 @@ def test_flapping_outages_stay_within_capacity_plus_rate_times_t(
     total = (2 * OUTAGES + 1) * S
     for window in (S, 2 * S, 3 * S, 5 * S, total):
         assert most_in_window(admitted, window) <= CAPACITY + RATE * window // S, window
-    # The run stays one bucket's (10 + 10/s for 11 s less the last step), give or take
-    # what Redis charged twice: a request frozen in Redis's socket runs on its return.
+    # The run admits exactly one bucket's (10 + 10/s for 11 s less the last step): the
+    # bucket is empty whenever an outage starts, so the request left frozen in Redis's
+    # socket, which runs on its return, is refused there and charges nothing.
     assert len(admitted) == CAPACITY + RATE * (total - STEP) // S
     warned = _warnings(caplog)
     assert len(warned) == OUTAGES  # once per outage, not per request
