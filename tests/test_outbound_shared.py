@@ -425,10 +425,17 @@ def test_a_store_that_fails_while_holding_a_pause_loses_no_answer(
     own_redis_server: Any, in_asyncio: bool, caplog: pytest.LogCaptureFixture, clock: ManualClock
 ) -> None:
     # Redis stops while the server answers 429 Retry-After: 30. The hold that would
-    # tell every process fails (on_error="raise"), and is logged: the caller still
-    # gets the 429, and this process keeps the pause.
+    # tell every process fails (on_error="raise", chosen: by default the local table
+    # would take it), and is logged: the caller still gets the 429, and this process
+    # keeps the pause.
     prefix = f"outbound-hold-{time.monotonic_ns()}"
-    kwargs: dict[str, Any] = {"rate": 10, "capacity": 2, "prefix": prefix, "socket_timeout": 1.0}
+    kwargs: dict[str, Any] = {
+        "rate": 10,
+        "capacity": 2,
+        "prefix": prefix,
+        "socket_timeout": 1.0,
+        "on_error": "raise",
+    }
 
     def answer(request: httpx.Request) -> httpx.Response:
         own_redis_server.stop()  # after the request took its shared token, before the hold

@@ -42,12 +42,18 @@ client's, past redis-py's command layer (about a quarter of the client CPU);
 a cluster, RESP3, client-side caching or connection class of another kind
 goes through redis-py.
 
-When Redis cannot decide, the failure policy decides: ``on_error="open"``
-admits, ``"closed"`` rejects, ``"raise"`` raises :class:`RedisUnavailable`; a
-``fallback`` limiter (any object with
+When Redis cannot decide, the failure policy decides: ``on_error="local"``
+(the default) has a :class:`nanobucket.KeyedTokenBucket` of the limiter's
+own rate and capacity decide in this process (so N processes admit at most
+N times the limit), ``"open"`` admits, ``"closed"`` rejects, ``"raise"``
+raises :class:`RedisUnavailable`; a ``fallback`` limiter (any object with
 ``check``/``check_at``/``peek``/``peek_at``/``allow_many``/``allow_many_at``
 taking the key first, e.g. a :class:`nanobucket.KeyedTokenBucket` with
-``rate / instances``) decides instead of the policy when given. "Cannot
+``rate / instances``) decides instead of the policy when given. An outage
+is logged once (logger ``"nanobucket"``), and what the local table or the
+fallback admitted during it is charged to each key's Redis bucket when
+Redis answers again (down to empty, never into debt), so windows spanning
+outages keep ``capacity + rate * T`` in each process. "Cannot
 decide" is every error redis-py raises: refused, timed out, ``LOADING``,
 ``BUSY`` (a long script), ``OOM`` (maxmemory with noeviction), ``READONLY`` (a
 replica), ``MASTERDOWN``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK``,

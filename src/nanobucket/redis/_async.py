@@ -13,7 +13,7 @@ from .._verbs import AsyncKeyedVerbs
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
-from ._deadline import Deadline
+from ._deadline import Deadline, ceiling
 from ._limits import (
     _GCRA,
     _GCRA_BATCH,
@@ -33,7 +33,7 @@ __all__ = ("AsyncRedisTokenBucket",)
 #: instead of redis.asyncio's costly socket timeout; the loop's own lag is not
 #: counted against Redis (see `_deadline`). On 3.10 the asyncio limiter keeps
 #: the socket timeout.
-_timeout_at: Callable[[float], contextlib.AbstractAsyncContextManager[Any]] | None = (
+_timeout_at: Callable[[float, float], contextlib.AbstractAsyncContextManager[Any]] | None = (
     Deadline if hasattr(asyncio.Task, "uncancel") else None
 )
 #: No deadline of the limiter's own: the client's socket timeout bounds the call.
@@ -66,7 +66,10 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
     Each decision round trip is bounded by one deadline (``timeout`` after
     the oldest caller of the batch queued) instead of a socket timeout
     (Python >= 3.11; on 3.10 the socket timeout; a cluster keeps its socket
-    timeouts under the deadline). A caller
+    timeouts under the deadline). Time the event loop spends blocked or
+    busy with other tasks moves the deadline (it is not Redis's), but never
+    past ``max(10 * timeout, 1 s)`` after the call: then the policy answers,
+    however busy the loop. A caller
     that waited past its deadline behind a slow round trip gets the policy
     (reason ``"timeout"``) without being sent. When
     Redis cannot decide a batch, every caller in it gets the policy's (or the
@@ -93,7 +96,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         capacity: int,
         *,
         prefix: str = "nanobucket",
-        on_error: Policy = "raise",
+        on_error: Policy = "local",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
@@ -124,13 +127,17 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         self._coalescer: _coalesce.Coalescer | None = None
         self._coalescers: dict[asyncio.AbstractEventLoop, _coalesce.Coalescer] = {}
 
-    def _deadline(self, at: float | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The bound of one decision round trip: loop time *at* (default: ``timeout`` from now)."""
+    def _deadline(
+        self, at: float | None = None, hard: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The bound of one decision round trip: loop time *at*, moved by the loop's lag
+        up to loop time *hard* (default: ``timeout`` and `ceiling` from now)."""
         if _timeout_at is None:
             return contextlib.nullcontext()  # the client's socket timeout bounds it
-        if at is None:
-            at = asyncio.get_running_loop().time() + self._timeout
-        return _timeout_at(at)
+        if at is None or hard is None:
+            now = asyncio.get_running_loop().time()
+            at, hard = now + self._timeout, now + ceiling(self._timeout)
+        return _timeout_at(at, hard)
 
     async def _send(
         self, bound: contextlib.AbstractAsyncContextManager[Any], call: Any, *args: Any
@@ -144,6 +151,8 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             async with bound:
                 if self._cluster and getattr(self._client, "_initialize", False):
                     await self._discovered()
+                if self._outage.owed:  # Redis is back: its buckets first take what was admitted
+                    await self._charge(breaker)
                 reply = await call(*args)
         except _clients.UNAVAILABLE as e:
             err = e
@@ -156,6 +165,18 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             return True, reply
         breaker.record_failure()  # once: one round trip failed, whatever it carried
         return False, err
+
+    async def _charge(self, breaker: CircuitBreaker) -> None:
+        """`RedisTokenBucket._charge`, awaited."""
+        charges = self._outage.take(breaker, self._fallback)
+        if not charges:
+            return
+        try:
+            await drive_async(self._charge_steps(charges))
+        except BaseException:  # a deadline's cancel too: charged again next time
+            self._outage.restore(breaker, charges)
+            raise
+        self._outage.charged(self, charges)
 
     async def _discovered(self) -> None:
         """Wait for the cluster client to learn the topology, in a task a deadline cannot cancel.
@@ -217,13 +238,16 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
         ok, reply = await self._send(self._deadline(), self._script, (call.rkey,), args)
         if not ok:
             return self._policy(key, cost, now_ns, consume, reply)
-        self._saw(key, reply, cost if consume else 0)
+        self._saw(key, reply, cost if consume else 0, now_ns)
         if call.full:
             return self._decision(reply, cost)
         return self._admits(reply, cost)
 
-    async def _send_batch(self, calls: list[_coalesce.Call], deadline: float) -> list[Any]:
-        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*.
+    async def _send_batch(
+        self, calls: list[_coalesce.Call], deadline: float, hard: float
+    ) -> list[Any]:
+        """Decide coalesced *calls* (one clock) in one script call before loop time *deadline*
+        (moved by the loop's lag, up to *hard*).
 
         Answers every call, raising nothing: a decision each, or when Redis
         cannot decide, the policy's answer each (its exception, for "raise").
@@ -244,14 +268,16 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             args.append(b"")
             args += codes
         rkeys = [c.rkey for c in calls]
-        ok, reply = await self._send(self._deadline(deadline), self._batch_script, rkeys, args)
+        ok, reply = await self._send(
+            self._deadline(deadline, hard), self._batch_script, rkeys, args
+        )
         if not ok:
             return [self._policy_answer(c.key, c.cost, c.now_ns, c.consume, reply) for c in calls]
         decision, tau = self._decision, self._tau_us
         owed_each = list(map(int, reply.split(b",")))
         if self._fallback is not None:
             for c, owed in zip(calls, owed_each):
-                self._saw(c.key, owed, c.cost if c.consume else 0)
+                self._saw(c.key, owed, c.cost if c.consume else 0, c.now_ns)
         return [
             decision(owed, c.cost) if c.full else owed <= tau - c.cost * interval
             for c, owed in zip(calls, owed_each)

@@ -15,10 +15,11 @@ one connection, however many tasks decide at once.
   answer only: the batch runs in the pump's task, not the caller's, so the
   others still get theirs.
 - Every queued call carries a deadline (``timeout`` after it was queued,
-  moved by whatever time the loop itself was too busy to run: see
-  `_deadline`); a batch is bounded by its oldest call's, so no caller
-  waits much longer than ``timeout`` of Redis's time in all. One whose
-  deadline passed while it waited is answered by ``expired`` without
+  moved by whatever time the loop itself was too busy to run, but never
+  past its hard limit, `ceiling` after it was queued: see `_deadline`); a
+  batch is bounded by its oldest call's, so no caller waits much longer
+  than ``timeout`` of Redis's time in all, nor past its own hard limit. One
+  whose deadline passed while it waited is answered by ``expired`` without
   being sent.
 - A batch holds calls of one clock only (all Redis's, or all the same
   explicit ``now``): a call of another clock ends it and starts the next,
@@ -36,7 +37,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._deadline import lag_meter
+from ._deadline import ceiling, lag_meter
 
 #: The most decisions one script call carries: a flood is sent as several
 #: calls of this size, never one multi-megabyte call that holds Redis long.
@@ -56,6 +57,7 @@ class Call:
     consume: bool
     full: bool = True  # the caller wants the whole decision, not just admitted or not
     deadline: float = field(default=0.0, init=False)
+    hard: float = field(default=0.0, init=False)  # the deadline no lag moves
     lag: float = field(default=0.0, init=False)  # the loop's lag when it was queued
     future: asyncio.Future[Any] | None = field(default=None, init=False)
 
@@ -74,7 +76,8 @@ class Coalescer:
     """One event loop's queue of decisions waiting for the round trip in flight.
 
     *one* decides a call alone (in the caller's task); *many* decides a
-    batch before a loop-time deadline and answers every call, raising
+    batch before a loop-time deadline (moved by the loop's lag up to a hard
+    one, both given) and answers every call, raising
     nothing (an answer may be an exception for its caller); *expired*
     answers a call whose deadline passed while it waited.
     """
@@ -88,7 +91,7 @@ class Coalescer:
         loop: asyncio.AbstractEventLoop,
         timeout: float,
         one: Callable[[Call], Awaitable[Any]],
-        many: Callable[[list[Call], float], Awaitable[list[Answer]]],
+        many: Callable[[list[Call], float, float], Awaitable[list[Answer]]],
         expired: Callable[[Call], Answer],
     ) -> None:
         self.loop = loop
@@ -113,7 +116,9 @@ class Coalescer:
         loop = self.loop
         meter = self._lag
         meter.hold()
-        call.deadline = loop.time() + self.timeout
+        now = loop.time()
+        call.deadline = now + self.timeout
+        call.hard = now + ceiling(self.timeout)
         call.lag = meter.lag
         call.future = fut = loop.create_future()
         self.queue.append(call)
@@ -140,7 +145,7 @@ class Coalescer:
             call = queue[0]
             if call.future.done():  # type: ignore[union-attr]
                 queue.popleft()  # cancelled while queued: never sent, spends nothing
-            elif call.deadline + lag - call.lag <= now:
+            elif min(call.deadline + lag - call.lag, call.hard) <= now:
                 queue.popleft()
                 _deliver(call, self._answer(self._expired, call))
             elif batch and call.now_ns != batch[0].now_ns:
@@ -163,9 +168,9 @@ class Coalescer:
                 batch = self._next_batch()
                 if batch:
                     oldest = batch[0]
-                    due = oldest.deadline + self._lag.lag - oldest.lag
+                    due = min(oldest.deadline + self._lag.lag - oldest.lag, oldest.hard)
                     try:
-                        answers = await self._many(batch, due)
+                        answers = await self._many(batch, due, oldest.hard)
                     except Exception as exc:  # not "cannot decide" (those are answers): a bug
                         answers = [exc] * len(batch)
                     for call, answer in zip(batch, answers):

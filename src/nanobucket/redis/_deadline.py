@@ -19,19 +19,38 @@ policy while Redis was healthy.
 
 So a decision waits for at most ``timeout`` of the loop's own time, plus
 whatever time the loop gave to others: the timeout bounds Redis, not the app.
+But a loop that is always busy lends Redis all of its time: a deadline moved
+by every lag it sees would never come (a loop blocked 200 ms per turn made a
+0.1 s timeout 9 s). So a deadline has a hard limit too, `ceiling` after the
+call began (``max(10 * timeout, 1 s)``), that no lag moves: then the failure
+policy answers, however busy the loop (a turn or two of the loop later, the
+time it takes to run the answer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
 from types import TracebackType
 from typing import Any, cast
 
-__all__ = ("Deadline", "LagMeter", "lag_meter")
+__all__ = ("Deadline", "LagMeter", "ceiling", "lag_meter")
 
 #: How often a held lag meter looks at the clock (loop seconds).
 TICK = 0.005
+#: The hard limit of a deadline, in timeouts, and at least this many seconds (see `ceiling`).
+CEILING_TIMEOUTS = 10
+CEILING_MIN_S = 1.0
+
+
+def ceiling(timeout: float) -> float:
+    """The longest a deadline of *timeout* seconds waits, lag or not: ``max(10 * timeout, 1)``.
+
+    >>> ceiling(0.1), ceiling(0.5)
+    (1.0, 5.0)
+    """
+    return max(CEILING_TIMEOUTS * timeout, CEILING_MIN_S)
 
 
 class LagMeter:
@@ -102,14 +121,27 @@ def lag_meter(loop: asyncio.AbstractEventLoop) -> LagMeter:
 
 
 class Deadline:
-    """``async with Deadline(at):`` -- raise `TimeoutError` once loop time *at*, moved by
-    the loop's lag meanwhile, has passed and the block has had one more turn (see the
-    module)."""
+    """``async with Deadline(at, hard):`` -- raise `TimeoutError` once loop time *at*, moved
+    by the loop's lag meanwhile but never past loop time *hard*, has passed and the block
+    has had one more turn (see the module).
 
-    __slots__ = ("_at", "_expired", "_handle", "_lag0", "_meter", "_task")
+    >>> import asyncio
+    >>> async def main():
+    ...     loop = asyncio.get_running_loop()
+    ...     now = loop.time()
+    ...     async with Deadline(now + 0.01, now + 0.1):
+    ...         await loop.create_future()   # never answered
+    >>> asyncio.run(main())
+    Traceback (most recent call last):
+    ...
+    TimeoutError
+    """
 
-    def __init__(self, at: float) -> None:
+    __slots__ = ("_at", "_expired", "_handle", "_hard", "_lag0", "_meter", "_task")
+
+    def __init__(self, at: float, hard: float | None = None) -> None:
         self._at = at
+        self._hard = math.inf if hard is None else max(hard, at)  # None: no hard limit
         self._expired = False
         self._handle: asyncio.Handle | None = None
         self._task: asyncio.Task[object] | None = None
@@ -131,7 +163,8 @@ class Deadline:
     def _due(self) -> None:
         assert self._task is not None and self._meter is not None
         loop = self._task.get_loop()
-        at = self._at + self._meter.lag - self._lag0  # the loop's own lag does not count
+        # The loop's own lag does not count, up to the hard limit.
+        at = min(self._at + self._meter.lag - self._lag0, self._hard)
         if loop.time() < at:
             self._handle = loop.call_at(at, self._due)
         else:  # the replies read in this turn woke their tasks for the next one: after them

@@ -99,7 +99,7 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
         min_lease: int = 1,
         max_lease: int | None = None,
         lease_period: float = 0.1,
-        on_error: Policy = "raise",
+        on_error: Policy = "local",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         clock: Clock | None = None,

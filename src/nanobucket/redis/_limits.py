@@ -39,6 +39,7 @@ from .._params import (
 from . import _clients, _prefix
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, bounded_client, client_from_url
 from ._breaker import CircuitBreaker
+from ._outage import Charge
 from ._policy import _MAX_SEEN, Fallback, Policy, RedisDecision, RedisUnavailable, _FailurePolicy
 
 NS_PER_US = 1000
@@ -370,18 +371,21 @@ class _RedisLimits(_FailurePolicy):
         """Whether a bucket owing *owed_us* (the script's reply) admits *cost* tokens."""
         return owed_us <= self._tau_us - cost * self._interval_us
 
-    def _saw(self, key: Hashable, owed_us: int, cost: int) -> None:
-        """Note Redis's decision of *key* (its script's reply *owed_us*) for the fallback
-        (see `_FailurePolicy._resume`)."""
+    def _saw(self, key: Hashable, owed_us: int, cost: int, now_ns: int | None) -> None:
+        """Note Redis's decision of *key* (its script's reply *owed_us*, at *now_ns*) for
+        the fallback (see `_FailurePolicy._resume`)."""
         if self._fallback is None:
             return
-        if self._admits(owed_us, cost):
-            owed_us += cost * self._interval_us  # admitted: its cost is owed too
-        seen = self._seen
-        seen.pop(key, None)  # the most recent last
-        if len(seen) >= _MAX_SEEN:
-            del seen[next(iter(seen))]
-        seen[key] = time.monotonic_ns() + owed_us * NS_PER_US
+        cost_us = cost * self._interval_us
+        if owed_us <= self._tau_us - cost_us:
+            owed_us += cost_us  # admitted: its cost is owed too
+        if now_ns is None:
+            seen, full_at = self._seen, time.monotonic_ns() + owed_us * NS_PER_US
+        else:  # Redis's now was the whole microseconds of now_ns
+            seen, full_at = self._seen_at, (now_ns // NS_PER_US + owed_us) * NS_PER_US
+        if seen.pop(key, None) is None and len(seen) >= _MAX_SEEN:
+            del seen[next(iter(seen))]  # the least recent
+        seen[key] = full_at  # the most recent last
 
     def _decision(self, owed_us: int, cost: int) -> RedisDecision:
         # The script returns only the debt before the decision (Redis's CPU
@@ -417,11 +421,24 @@ class _RedisLimits(_FailurePolicy):
         self._tau_ns = self._tau_us * NS_PER_US
         self._head = (str(self._interval_us).encode(), str(self._tau_us).encode())
         self._space = _prefix.space(self._prefix, self._interval_us, self._capacity)
+        if self._local is not None:  # the local table keeps the limiter's limit
+            self._local.reconfigure(self._rate, self._capacity)
 
     def _give_args(self, cost: int, now_ns: int | None) -> tuple[bytes | int, ...]:
         # The lease script's "give": tat -= cost * interval, never below now.
         now_arg: int | bytes = b"" if now_ns is None else now_ns // NS_PER_US
         return (*self._head, b"give", cost, 0, now_arg, EXPLICIT_TTL_SLACK_MS)
+
+    def _charge_steps(self, charges: list[Charge]) -> Steps:
+        """Charge each key's bucket what its fallback admitted in an outage (see `_outage`):
+        the lease script's "take" with no minimum, a consume that stops at empty; one
+        pipelined round trip (steps: see `drive`)."""
+        calls = [
+            (self.key(key), (*self._head, b"take", tokens, 0, now_arg, EXPLICIT_TTL_SLACK_MS))
+            for key, tokens, now_ns in charges
+            for now_arg in (b"" if now_ns is None else now_ns // NS_PER_US,)
+        ]
+        return evalsha_pipeline(self._client, self._give_script, calls)
 
     def _reserve_params(
         self, cost: object, max_wait_ns: object, shape: object, now: object

@@ -1,9 +1,12 @@
 """The failure policy: who decides, and why, when Redis cannot.
 
-``on_error="open"`` admits, ``"closed"`` rejects, ``"raise"`` raises
-:class:`RedisUnavailable`; a ``fallback`` limiter decides instead when given.
-Every :class:`RedisDecision` says who decided (``source``) and why Redis did
-not (``reason``, from :func:`failure_reason`).
+``on_error="local"`` (the default) lets a table of the limiter's own limit in
+this process decide, ``"open"`` admits, ``"closed"`` rejects, ``"raise"``
+raises :class:`RedisUnavailable`; a ``fallback`` limiter decides instead
+when given. Every :class:`RedisDecision` says who decided (``source``) and
+why Redis did not (``reason``, from :func:`failure_reason`). An outage is
+told once, and what a fallback admitted through it is charged to Redis
+after (`_outage`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .. import _bucket
 from . import _clients
 from ._breaker import CircuitBreaker
+from ._outage import Outages
 
 __all__ = ("Fallback", "RedisDecision", "RedisUnavailable", "failure_reason")
 
-Policy = Literal["open", "closed", "raise"]
+Policy = Literal["local", "open", "closed", "raise"]
+#: What the warning of an outage says decides meanwhile, by policy (and with a fallback).
+_ANSWERS = {
+    "local": "each process applies the limit by itself (N processes: up to N times the limit)",
+    "fallback": "the fallback limiter decides in each process",
+    "open": "every request is admitted (on_error='open')",
+    "closed": "every request is refused (on_error='closed')",
+}
 Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
 
 
@@ -32,14 +43,15 @@ else:
 
 
 class RedisUnavailable(RedisConnectionError):
-    """Redis could not decide (``on_error="raise"``): down, timed out, an error reply, breaker open.
+    """Redis could not decide (``on_error="raise"``, or ``tokens``): down, timed out, an error
+    reply, breaker open.
 
     The redis-py error, when there was one, is the ``__cause__``.
 
     A ``redis.ConnectionError``, so code catching redis-py's errors catches it too.
 
     >>> try:
-    ...     RedisTokenBucket(redis.Redis(), rate=100, capacity=200, breaker=down).check("alice")
+    ...     RedisTokenBucket(redis.Redis(), 100, 200, on_error="raise", breaker=down).check("a")
     ... except redis.ConnectionError as e:
     ...     print(type(e).__name__, "-", e)
     RedisUnavailable - Redis unavailable: circuit breaker open
@@ -121,6 +133,8 @@ def failure_reason(err: BaseException | None) -> str:
 #: The most keys a limiter with a fallback remembers as last seen (least recent
 #: forgotten first), and the most keys one outage resumes.
 _MAX_SEEN = 1 << 17
+#: The most keys the local table of ``on_error="local"`` holds through an outage.
+LOCAL_MAX_KEYS = 100_000
 
 
 class Fallback(Protocol):
@@ -137,34 +151,54 @@ class Fallback(Protocol):
 class _FailurePolicy:
     """The answers of a limiter whose Redis could not decide (or was not asked)."""
 
+    _rate: Any
     _capacity: int
     _interval_ns: int
     _tau_ns: int
+    _none_key: bool
+    #: The table deciding under ``on_error="local"`` without a fallback given.
+    _local: Any = None
 
     def __init__(self, on_error: Policy, fallback: Fallback | None, breaker: CircuitBreaker | None):
-        if on_error not in ("open", "closed", "raise"):
-            raise ValueError(f"on_error must be 'open', 'closed' or 'raise', got {on_error!r}")
+        if on_error not in ("local", "open", "closed", "raise"):
+            raise ValueError(
+                f"on_error must be 'local', 'open', 'closed' or 'raise', got {on_error!r}"
+            )
         self._on_error = on_error
+        if fallback is None and on_error == "local":
+            # The limit itself, in this process: N processes admit at most N times it.
+            fallback = self._local = _bucket.KeyedTokenBucket(
+                self._rate, self._capacity, max_keys=LOCAL_MAX_KEYS, none_key=self._none_key
+            )
         self._fallback = fallback
+        self._answers = _ANSWERS.get(  # "raise" tells nothing: it raises
+            on_error if fallback is None else "local" if self._local is not None else "fallback",
+            "",
+        )
         if breaker is not None and not isinstance(breaker, CircuitBreaker):
             raise TypeError("breaker must be a CircuitBreaker")
         self._breaker = breaker if breaker is not None else CircuitBreaker()
-        # With a fallback: each key's last Redis decision in this process, as the
-        # monotonic ns when its Redis bucket is full (most recent last), and the keys
-        # the fallback has decided since Redis last answered (see `_resume`).
+        # With a fallback: each key's last Redis decision in this process, as the ns
+        # when its Redis bucket is full, on the clock of the call (the monotonic clock;
+        # `_seen_at`: the explicit times of the `*_at` verbs), most recent last; and
+        # the keys the fallback has decided since Redis last answered (see `_resume`).
         self._seen: dict[Hashable, int] = {}
+        self._seen_at: dict[Hashable, int] = {}
         self._outages: dict[int, tuple[int, set[Hashable]]] = {}
+        self._outage = Outages()  # told once; what the fallback admitted, charged after
 
     def _breaker_of(self, key: Hashable) -> CircuitBreaker:
         """The breaker that decides for *key* (a cluster's node's: see `_RedisLimits`)."""
         return self._breaker
 
-    def _resume(self, fb: Fallback, key: Hashable, now_ns: int | None) -> None:
-        """The first time the fallback decides *key* in an outage, it starts from what this
-        process last saw of the key's Redis bucket, scaled to the fallback's capacity (a
-        key not seen here: the fallback's bucket as it is). A full fallback would admit
-        its burst again on top of a burst Redis admitted just before the outage."""
-        breaker = self._breaker_of(key)  # an outage is its breaker's (a cluster node's)
+    def _resume(
+        self, fb: Fallback, breaker: CircuitBreaker, key: Hashable, now_ns: int | None
+    ) -> None:
+        """The first time the fallback decides *key* in an outage (of *breaker*: a cluster
+        node's), it starts from what this process last saw of the key's Redis bucket,
+        scaled to the fallback's capacity (a key not seen here on the call's clock: the
+        fallback's bucket as it is). A full fallback would admit its burst
+        again on top of a burst Redis admitted just before the outage."""
         outage, keys = self._outages.get(id(breaker), (-1, set()))
         if outage != breaker.recoveries:
             keys = set()
@@ -172,10 +206,13 @@ class _FailurePolicy:
         if key in keys or len(keys) >= _MAX_SEEN:
             return
         keys.add(key)
-        full_at = self._seen.get(key)
+        if now_ns is None:
+            full_at, now = self._seen.get(key), time.monotonic_ns()
+        else:
+            full_at, now = self._seen_at.get(key), now_ns
         if full_at is None:
             return
-        owed = max(full_at - time.monotonic_ns(), 0) / self._interval_ns  # tokens
+        owed = max(full_at - now, 0) / self._interval_ns  # tokens
         capacity = self._capacity
         share = getattr(fb, "capacity", capacity)
         if not isinstance(share, int):
@@ -189,11 +226,18 @@ class _FailurePolicy:
     def _policy(
         self, key: Hashable, cost: int, now_ns: int | None, consume: bool, err: BaseException | None
     ) -> RedisDecision:
+        if self._fallback is None and self._on_error == "raise":
+            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
+        breaker = self._breaker_of(key)  # an outage is its breaker's (a cluster node's)
+        reason = failure_reason(err)
+        self._outage.tell(breaker, self, reason, self._answers)
         fb = self._fallback
         if fb is not None:
-            self._resume(fb, key, now_ns)
+            self._resume(fb, breaker, key, now_ns)
             if consume:
                 d = fb.check(key, cost) if now_ns is None else fb.check_at(key, now_ns, cost)
+                if d.allowed and cost:
+                    self._outage.note(breaker, key, cost, now_ns)
             else:
                 d = fb.peek(key, cost) if now_ns is None else fb.peek_at(key, now_ns, cost)
             return RedisDecision(
@@ -203,42 +247,37 @@ class _FailurePolicy:
                 d.reset_after_ns,
                 d.limit,
                 "fallback",
-                failure_reason(err),
+                reason,
             )
-        if self._on_error == "raise":
-            raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
         if self._on_error == "open":
             return RedisDecision(
-                True,
-                self._capacity - cost,
-                0,
-                0,
-                self._capacity,
-                "policy:open",
-                failure_reason(err),
+                True, self._capacity - cost, 0, 0, self._capacity, "policy:open", reason
             )
         # Closed: come back when the breaker will try Redis again (at least one
         # token's interval, so clients never spin on a zero Retry-After).
-        retry = max(self._breaker_of(key).retry_in_ns(), cost * self._interval_ns, 1)
-        return RedisDecision(
-            False, 0, retry, self._tau_ns, self._capacity, "policy:closed", failure_reason(err)
-        )
+        retry = max(breaker.retry_in_ns(), cost * self._interval_ns, 1)
+        return RedisDecision(False, 0, retry, self._tau_ns, self._capacity, "policy:closed", reason)
 
     def _policy_many(
         self, keys: list[Hashable], cost: int, now_ns: int | None, err: BaseException | None
     ) -> bytearray:
         fb = self._fallback
-        if fb is not None:
-            for key in keys:
-                self._resume(fb, key, now_ns)
-            return (
-                fb.allow_many(keys, cost)
-                if now_ns is None
-                else fb.allow_many_at(keys, now_ns, cost)
-            )
-        if self._on_error == "raise":
+        if fb is None and self._on_error == "raise":
             raise RedisUnavailable(f"Redis unavailable: {err or 'circuit breaker open'}") from err
-        return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+        breakers = [self._breaker_of(key) for key in keys]
+        self._outage.tell(breakers[0], self, failure_reason(err), self._answers)
+        if fb is None:
+            return bytearray([1 if self._on_error == "open" else 0]) * len(keys)
+        for breaker, key in zip(breakers, keys):
+            self._resume(fb, breaker, key, now_ns)
+        admitted = (
+            fb.allow_many(keys, cost) if now_ns is None else fb.allow_many_at(keys, now_ns, cost)
+        )
+        if cost:
+            for breaker, key, allowed in zip(breakers, keys, admitted):
+                if allowed:
+                    self._outage.note(breaker, key, cost, now_ns)
+        return admitted
 
     def _reserve_policy(self, key: Hashable, cost: int, now_ns: int | None, err: Any) -> int:
         """What `reserve` answers when Redis cannot: admitted now (0) or refused (-1)."""

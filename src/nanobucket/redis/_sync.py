@@ -59,12 +59,26 @@ class _SyncLimits(_RedisLimits):
         if not breaker.allow_request():
             return False, None
         try:
+            if self._outage.owed:  # Redis is back: its buckets first take what was admitted
+                self._charge(breaker)
             reply = call(*args)
         except _clients.UNAVAILABLE as err:
             breaker.record_failure()
             return False, err
         breaker.record_success()
         return True, reply
+
+    def _charge(self, breaker: CircuitBreaker) -> None:
+        """Charge *breaker*'s Redis with what the fallback admitted in an outage (`_outage`)."""
+        charges = self._outage.take(breaker, self._fallback)
+        if not charges:
+            return
+        try:
+            drive(self._charge_steps(charges))
+        except BaseException:
+            self._outage.restore(breaker, charges)
+            raise
+        self._outage.charged(self, charges)
 
     def reserve(
         self,
@@ -203,8 +217,13 @@ class RedisTokenBucket(
     199
 
     While Redis is unreachable, the failure policy (or ``fallback``) decides
-    (``tokens`` excepted: only Redis knows, so it raises `RedisUnavailable`):
+    (``tokens`` excepted: only Redis knows, so it raises `RedisUnavailable`).
+    By default (``on_error="local"``) the limit itself, in this process; what
+    it admitted is charged to Redis when Redis answers again:
 
+    >>> limiter = RedisTokenBucket(redis.Redis(), 1, 2, breaker=down)
+    >>> [limiter.allow_at("alice", 0) for _ in range(3)], limiter.check("bob").source
+    ([True, True, False], 'fallback')
     >>> limiter = RedisTokenBucket(redis.Redis(), 100, 200, on_error="open", breaker=down)
     >>> limiter.check("alice").source, limiter.peek("alice").remaining
     ('policy:open', 199)
@@ -230,7 +249,7 @@ class RedisTokenBucket(
         capacity: int,
         *,
         prefix: str = "nanobucket",
-        on_error: Policy = "raise",
+        on_error: Policy = "local",
         fallback: Fallback | None = None,
         breaker: CircuitBreaker | None = None,
         timeout: float = DEFAULT_SOCKET_TIMEOUT,
@@ -252,7 +271,7 @@ class RedisTokenBucket(
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, consume))
         if not ok:
             return self._policy(key, cost, now_ns, consume, reply)
-        self._saw(key, reply, cost if consume else 0)
+        self._saw(key, reply, cost if consume else 0, now_ns)
         return self._decision(reply, cost)
 
     def _admit(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
@@ -261,7 +280,7 @@ class RedisTokenBucket(
         ok, reply = self._send(self._script, (self.key(key),), self._args(cost, now_ns, True))
         if not ok:
             return self._policy(key, cost, now_ns, True, reply).allowed
-        self._saw(key, reply, cost)
+        self._saw(key, reply, cost, now_ns)
         return self._admits(reply, cost)
 
     def _tokens(self, key: Hashable, now_ns: int | None) -> float:
