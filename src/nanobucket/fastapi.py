@@ -115,7 +115,7 @@ class _RequestView:
     __slots__ = ()
 
     def method(self, request: Request) -> str:
-        return SCOPE.method(request.scope)
+        return SCOPE.method(request.scope)  # type: ignore[no-any-return]
 
     def path(self, request: Request) -> str:
         return SCOPE.path(request.scope)

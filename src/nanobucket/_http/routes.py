@@ -266,12 +266,14 @@ class Router:
             suspect = suspect_path(path)
             if suspect is not None:
                 return self._guarded.match(suspect, method)
+        # The method compared upper-cased, as Werkzeug and Django route it (a
+        # "post" reaches Flask's POST view); only a method not found pays for it.
         for methods, rule in self.exact.get(path, ()):
-            if methods is None or method in methods:
+            if methods is None or method in methods or method.upper() in methods:
                 return rule
         for prefix, methods, rule in self.prefixes:
             if (path == prefix or path.startswith(prefix + "/") or prefix == "") and (
-                methods is None or method in methods
+                methods is None or method in methods or method.upper() in methods
             ):
                 return rule
         return self.default
