@@ -11,8 +11,11 @@ a rejected request writes nothing. See ``_params`` for the units and bounds.
 from __future__ import annotations
 
 import heapq
+import os
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
@@ -23,10 +26,12 @@ from ._params import (
     NOW_MAX,
     RateLike,
     bucket_params,
+    forked_warning,
     none_key_error,
     public_rate,
     unkeyed_cost,
     unkeyed_now,
+    unpicklable_error,
     validated_clock,
     validated_cost,
     validated_flag,
@@ -54,6 +59,22 @@ def first_build() -> None:
     hook, on_first_build = on_first_build, None
     if hook is not None:
         hook()
+
+
+#: Forks since import in this process's line: 0 here, bumped once in each
+#: child as it starts. A limiter records it when made (`_gen`): another value
+#: at a decision is a copy in a forked process, told by one comparison on the
+#: hot path, without a getpid() per call.
+_fork_gen = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_gen  # noqa: PLW0603 - a module global: the hot path's cheapest read
+    _fork_gen += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def slots_for(keys: int) -> int:
@@ -90,8 +111,9 @@ def _clock_reader(clock: Clock | None) -> Clock:
 class _Limits:
     """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
-    __slots__ = ("_capacity", "_interval", "_rate", "_tau")
+    __slots__ = ("_capacity", "_gen", "_interval", "_per_process", "_rate", "_tau")
     _now: Clock  # each subclass's slot: its clock, read as int ns
+    _lock: threading.Lock | threading.RLock  # each subclass's slot, set last by __init__
 
     # Each subclass's __init__ checks every argument first (`_new_limits`,
     # then its own), then sets the fields, `_lock` last: an __init__ that
@@ -118,8 +140,33 @@ class _Limits:
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _set_limits(self, limits: tuple[RateLike, int, int, int]) -> None:
+    def _set_limits(self, limits: tuple[RateLike, int, int, int], per_process: object) -> None:
+        self._per_process = validated_flag(per_process, "per_process")
         self._rate, self._capacity, self._interval, self._tau = limits
+        # `_fork_gen` when made: another value at a decision is a copy in a forked
+        # process (warned once: `_forked`), or one unpickled elsewhere (-1).
+        self._gen = _fork_gen
+
+    @property
+    def per_process(self) -> bool:
+        """Whether copies in forked processes are meant to count on their own (no warning).
+
+        >>> TokenBucket(rate=1, capacity=1).per_process
+        False
+        """
+        return self._per_process
+
+    def _forked(self) -> None:
+        """The first decision in a process this limiter was copied into: warn, once."""
+        with self._lock:
+            first = self._gen != _fork_gen
+            self._gen = _fork_gen
+        if first and not self._per_process:
+            # Name the first caller outside this module, as the Cython twin's warning does.
+            frame, level = sys._getframe(1), 2
+            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+                frame, level = frame.f_back, level + 1
+            warnings.warn(forked_warning(type(self).__name__), RuntimeWarning, stacklevel=level)
 
     @property
     def rate(self) -> RateLike:
@@ -207,13 +254,21 @@ class TokenBucket(_Limits):
     200
     """
 
-    __slots__ = ("_lock", "_now", "_tat")
+    __slots__ = ("_clock", "_lock", "_now", "_tat")
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
-    def __init__(self, rate: RateLike, capacity: int, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        rate: RateLike,
+        capacity: int,
+        *,
+        clock: Clock | None = None,
+        per_process: bool = False,
+    ) -> None:
         limits = self._new_limits(rate, capacity)
         now = _clock_reader(clock)
-        self._set_limits(limits)
+        self._set_limits(limits, per_process)
+        self._clock = clock
         self._now = now
         self._tat = 0
         self._lock = threading.Lock()
@@ -226,6 +281,8 @@ class TokenBucket(_Limits):
         (True, True, False)
         """
         # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
+        if self._gen != _fork_gen:
+            self._forked()
         if type(cost) is not int or not 0 <= cost <= self._capacity:
             cost = unkeyed_cost(cost, self._capacity)
         now = self._now()
@@ -263,6 +320,8 @@ class TokenBucket(_Limits):
         return unkeyed_cost(cost, self._capacity)  # a key where the cost goes says so
 
     def _allow(self, now: int, cost: int) -> bool:
+        if self._gen != _fork_gen:
+            self._forked()
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
             tat = step(self._tat, now, cost_t, self._tau - cost_t)
@@ -310,6 +369,8 @@ class TokenBucket(_Limits):
         return self._check(unkeyed_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
+        if self._gen != _fork_gen:
+            self._forked()
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
             tat = self._tat
@@ -339,6 +400,14 @@ class TokenBucket(_Limits):
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # A constructor call plus its word, as the Cython twin's; the maker's pid
+        # goes along: a copy unpickled in another process warns as a fork's.
+        with self._lock:
+            tat = self._tat
+        args = (self._rate, self._capacity, self._clock, tat, os.getpid(), self._per_process)
+        return _restore_token_bucket, args
+
     def refund(self, cost: int = 1) -> None:
         """Give back *cost* tokens for work that did not happen (never above capacity).
 
@@ -362,6 +431,8 @@ class TokenBucket(_Limits):
         self._refund(unkeyed_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
+        if self._gen != _fork_gen:
+            self._forked()
         with self._lock:
             self._tat = give_back(self._tat, now, cost * self._interval)
 
@@ -396,6 +467,8 @@ class TokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
+        if self._gen != _fork_gen:
+            self._forked()
         with self._lock:
             cost_t = cost * self._interval
             wait, self._tat = reserve(
@@ -410,12 +483,10 @@ class TokenBucket(_Limits):
 
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity; a full bucket whose capacity
-        grows keeps its tokens and refills the rest at the new rate. Under
-        the GIL this is atomic with respect to every other verb. On a
-        free-threaded build the Cython core's verbs read the rate and
-        capacity without a lock: a request decided at the very moment of a
-        reconfigure may be decided with the old parameters, or (once) with
-        the old rate and the new capacity. Callers waiting in line
+        grows keeps its tokens and refills the rest at the new rate. It is
+        atomic with respect to every other verb, on every build: each
+        decision is made with the old parameters or with the new ones, on
+        the tokens as they were or as carried over. Callers waiting in line
         (``acquire``, `Waiting`) move with the tokens they reserved: woken
         earlier by a faster rate, later by a slower one, and refused at once
         when that is past their timeout.
@@ -462,6 +533,22 @@ class TokenBucket(_Limits):
         return _acquire.acquire_async(self, (), cost, timeout)
 
 
+def _restore_token_bucket(
+    rate: RateLike,
+    capacity: int,
+    clock: Clock | None,
+    tat: int,
+    pid: int | None = None,
+    per_process: bool = False,
+) -> TokenBucket:
+    """A `TokenBucket` as pickled: its parameters and its word (and where it was pickled)."""
+    b = TokenBucket(rate, capacity, clock=clock, per_process=per_process)
+    b._tat = tat
+    if pid is not None and pid != os.getpid():
+        b._gen = -1  # no process's generation: its first decision warns
+    return b
+
+
 class KeyedTokenBucket(_Limits):
     """A token bucket per key, in a table of at most ``max_keys`` buckets.
 
@@ -504,12 +591,13 @@ class KeyedTokenBucket(_Limits):
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
         none_key: bool = False,
+        per_process: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
         max_keys = validated_max_keys(max_keys)
         now = _clock_reader(clock)
         none_key = validated_flag(none_key, "none_key")
-        self._set_limits(limits)
+        self._set_limits(limits, per_process)
         self._max_keys = max_keys
         self._none_key = none_key
         self._now = now
@@ -608,6 +696,8 @@ class KeyedTokenBucket(_Limits):
         return bytearray([allow(key, now, cost) for key in keys])
 
     def _allow(self, key: Hashable, now: int, cost: int) -> bool:
+        if self._gen != _fork_gen:
+            self._forked()
         tats = self._tats
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
@@ -673,6 +763,8 @@ class KeyedTokenBucket(_Limits):
         return self._check(key, validated_now(now), self._cost(cost), False)
 
     def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
+        if self._gen != _fork_gen:
+            self._forked()
         tats = self._tats
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
@@ -722,6 +814,9 @@ class KeyedTokenBucket(_Limits):
         now = self._now()
         with self._lock:
             return sum(1 for tat in self._tats.values() if tat > now)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise unpicklable_error("KeyedTokenBucket")
 
     def _make_room(self, now: int) -> None:
         # Called with the lock held when the table is at its room. Full
@@ -774,6 +869,8 @@ class KeyedTokenBucket(_Limits):
         self._refund(key, validated_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
+        if self._gen != _fork_gen:
+            self._forked()
         self._refuse_none(key)
         tats = self._tats
         with self._lock:
@@ -820,6 +917,8 @@ class KeyedTokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
+        if self._gen != _fork_gen:
+            self._forked()
         self._refuse_none(key)
         tats = self._tats
         with self._lock:
