@@ -76,7 +76,8 @@ def recorded(decide: Callable[[], Any]) -> tuple[Any, list[tuple[str, str, str]]
     return result, [(w.category.__name__, str(w.message), w.filename) for w in caught]
 
 
-# Each verb's first decision, on a bucket (b) and on a table (t) at the frozen instant.
+# Each verb's first use, on a bucket (b) and on a table (t) at the frozen instant: every
+# verb that reads or changes the buckets (but a bucket's tokens(), which reads one word).
 BUCKET_VERBS: dict[str, Callable[[Any], object]] = {
     "allow": lambda b: b.allow(),
     "allow_at": lambda b: b.allow_at(FROZEN),
@@ -85,6 +86,8 @@ BUCKET_VERBS: dict[str, Callable[[Any], object]] = {
     "reserve": lambda b: b.reserve(),
     "refund": lambda b: b.refund(),
     "acquire": lambda b: b.acquire(timeout=0),
+    "reset": lambda b: b.reset(),
+    "reconfigure": lambda b: b.reconfigure(rate=2),
 }
 TABLE_VERBS: dict[str, Callable[[Any], object]] = {
     "allow": lambda t: t.allow("k"),
@@ -95,9 +98,14 @@ TABLE_VERBS: dict[str, Callable[[Any], object]] = {
     "reserve": lambda t: t.reserve("k"),
     "refund_at": lambda t: t.refund_at("k", FROZEN),
     "acquire": lambda t: t.acquire("k", timeout=0),
+    "tokens_at": lambda t: t.tokens_at("k", FROZEN),
+    "len": len,
+    "reset": lambda t: t.reset("k"),
+    "reconfigure": lambda t: t.reconfigure(rate=2),
 }
 SPENT = {"allow": 1, "check_at": 1, "peek": 0, "allow_many": 1, "allow_many_uint64": 0}
-SPENT.update({"reserve": 1, "refund_at": -1, "acquire": 1})
+SPENT.update({"reserve": 1, "refund_at": -1, "acquire": 1, "tokens_at": 0, "len": 0})
+SPENT.update({"reset": -4, "reconfigure": 0})  # reset: full again; the rate: tokens kept
 
 
 @pytest.mark.parametrize("verb", BUCKET_VERBS)

@@ -178,6 +178,30 @@ cdef Py_hash_t other_key_hash(object key) except? -1:
 cdef extern from "<sched.h>":
     int sched_yield() nogil
 
+
+cdef extern from *:
+    """
+    /* An object's critical section held around C code that calls no Python
+     * (so nothing can raise or suspend it inside): on a free-threaded build
+     * CPython's per-object lock, under the GIL nothing at all. Cython's
+     * `with cython.critical_section` also takes a reference to the object
+     * for the block, which costs the GIL build instructions on the hot path. */
+    #ifdef Py_GIL_DISABLED
+    typedef PyCriticalSection nb_section;
+    #define nb_section_begin(s, o) PyCriticalSection_Begin((s), (o))
+    #define nb_section_end(s) PyCriticalSection_End(s)
+    #else
+    typedef int nb_section;
+    #define nb_section_begin(s, o) ((void)(s), (void)(o))
+    #define nb_section_end(s) ((void)(s))
+    #endif
+    """
+    ctypedef struct nb_section:
+        pass
+    bint nb_unlikely "unlikely"(bint x) noexcept nogil  # Cython's own C macro
+    void nb_section_begin(nb_section *s, PyObject *o) noexcept
+    void nb_section_end(nb_section *s) noexcept
+
 DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
@@ -488,11 +512,18 @@ cdef class _Limits:
             warnings.warn(forked_warning(type(self).__name__), RuntimeWarning, stacklevel=1)
         return 0
 
+    cdef inline int _used(self) except -1:
+        """Before a verb that reads or changes the buckets: warn if this is a forked copy."""
+        # Marked unlikely: the compiler then keeps the hot path as it was
+        # (a key's hash inlined into the keyed verbs, not called).
+        if nb_unlikely(nb_load_relaxed(&self.gen) != fork_gen):
+            self._forked()
+        return 0
+
     cdef inline int64_t _cost(self, object cost) except -1:
         cdef int overflow = 0
         cdef long long value
-        if nb_load_relaxed(&self.gen) != fork_gen:
-            self._forked()
+        self._used()  # every decision parses its cost first
         if <PyObject *>cost == self.one:  # `cost is ONE`, if ready (see `one`)
             return 1
         if type(cost) is int:
@@ -595,14 +626,20 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     cdef inline bint _take(self, int64_t now, int64_t c) noexcept:
         """`gcra.take` of *c* tokens at *now*: True if admitted."""
         cdef int64_t cost_t, tat, base
-        with cython.critical_section(self):
-            cost_t = c * self.interval_ns
-            return gcra.take(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base, True)
+        cdef bint ok
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        cost_t = c * self.interval_ns
+        ok = gcra.take(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base, True)
+        nb_section_end(&section)
+        return ok
 
     cdef inline void _give_back(self, int64_t now, int64_t c) noexcept:
         """`gcra.give_back` of *c* tokens at *now*."""
-        with cython.critical_section(self):
-            gcra.give_back(&self.tat, now, c * self.interval_ns)
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        gcra.give_back(&self.tat, now, c * self.interval_ns)
+        nb_section_end(&section)
 
     def check(self, cost=1):
         """Like `allow`, but return the whole `Decision`.
@@ -649,21 +686,27 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
         cdef int64_t cost_t, tat, base, interval, tau, capacity
         cdef bint allowed
-        with cython.critical_section(self):  # the Decision is made outside, from these
-            interval = self.interval_ns
-            tau = self.tau
-            capacity = self.capacity
-            cost_t = cost * interval
-            if consume:
-                allowed = gcra.take(&self.tat, now, cost_t, tau - cost_t, &tat, &base, True)
-            else:
-                allowed = gcra.step(nb_load(&self.tat), now, cost_t, tau - cost_t, &tat, &base)
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)  # the Decision is made after, from these
+        interval = self.interval_ns
+        tau = self.tau
+        capacity = self.capacity
+        cost_t = cost * interval
+        if consume:
+            allowed = gcra.take(&self.tat, now, cost_t, tau - cost_t, &tat, &base, True)
+        else:
+            allowed = gcra.step(nb_load(&self.tat), now, cost_t, tau - cost_t, &tat, &base)
+        nb_section_end(&section)
         return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, tau, interval,
                              cost_t, capacity)
 
     cdef double _tokens_now(self, int64_t now):
-        with cython.critical_section(self):
-            return self._tokens(nb_load(&self.tat), now)
+        cdef double tokens
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        tokens = gcra.tokens(nb_load(&self.tat), now, self.tau, self.interval_ns, self.capacity)
+        nb_section_end(&section)
+        return tokens
 
     def tokens(self):
         """Tokens in the bucket now.
@@ -730,8 +773,11 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, None, 2.0)
         """
         self._ready()
-        with cython.critical_section(self):
-            nb_store(&self.tat, 0)  # no time is earlier: full at every now
+        self._used()
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        nb_store(&self.tat, 0)  # no time is earlier: full at every now
+        nb_section_end(&section)
 
     def reserve(self, *, cost=1, max_wait_ns=0, shape=False, now=None):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
@@ -751,10 +797,13 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         cdef int64_t mw = validated_max_wait(max_wait_ns)
         cdef bint sh = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
-        cdef int64_t cost_t
-        with cython.critical_section(self):
-            cost_t = c * self.interval_ns
-            return gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
+        cdef int64_t cost_t, wait
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        cost_t = c * self.interval_ns
+        wait = gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
+        nb_section_end(&section)
+        return wait
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.
@@ -777,6 +826,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (10, 2, 1.0, 2.0)
         """
         self._ready()
+        self._used()
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         with retimed(self, t), cython.critical_section(self):
@@ -786,10 +836,12 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
                 new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
                 if nb_cas(&self.tat, &old, new):
                     break
-            self._rate = new_rate
+            # The integers the verbs read first, with no Python code between
+            # them and the word; then the rate (releasing the old one may run code).
             self.capacity = cap
             self.interval_ns = interval
             self.tau = tau
+            self._rate = new_rate
 
     def acquire(self, cost=1, timeout=None):
         """Wait (block the thread) until *cost* tokens are spent, or *timeout* s pass.

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
@@ -61,16 +62,65 @@ def first_build() -> None:
         hook()
 
 
-#: Forks since import in this process's line: 0 here, bumped once in each
-#: child as it starts. A limiter records it when made (`_gen`): another value
-#: at a decision is a copy in a forked process, told by one comparison on the
-#: hot path, without a getpid() per call.
-_fork_gen = 0
+#: The limiters made in this process (and its parents) that a fork copies,
+#: but for those built with per_process=True. In a forked child each gets a
+#: `_ForkedLock` (`_after_fork_in_child`): the verbs take their lock as
+#: always, so telling a copy apart costs them nothing.
+_copied: weakref.WeakSet[_Limits] = weakref.WeakSet()
+
+
+class _ForkedLock:
+    """The lock of a limiter in a process it was copied into: the first use warns, once.
+
+    Then the limiter's own lock is a fresh one (the copied one may have been
+    held by a thread that the child does not have).
+    """
+
+    __slots__ = ("_fresh", "_owner")
+
+    def __init__(self, owner: _Limits, fresh: threading.Lock | threading.RLock) -> None:
+        self._owner = owner
+        self._fresh = fresh
+
+    def _first(self) -> threading.Lock | threading.RLock:
+        owner = self._owner
+        if owner._lock is self:  # two threads at once may both warn: no harm
+            owner._lock = self._fresh
+            # Name the first caller outside this module, as the Cython twin's warning does.
+            frame, level = sys._getframe(1), 2
+            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+                frame, level = frame.f_back, level + 1
+            warnings.warn(forked_warning(type(owner).__name__), RuntimeWarning, stacklevel=level)
+        return self._fresh
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._first().acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._fresh.release()
+
+    def __enter__(self) -> bool:
+        return self._first().acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._fresh.release()
+
+
+def _forked_lock(limiter: _Limits) -> _ForkedLock:
+    """A `_ForkedLock` for *limiter*, whose fresh lock is of its own lock's kind."""
+    keyed = isinstance(limiter, KeyedTokenBucket)
+    return _ForkedLock(limiter, threading.RLock() if keyed else threading.Lock())
 
 
 def _after_fork_in_child() -> None:
-    global _fork_gen  # noqa: PLW0603 - a module global: the hot path's cheapest read
-    _fork_gen += 1
+    # One thread, before any other starts: each copied limiter's next use warns.
+    for limiter in list(_copied):
+        try:
+            lock = limiter._lock
+        except RuntimeError:  # made by an __init__ that did not complete: never used
+            continue
+        if not isinstance(lock, _ForkedLock):
+            limiter._lock = _forked_lock(limiter)
 
 
 if hasattr(os, "register_at_fork"):
@@ -111,9 +161,10 @@ def _clock_reader(clock: Clock | None) -> Clock:
 class _Limits:
     """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
-    __slots__ = ("_capacity", "_gen", "_interval", "_per_process", "_rate", "_tau")
+    # `_lock`: set last by each subclass's __init__ (and by `_after_fork_in_child`).
+    __slots__ = ("__weakref__", "_capacity", "_interval", "_lock", "_per_process", "_rate", "_tau")
     _now: Clock  # each subclass's slot: its clock, read as int ns
-    _lock: threading.Lock | threading.RLock  # each subclass's slot, set last by __init__
+    _lock: threading.Lock | threading.RLock | _ForkedLock
 
     # Each subclass's __init__ checks every argument first (`_new_limits`,
     # then its own), then sets the fields, `_lock` last: an __init__ that
@@ -143,9 +194,8 @@ class _Limits:
     def _set_limits(self, limits: tuple[RateLike, int, int, int], per_process: object) -> None:
         self._per_process = validated_flag(per_process, "per_process")
         self._rate, self._capacity, self._interval, self._tau = limits
-        # `_fork_gen` when made: another value at a decision is a copy in a forked
-        # process (warned once: `_forked`), or one unpickled elsewhere (-1).
-        self._gen = _fork_gen
+        if not self._per_process:
+            _copied.add(self)
 
     @property
     def per_process(self) -> bool:
@@ -155,18 +205,6 @@ class _Limits:
         False
         """
         return self._per_process
-
-    def _forked(self) -> None:
-        """The first decision in a process this limiter was copied into: warn, once."""
-        with self._lock:
-            first = self._gen != _fork_gen
-            self._gen = _fork_gen
-        if first and not self._per_process:
-            # Name the first caller outside this module, as the Cython twin's warning does.
-            frame, level = sys._getframe(1), 2
-            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
-                frame, level = frame.f_back, level + 1
-            warnings.warn(forked_warning(type(self).__name__), RuntimeWarning, stacklevel=level)
 
     @property
     def rate(self) -> RateLike:
@@ -254,7 +292,7 @@ class TokenBucket(_Limits):
     200
     """
 
-    __slots__ = ("_clock", "_lock", "_now", "_tat")
+    __slots__ = ("_clock", "_now", "_tat")
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
     def __init__(
@@ -281,8 +319,6 @@ class TokenBucket(_Limits):
         (True, True, False)
         """
         # `_allow` and its `step` inlined: the pure-Python hot path (see `step`).
-        if self._gen != _fork_gen:
-            self._forked()
         if type(cost) is not int or not 0 <= cost <= self._capacity:
             cost = unkeyed_cost(cost, self._capacity)
         now = self._now()
@@ -320,8 +356,6 @@ class TokenBucket(_Limits):
         return unkeyed_cost(cost, self._capacity)  # a key where the cost goes says so
 
     def _allow(self, now: int, cost: int) -> bool:
-        if self._gen != _fork_gen:
-            self._forked()
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
             tat = step(self._tat, now, cost_t, self._tau - cost_t)
@@ -369,8 +403,6 @@ class TokenBucket(_Limits):
         return self._check(unkeyed_now(now), self._cost(cost), False)
 
     def _check(self, now: int, cost: int, consume: bool) -> Decision:
-        if self._gen != _fork_gen:
-            self._forked()
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
             tat = self._tat
@@ -403,9 +435,7 @@ class TokenBucket(_Limits):
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         # A constructor call plus its word, as the Cython twin's; the maker's pid
         # goes along: a copy unpickled in another process warns as a fork's.
-        with self._lock:
-            tat = self._tat
-        args = (self._rate, self._capacity, self._clock, tat, os.getpid(), self._per_process)
+        args = (self._rate, self._capacity, self._clock, self._tat, os.getpid(), self._per_process)
         return _restore_token_bucket, args
 
     def refund(self, cost: int = 1) -> None:
@@ -431,8 +461,6 @@ class TokenBucket(_Limits):
         self._refund(unkeyed_now(now), self._cost(cost))
 
     def _refund(self, now: int, cost: int) -> None:
-        if self._gen != _fork_gen:
-            self._forked()
         with self._lock:
             self._tat = give_back(self._tat, now, cost * self._interval)
 
@@ -467,8 +495,6 @@ class TokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
-        if self._gen != _fork_gen:
-            self._forked()
         with self._lock:
             cost_t = cost * self._interval
             wait, self._tat = reserve(
@@ -545,7 +571,7 @@ def _restore_token_bucket(
     b = TokenBucket(rate, capacity, clock=clock, per_process=per_process)
     b._tat = tat
     if pid is not None and pid != os.getpid():
-        b._gen = -1  # no process's generation: its first decision warns
+        b._lock = _forked_lock(b)  # its first use warns, as a fork's copy's
     return b
 
 
@@ -572,7 +598,6 @@ class KeyedTokenBucket(_Limits):
 
     __slots__ = (
         "_floor",
-        "_lock",
         "_max_keys",
         "_max_slots",
         "_none_key",
@@ -696,8 +721,6 @@ class KeyedTokenBucket(_Limits):
         return bytearray([allow(key, now, cost) for key in keys])
 
     def _allow(self, key: Hashable, now: int, cost: int) -> bool:
-        if self._gen != _fork_gen:
-            self._forked()
         tats = self._tats
         lock = self._lock
         lock.acquire()  # cheaper than `with` on the hot path
@@ -763,8 +786,6 @@ class KeyedTokenBucket(_Limits):
         return self._check(key, validated_now(now), self._cost(cost), False)
 
     def _check(self, key: Hashable, now: int, cost: int, consume: bool) -> Decision:
-        if self._gen != _fork_gen:
-            self._forked()
         tats = self._tats
         with self._lock:  # cost_t inside: a concurrent reconfigure cannot tear interval/tau
             cost_t = cost * self._interval
@@ -869,8 +890,6 @@ class KeyedTokenBucket(_Limits):
         self._refund(key, validated_now(now), self._cost(cost))
 
     def _refund(self, key: Hashable, now: int, cost: int) -> None:
-        if self._gen != _fork_gen:
-            self._forked()
         self._refuse_none(key)
         tats = self._tats
         with self._lock:
@@ -917,8 +936,6 @@ class KeyedTokenBucket(_Limits):
         shape = validated_shape(shape)
         # Checked like every explicit time (the Cython twin does the same).
         now = self._now() if now is None else validated_now(now)
-        if self._gen != _fork_gen:
-            self._forked()
         self._refuse_none(key)
         tats = self._tats
         with self._lock:

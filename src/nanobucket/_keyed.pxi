@@ -679,6 +679,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
         self._ready()
+        self._used()
         self._refuse_none(key)
         cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
@@ -696,6 +697,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (True, True, 1)
         """
         self._ready()
+        self._used()
         cdef int64_t now = self._now()
         cdef Py_ssize_t i, count = 0
         with cython.critical_section(self):
@@ -761,6 +763,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (True, None, 2.0)
         """
         self._ready()
+        self._used()
         cdef Py_hash_t h = key_hash(key)
         self._refuse_none(key)
         cdef int64_t now = self._now()
@@ -813,6 +816,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (1.0, 2.0, 2.0)
         """
         self._ready()
+        self._used()
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         cdef Py_ssize_t i
