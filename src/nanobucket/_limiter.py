@@ -14,8 +14,9 @@ an ``all_of`` with more than one such layer), ``reserve`` (`Reservable`, with
 ``acquire`` / ``acquire_async`` (``@limit(..., wait=True)``), ``release``
 with ``releases = True`` (an in-flight limit: the wrappers release it when
 the call ends), ``key_optional = True`` (a keyed limiter whose verbs also
-take key None). A decision is a `nanobucket.Decision`, or any object with
-its fields::
+take key None), ``blocking = True`` (verbs that wait on the network in the
+calling thread: the asyncio integrations refuse it). A decision is a
+`nanobucket.Decision`, or any object with its fields::
 
     class PerUser:
         keyed = True
