@@ -238,3 +238,40 @@ def test_a_bucket_unpickled_in_another_process_warns_at_its_first_decision(
 
     assert in_child(child) == [6, ["this TokenBucket was made in another process"], []]
     assert b.tokens() == 6.0
+
+
+def test_a_redis_limiters_local_fallback_is_one_per_process_by_design() -> None:
+    # The default fallback (a table of the limit in each process) is meant per
+    # process: a Redis limiter made before the fork decides through an outage
+    # in the child without a warning (the port below has no server).
+    import redis as redis_py
+
+    from nanobucket.redis import RedisTokenBucket
+
+    with socket_free_port() as port:
+        client = redis_py.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
+        limiter = RedisTokenBucket(client, rate=1e-6, capacity=2, timeout=0.2)
+
+        def child() -> Any:
+            results, caught = recorded(lambda: [limiter.allow("k") for _ in range(3)])
+            return results, [c for c in caught if c[0] == "RuntimeWarning"]
+
+        results, runtime_warnings = in_child(child)
+        client.close()
+    assert results == [True, True, False]
+    assert runtime_warnings == []
+
+
+class socket_free_port:
+    """A loopback port with nothing listening on it (bound, then closed)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        return port
+
+    def __exit__(self, *exc: object) -> None:
+        return None
