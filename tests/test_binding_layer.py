@@ -200,14 +200,16 @@ def test_two_unnamed_layers_of_one_kind_are_numbered(
     assert r.headers["ratelimit"] == '"api:per-key-2";r=199;t=1'
 
 
+@pytest.mark.parametrize("server", ["asgi", "wsgi"])
 def test_a_tiered_layer_binds_by_its_plan_and_the_app_by_its_own(
-    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
+    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient, server: str
 ) -> None:
     free = impl.KeyedTokenBucket(rate=Fraction(100, 60), capacity=100, clock=clock)
     pro = impl.KeyedTokenBucket(rate=100, capacity=1000, clock=clock)
     plans = nb.tiered({"free": free, "pro": pro}, tier=lambda ip: "free")
     app = impl.TokenBucket(rate=20, capacity=20, clock=clock)
-    get = asgi_client(asgi(nb.all_of(plans, app, names=(None, "app"))), "10.0.0.1").get
+    limiter = nb.all_of(plans, app, names=(None, "app"))
+    get = asgi_client(asgi(limiter), "10.0.0.1").get if server == "asgi" else wsgi(limiter).get
     assert scenario(get, clock, FIELDS) == [
         (200, '"app";q=20;w=1', '"app";r=19;t=1', None),
         (429, '"app";q=20;w=1', '"app";r=0;t=1', "1"),
