@@ -475,8 +475,8 @@ def test_all_of_sends_the_binding_layers_policy(
     impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     # The README's per-client and global limits: the policy field is the
-    # binding layer's (it was missing from every response), named by its
-    # place in the all_of so a client can tell the layers apart.
+    # binding layer's (it was missing from every response), named by what
+    # the layer is so a client can tell the layers apart.
     from nanobucket import all_of
 
     per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
@@ -487,12 +487,18 @@ def test_all_of_sends_the_binding_layers_policy(
         r = asgi_client(app, host).get("/")
         seen.append((r.status_code, r.headers["ratelimit-policy"], r.headers["ratelimit"]))
     assert seen == [
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),  # the client's bucket binds
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),
-        (200, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),  # the instance's, now empty
-        (429, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),
+        (
+            200,
+            '"default:per-key";q=2;w=2',
+            '"default:per-key";r=1;t=1',
+        ),  # the client's bucket binds
+        (200, '"default:per-key";q=2;w=2', '"default:per-key";r=1;t=1'),
+        (200, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),  # the instance's, now empty
+        (429, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),
     ]
-    assert r.json()["detail"] == "Rate limit 'default-1' exceeded; retry after 1 s."  # as named
+    assert (
+        r.json()["detail"] == "Rate limit 'default:shared' exceeded; retry after 1 s."
+    )  # as named
 
 
 async def _bare(scope: Any, receive: Any, send: Any) -> None:

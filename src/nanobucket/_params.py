@@ -373,3 +373,25 @@ def validated_max_keys(max_keys: object) -> int:
     if value < 1 or value > MAX_KEYS:
         raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {value!r}")
     return value
+
+
+# A name in the header fields (a policy's, a plan's, a layer's) is sent as a
+# structured-field String: printable ASCII, with '"' and '\\' refused rather
+# than escaped, so every client reads the name as written.
+NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+
+
+def validated_name(name: object, what: str) -> str:
+    """Return *name*, a valid name for the ``RateLimit-Policy`` fields, or raise ValueError.
+
+    *what* says whose name it is in the error (``"a plan name"``).
+
+    >>> validated_name("per-client", "a layer name")
+    'per-client'
+    """
+    if not isinstance(name, str) or not name or any(c not in NAME_CHARS for c in name):
+        raise ValueError(
+            f"{what} must be a non-empty string of printable ASCII without '\"' "
+            f"or '\\' (it names the RateLimit-Policy), got {name!r}"
+        )
+    return name
