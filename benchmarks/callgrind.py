@@ -3,6 +3,7 @@
     python benchmarks/callgrind.py              # every case, a table
     python benchmarks/callgrind.py --json out.json c_allow c_keyed
     python benchmarks/callgrind.py asgi_ietf wsgi_ietf     # the middlewares, per request
+    python benchmarks/callgrind.py asgi_all_of wsgi_all_of # the same over all_of
 
 Each case runs twice under ``valgrind --tool=callgrind``, once with N calls
 and once with 2N; the same program otherwise (imports, table set-up, 100k
@@ -12,7 +13,8 @@ instruction count of one call *including* the loop around it. The floor (a
 no-op Cython method called the same way) is reported beside it, and so is
 the difference: what the limiter itself costs. The ``asgi_*`` and ``wsgi_*``
 cases are one request through the middleware (an in-process keyed bucket that
-admits every request) against the bare app called the same way: what the
+admits every request; the ``*_all_of`` cases: that bucket and one per instance,
+under ``all_of``) against the bare app called the same way: what the
 middleware adds. An ASGI request is driven by ``coro.send(None)`` (the
 in-process limiter never suspends), so no event loop is counted.
 """
@@ -100,6 +102,8 @@ for _ in range(n):
     app(dict(environ), start_response)
 """
 
+# The case study's per-client and per-instance limits, both admitting every request.
+ALL_OF = "nb.all_of(limiter, nb.TokenBucket(rate=10**9, capacity=10**9))"
 ROUTES = '[Route("/healthz", exempt=True), Route("/api/*", cost=2), Route("/login")]'
 
 # name -> (template, expression for f, what it is)
@@ -143,6 +147,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         f"RateLimitMiddleware(bare, limiter, key=header('X-API-Key'), routes={ROUTES})",
         "ASGI middleware, IETF fields, 3 routes, keyed by X-API-Key",
     ),
+    "asgi_all_of": (
+        ASGI,
+        f"RateLimitMiddleware(bare, {ALL_OF})",
+        "ASGI middleware, IETF fields, all_of(2 layers)",
+    ),
     "wsgi_bare": (WSGI, "bare", "floor: the bare WSGI app"),
     "wsgi_ietf": (WSGI, "RateLimitMiddleware(bare, limiter)", "WSGI middleware, IETF fields"),
     "wsgi_off": (
@@ -159,6 +168,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         WSGI,
         f"RateLimitMiddleware(bare, limiter, key=header('X-API-Key'), routes={ROUTES})",
         "WSGI middleware, IETF fields, 3 routes, keyed by X-API-Key",
+    ),
+    "wsgi_all_of": (
+        WSGI,
+        f"RateLimitMiddleware(bare, {ALL_OF})",
+        "WSGI middleware, IETF fields, all_of(2 layers)",
     ),
 }
 FLOOR_OF = {
@@ -178,6 +192,8 @@ FLOOR_OF = {
     "wsgi_off": "wsgi_bare",
     "wsgi_routes": "wsgi_bare",
     "wsgi_api_key": "wsgi_bare",
+    "asgi_all_of": "asgi_bare",
+    "wsgi_all_of": "wsgi_bare",
 }
 
 

@@ -14,11 +14,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route as StarletteRoute
 
+import nanobucket as nb
+from nanobucket import redis as nbr
 from nanobucket._http import (
     Counters,
     Policy,
@@ -30,6 +33,7 @@ from nanobucket._http import (
     route,
 )
 from nanobucket.asgi import RateLimitMiddleware
+from nanobucket.wsgi import RateLimitMiddleware as WsgiMiddleware
 
 from http_checks import PROBLEM_429_1S, AsyncRecorder, MakeClient, asgi_client, counts
 
@@ -471,8 +475,8 @@ def test_all_of_sends_the_binding_layers_policy(
     impl: ModuleType, clock: Any, asgi_client: MakeClient
 ) -> None:
     # The README's per-client and global limits: the policy field is the
-    # binding layer's (it was missing from every response), named by its
-    # place in the all_of so a client can tell the layers apart.
+    # binding layer's (it was missing from every response), named by what
+    # the layer is so a client can tell the layers apart.
     from nanobucket import all_of
 
     per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
@@ -483,9 +487,37 @@ def test_all_of_sends_the_binding_layers_policy(
         r = asgi_client(app, host).get("/")
         seen.append((r.status_code, r.headers["ratelimit-policy"], r.headers["ratelimit"]))
     assert seen == [
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),  # the client's bucket binds
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),
-        (200, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),  # the instance's, now empty
-        (429, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),
+        (
+            200,
+            '"default:per-key";q=2;w=2',
+            '"default:per-key";r=1;t=1',
+        ),  # the client's bucket binds
+        (200, '"default:per-key";q=2;w=2', '"default:per-key";r=1;t=1'),
+        (200, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),  # the instance's, now empty
+        (429, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),
     ]
-    assert r.json()["detail"] == "Rate limit 'default-1' exceeded; retry after 1 s."  # as named
+    assert (
+        r.json()["detail"] == "Rate limit 'default:shared' exceeded; retry after 1 s."
+    )  # as named
+
+
+async def _bare(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that is never called."""
+
+
+def test_a_redis_limiter_that_blocks_the_event_loop_is_refused() -> None:
+    # Built without reaching any server (the client connects on first use).
+    blocking = nbr.RedisTokenBucket(redis.Redis(), rate=1, capacity=1)
+    refused = r"RedisTokenBucket waits for Redis in the calling thread: in an ASGI app.*use nano"
+    for limiter, routes in [
+        (blocking, None),
+        (nb.all_of(nb.KeyedTokenBucket(1, 1), blocking), None),
+        (nb.tiered({"free": blocking}, tier=lambda key: "free"), None),
+        (nb.KeyedTokenBucket(1, 1), [Route("/api/*", limiter=blocking)]),
+    ]:
+        with pytest.raises(TypeError, match=rf"{refused}bucket\.redis\.AsyncRedisTokenBucket"):
+            RateLimitMiddleware(_bare, limiter, routes=routes)
+    # Its asyncio twin is awaited; a WSGI app's worker thread may wait on Redis.
+    awaited = nbr.AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=1, capacity=1)
+    assert RateLimitMiddleware(_bare, awaited)._gate.awaits
+    assert WsgiMiddleware(lambda e, s: [], blocking).counters.snapshot()["admitted"] == 0

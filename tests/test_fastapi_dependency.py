@@ -300,3 +300,15 @@ def test_under_real_uvicorn(tmp_path: Path) -> None:
     assert got[1][1]["ratelimit"] == '"default";r=0;t=7200'
     assert got[2][1]["retry-after"] == "3600"
     assert json.loads(got[2][2])["retry_after"] == 3600
+
+
+def test_a_redis_limiter_that_blocks_the_event_loop_is_refused() -> None:
+    import redis
+
+    blocking = nbr.RedisTokenBucket(redis.Redis(), rate=1, capacity=1)  # connects on first use
+    refused = r"RedisTokenBucket waits for Redis .* a FastAPI dependency"
+    with pytest.raises(TypeError, match=refused):
+        RateLimit(blocking)
+    with pytest.raises(TypeError, match=r"use nanobucket\.redis\.AsyncRedisTokenBucket"):
+        RateLimit(nb.all_of(nb.KeyedTokenBucket(1, 1), blocking), charge=lambda r, s: 1)
+    assert RateLimit(nbr.AsyncRedisTokenBucket(redis.asyncio.Redis(), rate=1, capacity=1))

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import threading
 from types import ModuleType
 
 import pytest
@@ -32,6 +33,7 @@ TABLE_CAPACITY = 1_500
 HOT = ["hot0", "hot1", "hot2", "hot3"]
 MAX_KEYS = 64
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+GIL_OFF = not getattr(sys, "_is_gil_enabled", lambda: True)()  # a free-threaded build, running so
 
 
 class Ledger:
@@ -203,3 +205,43 @@ def test_allow_many_decides_a_snapshot_of_a_list_that_changes(impl: ModuleType) 
     batch.extend(object() for _ in range(2_000))
     assert t.allow_many_at(batch, FROZEN) == bytearray(b"\x01" * 2_001)
     assert batch == []
+
+
+@pytest.mark.skipif(
+    not GIL_OFF,
+    reason="needs a free-threaded interpreter running with the GIL off "
+    "(sys._is_gil_enabled() is False): under the GIL a reconfigure cannot interleave with a verb",
+)
+@pytest.mark.parametrize("spenders", [1, 3, 7])
+def test_reconfigure_racing_the_verbs_keeps_every_token(
+    impl: ModuleType, clock: ManualClock, spenders: int
+) -> None:
+    """One thread changes the rate 1 -> 2 -> 4 -> 1 at a frozen instant while others spend.
+
+    The tokens carry over exactly at each change (1e9, 5e8 and 2.5e8 ns per
+    token), and a frozen clock refills nothing: exactly the capacity is
+    admitted, whatever the interleaving. A decision made with one rate on a
+    word carried over to another gains or loses tokens.
+    """
+    clock.now = FROZEN
+    for _ in range(20):
+        b = impl.TokenBucket(rate=1, capacity=3_000, clock=clock)
+        changed = threading.Event()
+        admitted = [0] * spenders
+
+        def work(i: int) -> None:
+            if i == spenders:  # the last thread reconfigures
+                for n in range(300):
+                    b.reconfigure(rate=(2, 4, 1)[n % 3])
+                changed.set()
+                return
+            while True:
+                done = changed.is_set()  # read first: a refusal after it is final
+                verb = (b.allow, lambda: b.check().allowed, lambda: b.allow_at(FROZEN))[i % 3]
+                if verb():
+                    admitted[i] += 1
+                elif done:
+                    return
+
+        run_threads(spenders + 1, work)
+        assert (sum(admitted), b.tokens(), b.rate) == (3_000, 0.0, 1)

@@ -177,29 +177,35 @@ def test_all_of_names_each_layer_by_its_place(impl: ModuleType, clock: ManualClo
     assert [(a, list(fields)) for a, _, fields, _, _ in got[:3]] == [
         (
             True,
-            [(b"ratelimit-policy", b'"default-0";q=2;w=2'), (b"ratelimit", b'"default-0";r=1;t=1')],
-        ),
-        (
-            True,
-            [(b"ratelimit-policy", b'"default-0";q=2;w=2'), (b"ratelimit", b'"default-0";r=0;t=2')],
+            [
+                (b"ratelimit-policy", b'"default:per-key";q=2;w=2'),
+                (b"ratelimit", b'"default:per-key";r=1;t=1'),
+            ],
         ),
         (
             True,
             [
-                (b"ratelimit-policy", b'"default-1";q=10;w=1'),
-                (b"ratelimit", b'"default-1";r=0;t=1'),
+                (b"ratelimit-policy", b'"default:per-key";q=2;w=2'),
+                (b"ratelimit", b'"default:per-key";r=0;t=2'),
+            ],
+        ),
+        (
+            True,
+            [
+                (b"ratelimit-policy", b'"default:shared";q=10;w=1'),
+                (b"ratelimit", b'"default:shared";r=0;t=1'),
             ],
         ),
     ]
     admitted, decision, fields, body, _ = got[3]
-    assert (admitted, decision.layer, body) == (False, 1, problem("default-1", 1))
+    assert (admitted, decision.layer, body) == (False, 1, problem("default:shared", 1))
     assert fields == refusal(
-        problem("default-1", 1),
+        problem("default:shared", 1),
         1,
-        (b"ratelimit-policy", b'"default-1";q=10;w=1'),
-        (b"ratelimit", b'"default-1";r=0;t=1'),
+        (b"ratelimit-policy", b'"default:shared";q=10;w=1'),
+        (b"ratelimit", b'"default:shared";r=0;t=1'),
     )
-    # A nested all_of: every bucket in its place among the leaves.
+    # A nested all_of: three unnamed buckets of one kind, numbered in the order of the leaves.
     inner = impl.TokenBucket(rate=1, capacity=1, clock=clock)
     nested = Gate(
         VIEW,
@@ -209,7 +215,7 @@ def test_all_of_names_each_layer_by_its_place(impl: ModuleType, clock: ManualClo
         ),
         name="api",
     )
-    assert nested.decide(Request())[2][0] == (b"ratelimit-policy", b'"api-2";q=1;w=1')
+    assert nested.decide(Request())[2][0] == (b"ratelimit-policy", b'"api:shared-3";q=1;w=1')
 
 
 def test_tiered_names_the_plan(impl: ModuleType, clock: ManualClock) -> None:
@@ -231,14 +237,14 @@ def test_tiered_names_the_plan(impl: ModuleType, clock: ManualClock) -> None:
     free.allow_at("header:alice", clock(), cost=19)
     admitted, decision, _, body, _ = gate.decide(alice)
     assert (admitted, decision.plan, body) == (False, "free", problem("free", 1))
-    # In an all_of with a global limit: the plan's name, or the global one's place.
+    # In an all_of with a global limit: the plan's name, or what the global one is.
     instance = impl.TokenBucket(rate=1, capacity=200, clock=clock)
     both = Gate(VIEW, nb.all_of(limiter, instance), key=header("X-User"))
     assert both.decide(bob)[2][0] == (b"ratelimit-policy", b'"pro";q=200;w=2')
     instance.allow_at(clock(), cost=198)  # 1 left: the instance binds
     assert list(both.decide(bob)[2]) == [
-        (b"ratelimit-policy", b'"default-2";q=200;w=200'),  # free, pro, then the instance
-        (b"ratelimit", b'"default-2";r=0;t=200'),
+        (b"ratelimit-policy", b'"default:shared";q=200;w=200'),  # one bucket for every key
+        (b"ratelimit", b'"default:shared";r=0;t=200'),
     ]
 
 

@@ -491,7 +491,7 @@ def test_breaker_state_and_fallbacks_when_redis_stops(
     prom = PrometheusMetrics(registry=registry)
     reader = InMemoryMetricReader()
     otel = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
-    limiter = nbr.RedisTokenBucket.from_url(
+    limiter = nbr.AsyncRedisTokenBucket.from_url(  # an ASGI app refuses the blocking one
         own_redis_server.url,
         rate=100,
         capacity=200,
@@ -540,7 +540,7 @@ def test_breaker_state_and_fallbacks_when_redis_stops(
             (("reason", "breaker-open"), ("route", "*"), ("source", "fallback")): 2,
         }
     finally:
-        limiter.close()
+        http.loop.run_until_complete(limiter.aclose())
 
 
 # -- charging after the response ----------------------------------------------------------------
@@ -633,6 +633,12 @@ LLM = [(200, 4), (200, 4), (200, 7), (429, 7), (429, 7), (429, 7)]
 
 def test_asgi_charge_after_the_response(sync_backend: Backend, asgi_client: MakeClient) -> None:
     limiter = sync_backend.limiter
+    if isinstance(limiter, nbr.RedisTokenBucket):
+        # Refused: it would block the event loop (test_async_redis_charge_on_asgi_and_fastapi
+        # charges through its asyncio twin).
+        with pytest.raises(TypeError, match=r"use nanobucket\.redis\.AsyncRedisTokenBucket"):
+            asgi.RateLimitMiddleware(starlette_app(), limiter, charge=failures_only)
+        return
     crash_safe = asgi_client(
         asgi.RateLimitMiddleware(starlette_app(), limiter, key=lambda s: "f", charge=failures_only)
     )
@@ -789,6 +795,11 @@ def _state_tokens(request: Request, status: int) -> int:
 
 def test_fastapi_charge_after_the_route(sync_backend: Backend, asgi_client: MakeClient) -> None:
     limiter = sync_backend.limiter
+    if isinstance(limiter, nbr.RedisTokenBucket):
+        # Refused, as by the ASGI middleware (its asyncio twin: the test below).
+        with pytest.raises(TypeError, match="a FastAPI dependency"):
+            RateLimit(limiter, charge=failures_only)
+        return
     statuses: list[int] = []
 
     def failures(request: Request, status: int) -> int:

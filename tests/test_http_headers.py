@@ -86,12 +86,14 @@ def test_all_of_layer_policy_follows_reconfigure(impl: ModuleType, clock: Any) -
     per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     instance = impl.TokenBucket(rate=10, capacity=30, clock=clock)
     app = RateLimitMiddleware(_ok, nb.all_of(per_client, instance))
-    assert _asgi_get(app)[1][b"ratelimit-policy"] == b'"default-0";q=2;w=2'  # the client's binds
+    assert (
+        _asgi_get(app)[1][b"ratelimit-policy"] == b'"default:per-key";q=2;w=2'
+    )  # the client's binds
     per_client.reconfigure(rate=2, capacity=4, now=clock())
-    assert _asgi_get(app, "10.0.0.2")[1][b"ratelimit-policy"] == b'"default-0";q=4;w=2'
+    assert _asgi_get(app, "10.0.0.2")[1][b"ratelimit-policy"] == b'"default:per-key";q=4;w=2'
     instance.reconfigure(capacity=1, now=clock())  # the instance binds now, empty
     status, h = _asgi_get(app, "10.0.0.3")
-    assert (status, h[b"ratelimit-policy"]) == (200, b'"default-1";q=10;w=1')
+    assert (status, h[b"ratelimit-policy"]) == (200, b'"default:shared";q=10;w=1')
 
 
 def test_tiered_plan_policy_follows_reconfigure(impl: ModuleType, clock: Any) -> None:

@@ -181,13 +181,42 @@ def test_a_trailing_slash_form_with_a_rule_of_its_own_keeps_it(impl: ModuleType)
 
 
 def test_the_views_read_as_the_frameworks_do() -> None:
-    assert SCOPE.method({"method": "delete"}) == "DELETE"
     assert SCOPE.path({"path": "/v1", "root_path": "/v1"}) == "/"
     assert SCOPE.path({"path": "/other", "root_path": "/v1"}) == "/other"
     assert SCOPE.path({"path": "/v1/a", "root_path": ""}) == "/v1/a"
     headers = [(b"X-Api-Key", b""), (b"x-api-key", b"k2")]
     assert SCOPE.app_header({"headers": headers}, "x-api-key") == ""  # the first, empty
     assert SCOPE.header({"headers": headers}, "x-api-key") == ", k2"  # joined: addresses
-    assert ENVIRON.method({"REQUEST_METHOD": "patch"}) == "PATCH"
     assert ENVIRON.path({"SCRIPT_NAME": "/app", "PATH_INFO": ""}) == "/"
     assert ENVIRON.app_header({"HTTP_X_API_KEY": "k1,k2"}, "x-api-key") == "k1,k2"
+
+
+@pytest.mark.parametrize(
+    ("target", "statuses"),
+    [
+        ("http://t/login", [200, 200, 429]),  # absolute form: Quart routes its path
+        ("login;x=1", [200, 200, 429]),  # Quart: urlparse drops the ;parameters
+        ("login", [200, 200, 429]),  # Werkzeug routes a relative target below /
+    ],
+)
+def test_a_target_without_a_leading_slash_takes_the_rule_of_its_path(
+    impl: ModuleType, target: str, statuses: list[int]
+) -> None:
+    app = RateLimitMiddleware(
+        _ok, impl.KeyedTokenBucket(rate=1e-6, capacity=1000), routes=[_login_rule(impl)]
+    )
+    assert _asgi_statuses(app, [{"method": "POST", "path": target}] * 3) == statuses
+
+
+def test_a_relative_target_with_a_dot_segment_takes_its_prefix_rule(impl: ModuleType) -> None:
+    # Werkzeug's server passes "GET items/a/." on, and Flask serves it from /items/<path:p>.
+    app = WSGIMiddleware(
+        _wsgi_ok,
+        impl.KeyedTokenBucket(rate=1e-6, capacity=1000),
+        routes=[Route("/items/*", impl.KeyedTokenBucket(rate=1e-6, capacity=2))],
+        exempt="/items/a",
+    )
+    assert _wsgi_statuses(app, [{"PATH_INFO": "items/a/."}] * 3) == [200, 200, 429]
+    # The exempt /items/a's relative form takes the same spent rule: never exempt.
+    assert _wsgi_statuses(app, [{"PATH_INFO": "items/a"}] * 2) == [429, 429]
+    assert _wsgi_statuses(app, [{"PATH_INFO": "/items/a"}] * 3) == [200, 200, 200]

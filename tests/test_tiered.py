@@ -292,7 +292,7 @@ def test_asgi_middleware_headers_name_the_plan(
     legacy = asgi_client(RateLimitMiddleware(_hello, t, key=header("X-API-Key"), headers="legacy"))
     assert legacy.get("/", headers=alice).headers["x-ratelimit-limit"] == "200"
     # In all_of with a global limit: the binding layer's policy, a plan's or the global one's,
-    # this named by its place in the all_of's leaves() (free, pro, instance).
+    # this named by what it is: one bucket shared by every key.
     instance = impl.TokenBucket(rate=1, capacity=200, clock=clock)
     both = asgi_client(RateLimitMiddleware(_hello, nb.all_of(t, instance), key=header("X-API-Key")))
     r = both.get("/", headers=alice)
@@ -301,8 +301,8 @@ def test_asgi_middleware_headers_name_the_plan(
     for _ in range(30):
         instance.allow()
     r = both.get("/", headers=alice)
-    assert r.headers["ratelimit-policy"] == '"default-2";q=200;w=200'
-    assert r.headers["ratelimit"] == '"default-2";r=168;t=32'
+    assert r.headers["ratelimit-policy"] == '"default:shared";q=200;w=200'
+    assert r.headers["ratelimit"] == '"default:shared";r=168;t=32'
 
 
 def current_user(request: Any) -> str:

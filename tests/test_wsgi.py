@@ -252,10 +252,10 @@ def test_all_of_sends_the_binding_layers_policy(impl: ModuleType, clock: Any) ->
         r = client(app, addr).get("/")
         seen.append((r.status_code, r.headers["RateLimit-Policy"], r.headers["RateLimit"]))
     assert seen == [
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),
-        (200, '"default-0";q=2;w=2', '"default-0";r=1;t=1'),
-        (200, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),
-        (429, '"default-1";q=10;w=1', '"default-1";r=0;t=1'),
+        (200, '"default:per-key";q=2;w=2', '"default:per-key";r=1;t=1'),
+        (200, '"default:per-key";q=2;w=2', '"default:per-key";r=1;t=1'),
+        (200, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),
+        (429, '"default:shared";q=10;w=1', '"default:shared";r=0;t=1'),
     ]
 
 

@@ -63,7 +63,7 @@ cdef class AllowAll:
         (True, False, True)
         """
         cdef Py_ssize_t n, i
-        cdef int64_t c = 0, now = 0, tat, base
+        cdef int64_t c = 0, now = 0
         cdef Py_hash_t h = 0
         cdef bint hashed = False, ok
         cdef _Limits layer
@@ -82,9 +82,14 @@ cdef class AllowAll:
             elif c > layer.capacity or layer.one == NULL:
                 self._undo(i, key, now, c)
                 layer._cost(cost)  # raises the error this layer's allow would
+            elif nb_load_relaxed(&layer.gen) != fork_gen:
+                try:
+                    layer._forked()  # as its own allow would (layer 0: in `_cost`)
+                except BaseException:
+                    self._undo(i, key, now, c)  # the warning is an error here
+                    raise
             if type(layer) is TokenBucket:
-                ok = gcra.take_exclusive(&(<TokenBucket>layer).tat, now, c * layer.interval_ns,
-                              layer.tau - c * layer.interval_ns, &tat, &base)
+                ok = (<TokenBucket>layer)._take(now, c)
             else:
                 try:
                     if not hashed:
@@ -106,7 +111,7 @@ cdef class AllowAll:
         for j in range(charged - 1, -1, -1):
             layer = <_Limits>self.layers[j]
             if type(layer) is TokenBucket:
-                gcra.give_back(&(<TokenBucket>layer).tat, now, c * layer.interval_ns)
+                (<TokenBucket>layer)._give_back(now, c)
             else:
                 (<KeyedTokenBucket>layer)._refund(key, now, c)
         return 0

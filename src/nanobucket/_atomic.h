@@ -1,5 +1,6 @@
 /* Tiny static-inline wrappers: an 8-byte atomic load and compare-and-swap,
- * a plain store for words no other thread writes meanwhile, and the
+ * a plain store for words no other thread writes meanwhile, a relaxed load,
+ * store and fetch-and-add, and the
  * monotonic clock in integer nanoseconds. GCC/Clang use the
  * __atomic builtins; MSVC the Interlocked functions (no 16-byte CAS and no
  * __int128 anywhere, so the same code is lock-free on every target). */
@@ -32,6 +33,19 @@ static __inline void nb_store(int64_t *p, int64_t v) {
     _ReadWriteBarrier();
 }
 
+static __inline int64_t nb_load_relaxed(int64_t *p) {
+    return *(volatile int64_t *)p;
+}
+
+static __inline void nb_store_relaxed(int64_t *p, int64_t v) {
+    *(volatile int64_t *)p = v;
+}
+
+static __inline int64_t nb_add(int64_t *p, int64_t v) {
+    /* The value before the addition (wrapping, as two's complement). */
+    return InterlockedExchangeAdd64((volatile LONG64 *)p, v);
+}
+
 static __inline void nb_prefetch(const void *p) {
     _mm_prefetch((const char *)p, _MM_HINT_T0);
 }
@@ -60,6 +74,21 @@ static inline int nb_cas(int64_t *p, int64_t *expected, int64_t desired) {
 
 static inline void nb_store(int64_t *p, int64_t v) {
     __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+/* Relaxed: for a flag read on the hot path whose writers need no ordering
+ * with other memory (a plain mov on x86-64 and arm64, but no data race). */
+static inline int64_t nb_load_relaxed(int64_t *p) {
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+static inline void nb_store_relaxed(int64_t *p, int64_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+
+static inline int64_t nb_add(int64_t *p, int64_t v) {
+    /* The value before the addition (the builtins wrap signed values). */
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
 static inline void nb_prefetch(const void *p) {

@@ -8,4 +8,7 @@ cdef extern from "_atomic.h":
     int64_t nb_monotonic_ns() noexcept nogil
     void nb_prefetch(const void *p) noexcept nogil
     void nb_store(int64_t *p, int64_t v) noexcept nogil
+    int64_t nb_load_relaxed(int64_t *p) noexcept nogil
+    void nb_store_relaxed(int64_t *p, int64_t v) noexcept nogil
+    int64_t nb_add(int64_t *p, int64_t v) noexcept nogil
     const bint NB_GIL_SERIALISES

@@ -27,7 +27,9 @@ from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
 from nanobucket cimport _gcra as gcra
-from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns, nb_prefetch, nb_store
+from nanobucket._atomic cimport (
+    nb_add, nb_cas, nb_load, nb_load_relaxed, nb_monotonic_ns, nb_prefetch, nb_store,
+    nb_store_relaxed)
 from nanobucket._capi cimport (
     PyByteArray_AS_STRING,
     PyByteArray_FromStringAndSize,
@@ -43,11 +45,13 @@ from nanobucket._capi cimport (
 )
 
 import os
+import warnings
 
 from . import _acquire
 from ._wait import retimed
 from ._params import (
-    bucket_params, none_key_error, public_rate, unkeyed_cost, unkeyed_now, validated_clock,
+    bucket_params, forked_warning, none_key_error, public_rate, unkeyed_cost, unkeyed_now,
+    unpicklable_error, validated_clock,
     validated_cost, validated_flag, validated_max_keys, validated_max_wait, validated_now,
     validated_shape, validated_timeout)
 
@@ -174,6 +178,30 @@ cdef Py_hash_t other_key_hash(object key) except? -1:
 cdef extern from "<sched.h>":
     int sched_yield() nogil
 
+
+cdef extern from *:
+    """
+    /* An object's critical section held around C code that calls no Python
+     * (so nothing can raise or suspend it inside): on a free-threaded build
+     * CPython's per-object lock, under the GIL nothing at all. Cython's
+     * `with cython.critical_section` also takes a reference to the object
+     * for the block, which costs the GIL build instructions on the hot path. */
+    #ifdef Py_GIL_DISABLED
+    typedef PyCriticalSection nb_section;
+    #define nb_section_begin(s, o) PyCriticalSection_Begin((s), (o))
+    #define nb_section_end(s) PyCriticalSection_End(s)
+    #else
+    typedef int nb_section;
+    #define nb_section_begin(s, o) ((void)(s), (void)(o))
+    #define nb_section_end(s) ((void)(s))
+    #endif
+    """
+    ctypedef struct nb_section:
+        pass
+    bint nb_unlikely "unlikely"(bint x) noexcept nogil  # Cython's own C macro
+    void nb_section_begin(nb_section *s, PyObject *o) noexcept
+    void nb_section_end(nb_section *s) noexcept
+
 DEFAULT_MAX_KEYS = 1_000_000
 cdef int MAX_RESTARTS = 100  # lookups restarted by a key's __eq__ before giving up
 cdef object parse_now = validated_now  # a C global: gcra.as_now's slow path, at no lookup
@@ -220,22 +248,53 @@ def _secret_prime(source):
             return n
 
 
-cdef inline uint64_t splitmix64(uint64_t *state) noexcept nogil:
-    """The next word of SplitMix64 (Steele et al.): per-table secrets from one random state."""
-    cdef uint64_t z
-    state[0] += <uint64_t>0x9E3779B97F4A7C15
-    z = state[0]
+cdef uint64_t GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment
+
+
+cdef inline uint64_t splitmix64_mix(uint64_t z) noexcept nogil:
+    """SplitMix64's output function (Steele et al.) of the state *z*."""
     z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EB
     return z ^ (z >> 31)
+
+
+cdef inline uint64_t splitmix64(uint64_t *state) noexcept nogil:
+    """The next word of SplitMix64 from *state*, which only its owner advances."""
+    state[0] += GOLDEN_GAMMA
+    return splitmix64_mix(state[0])
+
+
+cdef inline uint64_t next_secret() noexcept nogil:
+    """The next word of the module's secret stream (per-table secrets), from any thread.
+
+    The state advances by one atomic add: two tables built at once in two
+    threads (free-threaded) never draw the same word.
+    """
+    return splitmix64_mix(<uint64_t>nb_add(&_secret_state, <int64_t>GOLDEN_GAMMA)
+                          + GOLDEN_GAMMA)
 
 
 _secret = _secret_bytes()
 _WIDE_Q = _secret_prime(_secret)
 nb_wide_q = _WIDE_Q
 nb_wide_q_obj = <PyObject *>_WIDE_Q  # a module global keeps it alive
-cdef uint64_t _secret_state = int.from_bytes(_secret(8), "little")
+cdef int64_t _secret_state = int.from_bytes(_secret(8), "little", signed=True)
 del _secret
+
+# Forks since import in this process's line: 0 here, bumped once in each
+# child as it starts. A limiter records it when made (`_Limits.gen`): a
+# different value at a decision means a copy in a forked process, which one
+# comparison on the hot path tells without a getpid() per call.
+cdef int64_t fork_gen = 0
+
+
+def _after_fork_in_child():
+    global fork_gen
+    fork_gen += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @cython.freelist(64)
@@ -380,6 +439,10 @@ cdef class _Limits:
     # this field: an object that is not ready fails it at no extra cost,
     # and the slow path raises. A C pointer, so no tp_clear resets it.
     cdef PyObject *one
+    # `fork_gen` when made: another value at a decision is a copy in a forked
+    # process (warned once: `_forked`), or one unpickled elsewhere (-1).
+    cdef int64_t gen
+    cdef bint _per_process  # counting in each process on its own is meant: no warning
 
     def __init__(self, rate, capacity, clock):
         self._set_limits(self._new_limits(rate, capacity, clock), clock)
@@ -399,6 +462,7 @@ cdef class _Limits:
     cdef int _set_limits(self, tuple limits, object clock) except -1:
         self._rate, self.capacity, self.interval_ns, self.tau = limits
         self.clock = clock
+        nb_store_relaxed(&self.gen, fork_gen)
         self.one = <PyObject *>ONE
         return 0
 
@@ -426,9 +490,40 @@ cdef class _Limits:
         with cython.critical_section(self):
             return self._rate
 
+    @property
+    def per_process(self):
+        """Whether copies in forked processes are meant to count on their own (no warning).
+
+        >>> TokenBucket(rate=1, capacity=1).per_process
+        False
+        """
+        return self._per_process
+
+    cdef int _forked(self) except -1:
+        """The first decision in a process this limiter was copied into: warn, once."""
+        cdef bint first
+        if self.one == NULL:
+            return 0  # not usable: the verb raises that
+        with cython.critical_section(self):
+            first = nb_load_relaxed(&self.gen) != fork_gen
+            nb_store_relaxed(&self.gen, fork_gen)
+        if first and not self._per_process:
+            # stacklevel 1: the caller's frame (a Cython function pushes none).
+            warnings.warn(forked_warning(type(self).__name__), RuntimeWarning, stacklevel=1)
+        return 0
+
+    cdef inline int _used(self) except -1:
+        """Before a verb that reads or changes the buckets: warn if this is a forked copy."""
+        # Marked unlikely: the compiler then keeps the hot path as it was
+        # (a key's hash inlined into the keyed verbs, not called).
+        if nb_unlikely(nb_load_relaxed(&self.gen) != fork_gen):
+            self._forked()
+        return 0
+
     cdef inline int64_t _cost(self, object cost) except -1:
         cdef int overflow = 0
         cdef long long value
+        self._used()  # every decision parses its cost first
         if <PyObject *>cost == self.one:  # `cost is ONE`, if ready (see `one`)
             return 1
         if type(cost) is int:
@@ -477,7 +572,7 @@ cdef class _Limits:
 
 @cython.final
 cdef class TokenBucket(_Limits):
-    """TokenBucket(rate, capacity, *, clock=None)
+    """TokenBucket(rate, capacity, *, clock=None, per_process=False)
 --
 
 One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
@@ -490,8 +585,10 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     cdef int64_t tat
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
-    def __init__(self, rate, capacity, *, clock=None):
-        self._set_limits(self._new_limits(rate, capacity, clock), clock)
+    def __init__(self, rate, capacity, *, clock=None, per_process=False):
+        limits = self._new_limits(rate, capacity, clock)
+        self._per_process = validated_flag(per_process, "per_process")
+        self._set_limits(limits, clock)
 
     cdef int64_t _cost_slow(self, object cost) except -1:
         # `_cost`'s slow path: a key where the cost goes says this bucket has none.
@@ -507,10 +604,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, True, False)
         """
         cdef int64_t c = self._cost(cost)
-        cdef int64_t now = self._now()
-        cdef int64_t tat, base
-        return gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
-                        &tat, &base)
+        return self._take(self._now(), c)
 
     def allow_at(self, now, cost=1):
         """`allow` at an explicit time *now* (int ns).
@@ -520,10 +614,32 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, False, True)
         """
         cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
-        cdef int64_t c = self._cost(cost)
-        cdef int64_t tat, base
-        return gcra.take_exclusive(&self.tat, t, c * self.interval_ns, self.tau - c * self.interval_ns,
-                        &tat, &base)
+        return self._take(t, self._cost(cost))
+
+    # The word and the parameters are read and written under the object's
+    # critical section: a free-threaded build serialises the verbs with
+    # `reconfigure` there (no decision mixes two configurations, none is made
+    # on a word carried over with the parameters it was made with), and the
+    # word needs no CAS inside. On a GIL build the section compiles to
+    # nothing: the GIL already excludes every other writer.
+
+    cdef inline bint _take(self, int64_t now, int64_t c) noexcept:
+        """`gcra.take` of *c* tokens at *now*: True if admitted."""
+        cdef int64_t cost_t, tat, base
+        cdef bint ok
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        cost_t = c * self.interval_ns
+        ok = gcra.take(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base, True)
+        nb_section_end(&section)
+        return ok
+
+    cdef inline void _give_back(self, int64_t now, int64_t c) noexcept:
+        """`gcra.give_back` of *c* tokens at *now*."""
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        gcra.give_back(&self.tat, now, c * self.interval_ns)
+        nb_section_end(&section)
 
     def check(self, cost=1):
         """Like `allow`, but return the whole `Decision`.
@@ -568,14 +684,29 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         return self._check(t, self._cost(cost), False)
 
     cdef Decision _check(self, int64_t now, int64_t cost, bint consume):
-        cdef int64_t cost_t = cost * self.interval_ns
-        cdef int64_t tat, base
+        cdef int64_t cost_t, tat, base, interval, tau, capacity
         cdef bint allowed
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)  # the Decision is made after, from these
+        interval = self.interval_ns
+        tau = self.tau
+        capacity = self.capacity
+        cost_t = cost * interval
         if consume:
-            allowed = gcra.take_exclusive(&self.tat, now, cost_t, self.tau - cost_t, &tat, &base)
+            allowed = gcra.take(&self.tat, now, cost_t, tau - cost_t, &tat, &base, True)
         else:
-            allowed = gcra.step(nb_load(&self.tat), now, cost_t, self.tau - cost_t, &tat, &base)
-        return self._decision(allowed, tat, now, cost_t, base)
+            allowed = gcra.step(nb_load(&self.tat), now, cost_t, tau - cost_t, &tat, &base)
+        nb_section_end(&section)
+        return fill_decision(Decision.__new__(Decision), allowed, tat, now, base, tau, interval,
+                             cost_t, capacity)
+
+    cdef double _tokens_now(self, int64_t now):
+        cdef double tokens
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        tokens = gcra.tokens(nb_load(&self.tat), now, self.tau, self.interval_ns, self.capacity)
+        nb_section_end(&section)
+        return tokens
 
     def tokens(self):
         """Tokens in the bucket now.
@@ -585,7 +716,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (2.0, True, 1.0)
         """
         self._ready()
-        return self._tokens(nb_load(&self.tat), self._now())
+        return self._tokens_now(self._now())
 
     def tokens_at(self, now):
         """Tokens in the bucket at *now* (int ns).
@@ -595,7 +726,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, 0.0, 0.5)
         """
         self._ready()
-        return self._tokens(nb_load(&self.tat), gcra.as_now(now, parse_unkeyed_now))
+        return self._tokens_now(gcra.as_now(now, parse_unkeyed_now))
 
     def __repr__(self):
         if self.one == NULL:
@@ -604,9 +735,11 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
 
     def __reduce__(self):
         # Pickled (and copied) as a constructor call plus its word: Cython's
-        # automatic pickling would set the fields around __init__.
+        # automatic pickling would set the fields around __init__. The maker's
+        # pid goes along: a copy unpickled in another process warns as a fork's.
         self._ready()
-        return _restore_token_bucket, (self.rate, self.capacity, self.clock, nb_load(&self.tat))
+        return _restore_token_bucket, (self.rate, self.capacity, self.clock, nb_load(&self.tat),
+                                       os.getpid(), self._per_process)
 
     def refund(self, cost=1):
         """Give back *cost* tokens for work that did not happen (never above capacity).
@@ -618,7 +751,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         2.0
         """
         cdef int64_t c = self._cost(cost)
-        gcra.give_back(&self.tat, self._now(), c * self.interval_ns)
+        self._give_back(self._now(), c)
 
     def refund_at(self, now, cost=1):
         """`refund` at an explicit time *now* (int ns).
@@ -630,7 +763,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         1.0
         """
         cdef int64_t t = gcra.as_now(now, parse_unkeyed_now)
-        gcra.give_back(&self.tat, t, self._cost(cost) * self.interval_ns)
+        self._give_back(t, self._cost(cost))
 
     def reset(self):
         """Forget the bucket's state: it is full again.
@@ -640,7 +773,11 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, None, 2.0)
         """
         self._ready()
+        self._used()
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
         nb_store(&self.tat, 0)  # no time is earlier: full at every now
+        nb_section_end(&section)
 
     def reserve(self, *, cost=1, max_wait_ns=0, shape=False, now=None):
         """Reserve *cost* tokens; the ns to wait before using them, or -1 (nothing reserved).
@@ -660,20 +797,23 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         cdef int64_t mw = validated_max_wait(max_wait_ns)
         cdef bint sh = validated_shape(shape)
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
-        cdef int64_t cost_t = c * self.interval_ns
-        return gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
+        cdef int64_t cost_t, wait
+        cdef nb_section section
+        nb_section_begin(&section, <PyObject *>self)
+        cost_t = c * self.interval_ns
+        wait = gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
+        nb_section_end(&section)
+        return wait
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.
 
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity; a full bucket whose capacity
-        grows keeps its tokens and refills the rest at the new rate. Under
-        the GIL this is atomic with respect to every other verb. On a
-        free-threaded build the Cython core's verbs read the rate and
-        capacity without a lock: a request decided at the very moment of a
-        reconfigure may be decided with the old parameters, or (once) with
-        the old rate and the new capacity. Callers waiting in line
+        grows keeps its tokens and refills the rest at the new rate. It is
+        atomic with respect to every other verb, on every build: each
+        decision is made with the old parameters or with the new ones, on
+        the tokens as they were or as carried over. Callers waiting in line
         (``acquire``, `Waiting`) move with the tokens they reserved: woken
         earlier by a faster rate, later by a slower one, and refused at once
         when that is past their timeout.
@@ -686,6 +826,7 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (10, 2, 1.0, 2.0)
         """
         self._ready()
+        self._used()
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         with retimed(self, t), cython.critical_section(self):
@@ -695,10 +836,12 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
                 new = carry_over(old, t, self.interval_ns, self.tau, interval, tau)
                 if nb_cas(&self.tat, &old, new):
                     break
-            self._rate = new_rate
+            # The integers the verbs read first, with no Python code between
+            # them and the word; then the rate (releasing the old one may run code).
             self.capacity = cap
             self.interval_ns = interval
             self.tau = tau
+            self._rate = new_rate
 
     def acquire(self, cost=1, timeout=None):
         """Wait (block the thread) until *cost* tokens are spent, or *timeout* s pass.
@@ -711,12 +854,9 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, False, True)
         """
         cdef int64_t c = self._cost(cost)
-        cdef int64_t now, tat, base
         if timeout is not None:
             validated_timeout(timeout)
-        now = self._now()
-        if gcra.take_exclusive(&self.tat, now, c * self.interval_ns, self.tau - c * self.interval_ns,
-                    &tat, &base):
+        if self._take(self._now(), c):
             return True
         return _acquire.acquire_slow(self, (), c, timeout)
 
@@ -731,10 +871,12 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         return _acquire.acquire_async(self, (), cost, timeout)
 
 
-def _restore_token_bucket(rate, capacity, clock, int64_t tat):
-    """A `TokenBucket` as pickled: its parameters and its word."""
-    cdef TokenBucket b = TokenBucket(rate, capacity, clock=clock)
+def _restore_token_bucket(rate, capacity, clock, int64_t tat, pid=None, per_process=False):
+    """A `TokenBucket` as pickled: its parameters and its word (and where it was pickled)."""
+    cdef TokenBucket b = TokenBucket(rate, capacity, clock=clock, per_process=per_process)
     b.tat = tat
+    if pid is not None and pid != os.getpid():
+        nb_store_relaxed(&b.gen, -1)  # no process's generation: its first decision warns
     return b
 
 

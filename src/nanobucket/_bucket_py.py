@@ -11,8 +11,12 @@ a rejected request writes nothing. See ``_params`` for the units and bounds.
 from __future__ import annotations
 
 import heapq
+import os
+import sys
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
@@ -23,10 +27,12 @@ from ._params import (
     NOW_MAX,
     RateLike,
     bucket_params,
+    forked_warning,
     none_key_error,
     public_rate,
     unkeyed_cost,
     unkeyed_now,
+    unpicklable_error,
     validated_clock,
     validated_cost,
     validated_flag,
@@ -54,6 +60,71 @@ def first_build() -> None:
     hook, on_first_build = on_first_build, None
     if hook is not None:
         hook()
+
+
+#: The limiters made in this process (and its parents) that a fork copies,
+#: but for those built with per_process=True. In a forked child each gets a
+#: `_ForkedLock` (`_after_fork_in_child`): the verbs take their lock as
+#: always, so telling a copy apart costs them nothing.
+_copied: weakref.WeakSet[_Limits] = weakref.WeakSet()
+
+
+class _ForkedLock:
+    """The lock of a limiter in a process it was copied into: the first use warns, once.
+
+    Then the limiter's own lock is a fresh one (the copied one may have been
+    held by a thread that the child does not have).
+    """
+
+    __slots__ = ("_fresh", "_owner")
+
+    def __init__(self, owner: _Limits, fresh: threading.Lock | threading.RLock) -> None:
+        self._owner = owner
+        self._fresh = fresh
+
+    def _first(self) -> threading.Lock | threading.RLock:
+        owner = self._owner
+        if owner._lock is self:  # two threads at once may both warn: no harm
+            owner._lock = self._fresh
+            # Name the first caller outside this module, as the Cython twin's warning does.
+            frame, level = sys._getframe(1), 2
+            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+                frame, level = frame.f_back, level + 1
+            warnings.warn(forked_warning(type(owner).__name__), RuntimeWarning, stacklevel=level)
+        return self._fresh
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._first().acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._fresh.release()
+
+    def __enter__(self) -> bool:
+        return self._first().acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._fresh.release()
+
+
+def _forked_lock(limiter: _Limits) -> _ForkedLock:
+    """A `_ForkedLock` for *limiter*, whose fresh lock is of its own lock's kind."""
+    keyed = isinstance(limiter, KeyedTokenBucket)
+    return _ForkedLock(limiter, threading.RLock() if keyed else threading.Lock())
+
+
+def _after_fork_in_child() -> None:
+    # One thread, before any other starts: each copied limiter's next use warns.
+    for limiter in list(_copied):
+        try:
+            lock = limiter._lock
+        except RuntimeError:  # made by an __init__ that did not complete: never used
+            continue
+        if not isinstance(lock, _ForkedLock):
+            limiter._lock = _forked_lock(limiter)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def slots_for(keys: int) -> int:
@@ -90,8 +161,10 @@ def _clock_reader(clock: Clock | None) -> Clock:
 class _Limits:
     """Rate, capacity and the integers derived from them (changed only by `reconfigure`)."""
 
-    __slots__ = ("_capacity", "_interval", "_rate", "_tau")
+    # `_lock`: set last by each subclass's __init__ (and by `_after_fork_in_child`).
+    __slots__ = ("__weakref__", "_capacity", "_interval", "_lock", "_per_process", "_rate", "_tau")
     _now: Clock  # each subclass's slot: its clock, read as int ns
+    _lock: threading.Lock | threading.RLock | _ForkedLock
 
     # Each subclass's __init__ checks every argument first (`_new_limits`,
     # then its own), then sets the fields, `_lock` last: an __init__ that
@@ -118,8 +191,20 @@ class _Limits:
                 )
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _set_limits(self, limits: tuple[RateLike, int, int, int]) -> None:
+    def _set_limits(self, limits: tuple[RateLike, int, int, int], per_process: object) -> None:
+        self._per_process = validated_flag(per_process, "per_process")
         self._rate, self._capacity, self._interval, self._tau = limits
+        if not self._per_process:
+            _copied.add(self)
+
+    @property
+    def per_process(self) -> bool:
+        """Whether copies in forked processes are meant to count on their own (no warning).
+
+        >>> TokenBucket(rate=1, capacity=1).per_process
+        False
+        """
+        return self._per_process
 
     @property
     def rate(self) -> RateLike:
@@ -207,13 +292,21 @@ class TokenBucket(_Limits):
     200
     """
 
-    __slots__ = ("_lock", "_now", "_tat")
+    __slots__ = ("_clock", "_now", "_tat")
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
-    def __init__(self, rate: RateLike, capacity: int, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        rate: RateLike,
+        capacity: int,
+        *,
+        clock: Clock | None = None,
+        per_process: bool = False,
+    ) -> None:
         limits = self._new_limits(rate, capacity)
         now = _clock_reader(clock)
-        self._set_limits(limits)
+        self._set_limits(limits, per_process)
+        self._clock = clock
         self._now = now
         self._tat = 0
         self._lock = threading.Lock()
@@ -339,6 +432,12 @@ class TokenBucket(_Limits):
     def __repr__(self) -> str:
         return f"TokenBucket(rate={self._rate!r}, capacity={self._capacity})"
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # A constructor call plus its word, as the Cython twin's; the maker's pid
+        # goes along: a copy unpickled in another process warns as a fork's.
+        args = (self._rate, self._capacity, self._clock, self._tat, os.getpid(), self._per_process)
+        return _restore_token_bucket, args
+
     def refund(self, cost: int = 1) -> None:
         """Give back *cost* tokens for work that did not happen (never above capacity).
 
@@ -410,12 +509,10 @@ class TokenBucket(_Limits):
 
         The tokens the bucket holds at *now* (default: its clock) carry over
         as they are, capped at the new capacity; a full bucket whose capacity
-        grows keeps its tokens and refills the rest at the new rate. Under
-        the GIL this is atomic with respect to every other verb. On a
-        free-threaded build the Cython core's verbs read the rate and
-        capacity without a lock: a request decided at the very moment of a
-        reconfigure may be decided with the old parameters, or (once) with
-        the old rate and the new capacity. Callers waiting in line
+        grows keeps its tokens and refills the rest at the new rate. It is
+        atomic with respect to every other verb, on every build: each
+        decision is made with the old parameters or with the new ones, on
+        the tokens as they were or as carried over. Callers waiting in line
         (``acquire``, `Waiting`) move with the tokens they reserved: woken
         earlier by a faster rate, later by a slower one, and refused at once
         when that is past their timeout.
@@ -462,6 +559,22 @@ class TokenBucket(_Limits):
         return _acquire.acquire_async(self, (), cost, timeout)
 
 
+def _restore_token_bucket(
+    rate: RateLike,
+    capacity: int,
+    clock: Clock | None,
+    tat: int,
+    pid: int | None = None,
+    per_process: bool = False,
+) -> TokenBucket:
+    """A `TokenBucket` as pickled: its parameters and its word (and where it was pickled)."""
+    b = TokenBucket(rate, capacity, clock=clock, per_process=per_process)
+    b._tat = tat
+    if pid is not None and pid != os.getpid():
+        b._lock = _forked_lock(b)  # its first use warns, as a fork's copy's
+    return b
+
+
 class KeyedTokenBucket(_Limits):
     """A token bucket per key, in a table of at most ``max_keys`` buckets.
 
@@ -485,7 +598,6 @@ class KeyedTokenBucket(_Limits):
 
     __slots__ = (
         "_floor",
-        "_lock",
         "_max_keys",
         "_max_slots",
         "_none_key",
@@ -504,12 +616,13 @@ class KeyedTokenBucket(_Limits):
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
         none_key: bool = False,
+        per_process: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
         max_keys = validated_max_keys(max_keys)
         now = _clock_reader(clock)
         none_key = validated_flag(none_key, "none_key")
-        self._set_limits(limits)
+        self._set_limits(limits, per_process)
         self._max_keys = max_keys
         self._none_key = none_key
         self._now = now
@@ -722,6 +835,9 @@ class KeyedTokenBucket(_Limits):
         now = self._now()
         with self._lock:
             return sum(1 for tat in self._tats.values() if tat > now)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise unpicklable_error("KeyedTokenBucket")
 
     def _make_room(self, now: int) -> None:
         # Called with the lock held when the table is at its room. Full

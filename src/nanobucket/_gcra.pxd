@@ -8,7 +8,7 @@
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport INT64_MAX, int64_t
 
-from nanobucket._atomic cimport NB_GIL_SERIALISES, nb_cas, nb_load, nb_store
+from nanobucket._atomic cimport nb_cas, nb_load, nb_store
 
 
 cdef inline bint step(int64_t tat, int64_t now, int64_t cost_t, int64_t slack,
@@ -32,8 +32,9 @@ cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
     """`step` applied to one word, by CAS (a plain store when *alone*).
 
     *alone*: the caller is the word's only writer until this returns (it
-    holds the GIL and every writer does, or the keyed table's critical
-    section with no batch deciding outside it).
+    holds the object's critical section, which every writer of a
+    `TokenBucket` takes, or the keyed table's with no batch deciding outside
+    it; on a GIL build the GIL).
     """
     cdef int64_t old = nb_load(word)
     while True:
@@ -47,16 +48,6 @@ cdef inline bint take(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
         if nb_cas(word, &old, tat_out[0]):
             return True
         # another thread moved the word: `old` now holds its value; retry
-
-
-cdef inline bint take_exclusive(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,
-                                int64_t *tat_out, int64_t *base_out) noexcept nogil:
-    """`take` by a caller holding the GIL on a word only changed with it held.
-
-    With a GIL nothing else can write the word meanwhile, so no CAS (the C
-    compiler keeps one branch: the condition is a build constant).
-    """
-    return take(word, now, cost_t, slack, tat_out, base_out, NB_GIL_SERIALISES)
 
 
 cdef inline int64_t reserve(int64_t *word, int64_t now, int64_t cost_t, int64_t slack,

@@ -78,7 +78,7 @@ cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng)
 
 @cython.final
 cdef class KeyedTokenBucket(_Limits):
-    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None, none_key=False)
+    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None, none_key=False, per_process=False)
 --
 
 A token bucket per key, in a table of at most ``max_keys`` buckets.
@@ -147,10 +147,12 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         self.slots = NULL
         self.index = NULL
 
-    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None, none_key=False):
+    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None, none_key=False,
+                 per_process=False):
         limits = self._new_limits(rate, capacity, clock)
         keys = validated_max_keys(max_keys)
         self._none_key = validated_flag(none_key, "none_key")
+        self._per_process = validated_flag(per_process, "per_process")
         cdef Slot *slots
         cdef int32_t *index
         # Every argument is checked: from here nothing fails but the
@@ -158,9 +160,9 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         self.max_keys = keys
         self.max_slots = slots_for(self.max_keys)
         self.tag_mask = TAG_MASK if self.max_keys <= TAG_MASK_IX else 0
-        self.seed1 = splitmix64(&_secret_state)
-        self.seed2 = splitmix64(&_secret_state) | 1
-        self.rng = splitmix64(&_secret_state)
+        self.seed1 = next_secret()
+        self.seed2 = next_secret() | 1
+        self.rng = next_secret()
         if self.slots == NULL:
             self._alloc(8, &slots, &index)
             self._install(slots, index, 8)
@@ -496,8 +498,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         cdef Py_ssize_t n = keys.shape[0], start, end, i
         cdef object out = PyByteArray_FromStringAndSize(NULL, n)
         cdef char *res = PyByteArray_AS_STRING(out)
-        cdef int64_t cost_t = cost * self.interval_ns
-        cdef int64_t slack = self.tau - cost_t
+        cdef int64_t cost_t, slack
         cdef int64_t tat, base
         cdef uint64_t version
         cdef Slot **found = <Slot **>PyMem_RawMalloc(BATCH * sizeof(Slot *))
@@ -509,6 +510,10 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
             while start < n:
                 end = min(start + BATCH, n)
                 with cython.critical_section(self):
+                    # Read inside, chunk by chunk: `reconfigure` changes them
+                    # under this section, and waits for no chunk pinned.
+                    cost_t = cost * self.interval_ns
+                    slack = self.tau - cost_t
                     # A uint64's key hash is itself (see `key_hash`): mix
                     # it here, once, for the prefetch and the probe.
                     for i in range(start, end):
@@ -674,6 +679,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
 
     cdef double _tokens_at(self, object key, int64_t now) except? -1.0:
         self._ready()
+        self._used()
         self._refuse_none(key)
         cdef Py_hash_t h = key_hash(key)
         cdef Slot *s
@@ -691,6 +697,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (True, True, 1)
         """
         self._ready()
+        self._used()
         cdef int64_t now = self._now()
         cdef Py_ssize_t i, count = 0
         with cython.critical_section(self):
@@ -698,6 +705,9 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
                 if nb_load(&self.slots[i].tat) > now:
                     count += 1
         return count
+
+    def __reduce__(self):
+        raise unpicklable_error("KeyedTokenBucket")
 
     def __sizeof__(self):
         return (object.__sizeof__(self) + self.room * sizeof(Slot)
@@ -753,6 +763,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (True, None, 2.0)
         """
         self._ready()
+        self._used()
         cdef Py_hash_t h = key_hash(key)
         self._refuse_none(key)
         cdef int64_t now = self._now()
@@ -805,11 +816,17 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         (1.0, 2.0, 2.0)
         """
         self._ready()
+        self._used()
         cdef int64_t t = self._now() if now is None else gcra.as_now(now, parse_now)
         cdef int64_t old, new
         cdef Py_ssize_t i
         with retimed(self, t), cython.critical_section(self):
             new_rate, cap, interval, tau = self._new_params(rate, capacity)
+            while self.pins:
+                # A batch is charging a chunk outside the section with the
+                # parameters it read: let it finish first (as `_make_room`).
+                with nogil:
+                    sched_yield()
             for i in range(self.used):
                 old = nb_load(&self.slots[i].tat)
                 while True:

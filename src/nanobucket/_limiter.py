@@ -14,8 +14,9 @@ an ``all_of`` with more than one such layer), ``reserve`` (`Reservable`, with
 ``acquire`` / ``acquire_async`` (``@limit(..., wait=True)``), ``release``
 with ``releases = True`` (an in-flight limit: the wrappers release it when
 the call ends), ``key_optional = True`` (a keyed limiter whose verbs also
-take key None). A decision is a `nanobucket.Decision`, or any object with
-its fields::
+take key None), ``blocking = True`` (verbs that wait on the network in the
+calling thread: the asyncio integrations refuse it). A decision is a
+`nanobucket.Decision`, or any object with its fields::
 
     class PerUser:
         keyed = True
@@ -151,10 +152,12 @@ class Composite(Protocol):
     """A limiter made of others (``all_of``, ``tiered``).
 
     ``leaves()``: every single limiter behind it (those with a rate and a
-    capacity); ``parts(*key)``: the single limiters that decide *key*, each
-    with the key arguments its verbs take; ``binding(decision)``: the name
-    (a plan's, else None) and the single limiter whose limit one of its
-    decisions shows (the layer that bound it, the plan that decided it).
+    capacity); ``leaf_names()``: the name of each leaf in header fields (a
+    plan's, a layer's given name), None where it has none; ``parts(*key)``:
+    the single limiters that decide *key*, each with the key arguments its
+    verbs take; ``binding(decision)``: the name (as ``leaf_names()`` gives
+    it) and the single limiter whose limit one of its decisions shows (the
+    layer that bound it, the plan that decided it).
 
     >>> import nanobucket as nb
     >>> per_client, instance = nb.KeyedTokenBucket(1, 2), nb.TokenBucket(10, 5)
@@ -168,6 +171,7 @@ class Composite(Protocol):
     """
 
     def leaves(self) -> tuple[Any, ...]: ...
+    def leaf_names(self) -> tuple[str | None, ...]: ...
     def parts(self, *key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]: ...
     def binding(self, decision: Any) -> tuple[str | None, Any]: ...
 

@@ -165,7 +165,8 @@ class _Key:
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
-        self.bucket = TokenBucket(pacer.rate, pacer.capacity, clock=pacer.clock)
+        # One per process by design: processes pace together through ``shared=``.
+        self.bucket = TokenBucket(pacer.rate, pacer.capacity, clock=pacer.clock, per_process=True)
         self.waiting = Waiting(
             self.bucket,
             max_waiters=pacer.max_waiters,

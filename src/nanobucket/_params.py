@@ -331,9 +331,67 @@ def none_key_error(owner: str) -> TypeError:
     )
 
 
+FORKED_FIX = (
+    "for one limit across a machine's processes use a SharedKeyedTokenBucket (made before "
+    "the fork, or opened by name), across machines a nanobucket.redis.RedisTokenBucket"
+)
+
+
+def forked_warning(owner: str) -> str:
+    """The warning of an in-process limiter's first decision in a process it was copied into.
+
+    A fork (or an unpickling elsewhere) copies the buckets: each process then
+    counts on its own copy, and N processes admit up to N times the limit.
+
+    >>> print(forked_warning("KeyedTokenBucket"))
+    this KeyedTokenBucket was made in another process (before a fork): ... N times its limit; ...
+    """
+    return (
+        f"this {owner} was made in another process (before a fork): each process that "
+        f"uses it counts on a copy of its own, so N processes admit up to N times its "
+        f"limit; {FORKED_FIX}; for a limit of each process on its own, make it in each "
+        "process, or build it with per_process=True"
+    )
+
+
+def unpicklable_error(owner: str) -> TypeError:
+    """The error of pickling a keyed table (for a ``spawn`` process, a queue, a file).
+
+    >>> print(unpicklable_error("KeyedTokenBucket"))
+    a KeyedTokenBucket cannot be pickled: a copy in another process would count ... limit; ...
+    """
+    return TypeError(
+        f"a {owner} cannot be pickled: a copy in another process would count on its own, "
+        f"so N processes would admit up to N times its limit; {FORKED_FIX}; for a limit "
+        "of each process on its own, make one in each process"
+    )
+
+
 def validated_max_keys(max_keys: object) -> int:
     """Return *max_keys* as an int >= 1, or raise."""
     value = exact_int(max_keys, "max_keys")
     if value < 1 or value > MAX_KEYS:
         raise ValueError(f"max_keys must be in [1, 2**31 - 1], got {value!r}")
     return value
+
+
+# A name in the header fields (a policy's, a plan's, a layer's) is sent as a
+# structured-field String: printable ASCII, with '"' and '\\' refused rather
+# than escaped, so every client reads the name as written.
+NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+
+
+def validated_name(name: object, what: str) -> str:
+    """Return *name*, a valid name for the ``RateLimit-Policy`` fields, or raise ValueError.
+
+    *what* says whose name it is in the error (``"a plan name"``).
+
+    >>> validated_name("per-client", "a layer name")
+    'per-client'
+    """
+    if not isinstance(name, str) or not name or any(c not in NAME_CHARS for c in name):
+        raise ValueError(
+            f"{what} must be a non-empty string of printable ASCII without '\"' "
+            f"or '\\' (it names the RateLimit-Policy), got {name!r}"
+        )
+    return name

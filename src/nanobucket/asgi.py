@@ -38,7 +38,9 @@ class RateLimitMiddleware:
       `KeyedTokenBucket`, the shared-memory and Redis tables, ``all_of``) or
       unkeyed (``check(cost)``: `TokenBucket`, one limit for the whole app);
       told apart by the limiter's ``keyed`` attribute, or by *keyed* when given. An
-      asyncio limiter (``async def check``) is awaited.
+      asyncio limiter (``async def check``) is awaited. A `RedisTokenBucket`
+      (its verbs wait for Redis in the thread, here the event loop's) is
+      refused with a `TypeError`: use an `AsyncRedisTokenBucket`.
     * *key*: ``client_address()`` (default), ``header("X-API-Key")``,
       ``route()``, a tuple of them (one composite key), or a callable taking
       the ASGI scope.
@@ -92,6 +94,7 @@ class RateLimitMiddleware:
         self._gate = gate = Gate(
             SCOPE, limiter, key=key, cost=cost, routes=routes, exempt=exempt, **options
         )
+        gate.refuse_blocking("an ASGI app")
         self.counters = gate.counters
         self.headers, self.shadow = gate.headers, gate.shadow  # as configured
         # The root paths seen (a few: the server's, the mounts'), each checked

@@ -115,7 +115,7 @@ class _RequestView:
     __slots__ = ()
 
     def method(self, request: Request) -> str:
-        return SCOPE.method(request.scope)
+        return SCOPE.method(request.scope)  # type: ignore[no-any-return]
 
     def path(self, request: Request) -> str:
         return SCOPE.path(request.scope)
@@ -182,7 +182,8 @@ class RateLimit:
 
     * *limiter*: any nanobucket limiter, keyed or not (as the middleware
       takes it); an asyncio one (`AsyncRedisTokenBucket`) is awaited, so
-      the event loop never blocks on Redis.
+      the event loop never blocks on Redis. A `RedisTokenBucket`, which
+      would block it on every decision, is refused with a `TypeError`.
     * *key*: ``client_address()`` (default), ``header(...)``, ``route()``
       (the matched route pattern), a tuple of them, or any function: its
       ``request`` parameter gets the request and its other parameters are
@@ -235,6 +236,7 @@ class RateLimit:
             cost=0 if self._cost_fn is not None else cost,
             **options,
         )
+        self._gate.refuse_blocking("a FastAPI dependency")
         self.counters = self._gate.counters
         self.headers, self.shadow = self._gate.headers, self._gate.shadow  # as configured
         # What FastAPI fills: the request, the response, and the parameters of

@@ -41,13 +41,13 @@ timeout; a caller refused or cancelled on the way holds nothing::
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from . import _acquire
 from ._bucket import Decision
 from ._limiter import Composite, KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
-from ._params import validated_timeout
+from ._params import validated_name, validated_timeout
 from .concurrency import Slot
 
 try:  # the one-call fast path for layers that are all Cython buckets on one clock
@@ -61,21 +61,24 @@ _PLAIN, _KEYED, _NESTED = 0, 1, 2  # how a layer takes the key
 
 
 class LayeredDecision(Decision):
-    """The `Decision` of an ``all_of``: the binding layer's numbers, and which layer.
+    """The `Decision` of an ``all_of``: the binding layer's numbers, and which layer binds.
 
-    ``retry_after_ns`` is the largest of the layers' (when every layer will
-    admit the request again), ``remaining`` the smallest, ``reset_after_ns``
-    the largest (when every layer is full). ``layer`` is the index (in the
-    order given to ``all_of``) of the binding layer: the rejecting layer with
-    the longest wait, or when admitted the one with the fewest tokens left;
-    ``limit`` is that layer's capacity. ``decisions`` holds every layer's own.
-    Equality compares the five Decision fields only, as for every decision.
+    The binding layer is, for a refused request, the refusing layer with the
+    longest wait; for an admitted one, the layer with the fewest tokens left;
+    a tie goes to the layer with the longest ``reset_after_ns``, then to the
+    first. ``layer`` is its index (in the order given to ``all_of``), and
+    ``remaining``, ``retry_after_ns``, ``reset_after_ns`` and ``limit`` are
+    its own, so the five fields describe one bucket: the one to wait for
+    (``retry_after_ns`` is when every layer admits the request again). The
+    HTTP integrations send that bucket's header fields. ``decisions`` holds
+    every layer's own. Equality compares the five Decision fields only, as
+    for every decision.
 
     >>> from nanobucket import TokenBucket
     >>> limit = all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=2, capacity=2))
     >>> d = limit.check_at(None, 0)
     >>> (d.allowed, d.layer, d.limit, d.remaining, d.reset_after_ns)
-    (True, 1, 2, 1, 1000000000)
+    (True, 1, 2, 1, 500000000)
     """
 
     __slots__ = {
@@ -99,25 +102,74 @@ class LayeredDecision(Decision):
     layer: int
 
     def __init__(self, allowed: bool, decisions: Sequence[Any]) -> None:
-        if allowed:
-            layer = min(range(len(decisions)), key=lambda i: decisions[i].remaining)
-        else:
-            layer = max(
-                range(len(decisions)),
-                key=lambda i: (not decisions[i].allowed, decisions[i].retry_after_ns),
-            )
-        super().__init__(
-            allowed,
-            min(d.remaining for d in decisions),
-            max(d.retry_after_ns for d in decisions),
-            max(d.reset_after_ns for d in decisions),
-            decisions[layer].limit,
-        )
+        layer = _binding(allowed, decisions)
+        d = decisions[layer]
+        super().__init__(allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
         self.decisions = tuple(decisions)
         self.layer = layer
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, layer={self.layer})"
+
+
+def _binding(allowed: bool, decisions: Sequence[Any]) -> int:
+    """The index of the binding layer among *decisions* (see `LayeredDecision`)."""
+    best = -1
+    b: Any = None
+    if allowed:  # the fewest tokens left, then the longest reset
+        for i, d in enumerate(decisions):
+            if (
+                b is None
+                or d.remaining < b.remaining
+                or (d.remaining == b.remaining and d.reset_after_ns > b.reset_after_ns)
+            ):
+                best, b = i, d
+        return best
+    for i, d in enumerate(decisions):  # refusing layers: the longest wait, then reset
+        if not d.allowed and (
+            b is None
+            or d.retry_after_ns > b.retry_after_ns
+            or (d.retry_after_ns == b.retry_after_ns and d.reset_after_ns > b.reset_after_ns)
+        ):
+            best, b = i, d
+    if best < 0:
+        raise ValueError("a refused LayeredDecision needs a layer that refused")
+    return best
+
+
+def _names(
+    names: object, layers: tuple[Any, ...], composite: tuple[bool, ...]
+) -> tuple[str | None, ...]:
+    """Validated ``names=`` of an ``all_of``: one per layer, None where a layer has none."""
+    if names is None:
+        return (None,) * len(layers)
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise TypeError(
+            f"names must be a sequence of layer names, one per layer, not {type(names).__name__}"
+        )
+    found = tuple(names)
+    if len(found) != len(layers):
+        raise ValueError(
+            f"names has {len(found)} names for {len(layers)} layers: give one per layer "
+            "(None for a layer without one)"
+        )
+    for name, inner in zip(found, composite):
+        if name is None:
+            continue
+        validated_name(name, "a layer name")
+        if inner:
+            raise ValueError(
+                f"layer name {name!r} is given to an all_of or a tiered limiter, which names "
+                "its own buckets (its names=, or its plans): give None for that layer"
+            )
+    # Every bucket's name, the nested layers' and plans' included: a name says which binds.
+    owner: dict[str, int] = {}
+    for layer, name, inner in zip(layers, found, composite):
+        named = zip(layer.leaves(), layer.leaf_names()) if inner else ((layer, name),)
+        for leaf, leaf_name in named:
+            if leaf_name is not None and owner.setdefault(leaf_name, id(leaf)) != id(leaf):
+                raise ValueError(f"two buckets of this all_of are named {leaf_name!r}")
+    return found
 
 
 def _style(layer: object) -> int:
@@ -142,6 +194,7 @@ class AllOf:
     Verbs take an optional key first -- ``allow(key=None, cost=1)``,
     ``allow_at(key, now, cost=1)``, ``check``, ``peek``, ``refund``,
     ``acquire``, ``acquire_async`` -- and pass it to the keyed layers only.
+    ``names`` holds the layers' names (``names=``), None for a layer without.
 
     >>> from nanobucket import KeyedTokenBucket, TokenBucket
     >>> per_client, instance = KeyedTokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=3)
@@ -153,16 +206,19 @@ class AllOf:
     keyed = True  # the verbs take the key first (it may be None)
     key_optional = True
 
-    def __init__(self, *layers: Any) -> None:
+    def __init__(self, *layers: Any, names: Iterable[str | None] | None = None) -> None:
         if not layers:
             raise ValueError("all_of() needs at least one limiter")
         styles = tuple(_style(layer) for layer in layers)
+        # Which layers are made of others: learnt once (`binding` runs per request).
+        self._composite = tuple(isinstance(layer, Composite) for layer in layers)
+        self.names: tuple[str | None, ...] = _names(names, layers, self._composite)
         undoable = [isinstance(layer, Refundable) for layer in layers]
         if undoable.count(False) > 1:
-            names = ", ".join(type(lr).__name__ for lr, ok in zip(layers, undoable) if not ok)
+            kinds = ", ".join(type(lr).__name__ for lr, ok in zip(layers, undoable) if not ok)
             raise TypeError(
                 f"all_of() takes at most one layer without refund() (it is charged last); "
-                f"got {names}"
+                f"got {kinds}"
             )
         self.layers: tuple[Any, ...] = tuple(layers)
         # Charging order: every refundable layer as given, then the one that is not.
@@ -450,21 +506,34 @@ class AllOf:
             found += layer.leaves() if isinstance(layer, Composite) else (layer,)
         return tuple(found)
 
+    def leaf_names(self) -> tuple[str | None, ...]:
+        """The name of each of `leaves` in header fields, None where none is given:
+        a layer's from ``names=``, a nested one's or a plan's (see `Composite`).
+
+        >>> from nanobucket import KeyedTokenBucket, TokenBucket
+        >>> limit = all_of(KeyedTokenBucket(1, 2), TokenBucket(10, 5), names=("client", "all"))
+        >>> limit.leaf_names(), all_of(TokenBucket(1, 1)).leaf_names()
+        (('client', 'all'), (None,))
+        """
+        found: list[str | None] = []
+        for layer, name, inner in zip(self.layers, self.names, self._composite):
+            found += layer.leaf_names() if inner else (name,)
+        return tuple(found)
+
     def binding(self, decision: Any) -> tuple[str | None, Any]:
-        """The name and single limiter whose limit *decision* (one of this all_of's) shows:
-        the binding layer's (see `Composite`).
+        """The name (None where none is given) and single limiter whose limit *decision*
+        (one of this all_of's) shows: the binding layer's (see `Composite`).
 
         >>> from nanobucket import TokenBucket
         >>> fast, slow = TokenBucket(10, 10), TokenBucket(1, 1)
-        >>> limit = all_of(fast, slow)
-        >>> limit.binding(limit.check_at(None, 0, cost=1)) == (None, slow)
+        >>> limit = all_of(fast, slow, names=("burst", "steady"))
+        >>> limit.binding(limit.check_at(None, 0, cost=1)) == ("steady", slow)
         True
         """
         i = decision.layer
-        layer = self.layers[i]
-        if isinstance(layer, Composite):
-            return layer.binding(decision.decisions[i])
-        return None, layer
+        if self._composite[i]:
+            return self.layers[i].binding(decision.decisions[i])  # type: ignore[no-any-return]
+        return self.names[i], self.layers[i]
 
     def acquire(
         self, key: Hashable | None = None, cost: int = 1, timeout: float | None = None
@@ -581,7 +650,8 @@ class AllOf:
         return len(self.layers)
 
     def __repr__(self) -> str:
-        return f"all_of({', '.join(repr(layer) for layer in self.layers)})"
+        names = "" if not any(self.names) else f", names={self.names!r}"
+        return f"all_of({', '.join(repr(layer) for layer in self.layers)}{names})"
 
 
 def _compile_allow(steps: tuple[Any, ...], needs_key: bool) -> Callable[..., bool]:
@@ -629,8 +699,15 @@ def _missing_key() -> None:
     raise TypeError("this all_of has a keyed layer: pass a key, e.g. allow(key)")
 
 
-def all_of(*limiters: Limiter | KeyedLimiter) -> AllOf:
+def all_of(*limiters: Limiter | KeyedLimiter, names: Iterable[str | None] | None = None) -> AllOf:
     """One limiter admitting a request only if every one of *limiters* does.
+
+    *names*, one per limiter (None for one without), name the layers in the
+    HTTP integrations' header fields and 429 bodies: a client reads which
+    limit binds it. Each is printable ASCII without ``"`` or ``\\``, and no
+    two buckets share one; a nested ``all_of`` or a ``tiered`` layer names
+    its own buckets (give None for it). Unnamed layers are named by the
+    integration (see the web guide).
 
     >>> from nanobucket import KeyedTokenBucket, TokenBucket
     >>> limit = all_of(
@@ -641,5 +718,8 @@ def all_of(*limiters: Limiter | KeyedLimiter) -> AllOf:
     >>> d = limit.check_at("alice", 0, cost=200)
     >>> (d.allowed, d.layer, d.remaining)
     (False, 0, 195)
+    >>> named = all_of(KeyedTokenBucket(10, 20), TokenBucket(100, 100), names=("client", "all"))
+    >>> named.check_at("alice", 0, cost=20).layer, named.names   # a client sends "client"
+    (0, ('client', 'all'))
     """
-    return AllOf(*limiters)
+    return AllOf(*limiters, names=names)

@@ -65,14 +65,12 @@ from ._bucket import Decision
 from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
 from ._limiter import Composite, is_async
-from ._params import validated_max_keys, validated_timeout
+from ._params import validated_max_keys, validated_name, validated_timeout
 from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
 
 DEFAULT_MAX_KEYS = 1_000_000
-# A plan's name names a policy in header fields: printable ASCII but '"' and '\\'.
-_NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
 _VERBS = ("allow", "allow_at", "check", "check_at", "peek", "peek_at")
 
 
@@ -134,11 +132,7 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
     found: dict[str, tuple[str, Any]] = {}
     seen: dict[int, str] = {}
     for name, limiter in plans.items():
-        if not isinstance(name, str) or not name or any(c not in _NAME_CHARS for c in name):
-            raise ValueError(
-                f"a plan name must be a non-empty string of printable ASCII without '\"' "
-                f"or '\\' (it names the RateLimit-Policy), got {name!r}"
-            )
+        validated_name(name, "a plan name")
         keyed = getattr(limiter, "keyed", None)
         capacity = getattr(limiter, "capacity", None)
         missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
@@ -362,6 +356,16 @@ class _Plans:
         True
         """
         return tuple(self._view.values())
+
+    def leaf_names(self) -> tuple[str | None, ...]:
+        """The plans' names, in the order of `leaves` (see `Composite`).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> free, pro = KeyedTokenBucket(10, 20), KeyedTokenBucket(100, 200)
+        >>> tiered({"free": free, "pro": pro}, tier=lambda k: "free").leaf_names()
+        ('free', 'pro')
+        """
+        return tuple(self._view)
 
     def binding(self, decision: Any) -> tuple[str | None, Any]:
         """The plan that made *decision* (a `TieredDecision`): its name and limiter.

@@ -77,10 +77,12 @@ def test_the_protocols_and_verbs_are_what_the_limiter_offers(backend: Case) -> N
             assert callable(getattr(lim, verb, None)) is s.backend.has(feature), verb
         if isinstance(lim, Clocked):  # its own clock, in ns: the tests' frozen one
             assert (lim.clock_ns(), lim.interval_ns) == (T0, T)
-        if isinstance(lim, Composite):  # each decision is one of its leaves'
+        if isinstance(lim, Composite):  # each decision is one of its leaves', named as it
             assert all(leaf.capacity in (CAPACITY, 4 * CAPACITY) for leaf in lim.leaves())
-            _, leaf = lim.binding(await s.check(K, T0))
+            assert len(lim.leaf_names()) == len(lim.leaves())
+            name, leaf = lim.binding(await s.check(K, T0))
             assert leaf in lim.leaves() and leaf.capacity == CAPACITY
+            assert name == lim.leaf_names()[lim.leaves().index(leaf)]
 
     backend.run(body)
 

@@ -181,6 +181,25 @@ class Gate:
         hot = self._simple and self._plain and self._default.plain
         self._hot: Rule | None = self._default if hot else None
 
+    def refuse_blocking(self, where: str) -> None:
+        """Raise TypeError if a limiter of the gate waits on the network in the calling
+        thread (``blocking = True``, as `RedisTokenBucket`): on an event loop (*where*)
+        every decision would stall every request the loop serves.
+
+        >>> import nanobucket as nb
+        >>> from nanobucket._http.views import SCOPE
+        >>> Gate(SCOPE, nb.KeyedTokenBucket(1, 1)).refuse_blocking("an ASGI app")
+        """
+        for policy in self.router.policies():
+            for limiter in (policy.limiter, *policy.leaves):
+                if getattr(limiter, "blocking", False) is True:
+                    raise TypeError(
+                        f"{type(limiter).__name__} waits for Redis in the calling thread: in "
+                        f"{where} every decision would block the event loop, and every "
+                        "request on it; use nanobucket.redis.AsyncRedisTokenBucket (the same "
+                        "arguments, an asyncio client), or an in-process or shared-memory limiter"
+                    )
+
     def rule(self, request: Any) -> Rule:
         """The rule *request* takes; its pattern is left on the request (an exempt one counted).
 

@@ -16,11 +16,16 @@ that waits what it is told is never early):
 
 The fields name the policy: ``name=`` (``"default"``) for one limiter. A
 limiter made of others (`nanobucket.Composite`: ``all_of``, ``tiered``)
-shows the bucket that bound the decision (its ``binding``), named by its
-plan when it has one (``"free"``), else by the policy name and the bucket's
-place among the limiter's ``leaves()``: ``all_of(per_client, instance)``
-sends ``"default-0"`` or ``"default-1"``, so a client can tell the layers
-apart. The 429 body names the same.
+shows one bucket, the one that bound the decision (its ``binding``: the
+refusing layer with the longest wait, else the layer with the fewest tokens
+left), and every field (``q``, ``w``, ``r``, ``t``, the ``X-RateLimit-*``
+ones, ``Retry-After``) is that bucket's, as the decision's own numbers are.
+It is named as its limiter names it (a plan, ``"free"``; a layer given
+``names=``), else by the policy name and what the bucket is:
+``"default:per-key"`` (one bucket per key) or ``"default:shared"`` (one for
+every key), numbered in the order of ``leaves()`` when two unnamed buckets
+are of one kind (``"default:per-key-1"``, ``"default:per-key-2"``). The 429
+body names the same.
 """
 
 from __future__ import annotations
@@ -32,10 +37,18 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from .._limiter import Composite, is_async, is_keyed
-from .._params import NS_PER_S, int_at_least, rate_fraction, validated_cost
+from .._params import (
+    NAME_CHARS,
+    NS_PER_S,
+    int_at_least,
+    rate_fraction,
+    validated_cost,
+    validated_name,
+)
 
 __all__ = (
     "HEADER_MODES",
+    "NAME_CHARS",
     "Policy",
     "headers_mode",
     "keyed_of",
@@ -51,8 +64,6 @@ Check = Callable[[Hashable, int], Any]  # -> Decision, or an awaitable of one
 Fields = tuple[str, bytes, tuple[bytes, bytes] | None]
 
 HEADER_MODES = ("ietf", "legacy", "off")
-# A policy name is quoted in header fields: printable ASCII but '"' and '\\'.
-NAME_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
 _NS = NS_PER_S
 
 
@@ -113,6 +124,33 @@ def _policy_header(name: str, limiter: object) -> tuple[bytes, bytes] | None:
     return (b"ratelimit-policy", f'"{name}";q={quota};w={window}'.encode("ascii"))
 
 
+def _default_names(
+    policy: str, leaves: tuple[object, ...], names: tuple[str | None, ...]
+) -> dict[int, str]:
+    """The names of a composite's unnamed buckets, by id: *policy* and what the bucket
+    is (``per-key``: one per key; ``shared``: one for every key), numbered from 1 in
+    the order of *leaves* where two are of one kind.
+
+    >>> import nanobucket as nb
+    >>> a, b, c = nb.KeyedTokenBucket(1, 1), nb.KeyedTokenBucket(2, 2), nb.TokenBucket(3, 3)
+    >>> sorted(_default_names("api", (a, b, c), (None, None, None)).values())
+    ['api:per-key-1', 'api:per-key-2', 'api:shared']
+    """
+    kinds: dict[int, str] = {}
+    for leaf, name in zip(leaves, names):
+        if name is None and id(leaf) not in kinds:
+            kinds[id(leaf)] = "per-key" if getattr(leaf, "keyed", False) is True else "shared"
+    made: dict[int, str] = {}
+    seen: dict[str, int] = {}
+    for leaf_id, kind in kinds.items():
+        if list(kinds.values()).count(kind) > 1:
+            seen[kind] = seen.get(kind, 0) + 1
+            made[leaf_id] = f"{policy}:{kind}-{seen[kind]}"
+        else:
+            made[leaf_id] = f"{policy}:{kind}"
+    return made
+
+
 def _snapshot(leaves: tuple[object, ...]) -> tuple[tuple[object, object], ...]:
     return tuple((getattr(b, "rate", None), getattr(b, "capacity", None)) for b in leaves)
 
@@ -132,7 +170,7 @@ class Policy:
 
     __slots__ = (
         "_by_leaf",
-        "_place",
+        "_unnamed",
         "capacity",
         "capacity_seen",
         "check",
@@ -151,11 +189,7 @@ class Policy:
     )
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
-        if not isinstance(name, str) or not name or any(c not in NAME_CHARS for c in name):
-            raise ValueError(
-                f"policy name must be a non-empty string of printable ASCII "
-                f"without '\"' or '\\', got {name!r}"
-            )
+        validated_name(name, "policy name")
         if getattr(limiter, "releases", False) is True:
             raise TypeError(
                 "an in-flight limit (Concurrency, or an all_of holding one) keeps its slots "
@@ -173,15 +207,16 @@ class Policy:
         # The buckets whose rate and capacity the header fields show: the
         # fields are built once, and again only when one is reconfigured.
         self.composite: Composite | None = None
+        # A composite's buckets without a name of their own, by id: the names made for them.
+        self._unnamed: dict[int, str] = {}
         if isinstance(limiter, Composite):
             self.composite = limiter
             self.leaves: tuple[object, ...] = tuple(limiter.leaves())
+            self._unnamed = _default_names(name, self.leaves, tuple(limiter.leaf_names()))
         elif isinstance(capacity, int) and hasattr(limiter, "rate"):
             self.leaves = (limiter,)
         else:
             self.leaves = ()
-        # A composite's bucket is named by its first place among the leaves.
-        self._place = {id(leaf): i for i, leaf in reversed(list(enumerate(self.leaves)))}
         self.refresh()
 
     def refresh(self) -> None:
@@ -212,7 +247,7 @@ class Policy:
         >>> limit = nb.all_of(nb.KeyedTokenBucket(1, 2), nb.TokenBucket(10, 5))
         >>> policy = Policy(limit, "default", None)
         >>> policy.fields(limit.check_at("alice", 0, cost=2))[0]   # the client's bucket binds
-        'default-0'
+        'default:per-key'
         >>> policy.fields(limit.check_at("bob", 0)) is policy.fields(limit.check_at("eve", 0))
         True
         """
@@ -221,9 +256,8 @@ class Policy:
         slot = (name, id(leaf))  # as binding() said it, so that the next decision finds it
         got = self._by_leaf.get(slot)
         if got is None:
-            if name is None:  # no plan: the policy's name and the bucket's place
-                place = self._place.get(id(leaf))
-                name = self.name if place is None else f"{self.name}-{place}"
+            if name is None:  # not named by its limiter: the policy's name and its kind
+                name = self._unnamed.get(id(leaf), self.name)
             got = (name, f'"{name}";r='.encode("ascii"), _policy_header(name, leaf))
             self._by_leaf[slot] = got
         return got

@@ -18,7 +18,15 @@ from .keys import key_func
 from .policy import NAME_CHARS, Policy
 from .views import KeyFunc
 
-__all__ = ("Route", "Router", "Rule", "build_router", "path_name", "suspect_path")
+__all__ = (
+    "Route",
+    "Router",
+    "Rule",
+    "build_router",
+    "path_name",
+    "suspect_path",
+    "target_path",
+)
 
 # What a path keeps as is in a policy name; the rest is percent-encoded.
 _PATH_SAFE = "".join(sorted(NAME_CHARS - {" ", "%"}))
@@ -248,25 +256,44 @@ class Router:
 
     def match(self, path: str, method: str) -> Rule:
         """The rule for *path* (as received) and *method*."""
+        if path[:1] != "/" and path and self._guarded is not None:
+            # A target that does not start with "/" ("GET login", "GET
+            # http://host/login"): some servers pass it on, and Werkzeug and
+            # Quart route its path below "/". Like a suspect path, never exempt.
+            return self._guarded.match(target_path(path), method)
         # An ordinary path pays two substring tests; one with "/." or "//" looks further.
         if ("/." in path or "//" in path) and self._guarded is not None:
             suspect = suspect_path(path)
             if suspect is not None:
                 return self._guarded.match(suspect, method)
+        # The method compared upper-cased, as Werkzeug and Django route it (a
+        # "post" reaches Flask's POST view); only a method not found pays for it.
         for methods, rule in self.exact.get(path, ()):
-            if methods is None or method in methods:
+            if methods is None or method in methods or method.upper() in methods:
                 return rule
         for prefix, methods, rule in self.prefixes:
             if (path == prefix or path.startswith(prefix + "/") or prefix == "") and (
-                methods is None or method in methods
+                methods is None or method in methods or method.upper() in methods
             ):
                 return rule
-        if path[:1] != "/" and path and self._guarded is not None:
-            # A relative target ("GET login HTTP/1.1"): some servers pass it on
-            # and Werkzeug routes it as "/login". Only requests that found no
-            # rule pay this; like a suspect path, it is never exempt.
-            return self._guarded.match("/" + path, method)
         return self.default
+
+
+def target_path(target: str) -> str:
+    """The path Werkzeug and Quart route for a target that does not start with ``/``.
+
+    An absolute form's path (``http://host/login``), a relative one below
+    ``/``, without the last segment's ``;`` parameters (``urlparse``, as
+    Quart reads it), runs of ``/`` as one.
+
+    >>> target_path("http://t/login"), target_path("login;x=1"), target_path("items/a/.")
+    ('/login', '/login', '/items/a/.')
+    """
+    path = urllib.parse.urlparse(target).path
+    path = "/" + path.lstrip("/")
+    while "//" in path:
+        path = path.replace("//", "/")
+    return path
 
 
 def build_router(

@@ -31,8 +31,8 @@ __all__ = (
 class View(Protocol):
     """What the gate needs from one framework's requests (each method takes the request).
 
-    * ``method(request)``: the method as the frameworks route it, upper case
-      (Werkzeug and Django upper-case what the client sent);
+    * ``method(request)``: the method (`Router` compares it upper-cased, as
+      Werkzeug and Django route it: ``post`` reaches a ``POST`` view);
     * ``path(request)``: the path the application under the middleware
       routes: below its mount or root path (ASGI ``root_path``, WSGI
       ``SCRIPT_NAME``, Django's ``path_info``), as received otherwise
@@ -71,8 +71,8 @@ class ScopeView:
     ('1.2.3.4', 'k1', None)
     >>> SCOPE.method(scope), SCOPE.path(scope)
     ('GET', '/a')
-    >>> SCOPE.method({"method": "post"}), SCOPE.path({"path": "/api/login", "root_path": "/api"})
-    ('POST', '/login')
+    >>> SCOPE.path({"path": "/api/login", "root_path": "/api"})
+    '/login'
     >>> SCOPE.note(scope, "nanobucket.route", "/api/*"); scope["nanobucket.route"]
     '/api/*'
     """
@@ -86,16 +86,9 @@ class ScopeView:
     #: (A C callable: the gate calls it on every routed request.)
     note = staticmethod(_setitem)
 
-    def method(self, request: Mapping[str, Any]) -> str:
-        """The method upper-cased, as Werkzeug (Quart) routes it: ``post`` takes a POST rule.
-
-        Starlette routes the method as sent and answers ``post`` with 405;
-        counting it under the POST rule gives the client nothing there.
-
-        >>> SCOPE.method({"method": "pOsT"})
-        'POST'
-        """
-        return request["method"].upper()  # type: ignore[no-any-return]
+    #: The method as sent (a C callable: the gate calls it on every routed
+    #: request); `Router` compares it upper-cased, as Werkzeug (Quart) routes it.
+    method = operator.itemgetter("method")
 
     def path(self, request: Mapping[str, Any]) -> str:
         """The path the app routes: ``scope["path"]`` below ``root_path``.
@@ -192,15 +185,12 @@ class EnvironView:
     __slots__ = ()
 
     def method(self, request: Mapping[str, Any]) -> str:
-        """The method upper-cased, as Werkzeug and Django route it (GET when the server gave none).
-
-        Servers (werkzeug's, wsgiref, gunicorn) pass it as sent: a
-        ``post`` reaches Flask's POST view, so it takes the POST rule.
+        """The method as sent (GET when the server gave none); `Router` upper-cases it.
 
         >>> ENVIRON.method({}), ENVIRON.method({"REQUEST_METHOD": "post"})
-        ('GET', 'POST')
+        ('GET', 'post')
         """
-        return (request.get("REQUEST_METHOD") or "GET").upper()
+        return request.get("REQUEST_METHOD") or "GET"
 
     def path(self, request: Mapping[str, Any]) -> str:
         """``PATH_INFO`` as text (see `wsgi_path`), ``"/"`` when empty: what the app routes.

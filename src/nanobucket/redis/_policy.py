@@ -167,8 +167,13 @@ class _FailurePolicy:
         self._on_error = on_error
         if fallback is None and on_error == "local":
             # The limit itself, in this process: N processes admit at most N times it.
+            # One per process by design (a limiter made before a fork warns of nothing).
             fallback = self._local = _bucket.KeyedTokenBucket(
-                self._rate, self._capacity, max_keys=LOCAL_MAX_KEYS, none_key=self._none_key
+                self._rate,
+                self._capacity,
+                max_keys=LOCAL_MAX_KEYS,
+                none_key=self._none_key,
+                per_process=True,
             )
         self._fallback = fallback
         self._answers = _ANSWERS.get(  # "raise" tells nothing: it raises

@@ -242,6 +242,10 @@ class RedisTokenBucket(
     False
     """
 
+    # Its verbs wait for Redis in the calling thread: the asyncio integrations
+    # refuse it (an event loop would stall on every decision), naming the twin.
+    blocking = True
+
     def __init__(
         self,
         client: Any,  # redis-py or valkey-py, plain or cluster
