@@ -201,11 +201,6 @@ def open_divergence(adapter: Adapter, target: str, mount: str) -> str | None:
     *target* would meet, else None; each has a strict xfail test below (it
     fails once the gate closes it: then its line goes here)."""
     path = urllib.parse.unquote(target.partition("?")[0].partition("#")[0])
-    if adapter.name == "quart" and path[:1] != "/" and ("://" in path or ";" in path):
-        return "a target not starting with /: Quart routes urlparse(target).path"
-    relative = path[:1] != "/" and "://" not in path
-    if relative and ("/." in path or "//" in path):
-        return "a relative target with a dot segment or //: Werkzeug routes it below /"
     if adapter.name == "litestar" and mount == "unprefixed_root_path" and ROOT in path:
         return "the root path's text inside a path without it: Litestar cuts the path there"
     return None
@@ -461,12 +456,9 @@ def test_route_rule_holds_below_djangos_force_script_name(impl: ModuleType, cloc
     assert runs == ["/app/login"] * 2
 
 
-# ------------------------------------------- divergences the gate leaves open
-# Found by the property above; each is a strict xfail until the gate closes
-# it (then it passes, fails as XPASS, and its line in `open_divergence` goes).
+# ------------------------------------------ found by the differential suite
 
 
-@pytest.mark.xfail(strict=True, reason="the gate reads a target not starting with / as sent")
 @pytest.mark.parametrize("target", ["http://t/login", "login;x=1"])
 def test_quart_target_not_starting_with_a_slash_takes_the_rule_of_its_path(
     impl: ModuleType, clock: Any, target: str
@@ -493,7 +485,6 @@ def test_quart_target_not_starting_with_a_slash_takes_the_rule_of_its_path(
     assert got == [200, 200, 429, 429, 429, 429]
 
 
-@pytest.mark.xfail(strict=True, reason="a relative target with a dot segment takes no rule")
 def test_relative_target_with_a_dot_segment_takes_the_prefix_rule(
     impl: ModuleType, clock: Any, werkzeug_server: WerkzeugServer
 ) -> None:
@@ -542,6 +533,11 @@ def test_root_path_text_inside_an_unprefixed_path_is_read_whole(
         driver.close()
     assert runs[:1] == ["api/healthz"]
     assert got == [200, 200, 429, 429]
+
+
+# ------------------------------------------- divergences the gate leaves open
+# Found by the property above; each is a strict xfail until the gate closes
+# it (then it passes, fails as XPASS, and its line in `open_divergence` goes).
 
 
 @pytest.mark.xfail(strict=True, reason="Litestar cuts the path at the root path's text")
