@@ -251,6 +251,31 @@ def send_all(
     return limited, outcomes
 
 
+# A request after a quiet span: the key's `limit` just before it, the ns it waited
+# (the clock moves only by its sleeps), and its status (or "timeout").
+Step = tuple[KeyLimit, int, "int | str"]
+
+
+def send_after(
+    kind: str, server: Server, clock: Clock, quiet: list[int], **options: Any
+) -> tuple[Outbound, list[Step]]:
+    """A GET of ``http://h/`` after each quiet span of *quiet* (ns) through a *kind* client."""
+    steps: list[Step] = []
+    with client(kind, server, clock, **options) as (limited, send):
+        for span in quiet:
+            clock.now += span
+            told, begun = limited.limit("h"), clock.now
+            answer = send()
+            code = "timeout" if isinstance(answer, Exception) else int(answer.status_code)
+            steps.append((told, clock.now - begun, code))
+    return limited, steps
+
+
+def policy(q: int, w: int) -> Reply:
+    """A 200 announcing *q* requests per *w* seconds."""
+    return 200, [("RateLimit-Policy", f'"d";q={q};w={w}')]
+
+
 def status(outcome: Outcome) -> int | str:
     """The status of the answer returned, or "timeout"."""
     answer = outcome[0]
@@ -381,23 +406,102 @@ def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
     assert clock.slept == [1.0, 0.25, 0.25]  # the reset, then the 6th and 7th
 
 
-# ------------------------------------- a rate slower than a bucket can hold
+# ----------------------------------------------- a day at most, and a window that changes
+
+DAY = 86_400 * NS
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_rate_past_146_years_is_the_slowest_the_bucket_holds(kind: str) -> None:
-    # 5 per 10**15 s: the capacity becomes 1 (a twentieth of 5, at least 1)
-    # and the rate the slowest at which 1 token refills within 2**62 ns. The
-    # first request counts against the window: the next waits a token's
-    # time, 2**62 ns, past the timeout.
+def test_a_window_slower_than_a_day_per_request_is_one_a_day(kind: str) -> None:
+    # 5 per 10**15 s: the capacity becomes 1 (a twentieth of 5, at least 1) and
+    # the rate one a day, where it was the slowest a bucket holds (2**62 ns, 146
+    # years, a token). The first request counts against the window: the next
+    # waits a day, past the timeout.
     clock = Clock()
-    server = Server((200, [("RateLimit-Policy", '"d";q=5;w=999999999999999')]))
+    server = Server(policy(5, 999999999999999))
     limited, outcomes = send_all(kind, server, clock, 7, rate=100, capacity=10, timeout=5)
     assert [status(o) for o in outcomes] == [200] + ["timeout"] * 6
-    assert outcomes[-1][0].retry_after_ns == TAU_MAX
-    slowest = Fraction(NS, TAU_MAX)
-    assert limited.limit("h") == KeyLimit(rate=slowest, capacity=1, paused_for=0.0)
+    assert outcomes[-1][0].retry_after_ns == DAY
+    assert limited.limit("h") == KeyLimit(rate=Fraction(1, 86400), capacity=1, paused_for=0.0)
     assert not any(is_closed(answer) for answer in server.answers)
+
+
+@pytest.mark.parametrize("window", [999999999999999, 31536000])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_window_holds_a_key_a_day_then_one_request_learns_the_next(
+    kind: str, window: int
+) -> None:
+    # One per 10**15 s (a token every 4.6e9 s, as it was followed), or one per
+    # year (6.3e7 s): a day each at most. The request sent after it hears the
+    # window again, the one after that 1000 per minute, and the next request
+    # leaves at that window's spacing (33/2 per s: 60,606,061 ns).
+    clock = Clock()
+    server = Server(policy(1, window), policy(1, window), policy(1000, 60), (200, []))
+    limited, steps = send_after(kind, server, clock, [0] * 5, rate=100, capacity=10, timeout=None)
+    assert [(waited, code) for _, waited, code in steps] == [
+        (0, 200),
+        (DAY, 200),
+        (DAY, 200),
+        (60_606_061, 200),
+        (60_606_061, 200),
+    ]
+    assert [told for told, _, _ in steps[1:3]] == [KeyLimit(Fraction(1, 86400), 1, 0.0)] * 2
+    assert limited.limit("h") == KeyLimit(rate=Fraction(33, 2), capacity=10, paused_for=0.0)
+
+
+def test_a_window_adopted_with_requests_out_owes_them_within_a_day() -> None:
+    # Three requests out at once (your limits: nothing is known yet), all
+    # answered "1 per 10**15 s": the window counts the other two against the
+    # first answer (a debt of two tokens, at a day each). They are owed by
+    # one day on, as any one answer's wait: the next request waits a day, not
+    # three (nor, as it was, 2**62 ns a token).
+    clock = Clock()
+    server = Server(policy(1, 999999999999999))
+
+    async def main() -> int:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(server.httpx),
+            rate=100,
+            capacity=10,
+            timeout=None,
+            clock=clock,
+            async_sleep=clock.async_sleep,
+        )
+        async with httpx.AsyncClient(transport=t) as http:
+            await asyncio.gather(*(http.get("http://h/") for _ in range(3)))
+            begun = clock.now
+            await http.get("http://h/")
+            return clock.now - begun
+
+    assert asyncio.run(main()) == DAY
+    assert len(server.answers) == 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_faster_window_is_paced_at_its_own_spacing_at_once(kind: str) -> None:
+    # 10 per hour (one per 400 s, one at once), then 1000 per minute again:
+    # the request after that answer waits the new window's spacing (60,606,061
+    # ns), not the 400 s of the old one's.
+    clock = Clock()
+    server = Server(policy(10, 3600), policy(1000, 60))
+    _, steps = send_after(kind, server, clock, [0] * 4, rate=100, capacity=10, timeout=None)
+    assert [waited for _, waited, _ in steps] == [0, 400 * NS, 60_606_061, 60_606_061]
+    assert [told for told, _, _ in steps[2:]] == [KeyLimit(Fraction(33, 2), 10, 0.0)] * 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_absurd_window_then_a_sane_one_is_the_sane_one(kind: str) -> None:
+    # 100 per 10**14 s, then 1000 per 2 s (faster than your 50/s): the key runs
+    # at 50/s at once. Its tokens carry over (4 of 5 after the first request
+    # counted, 3 after the second): three leave at once, then one each 20 ms.
+    # It used to wait out the absurd window's spacing (29 years a request):
+    # every request timed out while `limit` said 50/s and no pause.
+    clock = Clock()
+    server = Server(policy(100, 99999999999999), policy(1000, 2))
+    _, steps = send_after(kind, server, clock, [0] * 7, rate=50, capacity=10, timeout=5)
+    assert [code for _, _, code in steps] == [200] * 7
+    assert [waited for _, waited, _ in steps] == [0, 0, 0, 0, 0, 20_000_000, 20_000_000]
+    assert [told for told, _, _ in steps[2:]] == [KeyLimit(50, 10, 0.0)] * 5
 
 
 @pytest.mark.parametrize("kind", KINDS)
