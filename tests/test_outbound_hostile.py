@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import cProfile
 import email.utils
+import math
 import os
 import threading
 import time
@@ -505,6 +506,22 @@ def test_an_absurd_window_then_a_sane_one_is_the_sane_one(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_pause_heard_with_a_fraction_of_a_token_is_waited_exactly(kind: str) -> None:
+    # One per 2 s: a token each 4 s, one at a time. The 429 comes when the
+    # bucket is a quarter of a token on at the end of its hold (Retry-After:
+    # 5 s, by the Date): the next request leaves at the pause's end, 5 s on,
+    # as `limit` says, where it left a whole token later (8 s): a fraction of a
+    # token could not be spent, so the bucket was not held, and its token,
+    # come before the pause's end, was spent to hold it.
+    clock = Clock()
+    paused = (429, [("Date", http_date(0)), ("Retry-After", http_date(5))])
+    server = Server(policy(1, 2), paused, (200, []))
+    _, steps = send_after(kind, server, clock, [0] * 4, rate=1, capacity=1, timeout=None)
+    assert [waited for _, waited, _ in steps] == [0, 4 * NS, 5 * NS, 4 * NS]
+    assert steps[2][0] == KeyLimit(Fraction(1, 4), 1, 5.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_answer_is_closed_when_learning_from_it_raises(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -911,3 +928,83 @@ def test_hostile_fields_to_requests_out_at_once(
     now = limited.limit("h")
     assert 0 < Fraction(now.rate) <= Fraction(rate)
     assert 1 <= now.capacity <= capacity
+
+
+# ------------------------------------------ a server that changes what it says
+
+# Windows and quotas as a server may announce them: sane, a year, 10**14 s, more.
+quotas = st.one_of(st.integers(1, 1000), st.sampled_from([1, 5, 10**14, 10**15 - 1]))
+windows = st.one_of(
+    st.integers(1, 3600),
+    st.sampled_from([86_401, 31_536_000, 99_999_999_999_999, 999_999_999_999_999]),
+    st.integers(1, 10**15 - 1),
+)
+waits = st.sampled_from(["0", "1", "60", "86400", "86401", "999999999999999"])
+said = st.one_of(
+    st.just([]),  # nothing: what a quiet server says
+    st.builds(lambda q, w: policy(q, w)[1], quotas, windows),
+    st.builds(
+        lambda q, w, r, t: [*policy(q, w)[1], ("RateLimit", f'"d";r={r};t={t}')],
+        quotas,
+        windows,
+        st.integers(0, 1000),
+        waits,
+    ),
+    st.builds(
+        lambda limit, left, reset: [
+            ("X-RateLimit-Limit", str(limit)),
+            ("X-RateLimit-Remaining", str(left)),
+            ("X-RateLimit-Reset", reset),
+        ],
+        st.integers(1, 1000),
+        st.integers(0, 1000),
+        waits,
+    ),
+    st.builds(lambda wait: [("Retry-After", wait)], waits),
+    groups,  # and anything the fuzz above throws
+)
+# A request after a quiet span (ns), and the answer it gets.
+sequences = st.lists(
+    st.tuples(
+        st.sampled_from([0, 0, 0, NS // 10, 60 * NS, DAY, 2 * DAY]),
+        st.tuples(st.sampled_from([200, 200, 429, 503]), said),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@fuzz(40)
+@given(sequence=sequences, limit=limits)
+@example(sequence=[(0, policy(10, 3600)), (0, policy(1000, 60))], limit=(100, 10))
+@example(sequence=[(0, policy(100, 99999999999999)), (0, policy(1000, 2))], limit=(50, 10))
+@example(sequence=[(0, policy(1, 999999999999999))] * 3, limit=(100, 10))
+# A day's pause held in a bucket of 106,740 tokens at 43,205 s each: full, it
+# lies past the clock's range, and the pause was once held a token short.
+@example(
+    sequence=[(0, (429, [("Retry-After", "86400"), *policy(2134800, 999999999999999)[1]]))],
+    limit=(1000, 10**6),
+)
+def test_a_changing_server_holds_no_key_past_a_day_and_limit_says_the_wait(
+    kind: str, sequence: list[tuple[int, Reply]], limit: tuple[Any, int]
+) -> None:
+    # Each answer says something else (absurd windows then sane ones, pauses,
+    # nothing), after quiet spans; then the server says nothing, and after a
+    # day's quiet the key sends at once. Each request waits what `limit` said
+    # just before it: its pause, or a token's time at its rate if longer,
+    # within a microsecond (a float's seconds); never past a day.
+    clock = Clock()
+    server = Server(*(reply for _, reply in sequence), (200, []))
+    rate, capacity = limit
+    quiet = [span for span, _ in sequence] + [DAY]
+    options = {"rate": rate, "capacity": capacity, "timeout": None}
+    limited, steps = send_after(kind, server, clock, quiet, **options)
+    for told, waited, code in steps:
+        assert code != "timeout"
+        paused = round(told.paused_for * NS)
+        spacing = math.ceil(NS / Fraction(told.rate))
+        assert paused - 1000 <= waited <= max(paused, spacing) + 1000, (told, waited)
+        assert waited <= DAY
+    assert steps[-1][1] == 0
+    assert limited.pacer._keys["h"].inflight == 0

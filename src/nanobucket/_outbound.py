@@ -38,8 +38,10 @@ seen to hold. Fields that do not parse are ignored, as if absent. No
 answer holds a key past a day (`MAX_WAIT_S`): a wait announced past a day
 is one day, and a rate slower than one request a day (a window of a year,
 or of 10**15 s) is one a day, so the request sent then hears what the
-server says by then. Whatever the numbers, an answer is learned from in a
-bounded number of steps.
+server says by then. `Pacer.limit` tells what the next request waits, when
+none other is out or waiting: its pause, or at most one token's time at
+its rate if that is longer. Whatever the numbers, an answer is learned
+from in a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
 recently used dropped first (threads racing may swap two neighbours), a
@@ -77,7 +79,7 @@ from ._fields import (
     remaining_after,
     told,
 )
-from ._gcra_py import carry_over
+from ._gcra_py import INT64_MAX, carry_over
 from ._learn import Refill
 from ._params import (
     NOW_MAX,
@@ -334,7 +336,7 @@ class Pacer:
             # bucket may hold tokens before the pause's end again (a faster
             # rate, a refund since): emptied to it, the wait is one sleep,
             # not one per token of the pause.
-            _hold(state.bucket, now, state.paused_until)
+            _hold(state.bucket, state.paused_until)
             return None
         if state.policy is not None:
             # A window counts the times requests really leave. A thread or
@@ -348,7 +350,7 @@ class Pacer:
             departed = state.departed
             due = departed - state.slack
             if now < due:
-                _hold(state.bucket, now, due)
+                _hold(state.bucket, due)
                 return None
             state.departed = (departed if departed > now else now) + state.interval
         state.inflight += 1
@@ -606,7 +608,7 @@ class Pacer:
                 _lower(bucket, now, 0)
         if pause is not None and now + pause > state.paused_until:
             state.paused_until = now + pause
-            _hold(bucket, now, state.paused_until)
+            _hold(bucket, state.paused_until)
         # Followed as it says, the same fields next time change only the counts.
         followed = announced is not None and announced.rate is not None and ok and pause is None
         state.said = announced if followed else None
@@ -713,16 +715,27 @@ def _owe(bucket: TokenBucket, at: int, most: int) -> None:
     if most >= 0:
         _lower(bucket, at, most)
     else:
-        interval = bucket.interval_ns
-        # At a day a token, a debt of two is two days: it is owed by one day on. The
-        # last time a bucket holds bounds it too.
-        until = min(at - most * interval, at + _MAX_WAIT_NS - interval, NOW_MAX)
-        _lower(bucket, max(until, at), 0)
+        # Its first token is due once the debt is refilled: at a day a token, a debt of
+        # two is two days, and it is owed by one day on.
+        _hold(bucket, min(at + (1 - most) * bucket.interval_ns, at + _MAX_WAIT_NS))
 
 
-def _hold(bucket: TokenBucket, now: int, end: int) -> None:
-    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*."""
-    _lower(bucket, max(now, end - bucket.interval_ns), 0)
+def _hold(bucket: TokenBucket, end: int) -> None:
+    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*,
+    whatever fraction of one it holds before; a bucket owing past *end* keeps its debt."""
+    interval, capacity = bucket.interval_ns, bucket.capacity
+    tat = min(end + (capacity - 1) * interval, INT64_MAX)  # the bucket's, held
+    # Whole tokens only, given back and taken at a time of our choosing, *take* tokens'
+    # time before that tat: one, or more where it lies past the clock's range (a
+    # capacity of many slow tokens). A tat short of the held one by less than *take*
+    # tokens is at most *at* once they are given back there, and exactly the held
+    # one once they are taken there (spending whole tokens now would hold it a
+    # fraction too long, or not at all).
+    take = min(max(1, -((NOW_MAX - tat) // interval)), capacity)
+    at = max(tat - take * interval, 0)
+    if bucket.peek_at(at, 0).reset_after_ns < take * interval:  # not held that long yet
+        bucket.refund_at(at, take)
+        bucket.reserve(cost=take, now=at)
 
 
 def _spread(announced: Announced, most: int) -> Fraction | None:
