@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
+from werkzeug.test import Client as WerkzeugClient
 
 import nanobucket as nb
-from nanobucket import asgi
+from nanobucket import asgi, wsgi
 from nanobucket import redis as nbr
 from nanobucket.metrics import PrometheusMetrics
 from nanobucket.redis import _outage
@@ -47,6 +48,18 @@ def _prefix() -> str:
 def _held(breaker_clock: ManualClock) -> nbr.CircuitBreaker:
     """A breaker on *breaker_clock*: open through an outage until the test moves it 1 s."""
     return nbr.CircuitBreaker(backoff=1.0, max_backoff=1.0, clock=breaker_clock)
+
+
+class _WsgiClient(WerkzeugClient):
+    """Werkzeug's test client, each request from one client address."""
+
+    def get(self, *args: Any, **kw: Any) -> Any:
+        return super().get(*args, environ_overrides={"REMOTE_ADDR": "1.2.3.4"}, **kw)
+
+
+def _wsgi_ok(environ: Any, start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("content-type", "text/plain")])
+    return [b"ok"]
 
 
 async def _ok(scope: Any, receive: Any, send: Any) -> None:
@@ -74,7 +87,8 @@ def test_a_middleware_over_a_default_redis_limiter_limits_through_an_outage(
 ) -> None:
     # Built without on_error: it answered 500 (RedisUnavailable) for every request
     # while Redis was down. Now the limit holds in this process: the 2 tokens Redis
-    # left, then 429, logged once, every decision counted as the fallback's.
+    # left, then 429, logged once, every decision counted as the fallback's. The
+    # sync limiter behind the WSGI middleware (ASGI refuses it: it would block the loop).
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry=registry)
     cls: Any = nbr.RedisTokenBucket if kind == "sync" else nbr.AsyncRedisTokenBucket
@@ -85,7 +99,11 @@ def test_a_middleware_over_a_default_redis_limiter_limits_through_an_outage(
         prefix=_prefix(),
         breaker=nbr.CircuitBreaker(backoff=60.0, max_backoff=60.0),  # open for the test
     )
-    http = asgi_client(asgi.RateLimitMiddleware(_ok, limiter, on_decision=metrics.hook))
+    http: Any
+    if kind == "sync":
+        http = _WsgiClient(wsgi.RateLimitMiddleware(_wsgi_ok, limiter, on_decision=metrics.hook))
+    else:
+        http = asgi_client(asgi.RateLimitMiddleware(_ok, limiter, on_decision=metrics.hook))
     caplog.set_level(logging.INFO, logger="nanobucket")
     assert http.get("/").status_code == 200  # Redis: 2 left
     own_redis_server.stop()

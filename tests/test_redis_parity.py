@@ -182,9 +182,11 @@ def test_all_of_waiter_holds_a_slow_redis_layer_and_takes_the_rest_at_its_turn(
 
 
 def test_acquire_reserves_and_waits(client: Any) -> None:
-    lim = nbr.RedisTokenBucket(client, rate=100, capacity=1, prefix=_fresh("aq"), timeout=2.0)
+    # 250 ms a token: the reserve below comes well within one token of the wake-up
+    # even on a loaded machine (at 10 ms a token, one CI run refilled it in between).
+    lim = nbr.RedisTokenBucket(client, rate=4, capacity=1, prefix=_fresh("aq"), timeout=2.0)
     assert lim.acquire("k")
-    assert lim.acquire("k", timeout=0) is False  # would wait 10 ms
+    assert lim.acquire("k", timeout=0) is False  # would wait 250 ms
     assert lim.acquire("k", timeout=5.0) is True  # reserved, slept
     assert lim.reserve("k", cost=1) == -1
 

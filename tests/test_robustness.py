@@ -336,6 +336,7 @@ def test_every_extension_type_and_public_name_is_probed() -> None:
             "create",
             "create_anonymous",
             "open",
+            "open_or_create",
         }
         probed = " ".join(EXPECTED[key])
         assert {n for n in named if f".{n}" not in probed} == set(), key

@@ -31,12 +31,17 @@ What a response teaches, per key:
   rate, which a reset too far for it (a fixed window) makes it forget.
 
 The bucket's rate and capacity never exceed the user's and follow the
-server up and down again. A 429 forgets what the server was seen to hold.
-Fields that do not parse are ignored, as if absent; a wait announced past
-a day is one day, and a rate slower than a bucket can hold (its capacity
-refilled in more than 146 years) is that slowest one: the key waits and
-`LimitTimeout` says so. Whatever the numbers, an answer is learned from in
-a bounded number of steps.
+server up and down again: what a key owes (its bucket's tokens, its
+window's departures) carries over to a new rate in tokens, so the next
+request waits what the new rate says. A 429 forgets what the server was
+seen to hold. Fields that do not parse are ignored, as if absent. No
+answer holds a key past a day (`MAX_WAIT_S`): a wait announced past a day
+is one day, and a rate slower than one request a day (a window of a year,
+or of 10**15 s) is one a day, so the request sent then hears what the
+server says by then. `Pacer.limit` tells what the next request waits, when
+none other is out or waiting: its pause, or at most one token's time at
+its rate if that is longer. Whatever the numbers, an answer is learned
+from in a bounded number of steps.
 
 Memory: at most *max_keys* keys (default 1024) are remembered, least
 recently used dropped first (threads racing may swap two neighbours), a
@@ -74,6 +79,7 @@ from ._fields import (
     remaining_after,
     told,
 )
+from ._gcra_py import INT64_MAX, carry_over
 from ._learn import Refill
 from ._params import (
     NOW_MAX,
@@ -102,6 +108,8 @@ __all__ = (
     "window_pace",
 )
 
+_ONE_A_DAY = Fraction(1, MAX_WAIT_S)  # the slowest rate a key follows (tokens/s)
+_MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 RECENT = 512  # requests of a key remembered with their shared price (`SharedPace.cost`)
 BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
@@ -329,7 +337,7 @@ class Pacer:
             # bucket may hold tokens before the pause's end again (a faster
             # rate, a refund since): emptied to it, the wait is one sleep,
             # not one per token of the pause.
-            _hold(state.bucket, now, state.paused_until)
+            _hold(state.bucket, state.paused_until)
             return None
         if state.policy is not None:
             # A window counts the times requests really leave. A thread or
@@ -343,7 +351,7 @@ class Pacer:
             departed = state.departed
             due = departed - state.slack
             if now < due:
-                _hold(state.bucket, now, due)
+                _hold(state.bucket, due)
                 return None
             state.departed = (departed if departed > now else now) + state.interval
         state.inflight += 1
@@ -601,7 +609,7 @@ class Pacer:
                 _lower(bucket, now, 0)
         if pause is not None and now + pause > state.paused_until:
             state.paused_until = now + pause
-            _hold(bucket, now, state.paused_until)
+            _hold(bucket, state.paused_until)
         # Followed as it says, the same fields next time change only the counts.
         followed = announced is not None and announced.rate is not None and ok and pause is None
         state.said = announced if followed else None
@@ -663,9 +671,11 @@ class Pacer:
     ) -> None:
         """Set the bucket's rate and capacity to the server's, within the user's.
 
-        A rate slower than the bucket can hold at that capacity (a refill
-        past 146 years) is that slowest one: the key waits as long as the
-        server asks, and `LimitTimeout` says so.
+        A rate slower than one request a day (`MAX_WAIT_S`) is one a day, as
+        a wait announced past a day is a day: no answer holds the key longer,
+        and the request sent then hears what the server says by then. The
+        departures the window owes carry over as the bucket's tokens do, so
+        a faster rate owes them at its own spacing, not at the old one's.
         """
         capacity = self.capacity
         for bound in (limit, state.seen or None):
@@ -677,11 +687,18 @@ class Pacer:
         state.followed = followed
         rate: RateLike = self.rate
         if rate_bound is not None and rate_bound < self._exact:
-            rate = max(rate_bound, Fraction(NS_PER_S, TAU_MAX // capacity))
+            # A bucket holds at most 2**62 ns: a larger capacity's slowest rate is faster.
+            slowest = max(_ONE_A_DAY, Fraction(NS_PER_S, TAU_MAX // capacity))
+            if slowest < self._exact:  # else your own rate is the slower
+                rate = max(rate_bound, slowest)
         bucket = state.bucket
         if rate != bucket.rate or capacity != bucket.capacity:
+            interval, tau = state.interval, state.interval * bucket.capacity
             bucket.reconfigure(rate, capacity, now=now)
             state.measure()
+            state.departed = carry_over(
+                state.departed, now, interval, tau, state.interval, state.interval * capacity
+            )
 
 
 def _lower(bucket: TokenBucket, at: int, most: int) -> None:
@@ -694,18 +711,32 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
 
 
 def _owe(bucket: TokenBucket, at: int, most: int) -> None:
-    """Leave *bucket* at most *most* tokens at *at* (ns); below none, a debt it refills first."""
+    """Leave *bucket* at most *most* tokens at *at* (ns); below none, a debt it refills
+    first, within a day (`MAX_WAIT_S`), as any wait one answer asks for."""
     if most >= 0:
         _lower(bucket, at, most)
     else:
-        # At the slowest rate a token is 2**62 ns: a debt of more than one would
-        # fall past the last time a bucket holds, which is then when it is owed to.
-        _lower(bucket, min(at - most * bucket.interval_ns, NOW_MAX), 0)
+        # Its first token is due once the debt is refilled: at a day a token, a debt of
+        # two is two days, and it is owed by one day on.
+        _hold(bucket, min(at + (1 - most) * bucket.interval_ns, at + _MAX_WAIT_NS))
 
 
-def _hold(bucket: TokenBucket, now: int, end: int) -> None:
-    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*."""
-    _lower(bucket, max(now, end - bucket.interval_ns), 0)
+def _hold(bucket: TokenBucket, end: int) -> None:
+    """Empty *bucket* one token's time before *end* (ns): its first token is due at *end*,
+    whatever fraction of one it holds before; a bucket owing past *end* keeps its debt."""
+    interval, capacity = bucket.interval_ns, bucket.capacity
+    tat = min(end + (capacity - 1) * interval, INT64_MAX)  # the bucket's, held
+    # Whole tokens only, given back and taken at a time of our choosing, *take* tokens'
+    # time before that tat: one, or more where it lies past the clock's range (a
+    # capacity of many slow tokens). A tat short of the held one by less than *take*
+    # tokens is at most *at* once they are given back there, and exactly the held
+    # one once they are taken there (spending whole tokens now would hold it a
+    # fraction too long, or not at all).
+    take = min(max(1, -((NOW_MAX - tat) // interval)), capacity)
+    at = max(tat - take * interval, 0)
+    if bucket.peek_at(at, 0).reset_after_ns < take * interval:  # not held that long yet
+        bucket.refund_at(at, take)
+        bucket.reserve(cost=take, now=at)
 
 
 def _spread(announced: Announced, most: int) -> Fraction | None:
