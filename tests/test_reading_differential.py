@@ -215,7 +215,7 @@ def _examples(test: Any) -> Any:
 
 
 @_examples
-@fuzz(400)
+@fuzz(600)
 @given(method=METHODS, target=TARGETS, keys=KEYS, mount=MOUNT)
 def test_gate_reads_the_request_as_the_app(
     adapter: Adapter, method: str, target: str, keys: list[tuple[str, str]], mount: int
@@ -226,7 +226,7 @@ def test_gate_reads_the_request_as_the_app(
 
 
 @_examples
-@fuzz(100)
+@fuzz(150)
 @given(method=METHODS, target=TARGETS, keys=KEYS, mount=MOUNT)
 def test_gate_reads_the_request_as_flask_on_werkzeugs_server(
     impl: ModuleType,
