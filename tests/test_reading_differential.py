@@ -203,8 +203,6 @@ def open_divergence(adapter: Adapter, target: str, mount: str) -> str | None:
     path = urllib.parse.unquote(target.partition("?")[0].partition("#")[0])
     if adapter.name == "litestar" and mount == "unprefixed_root_path" and ROOT in path:
         return "the root path's text inside a path without it: Litestar cuts the path there"
-    if adapter.name == "quart" and mount == "unprefixed_root_path" and "://" in path:
-        return "an absolute-form target under a root path: Quart strips the root from its path"
     return None
 
 
@@ -566,7 +564,6 @@ def test_litestar_root_path_text_inside_an_unprefixed_path_takes_the_rule_it_ser
     assert got == [200, 200, 429, 429, 429, 429]
 
 
-@pytest.mark.xfail(strict=True, reason="the root path is not stripped from an absolute form's path")
 def test_quart_absolute_form_target_under_a_root_path_takes_the_rule_it_serves(
     impl: ModuleType, clock: Any
 ) -> None:

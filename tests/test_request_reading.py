@@ -220,3 +220,19 @@ def test_a_relative_target_with_a_dot_segment_takes_its_prefix_rule(impl: Module
     # The exempt /items/a's relative form takes the same spent rule: never exempt.
     assert _wsgi_statuses(app, [{"PATH_INFO": "items/a"}] * 2) == [429, 429]
     assert _wsgi_statuses(app, [{"PATH_INFO": "/items/a"}] * 3) == [200, 200, 200]
+
+
+def test_an_absolute_form_target_under_a_root_path_takes_the_rule_of_its_path(
+    impl: ModuleType,
+) -> None:
+    # hypercorn --root-path /api passes "GET http://t/api/login" on as scope["path"];
+    # Quart serves it from /login. Read so, and never exempt.
+    app = RateLimitMiddleware(
+        _ok,
+        impl.KeyedTokenBucket(rate=1e-6, capacity=1000),
+        routes=[_login_rule(impl)],
+        exempt="/healthz",
+    )
+    scopes = [{"method": "GET", "path": "http://t/api/login", "root_path": "/api"}] * 3
+    assert _asgi_statuses(app, scopes) == [200, 200, 429]
+    assert SCOPE.path({"path": "http://t/api/healthz", "root_path": "/api"}) == "//healthz"

@@ -16,7 +16,7 @@ from typing import Any, cast
 from .address import client_address
 from .keys import key_func
 from .policy import NAME_CHARS, Policy
-from .views import KeyFunc
+from .views import KeyFunc, target_path
 
 __all__ = (
     "Route",
@@ -277,23 +277,6 @@ class Router:
             ):
                 return rule
         return self.default
-
-
-def target_path(target: str) -> str:
-    """The path Werkzeug and Quart route for a target that does not start with ``/``.
-
-    An absolute form's path (``http://host/login``), a relative one below
-    ``/``, without the last segment's ``;`` parameters (``urlparse``, as
-    Quart reads it), runs of ``/`` as one.
-
-    >>> target_path("http://t/login"), target_path("login;x=1"), target_path("items/a/.")
-    ('/login', '/login', '/items/a/.')
-    """
-    path = urllib.parse.urlparse(target).path
-    path = "/" + path.lstrip("/")
-    while "//" in path:
-        path = path.replace("//", "/")
-    return path
 
 
 def build_router(

@@ -10,6 +10,7 @@ so one configuration serves every framework.
 from __future__ import annotations
 
 import operator
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
@@ -24,6 +25,7 @@ __all__ = (
     "ScopeView",
     "View",
     "cgi_name",
+    "target_path",
     "wsgi_path",
 )
 
@@ -112,10 +114,22 @@ class ScopeView:
         '/'
         >>> SCOPE.path({"path": "/v1login", "root_path": "/v1"})
         '//login'
+        >>> SCOPE.path({"path": "http://host/v1/items", "root_path": "/v1"})
+        '//items'
         """
         path: str = request["path"]
         root = request.get("root_path")
-        if not root or not path.startswith(root):
+        if not root:
+            return path
+        if path[:1] != "/" and path:
+            # An absolute-form target ("http://host/api/items"), which a server
+            # such as hypercorn passes on as its path: Quart routes the path in
+            # it, below the root path. Never exempt (marked suspect below).
+            path = target_path(path)
+            if path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+                return "/" + (path[len(root) :] or "/")
+            return "/" + path
+        if not path.startswith(root):
             return path
         rest = path[len(root) :]
         if rest[:1] == "/":
@@ -254,6 +268,23 @@ def cgi_name(name: str) -> str:
 
 SCOPE = ScopeView()
 ENVIRON = EnvironView()
+
+
+def target_path(target: str) -> str:
+    """The path Werkzeug and Quart route for a target that does not start with ``/``.
+
+    An absolute form's path (``http://host/login``), a relative one below
+    ``/``, without the last segment's ``;`` parameters (``urlparse``, as
+    Quart reads it), runs of ``/`` as one.
+
+    >>> target_path("http://t/login"), target_path("login;x=1"), target_path("items/a/.")
+    ('/login', '/login', '/items/a/.')
+    """
+    path = urllib.parse.urlparse(target).path
+    path = "/" + path.lstrip("/")
+    while "//" in path:
+        path = path.replace("//", "/")
+    return path
 
 
 def wsgi_path(path: str) -> str:
