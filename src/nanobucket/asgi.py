@@ -107,15 +107,22 @@ class RateLimitMiddleware:
             return
         gate = self._gate
         roots = self._roots
+        path = None  # read here where the routes need it: most requests have no root path
         if roots is not None:
             root = scope.get("root_path")
-            if root and root not in roots:
-                self._new_root(root)
+            if not root:
+                path = scope["path"]
+            else:
+                if root not in roots:
+                    self._new_root(root)
+                path = SCOPE.path(scope)
         if gate.awaits:
             admitted, decision, fields, body, due = await gate.decide_async(scope)
         else:  # the peer read here, where it costs least: every request's default key needs it
             client = scope.get("client")
-            admitted, decision, fields, body, due = gate.decide(scope, client[0] if client else "")
+            admitted, decision, fields, body, due = gate.decide(
+                scope, client[0] if client else "", None, path
+            )
         if decision is not None:  # None: an exempt route
             scope["nanobucket.decision"] = decision
         if not admitted:

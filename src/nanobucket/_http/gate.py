@@ -218,11 +218,18 @@ class Gate:
             self._count("exempt")
         return rule
 
-    def decide(self, request: Any, peer: str | None = None, label: str | None = None) -> Outcome:
+    def decide(
+        self,
+        request: Any,
+        peer: str | None = None,
+        label: str | None = None,
+        path: str | None = None,
+    ) -> Outcome:
         """Decide *request* with a synchronous limiter: its `Outcome` (hooks called, counted).
 
         *peer* is the request's socket peer when the adapter has it at hand
         (``view.peer(request)`` otherwise): every request's default key reads it.
+        *path*, likewise, is ``view.path(request)`` when the adapter read it.
 
         >>> import nanobucket as nb
         >>> from nanobucket._http.views import SCOPE
@@ -236,8 +243,8 @@ class Gate:
                 rule = self._default
             else:  # `rule`, inlined
                 # Local names: a callable in a slot is called faster from one.
-                match, path, method, note = self._match, self._path, self._method, self._note
-                rule = match(path(request), method(request))
+                match, note = self._match, self._note
+                rule = match(self._path(request) if path is None else path, self._method(request))
                 note(request, ROUTE, rule.pattern)
                 if rule.exempt:
                     self._count("exempt")
