@@ -239,10 +239,18 @@ class AllOf:
         # The hot path: in one Cython call when every layer is a Cython bucket
         # on the same clock (one clock reading for all); else Python code
         # unrolled for these layers (no loop, no per-layer branch).
-        fast = None if _AllowAll is None else _AllowAll.of([layers[i] for i in order], _missing_key)
+        fast = (
+            None
+            if _AllowAll is None
+            else _AllowAll.of([layers[i] for i in order], _missing_key, LayeredDecision)
+        )
         self.allow = (  # type: ignore[method-assign]
             fast.allow if fast is not None else _compile_allow(self._steps, self._needs_key)
         )
+        # Its check too, when the charging order is the order given (the
+        # decisions are listed by it): every such bucket refunds, so it is.
+        if fast is not None and self._order == tuple(range(len(layers))):
+            self.check = fast.check  # type: ignore[method-assign]
 
     def _key(self, key: Hashable | None) -> None:
         if key is None and self._needs_key:
