@@ -223,6 +223,12 @@ def test_a_layer_without_refund_is_charged_last(impl: ModuleType) -> None:
         all_of(stubborn, stubborn)
     with pytest.raises(TypeError, match="no refund"):
         limit.refund("k")
+    # What the layers can do was learnt when the all_of was built; the errors name the layer.
+    with pytest.raises(TypeError, match=r"^_NoRefund has no refund_at\(\): this all_of cannot"):
+        limit.refund_at("k", 0)
+    with pytest.raises(TypeError, match=r"^_NoRefund has no reserve\(\): this all_of cannot wait"):
+        limit.reserve("k")
+    assert local.tokens_at(0) == 8.0  # and charged nothing
 
 
 @pytest.mark.c_extension

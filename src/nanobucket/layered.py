@@ -221,6 +221,9 @@ class AllOf:
                 f"got {kinds}"
             )
         self.layers: tuple[Any, ...] = tuple(layers)
+        # What the layers can do, learnt once: refund and reserve ask on every call.
+        self._no_refund = next((lr for lr, ok in zip(layers, undoable) if not ok), None)
+        self._no_reserve = next((lr for lr in layers if not isinstance(lr, Reservable)), None)
         # Charging order: every refundable layer as given, then the one that is not.
         order = sorted(range(len(layers)), key=lambda i: not undoable[i])
         self._order = tuple(order)
@@ -402,13 +405,13 @@ class AllOf:
 
     # -- refund and waiting --------------------------------------------------
 
-    def _require(self, contract: type, verb: str) -> None:
-        for layer in self.layers:
-            if not isinstance(layer, contract):
-                raise TypeError(
-                    f"{type(layer).__name__} has no {verb}(): this all_of cannot "
-                    f"{'refund' if verb == 'refund' else 'wait'}"
-                )
+    def _require(self, missing: object, verb: str) -> None:
+        """Raise unless *missing* (the first layer without *verb*, learnt once) is None."""
+        if missing is not None:
+            raise TypeError(
+                f"{type(missing).__name__} has no {verb}(): this all_of cannot "
+                f"{'refund' if verb == 'refund' else 'wait'}"
+            )
 
     def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
         """Give *cost* tokens back to every layer (never above any capacity).
@@ -422,7 +425,7 @@ class AllOf:
         2.0
         """
         self._key(key)
-        self._require(Refundable, "refund")
+        self._require(self._no_refund, "refund")
         for i in range(len(self.layers)):
             self._call(i, "refund", key, (cost,))
 
@@ -437,7 +440,7 @@ class AllOf:
         1.0
         """
         self._key(key)
-        self._require(Refundable, "refund_at")
+        self._require(self._no_refund, "refund_at")
         for i in range(len(self.layers)):
             self._call(i, "refund_at", key, (now, cost))
 
@@ -462,7 +465,7 @@ class AllOf:
         -1
         """
         self._key(key)
-        self._require(Reservable, "reserve")
+        self._require(self._no_reserve, "reserve")
         done: list[int] = []
         longest = 0
         args = {"cost": cost, "max_wait_ns": max_wait_ns, "shape": shape, "now": now}
