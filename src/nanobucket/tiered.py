@@ -264,14 +264,16 @@ class _Plans:
             found = self._plans.get(name)
         except TypeError:  # an unhashable name
             found = None
-        if found is None:
-            if self._default is None:
-                raise ValueError(
-                    f"tier({key!r}) returned {name!r}, which is not a plan "
-                    f"(plans: {list(self._plans)}; or give default=)"
-                )
-            return self._default
-        return found
+        return self._fallback(key, name) if found is None else found
+
+    def _fallback(self, key: Hashable, name: object) -> tuple[str, Any]:
+        """The default plan of *key*, whose ``tier`` named *name*, not a plan."""
+        if self._default is None:
+            raise ValueError(
+                f"tier({key!r}) returned {name!r}, which is not a plan "
+                f"(plans: {list(self._plans)}; or give default=)"
+            )
+        return self._default
 
     def _carrying(
         self, key: Hashable, now: int | None, found: tuple[str, Any]
@@ -467,8 +469,16 @@ class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision,
         TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
 limit=20, plan='free')
         """
-        name, plan = self._pick(key)
-        return TieredDecision(plan.check(key, cost), name)
+        name = self._tier(key)  # `_pick`, inlined: what every request runs
+        try:
+            found = self._plans.get(name)
+        except TypeError:  # an unhashable name
+            found = None
+        if found is None:
+            found = self._fallback(key, name)
+        if self._last.get(key) is not found[0]:
+            self._move(key, found, None)
+        return TieredDecision(found[1].check(key, cost), found[0])
 
     def _tokens(self, key: Hashable, now: int | None) -> float:
         plan = self._pick(key, now)[1]
