@@ -513,8 +513,8 @@ class AllOf:
         True
         """
         found: list[Any] = []
-        for layer in self.layers:
-            found += layer.leaves() if isinstance(layer, Composite) else (layer,)
+        for layer, inner in zip(self.layers, self._composite):
+            found += layer.leaves() if inner else (layer,)
         return tuple(found)
 
     def leaf_names(self) -> tuple[str | None, ...]:
