@@ -110,7 +110,8 @@ class TieredDecision(Decision):
 
     def __init__(self, decision: Any, plan: str) -> None:
         d = decision
-        super().__init__(d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
+        # Decision's own __init__, named: one is made for every request (no super()).
+        Decision.__init__(self, d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
         self.decision = decision
         self.plan = plan
 
@@ -378,7 +379,7 @@ class _Plans:
         >>> t.binding(t.peek_at("alice", 0)) == ("free", free)
         True
         """
-        return decision.plan, self._view[decision.plan]
+        return self._plans[decision.plan]  # (name, limiter), as the plans were given
 
     def __len__(self) -> int:
         """Keys whose plan this limiter remembers now.
