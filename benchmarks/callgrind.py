@@ -4,6 +4,8 @@
     python benchmarks/callgrind.py --json out.json c_allow c_keyed
     python benchmarks/callgrind.py asgi_ietf wsgi_ietf     # the middlewares, per request
     python benchmarks/callgrind.py asgi_all_of wsgi_all_of # the same over all_of
+    python benchmarks/callgrind.py asgi_tiered wsgi_tiered # ... and over tiered
+    python benchmarks/callgrind.py c_keyed_check all_of_check  # check, a table and all_of
 
 Each case runs twice under ``valgrind --tool=callgrind``, once with N calls
 and once with 2N; the same program otherwise (imports, table set-up, 100k
@@ -14,9 +16,10 @@ no-op Cython method called the same way) is reported beside it, and so is
 the difference: what the limiter itself costs. The ``asgi_*`` and ``wsgi_*``
 cases are one request through the middleware (an in-process keyed bucket that
 admits every request; the ``*_all_of`` cases: that bucket and one per instance,
-under ``all_of``) against the bare app called the same way: what the
-middleware adds. An ASGI request is driven by ``coro.send(None)`` (the
-in-process limiter never suspends), so no event loop is counted.
+under ``all_of``; the ``*_tiered`` ones: that bucket as one of two plans)
+against the bare app called the same way: what the middleware adds. An ASGI
+request is driven by ``coro.send(None)`` (the in-process limiter never
+suspends), so no event loop is counted.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ for _ in r:
 KEYED = """
 import sys
 from nanobucket import _bucket_c, _bucket_py
+import nanobucket as nb
 from nanobucket.shared import SharedKeyedTokenBucket
 from nanobucket.bench._floor import Floor
 passes = int(sys.argv[1]) // {keys}
@@ -104,6 +108,11 @@ for _ in range(n):
 
 # The case study's per-client and per-instance limits, both admitting every request.
 ALL_OF = "nb.all_of(limiter, nb.TokenBucket(rate=10**9, capacity=10**9))"
+# Two plans, the key's plan picked per request (every key on "free" here).
+TIERED = (
+    'nb.tiered({"free": limiter, "pro": nb.KeyedTokenBucket(rate=10**9, capacity=10**9)}, '
+    'tier=lambda key: "free")'
+)
 ROUTES = '[Route("/healthz", exempt=True), Route("/api/*", cost=2), Route("/login")]'
 
 # name -> (template, expression for f, what it is)
@@ -119,6 +128,17 @@ CASES: dict[str, tuple[str, str, str]] = {
         KEYED,
         "_bucket_c.KeyedTokenBucket(0.01, 10_000).allow",
         "KeyedTokenBucket.allow(k) (c), 100k str keys",
+    ),
+    "c_keyed_check": (
+        KEYED,
+        "_bucket_c.KeyedTokenBucket(0.01, 10_000).check",
+        "KeyedTokenBucket.check(k) (c), 100k str keys",
+    ),
+    "all_of_check": (
+        KEYED,
+        "nb.all_of(_bucket_c.KeyedTokenBucket(0.01, 10_000), "
+        "_bucket_c.TokenBucket(10**9, 10**9)).check",
+        "all_of(keyed, bucket).check(k) (c), 100k keys",
     ),
     "py_keyed": (
         KEYED,
@@ -152,6 +172,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         f"RateLimitMiddleware(bare, {ALL_OF})",
         "ASGI middleware, IETF fields, all_of(2 layers)",
     ),
+    "asgi_tiered": (
+        ASGI,
+        f"RateLimitMiddleware(bare, {TIERED})",
+        "ASGI middleware, IETF fields, tiered(2 plans)",
+    ),
     "wsgi_bare": (WSGI, "bare", "floor: the bare WSGI app"),
     "wsgi_ietf": (WSGI, "RateLimitMiddleware(bare, limiter)", "WSGI middleware, IETF fields"),
     "wsgi_off": (
@@ -174,6 +199,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         f"RateLimitMiddleware(bare, {ALL_OF})",
         "WSGI middleware, IETF fields, all_of(2 layers)",
     ),
+    "wsgi_tiered": (
+        WSGI,
+        f"RateLimitMiddleware(bare, {TIERED})",
+        "WSGI middleware, IETF fields, tiered(2 plans)",
+    ),
 }
 FLOOR_OF = {
     "floor_clock": "floor_allow",
@@ -182,6 +212,8 @@ FLOOR_OF = {
     "naive_allow": "floor_allow",
     "dict_get": "floor_keyed",
     "c_keyed": "floor_keyed",
+    "c_keyed_check": "floor_keyed",
+    "all_of_check": "floor_keyed",
     "py_keyed": "floor_keyed",
     "shared_keyed": "floor_keyed",
     "asgi_ietf": "asgi_bare",
@@ -194,6 +226,8 @@ FLOOR_OF = {
     "wsgi_api_key": "wsgi_bare",
     "asgi_all_of": "asgi_bare",
     "wsgi_all_of": "wsgi_bare",
+    "asgi_tiered": "asgi_bare",
+    "wsgi_tiered": "wsgi_bare",
 }
 
 

@@ -161,6 +161,42 @@ def test_the_hot_case_and_every_step_agree(impl: ModuleType) -> None:
     ]
 
 
+def test_the_hot_case_and_every_step_agree_for_composites(impl: ModuleType) -> None:
+    # all_of and tiered take the hot case too (with a hook, every step): the
+    # same outcomes, fields of the binding bucket included, and a reconfigure
+    # of a layer shows in the next response either way.
+    def limits(clock: ManualClock) -> list[Any]:
+        per_client = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+        instance = impl.TokenBucket(rate=10, capacity=3, clock=clock)
+        plans = {
+            "free": impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock),
+            "pro": impl.KeyedTokenBucket(rate=2, capacity=3, clock=clock),
+        }
+        tier = nb.tiered(plans, tier=lambda key: "pro" if key == "10.0.0.2" else "free")
+        return [nb.all_of(per_client, instance), tier]
+
+    clocks = ManualClock(), ManualClock()
+    for which in (0, 1):
+        hot_limit, every_limit = limits(clocks[0])[which], limits(clocks[1])[which]
+        hot = Gate(VIEW, hot_limit)
+        every = Gate(VIEW, every_limit, on_decision=lambda event: None)
+        assert hot._hot is not None and every._hot is None
+        for step in range(8):
+            if step == 5:  # the first layer, or plan, is reconfigured
+                for limit, c in ((hot_limit, clocks[0]), (every_limit, clocks[1])):
+                    limit.leaves()[0].reconfigure(rate=3, capacity=4, now=c())
+            request = Request(peer=f"10.0.0.{step % 3}")
+            got, want = shown(hot.decide(request)), shown(every.decide(request))
+            assert got == want, (which, step)
+            for c in clocks:
+                c.advance(S // 4)
+        assert hot.counters.snapshot() == every.counters.snapshot()
+    assert shown(hot.decide(Request(peer="10.0.0.0")))[2][0] == (
+        b"ratelimit-policy",
+        b'"free";q=6;w=2',
+    )
+
+
 def test_a_reconfigured_bucket_shows_at_once(impl: ModuleType, clock: ManualClock) -> None:
     limiter = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
     gate = Gate(VIEW, limiter)

@@ -223,6 +223,12 @@ def test_a_layer_without_refund_is_charged_last(impl: ModuleType) -> None:
         all_of(stubborn, stubborn)
     with pytest.raises(TypeError, match="no refund"):
         limit.refund("k")
+    # What the layers can do was learnt when the all_of was built; the errors name the layer.
+    with pytest.raises(TypeError, match=r"^_NoRefund has no refund_at\(\): this all_of cannot"):
+        limit.refund_at("k", 0)
+    with pytest.raises(TypeError, match=r"^_NoRefund has no reserve\(\): this all_of cannot wait"):
+        limit.reserve("k")
+    assert local.tokens_at(0) == 8.0  # and charged nothing
 
 
 @pytest.mark.c_extension
@@ -289,6 +295,57 @@ def test_the_cython_fast_path_decides_as_the_general_path() -> None:
             return limit.allow(key, cost)
         except (TypeError, ValueError) as exc:
             return type(exc)
+
+    for _ in range(5_000):
+        clock.advance(rng.choice([0, 0, 0, 1, 50_000_000, 400_000_000]))
+        key, cost = rng.choice(keys), rng.choice(costs)
+        assert outcome(fast, key, cost) == outcome(slow, key, cost), (key, cost)
+        probe = f"k{rng.randrange(12)}"
+        assert [
+            fast_layers[0].tokens(probe),
+            fast_layers[1].tokens(),
+            fast_layers[2].tokens(probe),
+        ] == [
+            slow_layers[0].tokens(probe),
+            slow_layers[1].tokens(),
+            slow_layers[2].tokens(probe),
+        ]
+
+
+@pytest.mark.c_extension
+def test_the_cython_check_decides_as_the_general_path() -> None:
+    # check too: one Cython call (AllowAll.check) on one clock, the Python
+    # path on two. The same decisions (every field, the binding layer, every
+    # layer's own), the same errors and the same layer states, step by step.
+    import random
+
+    c = pytest.importorskip("nanobucket._bucket_c")
+
+    def build(clock: ManualClock, same_clock: bool) -> tuple[Any, list[Any]]:
+        other = clock if same_clock else functools.partial(clock)
+        layers = [
+            c.KeyedTokenBucket(rate=3, capacity=4, max_keys=8, clock=clock),
+            c.TokenBucket(rate=5, capacity=6, clock=other),
+            c.KeyedTokenBucket(rate=1, capacity=3, max_keys=8, clock=other),
+        ]
+        return all_of(*layers), layers
+
+    clock = ManualClock(10 * S)
+    fast, fast_layers = build(clock, True)
+    slow, slow_layers = build(clock, False)
+    assert type(fast.check).__name__ == "builtin_function_or_method"
+    assert type(slow.check).__name__ == "method"
+    rng = random.Random(11)
+    keys: list[object] = [f"k{i}" for i in range(12)] + [None, ["unhashable"]]
+    costs: list[object] = [0, 1, 1, 1, 2, 3, 4, 5, 7, -1, 1.0, True]
+
+    def outcome(limit: Any, key: object, cost: object) -> object:
+        try:
+            d = limit.check(key, cost)
+        except (TypeError, ValueError) as exc:
+            return type(exc)
+        assert type(d) is LayeredDecision
+        return (d, d.allowed, d.layer, d.limit, d.decisions, repr(d))
 
     for _ in range(5_000):
         clock.advance(rng.choice([0, 0, 0, 1, 50_000_000, 400_000_000]))

@@ -221,6 +221,9 @@ class AllOf:
                 f"got {kinds}"
             )
         self.layers: tuple[Any, ...] = tuple(layers)
+        # What the layers can do, learnt once: refund and reserve ask on every call.
+        self._no_refund = next((lr for lr, ok in zip(layers, undoable) if not ok), None)
+        self._no_reserve = next((lr for lr in layers if not isinstance(lr, Reservable)), None)
         # Charging order: every refundable layer as given, then the one that is not.
         order = sorted(range(len(layers)), key=lambda i: not undoable[i])
         self._order = tuple(order)
@@ -239,10 +242,18 @@ class AllOf:
         # The hot path: in one Cython call when every layer is a Cython bucket
         # on the same clock (one clock reading for all); else Python code
         # unrolled for these layers (no loop, no per-layer branch).
-        fast = None if _AllowAll is None else _AllowAll.of([layers[i] for i in order], _missing_key)
+        fast = (
+            None
+            if _AllowAll is None
+            else _AllowAll.of([layers[i] for i in order], _missing_key, LayeredDecision)
+        )
         self.allow = (  # type: ignore[method-assign]
             fast.allow if fast is not None else _compile_allow(self._steps, self._needs_key)
         )
+        # Its check too, when the charging order is the order given (the
+        # decisions are listed by it): every such bucket refunds, so it is.
+        if fast is not None and self._order == tuple(range(len(layers))):
+            self.check = fast.check  # type: ignore[method-assign]
 
     def _key(self, key: Hashable | None) -> None:
         if key is None and self._needs_key:
@@ -394,13 +405,13 @@ class AllOf:
 
     # -- refund and waiting --------------------------------------------------
 
-    def _require(self, contract: type, verb: str) -> None:
-        for layer in self.layers:
-            if not isinstance(layer, contract):
-                raise TypeError(
-                    f"{type(layer).__name__} has no {verb}(): this all_of cannot "
-                    f"{'refund' if verb == 'refund' else 'wait'}"
-                )
+    def _require(self, missing: object, verb: str) -> None:
+        """Raise unless *missing* (the first layer without *verb*, learnt once) is None."""
+        if missing is not None:
+            raise TypeError(
+                f"{type(missing).__name__} has no {verb}(): this all_of cannot "
+                f"{'refund' if verb == 'refund' else 'wait'}"
+            )
 
     def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
         """Give *cost* tokens back to every layer (never above any capacity).
@@ -414,7 +425,7 @@ class AllOf:
         2.0
         """
         self._key(key)
-        self._require(Refundable, "refund")
+        self._require(self._no_refund, "refund")
         for i in range(len(self.layers)):
             self._call(i, "refund", key, (cost,))
 
@@ -429,7 +440,7 @@ class AllOf:
         1.0
         """
         self._key(key)
-        self._require(Refundable, "refund_at")
+        self._require(self._no_refund, "refund_at")
         for i in range(len(self.layers)):
             self._call(i, "refund_at", key, (now, cost))
 
@@ -454,7 +465,7 @@ class AllOf:
         -1
         """
         self._key(key)
-        self._require(Reservable, "reserve")
+        self._require(self._no_reserve, "reserve")
         done: list[int] = []
         longest = 0
         args = {"cost": cost, "max_wait_ns": max_wait_ns, "shape": shape, "now": now}
@@ -502,8 +513,8 @@ class AllOf:
         True
         """
         found: list[Any] = []
-        for layer in self.layers:
-            found += layer.leaves() if isinstance(layer, Composite) else (layer,)
+        for layer, inner in zip(self.layers, self._composite):
+            found += layer.leaves() if inner else (layer,)
         return tuple(found)
 
     def leaf_names(self) -> tuple[str | None, ...]:

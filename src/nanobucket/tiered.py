@@ -110,7 +110,8 @@ class TieredDecision(Decision):
 
     def __init__(self, decision: Any, plan: str) -> None:
         d = decision
-        super().__init__(d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
+        # Decision's own __init__, named: one is made for every request (no super()).
+        Decision.__init__(self, d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns, d.limit)
         self.decision = decision
         self.plan = plan
 
@@ -264,14 +265,16 @@ class _Plans:
             found = self._plans.get(name)
         except TypeError:  # an unhashable name
             found = None
-        if found is None:
-            if self._default is None:
-                raise ValueError(
-                    f"tier({key!r}) returned {name!r}, which is not a plan "
-                    f"(plans: {list(self._plans)}; or give default=)"
-                )
-            return self._default
-        return found
+        return self._fallback(key, name) if found is None else found
+
+    def _fallback(self, key: Hashable, name: object) -> tuple[str, Any]:
+        """The default plan of *key*, whose ``tier`` named *name*, not a plan."""
+        if self._default is None:
+            raise ValueError(
+                f"tier({key!r}) returned {name!r}, which is not a plan "
+                f"(plans: {list(self._plans)}; or give default=)"
+            )
+        return self._default
 
     def _carrying(
         self, key: Hashable, now: int | None, found: tuple[str, Any]
@@ -376,7 +379,7 @@ class _Plans:
         >>> t.binding(t.peek_at("alice", 0)) == ("free", free)
         True
         """
-        return decision.plan, self._view[decision.plan]
+        return self._plans[decision.plan]  # (name, limiter), as the plans were given
 
     def __len__(self) -> int:
         """Keys whose plan this limiter remembers now.
@@ -467,8 +470,16 @@ class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision,
         TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
 limit=20, plan='free')
         """
-        name, plan = self._pick(key)
-        return TieredDecision(plan.check(key, cost), name)
+        name = self._tier(key)  # `_pick`, inlined: what every request runs
+        try:
+            found = self._plans.get(name)
+        except TypeError:  # an unhashable name
+            found = None
+        if found is None:
+            found = self._fallback(key, name)
+        if self._last.get(key) is not found[0]:
+            self._move(key, found, None)
+        return TieredDecision(found[1].check(key, cost), found[0])
 
     def _tokens(self, key: Hashable, now: int | None) -> float:
         plan = self._pick(key, now)[1]

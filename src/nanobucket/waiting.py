@@ -109,6 +109,8 @@ class Waiting:
             raise TypeError("give sleep or sleep_or_wake, not both")
         self.limiter: Any = limiter
         self.keyed = is_keyed(limiter)
+        # An all_of without keyed layers takes no key: learnt once, not per call.
+        self._key_optional = bool(getattr(limiter, "key_optional", False))
         self.shape = shape
         self._gate = Gate(int_at_least(max_waiters, "max_waiters", 0))
         self._sleep_or_wake: SleepOrWake = (
@@ -141,7 +143,7 @@ class Waiting:
 
     def _split(self, args: tuple[Any, ...], cost: object) -> tuple[tuple[Hashable, ...], object]:
         if self.keyed:
-            if not args and getattr(self.limiter, "key_optional", False):
+            if not args and self._key_optional:
                 return (None,), cost  # an all_of without keyed layers
             if len(args) != 1:
                 raise TypeError(

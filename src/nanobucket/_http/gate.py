@@ -172,7 +172,7 @@ class Gate:
             or (self._hooks is not None and self._hooks.awaited)
         )
         # The hot case, which `decide` takes in a few steps: a `Rule.plain`
-        # (keyed by the peer at a fixed cost, one bucket), nothing but the
+        # (keyed by the peer at a fixed cost), nothing but the
         # IETF fields or none to add, nothing to call or settle (a lock only to count).
         self._plain = (
             self._hooks is None and self._charge is None and not shadow and self.headers != "legacy"
@@ -270,7 +270,7 @@ class Gate:
                     )
                 return self._outcome(policy, key, cost, decision)
         # The hot case: the steps above, for a `Rule.plain` and no more to do.
-        # The rule's policy: one bucket's (no exempt rule is plain).
+        # The rule's policy (no exempt rule is plain).
         bucket: Policy = rule.policy  # type: ignore[assignment]
         key = self._peer(request) if peer is None else peer
         if not key or ":" in key:  # IPv6, or no address (a unix socket)
@@ -287,6 +287,13 @@ class Gate:
                 self.counters.admitted += 1
         if not self._ietf:
             return (True, decision, (), None, None)
+        if bucket.composite is not None:  # `limit_headers` for a composite, inlined
+            _, r_prefix, field = bucket.fields(decision)  # the binding bucket's
+            reset = -(-decision.reset_after_ns // _NS)
+            value = b"%b%d;t=%d" % (r_prefix, decision.remaining, reset)
+            if field is None:
+                return (True, decision, [(b"ratelimit", value)], None, None)
+            return (True, decision, [field, (b"ratelimit", value)], None, None)
         # `limit_headers` for one bucket, inlined: keep the two alike.
         w = bucket.watched
         if w is not None and (w.rate is not bucket.rate_seen or w.capacity != bucket.capacity_seen):

@@ -161,7 +161,8 @@ class Policy:
     One bucket's fields are made once (``policy_header``, ``r_prefix``) and
     again only when it is reconfigured (`stale`, `refresh`). A composite's
     (``all_of``, ``tiered``) are those of the bucket that bound each
-    decision, made at its first decision (`fields`).
+    decision, made at its first decision (`fields`) and again when that
+    bucket is reconfigured.
 
     >>> import nanobucket as nb
     >>> Policy(nb.KeyedTokenBucket(rate=100, capacity=200), "default", None).policy_header
@@ -231,7 +232,8 @@ class Policy:
         self.capacity_seen = getattr(limiter, "capacity", None)
         # The fields that never change (none for a composite: its binding bucket's do).
         self.ietf_extra: tuple[tuple[bytes, bytes], ...] = (header,) if header is not None else ()
-        self._by_leaf: dict[tuple[str | None, int], Fields] = {}
+        # A composite's fields by binding bucket, with the rate and capacity they show.
+        self._by_leaf: dict[tuple[str | None, int], tuple[Fields, object, object]] = {}
 
     def stale(self) -> bool:
         """Whether a bucket behind the fields was reconfigured since they were built."""
@@ -255,12 +257,19 @@ class Policy:
         name, leaf = self.composite.binding(decision)
         slot = (name, id(leaf))  # as binding() said it, so that the next decision finds it
         got = self._by_leaf.get(slot)
-        if got is None:
+        # Only this bucket's fields are sent: only its reconfigure makes them stale.
+        if got is None or (
+            got[1] is not None and (leaf.rate is not got[1] or leaf.capacity != got[2])
+        ):
             if name is None:  # not named by its limiter: the policy's name and its kind
                 name = self._unnamed.get(id(leaf), self.name)
-            got = (name, f'"{name}";r='.encode("ascii"), _policy_header(name, leaf))
+            header = _policy_header(name, leaf)
+            # The rate (compared by identity) and capacity its RateLimit-Policy shows.
+            rate = leaf.rate if header is not None else None
+            capacity = getattr(leaf, "capacity", None)
+            got = ((name, f'"{name}";r='.encode("ascii"), header), rate, capacity)
             self._by_leaf[slot] = got
-        return got
+        return got[0]
 
     def validated_cost(self, cost: object) -> int:
         """Check a cost against the limiter now (a fixed one: before the first request).
@@ -287,8 +296,8 @@ def limit_headers(mode: str, policy: Policy, decision: Any) -> Headers:
         if w is not None:
             if w.rate is not policy.rate_seen or w.capacity != policy.capacity_seen:
                 policy.refresh()
-        elif policy.leaves and policy.stale():
-            policy.refresh()
+        elif policy.composite is None and policy.leaves and policy.stale():
+            policy.refresh()  # (a composite's fields are checked with its binding bucket's)
         reset = -(-decision.reset_after_ns // _NS)
         if policy.composite is None:
             value = b"%b%d;t=%d" % (policy.r_prefix, decision.remaining, reset)

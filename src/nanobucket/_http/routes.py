@@ -115,14 +115,8 @@ class Rule:
         # The default key (the peer, no proxies trusted) is inlined by the gate.
         key = self.key
         self.peer_key = type(key) is client_address and not key._reads_header
-        # The gate's hot case: that key, a fixed cost, one bucket's fields.
-        policy = self.policy
-        self.plain = (
-            self.peer_key
-            and self.cost_fn is None
-            and policy is not None
-            and policy.composite is None
-        )
+        # The gate's hot case: that key, a fixed cost, a limit (exempt rules have none).
+        self.plain = self.peer_key and self.cost_fn is None and self.policy is not None
 
 
 def make_rule(
