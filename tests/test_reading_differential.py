@@ -74,6 +74,12 @@ from http_checks import MakeClient, asgi_client
 
 __all__ = ("asgi_client",)  # a fixture, used by name
 
+# Other threads run here (Litestar's logging listener, werkzeug's server), and
+# a collection in one of them traverses the C tables: under Cython line tracing
+# the GIL can pass to it in the middle of a table's insertion (a coverage run
+# segfaulted so). Deselected there (.ci/coverage.sh); run everywhere else.
+pytestmark = pytest.mark.gil_atomic
+
 # ----------------------------------------------------------------- strategies
 
 # Method spellings: the routes' own (most often, so most requests reach a
