@@ -422,14 +422,19 @@ class QuartAdapter(ASGIAdapter):
             run.__name__ = name
             return run
 
-        app.add_url_rule("/login", view_func=handler("login"), methods=["GET", "POST"])
-        app.add_url_rule("/items/<path:p>", view_func=handler("items"))
-        app.add_url_rule("/healthz", view_func=handler("healthz"))
-        app.add_url_rule("/", view_func=handler("root"))
+        werkzeug_routes(app, handler)
         return app
 
 
 # ---------------------------------------------------------------------- WSGI
+
+
+def werkzeug_routes(app: Any, handler: Callable[[str], Any]) -> None:
+    """The four routes on a Werkzeug-routed app (Flask, Quart), each served by ``handler(name)``."""
+    app.add_url_rule("/login", view_func=handler("login"), methods=["GET", "POST"])
+    app.add_url_rule("/items/<path:p>", view_func=handler("items"))
+    app.add_url_rule("/healthz", view_func=handler("healthz"))
+    app.add_url_rule("/", view_func=handler("root"))
 
 
 def flask_app(adapter: Adapter) -> Flask:
@@ -444,10 +449,7 @@ def flask_app(adapter: Adapter) -> Flask:
         run.__name__ = name
         return run
 
-    app.add_url_rule("/login", view_func=handler("login"), methods=["GET", "POST"])
-    app.add_url_rule("/items/<path:p>", view_func=handler("items"))
-    app.add_url_rule("/healthz", view_func=handler("healthz"))
-    app.add_url_rule("/", view_func=handler("root"))
+    werkzeug_routes(app, handler)
     return app
 
 

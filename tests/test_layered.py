@@ -263,6 +263,18 @@ def test_nested_all_of(impl: ModuleType) -> None:
     assert outer.tokens_at("k", 0) == 0.0
 
 
+def _three_c_layers(c: Any, clock: ManualClock, same_clock: bool) -> tuple[Any, list[Any]]:
+    """all_of over three Cython tables on *clock* (one clock: its compiled path;
+    equal clocks that are not the same object: its Python path), with its layers."""
+    other = clock if same_clock else functools.partial(clock)  # equal, not the same object
+    layers = [
+        c.KeyedTokenBucket(rate=3, capacity=4, max_keys=8, clock=clock),
+        c.TokenBucket(rate=5, capacity=6, clock=other),
+        c.KeyedTokenBucket(rate=1, capacity=3, max_keys=8, clock=other),
+    ]
+    return all_of(*layers), layers
+
+
 @pytest.mark.c_extension
 def test_the_cython_fast_path_decides_as_the_general_path() -> None:
     # all_of over Cython buckets on one clock decides in one Cython call
@@ -272,18 +284,9 @@ def test_the_cython_fast_path_decides_as_the_general_path() -> None:
 
     c = pytest.importorskip("nanobucket._bucket_c")
 
-    def build(clock: ManualClock, same_clock: bool) -> tuple[Any, list[Any]]:
-        other = clock if same_clock else functools.partial(clock)  # equal, not the same object
-        layers = [
-            c.KeyedTokenBucket(rate=3, capacity=4, max_keys=8, clock=clock),
-            c.TokenBucket(rate=5, capacity=6, clock=other),
-            c.KeyedTokenBucket(rate=1, capacity=3, max_keys=8, clock=other),
-        ]
-        return all_of(*layers), layers
-
     clock = ManualClock(10 * S)
-    fast, fast_layers = build(clock, True)
-    slow, slow_layers = build(clock, False)
+    fast, fast_layers = _three_c_layers(c, clock, True)
+    slow, slow_layers = _three_c_layers(c, clock, False)
     assert type(fast.allow).__name__ == "builtin_function_or_method"
     assert type(slow.allow).__name__ == "function"
     rng = random.Random(7)
@@ -321,18 +324,9 @@ def test_the_cython_check_decides_as_the_general_path() -> None:
 
     c = pytest.importorskip("nanobucket._bucket_c")
 
-    def build(clock: ManualClock, same_clock: bool) -> tuple[Any, list[Any]]:
-        other = clock if same_clock else functools.partial(clock)
-        layers = [
-            c.KeyedTokenBucket(rate=3, capacity=4, max_keys=8, clock=clock),
-            c.TokenBucket(rate=5, capacity=6, clock=other),
-            c.KeyedTokenBucket(rate=1, capacity=3, max_keys=8, clock=other),
-        ]
-        return all_of(*layers), layers
-
     clock = ManualClock(10 * S)
-    fast, fast_layers = build(clock, True)
-    slow, slow_layers = build(clock, False)
+    fast, fast_layers = _three_c_layers(c, clock, True)
+    slow, slow_layers = _three_c_layers(c, clock, False)
     assert type(fast.check).__name__ == "builtin_function_or_method"
     assert type(slow.check).__name__ == "method"
     rng = random.Random(11)

@@ -154,11 +154,16 @@ class ScopeView:
         >>> SCOPE.header({"headers": [(b"X-A", b"1"), (b"x-a", b"2")]}, "x-a")
         '1, 2'
         """
+        raw = self._raw(name)
+        values = [v.decode("latin-1") for k, v in request.get("headers", ()) if k.lower() == raw]
+        return ", ".join(values) if values else None
+
+    def _raw(self, name: str) -> bytes:
+        """*name* as the scope spells header names (bytes), encoded once."""
         raw = self._names.get(name)
         if raw is None:
             raw = self._names[name] = name.encode("latin-1")
-        values = [v.decode("latin-1") for k, v in request.get("headers", ()) if k.lower() == raw]
-        return ", ".join(values) if values else None
+        return raw
 
     def app_header(self, request: Mapping[str, Any], name: str) -> str | None:
         """The header *name* (lower case) as Starlette and FastAPI read it: its first field.
@@ -170,9 +175,7 @@ class ScopeView:
         >>> SCOPE.app_header({"headers": [(b"X-A", b"1"), (b"x-a", b"2")]}, "x-a")
         '1'
         """
-        raw = self._names.get(name)
-        if raw is None:
-            raw = self._names[name] = name.encode("latin-1")
+        raw = self._raw(name)
         for k, v in request.get("headers", ()):
             if k.lower() == raw:
                 return v.decode("latin-1")  # type: ignore[no-any-return]
