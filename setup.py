@@ -23,9 +23,9 @@ DEBUG = SANITIZE or os.environ.get("NANOBUCKET_DEBUG_BUILD", "") not in ("", "0"
 TRACE = os.environ.get("NANOBUCKET_CYTHON_TRACE", "") not in ("", "0")
 REQUIRE = os.environ.get("NANOBUCKET_REQUIRE_EXTENSIONS", "") not in ("", "0")
 WERROR = os.environ.get("NANOBUCKET_WERROR", "") not in ("", "0")
-MODULES = ["_bucket_c", "bench._floor", "_shared_c"]
+MODULES = ["_core._bucket_c", "bench._floor", "_core._shared_c"]
 if sys.platform == "win32":
-    MODULES.remove("_shared_c")  # POSIX mmap; shared.py raises a clear error without it
+    MODULES.remove("_core._shared_c")  # POSIX mmap; shared.py raises a clear error without it
 
 
 def extensions():
@@ -44,7 +44,7 @@ def extensions():
         Extension(
             f"nanobucket.{name}",
             [f"src/nanobucket/{name.replace('.', '/')}.pyx"],
-            include_dirs=["src/nanobucket"],
+            include_dirs=["src/nanobucket/_core"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             define_macros=macros,

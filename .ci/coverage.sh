@@ -30,7 +30,7 @@ NANOBUCKET_CYTHON_TRACE=1 "$py" -m pip install -q --no-build-isolation -e ".[tes
 # In place, so each .c (which the plugin maps back to its .pyx) sits beside its .so.
 NANOBUCKET_CYTHON_TRACE=1 "$py" setup.py -q build_ext --inplace
 "$py" - <<'EOF'
-import nanobucket._bucket as sel
+import nanobucket._core._bucket as sel
 assert sel.IMPLEMENTATION == "cython", "the traced extension did not load"
 print("implementation:", sel.TokenBucket.__module__, "from", __import__("nanobucket").__file__)
 EOF

@@ -46,7 +46,7 @@ export NANOBUCKET_NO_EXTENSIONS=            # the extensions must be the ones un
 
 "$python" - "$work" <<'PY'
 import sys
-from nanobucket import _bucket_c, _shared_c
+from nanobucket._core import _bucket_c, _shared_c
 from nanobucket.bench import _floor
 for module in (_bucket_c, _floor, _shared_c):
     assert module.__file__.startswith(sys.argv[1]), f"{module.__file__} is not the sanitized build"

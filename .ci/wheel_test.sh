@@ -31,7 +31,7 @@ echo "wheel: $(basename "$wheel")"
 # The sdist must carry what a build from it needs, and the wheel the
 # compiled extensions (a wheel without them would pass the pure-Python half).
 tar -tzf "$sdist" >"$work/sdist.txt"
-for f in _bucket_c.pyx bench/_floor.pyx _shared_c.pyx _atomic.h _siphash.h py.typed; do
+for f in _core/_bucket_c.pyx bench/_floor.pyx _core/_shared_c.pyx _core/_atomic.h _core/_siphash.h py.typed; do
   grep -q "/src/nanobucket/$f\$" "$work/sdist.txt" || { echo "the sdist lacks $f" >&2; exit 1; }
 done
 "$work/build-env/bin/python" - "$wheel" <<'EOF'
@@ -39,7 +39,7 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 exts = sorted(n for n in names if n.endswith((".so", ".pyd")))
 print("wheel extensions:", ", ".join(exts) or "none")
-missing = [m for m in ("nanobucket/_bucket_c", "nanobucket/bench/_floor") if not any(m + "." in n for n in exts)]
+missing = [m for m in ("nanobucket/_core/_bucket_c", "nanobucket/bench/_floor") if not any(m + "." in n for n in exts)]
 if missing or "nanobucket/py.typed" not in names:
     sys.exit(f"wheel lacks {missing or 'py.typed'}")
 EOF
@@ -56,11 +56,11 @@ mkdir "$work/run"
 (cd "$work/src" && cp -R tests pytest.ini README.md docs "$work/run/")
 cd "$work/run"
 "$work/venv/bin/python" - <<'EOF'
-import nanobucket, nanobucket._bucket as sel
+import nanobucket, nanobucket._core._bucket as sel
 print("testing", nanobucket.__file__)
 print("implementation:", sel.TokenBucket.__module__)
 assert "site-packages" in nanobucket.__file__, "the tests would not test the installed wheel"
-assert sel.TokenBucket.__module__ == "nanobucket._bucket_c", "the wheel's extension did not load"
+assert sel.TokenBucket.__module__ == "nanobucket._core._bucket_c", "the wheel's extension did not load"
 EOF
 echo "--- the test suite against the installed wheel"
 "$work/venv/bin/python" -m pytest -q -p no:cacheprovider

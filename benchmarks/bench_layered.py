@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from types import ModuleType
 
-from nanobucket import _bucket_c, _bucket_py
+from nanobucket._core import _bucket_c, _bucket_py
 from nanobucket.bench.cases import loop_calls
 from nanobucket.bench.timer import median_of_rounds
 from nanobucket.layered import all_of

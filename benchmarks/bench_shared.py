@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from nanobucket import _bucket_c, _bucket_py
+from nanobucket._core import _bucket_c, _bucket_py
 from nanobucket.bench.timer import median_of_rounds
 from nanobucket.shared import PROBE, SharedKeyedTokenBucket
 

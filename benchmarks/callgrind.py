@@ -38,7 +38,7 @@ KEYS = 100_000
 
 SINGLE = """
 import sys
-from nanobucket import _bucket_c, _bucket_py
+from nanobucket._core import _bucket_c, _bucket_py
 from nanobucket.bench._floor import Floor
 from nanobucket.reference import MonotonicNaiveBucket
 n = int(sys.argv[1])
@@ -50,7 +50,7 @@ for _ in r:
 
 KEYED = """
 import sys
-from nanobucket import _bucket_c, _bucket_py
+from nanobucket._core import _bucket_c, _bucket_py
 import nanobucket as nb
 from nanobucket.shared import SharedKeyedTokenBucket
 from nanobucket.bench._floor import Floor

@@ -10,14 +10,14 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket import _bucket_py
+from nanobucket._core import _bucket_py
 
 try:
-    from nanobucket import _bucket_c
+    from nanobucket._core import _bucket_c
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 try:
-    from nanobucket import _shared_c
+    from nanobucket._core import _shared_c
 except ImportError:  # pragma: no cover - a pure-Python install
     _shared_c = None  # type: ignore[assignment]
 

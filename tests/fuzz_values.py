@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from nanobucket import _bucket_py
+from nanobucket._core import _bucket_py
 
 try:
-    from nanobucket import _bucket_c as _bucket_c  # noqa: PLC0414 - an explicit re-export (mypy)
+    from nanobucket._core import _bucket_c as _bucket_c  # noqa: PLC0414 - an explicit re-export (mypy)
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 

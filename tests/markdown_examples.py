@@ -33,7 +33,7 @@ def run_block(code: str, where: str, request: pytest.FixtureRequest) -> None:
     """
     name = None
     if "SharedKeyedTokenBucket" in code:
-        pytest.importorskip("nanobucket._shared_c")
+        pytest.importorskip("nanobucket._core._shared_c")
         name = f"nanobucket-example-{uuid.uuid4().hex}"
         code = code.replace(TABLE_NAME, repr(name))
     if "redis://" in code:

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket._params import NOW_MAX
+from nanobucket._core._params import NOW_MAX
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nanobucket._params import NOW_MAX
+from nanobucket._core._params import NOW_MAX
 from nanobucket.reference import ExactBucket, NaiveBucket
 
 S = 1_000_000_000

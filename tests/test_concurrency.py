@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 import nanobucket as nb
-from nanobucket import _wait
-from nanobucket._wait import Bell
-from nanobucket.concurrency import _FOREVER_S, Concurrency, KeyedConcurrency, Slot
+from nanobucket._compose.concurrency import _FOREVER_S
+from nanobucket._core import _wait
+from nanobucket._core._wait import Bell
+from nanobucket.concurrency import Concurrency, KeyedConcurrency, Slot
 from nanobucket.decorator import RateLimited
 from nanobucket.layered import all_of
 

@@ -8,12 +8,12 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanobucket import _bucket_py
-from nanobucket._params import RateLike
+from nanobucket._core import _bucket_py
+from nanobucket._core._params import RateLike
 from nanobucket.reference import ExactBucket
 
 try:
-    from nanobucket import _bucket_c
+    from nanobucket._core import _bucket_c
 except ImportError:  # pragma: no cover
     _bucket_c = None  # type: ignore[assignment]
 

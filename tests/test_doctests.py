@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import doctest
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -34,7 +35,7 @@ REDIS_MODULES = [
 ]
 #: The modules whose examples make files: each docstring's examples get ``tmp_dir``, a
 #: fresh scratch directory removed after them, and ``os`` (see `nanobucket.shared`).
-SCRATCH_MODULES = ["nanobucket.shared", "nanobucket._shared_c", "nanobucket.simulate"]
+SCRATCH_MODULES = ["nanobucket.shared", "nanobucket._core._shared_c", "nanobucket.simulate"]
 MODULES = [
     "nanobucket",
     "nanobucket.reference",
@@ -59,17 +60,17 @@ MODULES = [
     "nanobucket.wsgi",
     "nanobucket.fastapi",
     "nanobucket.django",
-    "nanobucket._drf",
+    "nanobucket._http.drf",
     *REDIS_MODULES,
     "nanobucket.hooks",
     "nanobucket.metrics",
-    "nanobucket._outbound",
-    "nanobucket._adapter",
-    "nanobucket._shared_pace",
-    "nanobucket._fields",
-    "nanobucket._learn",
-    "nanobucket._drive",
-    "nanobucket._verbs",
+    "nanobucket._outbound.pacer",
+    "nanobucket._outbound.adapter",
+    "nanobucket._outbound.shared",
+    "nanobucket._outbound.fields",
+    "nanobucket._outbound.learn",
+    "nanobucket._compose.drive",
+    "nanobucket._compose.verbs",
     "nanobucket.httpx",
     "nanobucket.requests",
     "nanobucket.executor",
@@ -105,12 +106,18 @@ PUBLIC = [
     "nanobucket.pacing",
     "nanobucket.celery",
 ]
-CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
+CORE = (
+    "nanobucket._core._bucket_c",
+    "nanobucket._core._bucket_py",
+    "nanobucket._core._decision_py",
+    "nanobucket._core._shared_c",
+)
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).
 COLLECTED = [
-    pytest.param("nanobucket._bucket_py", id="_bucket_py"),
-    pytest.param("nanobucket._bucket_c", marks=pytest.mark.c_extension, id="_bucket_c"),
-    pytest.param("nanobucket._shared_c", marks=pytest.mark.c_extension, id="_shared_c"),
+    pytest.param("nanobucket._core._bucket_py", id="_bucket_py"),
+    pytest.param("nanobucket._core._decision_py", id="_decision_py"),
+    pytest.param("nanobucket._core._bucket_c", marks=pytest.mark.c_extension, id="_bucket_c"),
+    pytest.param("nanobucket._core._shared_c", marks=pytest.mark.c_extension, id="_shared_c"),
     pytest.param("nanobucket.bench._floor", marks=pytest.mark.c_extension, id="_floor"),
 ]
 
@@ -154,9 +161,9 @@ def _doctest(module: ModuleType) -> doctest.TestResults:
     if module.__name__ in SCRATCH_MODULES:
         return _run(doctest.DocTestFinder().find(module), scratch=True)
     # The asyncio verbs are shown on an asyncio Redis limiter.
-    redis_examples = (*REDIS_MODULES, "nanobucket._verbs")
+    redis_examples = (*REDIS_MODULES, "nanobucket._compose.verbs")
     extra = _redis_globals() if module.__name__ in redis_examples else None
-    if module.__name__ == "nanobucket.tiered":
+    if module.__name__ in ("nanobucket.tiered", "nanobucket._compose.tiered"):
         extra = {"example_plan": _example_plan}
     return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)
 
@@ -164,6 +171,13 @@ def _doctest(module: ModuleType) -> doctest.TestResults:
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name: str) -> None:
     result = _doctest(importlib.import_module(name))
+    written = name.replace("nanobucket.", "nanobucket._compose.", 1)
+    if name.count(".") == 1 and importlib.util.find_spec(written) is not None:
+        # A face: the examples of the code it re-exports too.
+        other = _doctest(importlib.import_module(written))
+        result = doctest.TestResults(
+            result.failed + other.failed, result.attempted + other.attempted
+        )
     assert result.attempted > 0
     assert result.failed == 0
 
@@ -184,7 +198,11 @@ def _examples_of(module: ModuleType) -> list[doctest.DocTest]:
     def add(name: str, doc: object) -> None:
         if isinstance(doc, str) and parser.get_examples(doc):
             path = getattr(module, "__file__", None)
-            tests.append(parser.get_doctest(doc, dict(vars(module)), name, path, None))
+            # The twin's Decision is shown on the twin's buckets.
+            globs = dict(vars(module))
+            if module.__name__ == "nanobucket._core._decision_py":
+                globs = {**vars(importlib.import_module("nanobucket._core._bucket_py")), **globs}
+            tests.append(parser.get_doctest(doc, globs, name, path, None))
 
     add(module.__name__, module.__doc__)
     for name, obj in vars(module).items():
@@ -246,7 +264,7 @@ def test_docstring_examples_of_the_core_and_the_extensions(name: str) -> None:
 def test_docstring_examples_of_shared_memory() -> None:
     # The tables need the _shared_c extension (not built on Windows, nor on a
     # pure-Python install): there the examples cannot run.
-    pytest.importorskip("nanobucket._shared_c")
+    pytest.importorskip("nanobucket._core._shared_c")
     result = _doctest(importlib.import_module("nanobucket.shared"))
     assert (result.attempted > 0, result.failed) == (True, 0)
 
@@ -347,14 +365,16 @@ def test_every_member_of_the_core_has_an_example(name: str) -> None:
 @pytest.mark.c_extension
 def test_the_twins_have_the_same_members() -> None:
     """So the check above holds the Cython core to what it holds the pure-Python one."""
-    module = pytest.importorskip("nanobucket._bucket_c")
+    module = pytest.importorskip("nanobucket._core._bucket_c")
 
     def names(module: ModuleType) -> set[str]:
         return {n.removeprefix(module.__name__) for n, _ in _core_members(module)}
 
     # AllowAll is all_of's one-call fast path over Cython buckets: no twin.
     c_only = {".AllowAll", ".AllowAll.of", ".AllowAll.allow", ".AllowAll.check"}
-    assert names(module) - c_only == names(importlib.import_module("nanobucket._bucket_py"))
+    twin = importlib.import_module("nanobucket._core._bucket_py")
+    twin_decision = importlib.import_module("nanobucket._core._decision_py")
+    assert names(module) - c_only == names(twin) | names(twin_decision)
     assert c_only <= names(module)
     assert ".Decision.allowed" in names(module)
 

@@ -28,8 +28,9 @@ import pytest
 
 import nanobucket as nb
 from nanobucket import RateLimited
-from nanobucket._wait import Bell
-from nanobucket.executor import LimitedExecutor, QueueFull, checked_cost, key_prefix
+from nanobucket._compose.executor import checked_cost, key_prefix
+from nanobucket._core._wait import Bell
+from nanobucket.executor import LimitedExecutor, QueueFull
 
 from conftest import ManualClock
 from redis_server import redis_session_server, redis_url  # noqa: F401  (fixtures)

@@ -169,9 +169,9 @@ def test_free_threaded_build_keeps_the_gil_off() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHON_GIL"}
     code = (
         "import sys, warnings; warnings.simplefilter('error');"
-        "import nanobucket, nanobucket._bucket_c, nanobucket.bench._floor;"
+        "import nanobucket, nanobucket._core._bucket_c, nanobucket.bench._floor;"
         "import importlib.util as u;"
-        "u.find_spec('nanobucket._shared_c') and __import__('nanobucket._shared_c');"
+        "u.find_spec('nanobucket._core._shared_c') and __import__('nanobucket._core._shared_c');"
         "print(sys._is_gil_enabled())"
     )
     out = subprocess.run(

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanobucket import _bucket_py
+from nanobucket._core import _bucket_py
 from nanobucket.reference import ExactBucket
 
 from fuzz_values import (

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanobucket import _bucket_py
+from nanobucket._core import _bucket_py
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 

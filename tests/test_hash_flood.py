@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from nanobucket import _bucket_py
+from nanobucket._core import _bucket_py
 
-_bucket_c = pytest.importorskip("nanobucket._bucket_c")
+_bucket_c = pytest.importorskip("nanobucket._core._bucket_c")
 
 M = 2**61 - 1  # CPython: hash(n) == n % M for n >= 0
 N = 4_000

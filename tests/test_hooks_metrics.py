@@ -37,8 +37,9 @@ from starlette.routing import Mount
 from starlette.routing import Route as StarletteRoute
 
 import nanobucket as nb
-from nanobucket import _bucket_py, asgi, wsgi
+from nanobucket import asgi, wsgi
 from nanobucket import redis as nbr
+from nanobucket._core import _bucket_py
 from nanobucket.fastapi import RateLimit, RateLimited, rate_limited_handler
 from nanobucket.metrics import OpenTelemetryMetrics, PrometheusMetrics
 
@@ -587,7 +588,11 @@ def sync_backend(
     request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
 ) -> Iterator[Backend]:
     if request.param in ("c", "py"):
-        impl = _bucket_py if request.param == "py" else pytest.importorskip("nanobucket._bucket_c")
+        impl = (
+            _bucket_py
+            if request.param == "py"
+            else pytest.importorskip("nanobucket._core._bucket_c")
+        )
         yield Backend(impl.KeyedTokenBucket(RATE, CAPACITY, clock=clock))
     elif request.param == "shared":
         if shared_c is None:

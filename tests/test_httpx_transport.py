@@ -21,7 +21,7 @@ import pytest
 import requests
 import requests.adapters
 
-from nanobucket._outbound import parse_limits, parse_retry_after
+from nanobucket._outbound.pacer import parse_limits, parse_retry_after
 from nanobucket.httpx import (
     AsyncRateLimitedTransport,
     KeyLimit,

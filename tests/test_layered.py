@@ -233,7 +233,7 @@ def test_a_layer_without_refund_is_charged_last(impl: ModuleType) -> None:
 
 @pytest.mark.c_extension
 def test_shared_layers_refund(tmp_path: Path) -> None:
-    pytest.importorskip("nanobucket._shared_c")
+    pytest.importorskip("nanobucket._core._shared_c")
     from nanobucket.shared import SharedKeyedTokenBucket
 
     a = SharedKeyedTokenBucket.create(path=tmp_path / f"a-{uuid.uuid4().hex}", rate=1, capacity=2)
@@ -282,7 +282,7 @@ def test_the_cython_fast_path_decides_as_the_general_path() -> None:
     # must give the same answers, errors and layer states, step by step.
     import random
 
-    c = pytest.importorskip("nanobucket._bucket_c")
+    c = pytest.importorskip("nanobucket._core._bucket_c")
 
     clock = ManualClock(10 * S)
     fast, fast_layers = _three_c_layers(c, clock, True)
@@ -322,7 +322,7 @@ def test_the_cython_check_decides_as_the_general_path() -> None:
     # layer's own), the same errors and the same layer states, step by step.
     import random
 
-    c = pytest.importorskip("nanobucket._bucket_c")
+    c = pytest.importorskip("nanobucket._core._bucket_c")
 
     clock = ManualClock(10 * S)
     fast, fast_layers = _three_c_layers(c, clock, True)

@@ -9,7 +9,7 @@ import pytest
 
 import nanobucket as nb
 from nanobucket import redis as nbr
-from nanobucket._limiter import is_keyed
+from nanobucket._core._limiter import is_keyed
 from nanobucket.asgi import RateLimitMiddleware
 from nanobucket.shared import SharedKeyedTokenBucket
 
@@ -40,7 +40,7 @@ def test_every_limiter_of_the_package_says_whether_it_is_keyed(impl: ModuleType)
 
 @pytest.mark.c_extension
 def test_the_cython_all_of_fast_path_says_it_too() -> None:
-    from nanobucket import _bucket_c
+    from nanobucket._core import _bucket_c
 
     t = _bucket_c.KeyedTokenBucket(rate=1, capacity=1)
     fast = _bucket_c.AllowAll.of((t, _bucket_c.TokenBucket(rate=1, capacity=1)), None)
@@ -48,7 +48,7 @@ def test_the_cython_all_of_fast_path_says_it_too() -> None:
 
 
 class PerUser:
-    """A limiter of one's own: ``keyed`` and the verbs, as `nanobucket._limiter` says."""
+    """A limiter of one's own: ``keyed`` and the verbs, as `nanobucket._core._limiter` says."""
 
     keyed = True
 

@@ -19,8 +19,9 @@ import requests.structures
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanobucket import _fields, _outbound
-from nanobucket._fields import (
+from nanobucket._outbound import fields as _fields
+from nanobucket._outbound import pacer as _outbound
+from nanobucket._outbound.fields import (
     FIELDS,
     TRIGGERS,
     _first_int,

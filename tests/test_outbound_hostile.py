@@ -38,9 +38,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nanobucket
-from nanobucket import _outbound
-from nanobucket._adapter import LimitTimeout, Outbound
-from nanobucket._outbound import KeyLimit
+from nanobucket._outbound import pacer as _outbound
+from nanobucket._outbound.adapter import LimitTimeout, Outbound
+from nanobucket._outbound.pacer import KeyLimit
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 

@@ -98,10 +98,14 @@ def test_without_a_compiler_the_build_falls_back_to_pure_python(tmp_path: Path) 
     (wheel,) = (tmp_path / "dist").glob("nanobucket-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert [n for n in names if n.endswith((".so", ".pyd"))] == []
-    assert "nanobucket/_bucket_py.py" in names
+    assert "nanobucket/_core/_bucket_py.py" in names
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     which = subprocess.run(
-        [sys.executable, "-c", "import nanobucket._bucket as s; print(s.TokenBucket.__module__)"],
+        [
+            sys.executable,
+            "-c",
+            "import nanobucket._core._bucket as s; print(s.TokenBucket.__module__)",
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
@@ -109,7 +113,7 @@ def test_without_a_compiler_the_build_falls_back_to_pure_python(tmp_path: Path) 
         timeout=60,
         check=True,
     )
-    assert which.stdout.strip() == "nanobucket._bucket_py"
+    assert which.stdout.strip() == "nanobucket._core._bucket_py"
 
     # Asked for the extensions, the same build fails loudly.
     shutil.rmtree(tree / "build", ignore_errors=True)

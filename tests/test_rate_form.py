@@ -58,7 +58,7 @@ def _limiters(impl: ModuleType) -> list[tuple[str, Callable[[Any], Any]]]:
 
 
 def _shared(rate: Any) -> Any:
-    pytest.importorskip("nanobucket._shared_c")
+    pytest.importorskip("nanobucket._core._shared_c")
     with (
         tempfile.TemporaryDirectory() as d,
         nb.SharedKeyedTokenBucket.create(path=os.path.join(d, "t"), rate=rate, capacity=10) as t,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nanobucket import redis as nbr
-from nanobucket._params import NOW_MAX
+from nanobucket._core._params import NOW_MAX
 
 US = 1000
 SLACK = nbr.EXPLICIT_TTL_SLACK_MS

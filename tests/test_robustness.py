@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 import pytest
 
 import nanobucket as nb
-from nanobucket import _bucket_py, _params
+from nanobucket._core import _bucket_py, _params
 
 from conftest import run_threads
 
 try:
-    from nanobucket import _bucket_c
+    from nanobucket._core import _bucket_c
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 
@@ -62,7 +62,8 @@ PROBE = textwrap.dedent(
     import asyncio, ctypes, json, sys
     from array import array
     import nanobucket as nb
-    from nanobucket import _bucket_c as C, _shared_c as S, shared
+    from nanobucket import shared
+    from nanobucket._core import _bucket_c as C, _shared_c as S
     from nanobucket.bench import _floor as F
     from nanobucket.shared import SharedKeyedTokenBucket
 
@@ -325,7 +326,7 @@ def test_every_extension_type_and_public_name_is_probed() -> None:
     from nanobucket.shared import SharedKeyedTokenBucket
 
     _floor = importlib.import_module("nanobucket.bench._floor")
-    _shared_c = importlib.import_module("nanobucket._shared_c")
+    _shared_c = importlib.import_module("nanobucket._core._shared_c")
 
     types: dict[str, type] = {"SharedKeyedTokenBucket": SharedKeyedTokenBucket}
     for module in (_bucket_c, _floor, _shared_c):

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from nanobucket import _wait
+from nanobucket._core import _wait
 from nanobucket.layered import all_of
 from nanobucket.waiting import Waiting
 

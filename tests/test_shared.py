@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import nanobucket
-from nanobucket import _bucket_py, shared
-from nanobucket._params import RateLike
+from nanobucket import shared
+from nanobucket._core import _bucket_py
+from nanobucket._core._params import RateLike
 from nanobucket.shared import BadTableError, SharedKeyedTokenBucket
 
 from conftest import NEEDS_SHARED_TABLE, shared_c

@@ -25,8 +25,8 @@ from starlette.responses import PlainTextResponse
 
 import nanobucket as nb
 from nanobucket import redis as nbr
+from nanobucket._core._limiter import Refundable, Reservable
 from nanobucket._http import header
-from nanobucket._limiter import Refundable, Reservable
 from nanobucket.asgi import RateLimitMiddleware
 from nanobucket.fastapi import RateLimit, RateLimited, rate_limited_handler
 from nanobucket.shared import SharedKeyedTokenBucket
@@ -340,7 +340,7 @@ def test_fastapi_dependency_headers_name_the_plan(
 
 @pytest.fixture
 def shared_plans() -> Iterator[dict[str, Any]]:
-    pytest.importorskip("nanobucket._shared_c")
+    pytest.importorskip("nanobucket._core._shared_c")
     free = SharedKeyedTokenBucket.create_anonymous(rate=FREE[0], capacity=FREE[1])
     pro = SharedKeyedTokenBucket.create_anonymous(rate=PRO[0], capacity=PRO[1])
     yield {"free": free, "pro": pro}

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanobucket import _bucket_py
-from nanobucket._gcra_py import step
-from nanobucket._params import RateLike
+from nanobucket._core import _bucket_py, _decision_py
+from nanobucket._core._gcra_py import step
+from nanobucket._core._params import RateLike
 
 # Names only the Cython core has: its entry counter (for tests), Decision's
 # field tuple (the twin's is a module function), and AllowAll (all_of's
@@ -59,8 +59,8 @@ def _documented(module: ModuleType) -> dict[str, str | None]:
 
 @pytest.fixture(scope="module")
 def twins() -> tuple[dict[str, str | None], dict[str, str | None]]:
-    c = pytest.importorskip("nanobucket._bucket_c")
-    return _documented(c), _documented(_bucket_py)
+    c = pytest.importorskip("nanobucket._core._bucket_c")
+    return _documented(c), {**_documented(_bucket_py), **_documented(_decision_py)}
 
 
 def _public(names: set[str]) -> set[str]:

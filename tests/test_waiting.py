@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from nanobucket import _acquire, _wait
+from nanobucket._core import _acquire, _wait
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 

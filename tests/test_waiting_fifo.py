@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from nanobucket import _acquire, _wait
-from nanobucket._wait import Bell
+from nanobucket._core import _acquire, _wait
+from nanobucket._core._wait import Bell
 from nanobucket.layered import all_of
 from nanobucket.waiting import LeakyBucket, Waiting
 

@@ -6,8 +6,8 @@
 True
 """
 
-from ._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
-from ._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
+from ._core._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
+from ._core._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
 from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
 from .executor import LimitedExecutor

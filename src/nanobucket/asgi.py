@@ -15,8 +15,8 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ._charge import Due
 from ._http import SCOPE, Counters, Gate, Options, Route, client_address, header, route
+from ._http.charge import Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -26,8 +26,8 @@ from typing import Any
 
 import celery
 
-from ._limiter import is_keyed
-from .executor import checked_cost
+from ._compose.executor import checked_cost
+from ._core._limiter import is_keyed
 
 __all__ = ("RateLimitedTask", "countdown")
 

@@ -16,8 +16,8 @@ from fractions import Fraction
 from typing import Any, NoReturn, TextIO
 
 from . import __version__
-from ._bucket import describe
-from ._params import NS_PER_S, rate_fraction
+from ._core._bucket import describe
+from ._core._params import NS_PER_S, rate_fraction
 
 __all__ = ("main",)
 

@@ -34,9 +34,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from . import _drf
-from ._django import SETTINGS, Guard, make_limiter
 from ._http import Counters, Options, Route, client_address, counters_or_new, header, route
+from ._http import drf as _drf
+from ._http.django import SETTINGS, Guard, make_limiter
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -214,7 +214,9 @@ def limit(
 
 
 if TYPE_CHECKING:
-    from ._drf import _Throttle as NanobucketThrottle  # at run time, made on DRF's BaseThrottle
+    from ._http.drf import (
+        _Throttle as NanobucketThrottle,  # at run time, made on DRF's BaseThrottle
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,14 @@ import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ._params import NS_PER_S, RateLike, bucket_params, int_at_least, rate_fraction, validated_cost
+from ._core._params import (
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    int_at_least,
+    rate_fraction,
+    validated_cost,
+)
 
 __all__ = (
     "WINDOWS_S",

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
-from ._charge import Charge, Due
 from ._http import (
     READ,
     SCOPE,
@@ -43,6 +42,7 @@ from ._http import (
     header,
     route,
 )
+from ._http.charge import Charge, Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -4,7 +4,7 @@ Each request waits, first in first out and at most *timeout* seconds, for a
 token of its key's bucket (the host, or your *key* function), then goes to
 the wrapped transport; the answer's ``Retry-After``, ``RateLimit-Policy`` /
 ``RateLimit`` and ``X-RateLimit-*`` fields lower that key's rate and
-capacity to the server's, never above yours (see `nanobucket._outbound`).
+capacity to the server's, never above yours (see `nanobucket._outbound.pacer`).
 
 >>> import httpx
 >>> from nanobucket.httpx import RateLimitedTransport
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import httpx
 
-from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._fields import FIELDS, TRIGGERS, fields_of
-from ._outbound import KeyLimit
-from ._params import RateLike
+from ._core._params import RateLike
+from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
+from ._outbound.fields import FIELDS, TRIGGERS, fields_of
+from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -85,7 +85,7 @@ _lower_name = itemgetter(1)  # of httpx's (name, lower-case name, value) triples
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
-    """The limit fields of *headers* (`nanobucket._fields.FIELDS`), or None without a
+    """The limit fields of *headers* (`nanobucket._outbound.fields.FIELDS`), or None without a
     `TRIGGERS` one: found by a C loop over httpx's own list of lower-cased names.
 
     >>> limit_fields(httpx.Headers({"Server": "x", "Date": "now"})) is None
@@ -163,7 +163,7 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
       own token is taken, takes its key's token there and leaves at that
       slot, and what one process learns (a slower rate, a
       pause) slows them all, so they behave as one client (see
-      `nanobucket._shared_pace`). Default None: this transport alone.
+      `nanobucket._outbound.shared`). Default None: this transport alone.
     * *clock* (int ns) and *sleep* serve tests.
 
     >>> import httpx

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .hooks import LimitEvent
+from ._compose.hooks import LimitEvent
 
 __all__ = ("OpenTelemetryMetrics", "PrometheusMetrics")
 

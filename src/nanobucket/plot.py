@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from ._params import NS_PER_S
+from ._core._params import NS_PER_S
 from .simulate import Phase, Simulation, StrategyResult
 
 _UNSHADED = {"normal", "after"}  # the case study's phases drawn without a band

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from fractions import Fraction
 
-from ._params import NS_PER_S, RateLike, rate_fraction
+from ._core._params import NS_PER_S, RateLike, rate_fraction
 
 
 class NaiveBucket:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import requests
 import requests.adapters
 
-from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._fields import FIELDS, TRIGGERS, fields_of
-from ._outbound import KeyLimit
-from ._params import RateLike
+from ._core._params import RateLike
+from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
+from ._outbound.fields import FIELDS, TRIGGERS, fields_of
+from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -70,7 +70,7 @@ def host_key(request: requests.PreparedRequest) -> str:
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
-    """The limit fields of a response's *headers* (`nanobucket._fields.FIELDS`), or None
+    """The limit fields of a response's *headers* (`nanobucket._outbound.fields.FIELDS`), or None
     without a `TRIGGERS` one: one look, in C, at the lower-cased names that requests'
     ``CaseInsensitiveDict`` keeps.
 

@@ -50,7 +50,7 @@ import tempfile
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from ._params import (
+from ._core._params import (
     Clock,
     RateLike,
     bucket_params,
@@ -91,10 +91,10 @@ _CHECK = struct.Struct("=8s8x")  # at 112: the check, then the horizon (shared s
 
 
 if TYPE_CHECKING:  # _shared_c.pyi types the extension
-    from ._shared_c import SharedTable as _Base
+    from ._core._shared_c import SharedTable as _Base
 else:
     try:
-        from ._shared_c import SharedTable as _Base
+        from ._core._shared_c import SharedTable as _Base
     except ImportError:  # pragma: no cover - a pure-Python install
         _Base = None
 

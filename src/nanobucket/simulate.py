@@ -30,8 +30,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from . import _bucket
-from ._params import NOW_MAX, NS_PER_S, RateLike, bucket_params, validated_capacity, validated_cost
+from ._core import _bucket
+from ._core._params import (
+    NOW_MAX,
+    NS_PER_S,
+    RateLike,
+    bucket_params,
+    validated_capacity,
+    validated_cost,
+)
 
 __all__ = (
     "Config",

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from . import _bucket
-from ._params import NS_PER_S, bucket_params, int_at_least
+from ._core import _bucket
+from ._core._params import NS_PER_S, bucket_params, int_at_least
 from .simulate import Traffic
 
 __all__ = ("Point", "Sizing", "dominant_key", "parse_share", "render_text", "size", "to_json")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._charge import Due
 from ._http import ENVIRON, Counters, Gate, Options, Route, client_address, header, route
+from ._http.charge import Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

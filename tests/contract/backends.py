@@ -5,7 +5,7 @@ Every entry builds its limiter with `RATE` and `CAPACITY` (one token every
 one, a clock standing at `T0`, the explicit time the tests start from. Its
 ``features`` say which properties apply (each test names the ones it needs:
 ``@pytest.mark.applies(...)``), and its ``protocols`` which of
-`nanobucket._limiter`'s protocols it offers; `test_protocols` checks both
+`nanobucket._core._limiter`'s protocols it offers; `test_protocols` checks both
 against the limiter itself, so the matrix cannot drift from the code.
 """
 
@@ -23,15 +23,22 @@ from typing import Any
 import pytest
 
 import nanobucket as nb
-from nanobucket import _bucket_py
 from nanobucket import redis as nbr
-from nanobucket._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
+from nanobucket._core import _bucket_py
+from nanobucket._core._limiter import (
+    Clocked,
+    Composite,
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+)
 from nanobucket.shared import SharedKeyedTokenBucket
 
 from conftest import NEEDS_SHARED_TABLE
 
 try:
-    from nanobucket import _bucket_c
+    from nanobucket._core import _bucket_c
 except ImportError:  # pragma: no cover - a pure-Python install
     _bucket_c = None  # type: ignore[assignment]
 

@@ -15,7 +15,14 @@ import warnings
 from typing import Any
 
 import nanobucket as nb
-from nanobucket._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
+from nanobucket._core._limiter import (
+    Clocked,
+    Composite,
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+)
 
 from .backends import (
     BATCH,

@@ -1,6 +1,6 @@
 """What every HTTP integration shares: the gate, and the keys, routes and fields it uses.
 
-One module per concern:
+What it holds, one module per concern:
 
 * `views`: how the gate reads one framework's requests (`View`), and
   `KeyFunc`, a key read through a view;
@@ -8,11 +8,15 @@ One module per concern:
 * `routes`: `Route` rules and the `Router` that finds a request's rule;
 * `policy`: a limiter as the gate uses it, its header fields and 429 bodies;
 * `counters`: `Counters`;
-* `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`).
+* `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`);
+* `charge`: ``charge=``, a cost known only when the response ends;
+* `django`, `drf`: what Django's middleware, view decorator and DRF throttle share.
 
 The adapters (`nanobucket.asgi`, `nanobucket.wsgi`, `nanobucket.fastapi`,
 `nanobucket.django`) turn their request into the gate's view and its
 outcome into their response.
+
+What it may import: ``nanobucket._core`` and ``nanobucket._compose``.
 
 >>> import nanobucket as nb
 >>> from nanobucket._http import ENVIRON, Gate

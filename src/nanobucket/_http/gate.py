@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from .._charge import Charge, Due, check_charge, settlers
-from ..hooks import Hook, LimitEvent, make_hooks
+from .._compose.hooks import Hook, LimitEvent, make_hooks
+from .charge import Charge, Due, check_charge, settlers
 from .counters import Counters, counters_or_new
 from .policy import Policy, headers_mode, limit_headers, rejection
 from .routes import Route, Rule, build_router

@@ -36,8 +36,8 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .._limiter import Composite, is_async, is_keyed
-from .._params import (
+from .._core._limiter import Composite, is_async, is_keyed
+from .._core._params import (
     NAME_CHARS,
     NS_PER_S,
     int_at_least,
@@ -69,7 +69,7 @@ _NS = NS_PER_S
 
 def keyed_of(limiter: object, keyed: bool | None) -> bool:
     """Whether ``limiter.check`` takes a key first: *keyed* when given, else the
-    limiter's own ``keyed`` (see `nanobucket._limiter`).
+    limiter's own ``keyed`` (see `nanobucket._core._limiter`).
 
     >>> import nanobucket as nb
     >>> keyed_of(nb.TokenBucket(1, 1), None), keyed_of(nb.TokenBucket(1, 1), True)

@@ -426,7 +426,7 @@ def run(
         mem = run_memory(sizes.memory_keys, kinds, progress) if kinds else None
     finally:
         progress.close()
-    from .._bucket import IMPLEMENTATION
+    from .._core._bucket import IMPLEMENTATION
 
     report: dict[str, Any] = {
         "schema": SCHEMA,

@@ -27,7 +27,7 @@ from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
-from .. import _bucket_py
+from .._core import _bucket_py
 from ..reference import MonotonicNaiveBucket
 
 
@@ -59,7 +59,7 @@ class _PyFloor:
         return None
 
 
-_bucket_c: Any = _optional("nanobucket._bucket_c")
+_bucket_c: Any = _optional("nanobucket._core._bucket_c")
 _floor: Any = _optional("nanobucket.bench._floor")
 Floor: Any = _PyFloor if _floor is None else _floor.Floor
 FLOOR_IS_CYTHON = _floor is not None

@@ -7,9 +7,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
-from .. import _acquire
-from .._params import RateLike, validated_now
-from .._verbs import AsyncKeyedVerbs
+from .._compose.verbs import AsyncKeyedVerbs
+from .._core import _acquire
+from .._core._params import RateLike, validated_now
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
@@ -193,7 +193,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
             task.add_done_callback(_retrieved)
         await asyncio.shield(task)
 
-    # The steps the verbs are derived from (`nanobucket._verbs`).
+    # The steps the verbs are derived from (`nanobucket._compose.verbs`).
 
     async def _decide(
         self, key: Hashable, cost: object, now_ns: int | None, consume: bool

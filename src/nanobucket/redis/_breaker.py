@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Literal
 
-from .._params import NS_PER_S, Clock, clock_or_monotonic, int_at_least, real_seconds
+from .._core._params import NS_PER_S, Clock, clock_or_monotonic, int_at_least, real_seconds
 
 __all__ = ("CircuitBreaker",)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._params import (
+from .._compose.verbs import KeyedDecide
+from .._core._params import (
     NS_PER_S,
     Clock,
     RateLike,
@@ -20,7 +21,6 @@ from .._params import (
     validated_max_keys,
     validated_now,
 )
-from .._verbs import KeyedDecide
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -153,7 +153,7 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
         lease = self._leases.get(self.key(key))
         return lease.balance if lease is not None else 0
 
-    # The steps the verbs are derived from (`nanobucket._verbs`): a lease never peeks.
+    # The steps the verbs are derived from (`nanobucket._compose.verbs`): a lease never peeks.
 
     def _admit(self, key: Hashable, cost: object, now_ns: int | None) -> bool:
         rkey, cost = self.key(key), self._cost(cost)

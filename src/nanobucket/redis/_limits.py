@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import _acquire
-from .._params import (
+from .._core import _acquire
+from .._core._params import (
     NOW_MAX,
     NS_PER_S,
     RateLike,

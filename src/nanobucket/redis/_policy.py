@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .. import _bucket
+from .._core import _bucket
 from . import _clients
 from ._breaker import CircuitBreaker
 from ._outage import Outages
@@ -37,7 +37,7 @@ Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
 
 
 if TYPE_CHECKING:
-    from .._bucket_py import Decision as _Decision
+    from .._core._bucket_py import Decision as _Decision
 else:
     _Decision = _bucket.Decision  # the selected one: `nanobucket.Decision`
 

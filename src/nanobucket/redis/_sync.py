@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import _acquire
-from .._params import RateLike, validated_now, validated_timeout
-from .._verbs import KeyedBatch, KeyedVerbs
+from .._compose.verbs import KeyedBatch, KeyedVerbs
+from .._core import _acquire
+from .._core._params import RateLike, validated_now, validated_timeout
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -266,7 +266,7 @@ class RedisTokenBucket(
         self._script = self._wired(self._client.register_script(_GCRA))
         self._many_script = self._wired(self._client.register_script(_GCRA_MANY))
 
-    # The steps the verbs are derived from (`nanobucket._verbs`).
+    # The steps the verbs are derived from (`nanobucket._compose.verbs`).
 
     def _decide(
         self, key: Hashable, cost: object, now_ns: int | None, consume: bool

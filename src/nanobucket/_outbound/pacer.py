@@ -2,8 +2,8 @@
 
 ``Pacer`` holds one `TokenBucket` per key (a host, by default), at the
 rate and capacity the user configured, and lowers them to what the server
-announces (the fields are read by `nanobucket._fields`); the adapters run
-each request through it (`nanobucket._adapter`). Nothing here imports an
+announces (the fields are read by `nanobucket._outbound.fields`); the adapters run
+each request through it (`nanobucket._outbound.adapter`). Nothing here imports an
 HTTP client.
 
 What a response teaches, per key:
@@ -26,7 +26,7 @@ What a response teaches, per key:
   been seen to hold. A reset above 10**9 is a Unix time (as some APIs
   send), else seconds.
 * No rate announced (``X-RateLimit-*`` alone, or only ``Retry-After``): the
-  rate is learned from the answers (`nanobucket._learn`). Until it is, a
+  rate is learned from the answers (`nanobucket._outbound.learn`). Until it is, a
   remaining of 0 waits for the reset; after, the key runs at the learned
   rate, which a reset too far for it (a fixed window) makes it forget.
 
@@ -48,8 +48,8 @@ recently used dropped first (threads racing may swap two neighbours), a
 paused one last; a dropped key starts again from the user's limits.
 
 Cost: most requests take one path, written for it (`Pacer.take`, then
-``Outbound._paced`` without its generator, in `nanobucket._adapter`): the bucket has a token at
-hand, the answer carries no limit field (the adapter looks in one pass
+``Outbound._paced`` without its generator, in `nanobucket._outbound.adapter`): the bucket
+has a token at hand, the answer carries no limit field (the adapter looks in one pass
 over its client's header list), or the same IETF fields as the last one
 followed, or another remaining of the same form. A key whose server has
 said nothing yet (no field, no 429, no 503) is bare: its requests are
@@ -68,20 +68,10 @@ from collections.abc import Callable, Hashable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from ._bucket import TokenBucket
-from ._fields import (
-    MAX_WAIT_S,
-    Announced,
-    Get,
-    one_state,
-    parse_limits,
-    parse_retry_after,
-    remaining_after,
-    told,
-)
-from ._gcra_py import INT64_MAX, carry_over
-from ._learn import Refill
-from ._params import (
+from .._compose.waiting import Waiting
+from .._core._bucket import TokenBucket
+from .._core._gcra_py import INT64_MAX, carry_over
+from .._core._params import (
     NOW_MAX,
     NS_PER_S,
     TAU_MAX,
@@ -95,7 +85,17 @@ from ._params import (
     validated_max_keys,
     validated_timeout,
 )
-from .waiting import Waiting
+from .fields import (
+    MAX_WAIT_S,
+    Announced,
+    Get,
+    one_state,
+    parse_limits,
+    parse_retry_after,
+    remaining_after,
+    told,
+)
+from .learn import Refill
 
 __all__ = (
     "Announced",

@@ -87,14 +87,14 @@ from posix.mman cimport (
     munmap,
 )
 
-from nanobucket cimport _gcra as gcra
-from nanobucket._atomic cimport nb_cas, nb_load, nb_monotonic_ns
-from nanobucket._capi cimport (
+from nanobucket._core cimport _gcra as gcra
+from nanobucket._core._atomic cimport nb_cas, nb_load, nb_monotonic_ns
+from nanobucket._core._capi cimport (
     PyByteArray_AS_STRING,
     PyByteArray_FromStringAndSize,
     PyUnicode_AsUTF8AndSize,
 )
-from nanobucket._bucket_c cimport Decision, fill_decision
+from nanobucket._core._bucket_c cimport Decision, fill_decision
 
 from fractions import Fraction
 

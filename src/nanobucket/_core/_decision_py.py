@@ -36,10 +36,6 @@ class Decision:
     """
 
     # A dict: each field's docstring (the Cython twin's fields carry the same).
-    # Named as the twin's, beside its buckets (pickled and documented there, as the
-    # Cython core's is in its module): this file only keeps `_bucket_py` short.
-    __module__ = "nanobucket._bucket_py"
-
     __slots__ = {
         "allowed": """True if the request was admitted (for ``peek``: would be).
 

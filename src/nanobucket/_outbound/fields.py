@@ -7,7 +7,7 @@ so an adapter can look for them in one pass over the answer's header list
 (and skip everything when there are none), and a policy field's text is
 parsed once (a small cache). Whole numbers, the common case, are read as
 ``int``; exact fractions only where a field has decimals. A field that does
-not parse is ignored, as if absent; see `nanobucket._outbound`.
+not parse is ignored, as if absent; see `nanobucket._outbound.pacer`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import NamedTuple
 
-from ._params import NS_PER_S
+from .._core._params import NS_PER_S
 
 __all__ = (
     "FIELDS",

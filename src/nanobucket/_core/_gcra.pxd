@@ -8,7 +8,7 @@
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport INT64_MAX, int64_t
 
-from nanobucket._atomic cimport nb_cas, nb_load, nb_store
+from nanobucket._core._atomic cimport nb_cas, nb_load, nb_store
 
 
 cdef inline bint step(int64_t tat, int64_t now, int64_t cost_t, int64_t slack,

@@ -17,7 +17,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from ._http import (
+from . import (
     Gate,
     KeyFunc,
     Options,

@@ -2,7 +2,7 @@
 # directly (`fill_decision`), at the cost of a freelist pop and five stores.
 from libc.stdint cimport int64_t
 
-from nanobucket cimport _gcra as gcra
+from nanobucket._core cimport _gcra as gcra
 
 
 cdef class Decision:

@@ -13,7 +13,7 @@ from collections.abc import Generator, Hashable
 from fractions import Fraction
 from typing import Any
 
-from ._drive import Call
+from .drive import Call
 
 __all__ = ("Owed", "Unread", "carry", "settle")
 

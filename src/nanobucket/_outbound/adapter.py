@@ -1,11 +1,11 @@
 """What the outbound adapters share: their keywords, their timeout error, and the loop
-that paces a request through a `nanobucket._outbound.Pacer` and sends it again after
+that paces a request through a `nanobucket._outbound.pacer.Pacer` and sends it again after
 a 429 (`Retries`).
 
 ``Outbound`` is the base of the `nanobucket.httpx` transports and the
 `nanobucket.requests` adapter. A request whose key has a token at hand goes
 straight through (`Outbound._paced`, no generator); the others wait in
-line, written once for threads and asyncio (`nanobucket._drive`). Nothing
+line, written once for threads and asyncio (`nanobucket._compose.drive`). Nothing
 here imports an HTTP client: an adapter names its request's retry facts
 (``_retry_info``) and how it finds the limit fields of an answer
 (``_fields``).
@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
 from typing import Any, Protocol, TypedDict, TypeVar
 
-from ._drive import Call, drive, drive_async
-from ._fields import MAX_WAIT_S, fields_of
-from ._outbound import KeyLimit, Pacer, Ticket, WaitTooLong
-from ._params import NS_PER_S, Clock, RateLike, validated_timeout
-from ._shared_pace import SharedPace, validated_shared
-from .waiting import DEFAULT_MAX_WAITERS
+from .._compose.drive import Call, drive, drive_async
+from .._compose.waiting import DEFAULT_MAX_WAITERS
+from .._core._params import NS_PER_S, Clock, RateLike, validated_timeout
+from .fields import MAX_WAIT_S, fields_of
+from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
+from .shared import SharedPace, validated_shared
 
 __all__ = (
     "IDEMPOTENT",
@@ -91,7 +91,7 @@ class Options(TypedDict, total=False):
     retry_methods: Iterable[str] | None  # IDEMPOTENT
     max_keys: int  # 1024
     max_waiters: int  # DEFAULT_MAX_WAITERS
-    shared: Any  # None: this process alone (a keyed limiter: `nanobucket._shared_pace`)
+    shared: Any  # None: this process alone (a keyed limiter: `nanobucket._outbound.shared`)
     clock: Clock | None
     sleep: Callable[[float], object] | None
     async_sleep: Callable[[float], Any] | None

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
-from ._params import validated_now
+from .._core._params import validated_now
 
 __all__ = ("AsyncKeyedVerbs", "KeyedBatch", "KeyedDecide", "KeyedVerbs", "Verbs")
 

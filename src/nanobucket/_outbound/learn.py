@@ -43,7 +43,7 @@ import math
 from collections import deque
 from fractions import Fraction
 
-from ._params import NS_PER_S
+from .._core._params import NS_PER_S
 
 __all__ = ("GROWTH", "MARGIN", "WINDOW", "Refill")
 

@@ -1,7 +1,7 @@
 """Several processes calling one server as one client: an outbound key's pacing kept in a
 keyed limiter they all use (``shared=`` of the outbound adapters).
 
-Each process's `nanobucket._outbound.Pacer` learns from the answers it gets;
+Each process's `nanobucket._outbound.pacer.Pacer` learns from the answers it gets;
 alone, N processes run at N times what each learned. With ``shared=`` a
 keyed limiter every process reaches (`SharedKeyedTokenBucket` on one
 machine, a Redis table across machines), what a process learns reaches the
@@ -41,14 +41,14 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from typing import TYPE_CHECKING, Any
 
-from ._drive import Call, drive, drive_async
-from ._limiter import KeyedLimiter, Refundable, Reservable, is_async
-from ._outbound import WaitTooLong
-from ._params import NS_PER_S
-from .hooks import logger
+from .._compose.drive import Call, drive, drive_async
+from .._compose.hooks import logger
+from .._core._limiter import KeyedLimiter, Refundable, Reservable, is_async
+from .._core._params import NS_PER_S
+from .pacer import WaitTooLong
 
 if TYPE_CHECKING:
-    from ._outbound import Pacer, _Key
+    from .pacer import Pacer, _Key
 
 __all__ = ("SharedPace", "validated_shared")
 
@@ -100,7 +100,7 @@ class SharedPace:
         self.async_sleep: Callable[[float], Any] = pacer.async_sleep or asyncio.sleep
 
     def steps(self, in_asyncio: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """The wait and the hold a request's steps call (`nanobucket._drive`): awaited
+        """The wait and the hold a request's steps call (`nanobucket._compose.drive`): awaited
         ones *in_asyncio*."""
         return (self.wait_async, self.hold_async) if in_asyncio else (self.wait, self.hold)
 

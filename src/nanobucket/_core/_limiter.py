@@ -39,7 +39,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ._bucket_py import Decision
+    from ._decision_py import Decision
 
 __all__ = (
     "Clocked",

@@ -26,11 +26,11 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
-from nanobucket cimport _gcra as gcra
-from nanobucket._atomic cimport (
+from nanobucket._core cimport _gcra as gcra
+from nanobucket._core._atomic cimport (
     nb_add, nb_cas, nb_load, nb_load_relaxed, nb_monotonic_ns, nb_prefetch, nb_store,
     nb_store_relaxed)
-from nanobucket._capi cimport (
+from nanobucket._core._capi cimport (
     PyByteArray_AS_STRING,
     PyByteArray_FromStringAndSize,
     PyComplex_Check,

@@ -15,8 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
-from ._django import SETTINGS, Guard, make_limiter, resolve
-from .hooks import Hook
+from .._compose.hooks import Hook
+from .django import SETTINGS, Guard, make_limiter, resolve
 
 #: The throttle's class and each subclass's gate are made once, even when
 #: the first requests come at once (a limiter factory must run only once).

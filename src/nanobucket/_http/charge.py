@@ -24,8 +24,8 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ._limiter import Refundable, Reservable
-from .hooks import logger
+from .._compose.hooks import logger
+from .._core._limiter import Refundable, Reservable
 
 # No wait bound for a debit: the request already ran, its tokens are owed.
 # (2**62 ns is 146 years: within every backend's range, Redis's us included.)
