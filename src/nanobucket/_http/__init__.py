@@ -37,7 +37,17 @@ from .policy import (
     retry_after_seconds,
 )
 from .routes import Route, Router, Rule, build_router, path_name, suspect_path
-from .views import ENVIRON, SCOPE, EnvironView, KeyFunc, ScopeView, View, cgi_name, wsgi_path
+from .views import (
+    ENVIRON,
+    SCOPE,
+    AiohttpView,
+    EnvironView,
+    KeyFunc,
+    ScopeView,
+    View,
+    cgi_name,
+    wsgi_path,
+)
 
 # The names the integrations (and their tests) import from here.
 __all__ = (
@@ -46,6 +56,7 @@ __all__ = (
     "HEADER_MODES",
     "READ",
     "SCOPE",
+    "AiohttpView",
     "Counters",
     "EnvironView",
     "Gate",
