@@ -31,6 +31,7 @@ from nanobucket.aiohttp import (
     header,
     route,
 )
+from nanobucket.asgi import HttpAnswer
 
 from http_checks import PROBLEM_429_1S, AsyncRecorder, Recorder, counts
 
@@ -291,3 +292,27 @@ def test_encoded_slash_is_read_as_the_router_matches_it(impl: ModuleType, clock:
     assert [r[0] for r in replies] == [200, 200, 429, 429, 200]
     assert served == ["status/live"] * 2
     assert limit.counters.snapshot() == counts(admitted=2, limited=2, shadow_limited=0, exempt=1)
+
+
+def test_http_answer_is_the_middlewares_answer(impl: ModuleType, clock: Any) -> None:
+    # A hand-written integration answers with the fields and body the middleware sends.
+    limit = RateLimitMiddleware(impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock), name="api")
+    served = serve(make_app(limit), gets(3))
+    own = impl.KeyedTokenBucket(rate=1, capacity=2, clock=clock)
+    answer = HttpAnswer(own, name="api")
+    admitted = answer.admitted(own.check("127.0.0.1"))
+    own.check("127.0.0.1")
+    status, fields, body = answer.refused(own.check("127.0.0.1"))
+    assert admitted == [("ratelimit-policy", '"api";q=2;w=2'), ("ratelimit", '"api";r=1;t=1')]
+    assert all(served[0][1][k] == v for k, v in admitted)
+    assert (status, body) == (served[2][0], served[2][2])
+    assert all(served[2][1][k] == v for k, v in fields)
+    assert [k for k, _ in fields] == [
+        "content-type",
+        "content-length",
+        "retry-after",
+        "ratelimit-policy",
+        "ratelimit",
+    ]
+    with pytest.raises(ValueError, match="headers must be one of"):
+        HttpAnswer(own, headers="x")

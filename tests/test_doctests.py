@@ -54,6 +54,7 @@ MODULES = [
     "nanobucket._http.routes",
     "nanobucket._http.policy",
     "nanobucket._http.counters",
+    "nanobucket._http.answer",
     "nanobucket._http.gate",
     "nanobucket.asgi",
     "nanobucket.wsgi",

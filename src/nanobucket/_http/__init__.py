@@ -8,6 +8,7 @@ One module per concern:
 * `routes`: `Route` rules and the `Router` that finds a request's rule;
 * `policy`: a limiter as the gate uses it, its header fields and 429 bodies;
 * `counters`: `Counters`;
+* `answer`: `HttpAnswer`, the fields and the 429 for an integration written by hand;
 * `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`).
 
 The adapters (`nanobucket.asgi`, `nanobucket.wsgi`, `nanobucket.fastapi`,
@@ -23,6 +24,7 @@ outcome into their response.
 """
 
 from .address import client_address
+from .answer import HttpAnswer
 from .counters import Counters, counters_or_new
 from .gate import EXEMPT, READ, Gate, Options, Outcome
 from .keys import bounded, header, key_func, route
@@ -60,6 +62,7 @@ __all__ = (
     "Counters",
     "EnvironView",
     "Gate",
+    "HttpAnswer",
     "KeyFunc",
     "Options",
     "Outcome",
