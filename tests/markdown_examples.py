@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 import uuid
 from pathlib import Path
 
@@ -39,9 +41,12 @@ def run_block(code: str, where: str, request: pytest.FixtureRequest) -> None:
     if "redis://" in code:
         code = code.replace(REDIS_URL, request.getfixturevalue("redis_url"))
     module = re.sub(r"\W", "_", where)
-    namespace: dict[str, object] = {"__name__": module}
+    # A module in sys.modules, as a reader's file would be: frameworks (Litestar)
+    # resolve a handler's annotations through its module.
+    sys.modules[module] = namespace = types.ModuleType(module)
     try:
-        exec(compile(code, where, "exec"), namespace)
+        exec(compile(code, where, "exec"), vars(namespace))
     finally:
+        del sys.modules[module]
         if name is not None and os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")

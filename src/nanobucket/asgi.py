@@ -15,14 +15,22 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ._http import SCOPE, Counters, Gate, Options, Route, client_address, header, route
+from ._http import SCOPE, Counters, Gate, HttpAnswer, Options, Route, client_address, header, route
 from ._http.charge import Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 # The middleware, and the names both middleware modules offer with it.
-__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+__all__ = (
+    "Counters",
+    "HttpAnswer",
+    "RateLimitMiddleware",
+    "Route",
+    "client_address",
+    "header",
+    "route",
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

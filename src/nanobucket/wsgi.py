@@ -13,14 +13,32 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._http import ENVIRON, Counters, Gate, Options, Route, client_address, header, route
+from ._http import (
+    ENVIRON,
+    Counters,
+    Gate,
+    HttpAnswer,
+    Options,
+    Route,
+    client_address,
+    header,
+    route,
+)
 from ._http.charge import Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 # The middleware, and the names both middleware modules offer with it.
-__all__ = ("Counters", "RateLimitMiddleware", "Route", "client_address", "header", "route")
+__all__ = (
+    "Counters",
+    "HttpAnswer",
+    "RateLimitMiddleware",
+    "Route",
+    "client_address",
+    "header",
+    "route",
+)
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]

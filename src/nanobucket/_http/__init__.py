@@ -8,6 +8,7 @@ What it holds, one module per concern:
 * `routes`: `Route` rules and the `Router` that finds a request's rule;
 * `policy`: a limiter as the gate uses it, its header fields and 429 bodies;
 * `counters`: `Counters`;
+* `answer`: `HttpAnswer`, the fields and the 429 for an integration written by hand;
 * `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`);
 * `charge`: ``charge=``, a cost known only when the response ends;
 * `django`, `drf`: what Django's middleware, view decorator and DRF throttle share.
@@ -27,6 +28,7 @@ What it may import: ``nanobucket._core`` and ``nanobucket._compose``.
 """
 
 from .address import client_address
+from .answer import HttpAnswer
 from .counters import Counters, counters_or_new
 from .gate import EXEMPT, READ, Gate, Options, Outcome
 from .keys import bounded, header, key_func, route
@@ -41,7 +43,17 @@ from .policy import (
     retry_after_seconds,
 )
 from .routes import Route, Router, Rule, build_router, path_name, suspect_path
-from .views import ENVIRON, SCOPE, EnvironView, KeyFunc, ScopeView, View, cgi_name, wsgi_path
+from .views import (
+    ENVIRON,
+    SCOPE,
+    AiohttpView,
+    EnvironView,
+    KeyFunc,
+    ScopeView,
+    View,
+    cgi_name,
+    wsgi_path,
+)
 
 # The names the integrations (and their tests) import from here.
 __all__ = (
@@ -50,9 +62,11 @@ __all__ = (
     "HEADER_MODES",
     "READ",
     "SCOPE",
+    "AiohttpView",
     "Counters",
     "EnvironView",
     "Gate",
+    "HttpAnswer",
     "KeyFunc",
     "Options",
     "Outcome",

@@ -20,6 +20,7 @@ _setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
 __all__ = (
     "ENVIRON",
     "SCOPE",
+    "AiohttpView",
     "EnvironView",
     "KeyFunc",
     "ScopeView",
@@ -252,6 +253,102 @@ class EnvironView:
         True
         """
         return request.get(name)
+
+
+class AiohttpView:
+    """An aiohttp ``web.Request``, read as aiohttp's router reads it.
+
+    * the path: ``request.rel_url.path_safe``, what ``UrlDispatcher.resolve``
+      matches (percent-decoded but for ``%2F`` and ``%25``), below the
+      prefix of the sub-application whose middleware asks (aiohttp adds that
+      prefix to the sub-application's routes);
+    * the method: ``request.method`` as sent (aiohttp routes it as is);
+    * the peer: ``request.remote``, the socket's peer unless a middleware
+      before this one cloned the request with another;
+    * a header: ``request.headers[name]``, the first field, as the app reads
+      it; all its fields joined for `client_address`.
+
+    *keys* turns a ``"nanobucket.*"`` name into the key the request stores it
+    under (aiohttp's ``web.RequestKey`` where it has one).
+
+    >>> from types import SimpleNamespace
+    >>> view = AiohttpView(lambda name: name)
+    >>> class Headers(dict):
+    ...     def getall(self, name, default): return [self[name]] if name in self else default
+    >>> request = SimpleNamespace(method="GET", remote="1.2.3.4", headers=Headers(a="1"),
+    ...     rel_url=SimpleNamespace(path_safe="/a%2Fb"), match_info=SimpleNamespace(apps=()))
+    >>> view.method(request), view.path(request), view.peer(request), view.header(request, "a")
+    ('GET', '/a%2Fb', '1.2.3.4', '1')
+    """
+
+    __slots__ = ("_keys", "_names", "_prefixes")
+
+    def __init__(self, keys: Callable[[str], Any]) -> None:
+        self._keys = keys
+        self._names: dict[str, Any] = {}
+        # id(app) -> (app, its prefix): the sub-applications this view served.
+        self._prefixes: dict[int, tuple[Any, str]] = {}
+
+    #: The method as sent (a C callable: the gate calls it on every routed request).
+    method = operator.attrgetter("method")
+
+    def path(self, request: Any) -> str:
+        """``request.rel_url.path_safe``, below the asking sub-application's prefix."""
+        path: str = request.rel_url.path_safe
+        info = request.match_info
+        apps = info.apps
+        if len(apps) < 2 or info.current_app is apps[0]:
+            return path  # the root application: most requests
+        prefix = self._prefix(apps, info.current_app)
+        if prefix and path.startswith(prefix):
+            return path[len(prefix) :] or "/"
+        return path
+
+    def _prefix(self, apps: tuple[Any, ...], app: Any) -> str:
+        """The prefix *app* was added under (``add_subapp``), ``""`` for none (a domain)."""
+        known = self._prefixes.get(id(app))
+        if known is not None:
+            return known[1]
+        prefix = ""
+        # By identity: an Application is a mapping, and two empty ones compare equal.
+        at = next((i for i, a in enumerate(apps) if a is app), 0)
+        if at:
+            parent = apps[at - 1]
+            for resource in parent.router.resources():
+                info = resource.get_info()
+                if info.get("app") is app:
+                    prefix = info.get("prefix", "")
+                    break
+        if len(self._prefixes) < 64:  # sub-applications are few
+            self._prefixes[id(app)] = (app, prefix)  # the app kept: its id stays its own
+        return prefix
+
+    def peer(self, request: Any) -> str:
+        """``request.remote``, ``""`` when there is none (a unix socket)."""
+        return request.remote or ""
+
+    def header(self, request: Any, name: str) -> str | None:
+        """The header *name*, its fields joined with ``", "`` (see `View`)."""
+        values = request.headers.getall(name, ())
+        return ", ".join(values) if values else None
+
+    def app_header(self, request: Any, name: str) -> str | None:
+        """The header *name* as ``request.headers[name]`` reads it: its first field."""
+        return request.headers.get(name)  # type: ignore[no-any-return]
+
+    def _key(self, name: str) -> Any:
+        key = self._names.get(name)
+        if key is None:
+            key = self._names[name] = self._keys(name)
+        return key
+
+    def note(self, request: Any, name: str, value: object) -> None:
+        """Leave *value* on the request under *name*'s key."""
+        request[self._key(name)] = value
+
+    def noted(self, request: Any, name: str) -> Any:
+        """What `note` left under *name*, else None."""
+        return request.get(self._key(name))
 
 
 _CGI_NAMES: dict[str, str] = {}  # a few names, from the configuration
