@@ -69,14 +69,14 @@ from . import _bucket_py
 from ._bucket import Decision, KeyedTokenBucket
 from ._drive import Call, drive, drive_async
 from ._limiter import Composite, is_async
-from ._params import NS_PER_S, int_at_least, real_seconds, validated_cost
+from ._params import NS_PER_S, int_at_least, real_seconds, validated_cost, validated_now
 from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
 from .shared import SharedKeyedTokenBucket
 
 __all__ = ("AsyncPenaltyBox", "Banned", "PenaltyBox", "penalty_box")
 
 DEFAULT_PREFIX = "nanobucket-penalty"
-_TABLE_VERBS = ("check", "check_at", "peek", "peek_at", "refund")
+_TABLE_VERBS = ("check", "check_at", "peek", "peek_at", "refund", "refund_at")
 _VERBS = ("allow", "allow_at", *_TABLE_VERBS[:4])
 
 
@@ -110,6 +110,13 @@ def _table_kind_error(name: str, what: str, table: object) -> TypeError:
 def _check_limiter(limiter: object) -> None:
     """Refuse a limiter a penalty box cannot hold (TypeError)."""
     kind = type(limiter).__name__
+    if isinstance(limiter, Composite):
+        raise TypeError(
+            f"limiter is {kind}, made of others: put the penalty box inside it "
+            "(all_of(penalty_box(per_client, ...), instance)), around one keyed table"
+        )
+    if getattr(limiter, "releases", False) is True:
+        raise TypeError(f"limiter is {kind}, an in-flight limit: a refusal there is no strike")
     if (
         getattr(limiter, "keyed", None) is not True
         or type(getattr(limiter, "capacity", None)) is not int
@@ -119,13 +126,6 @@ def _check_limiter(limiter: object) -> None:
             f"limiter is {kind}: a penalty box needs a keyed limiter with a capacity "
             "(KeyedTokenBucket, SharedKeyedTokenBucket, RedisTokenBucket...)"
         )
-    if isinstance(limiter, Composite):
-        raise TypeError(
-            f"limiter is {kind}, made of others: put the penalty box inside it "
-            "(all_of(penalty_box(per_client, ...), instance)), around one keyed table"
-        )
-    if getattr(limiter, "releases", False) is True:
-        raise TypeError(f"limiter is {kind}, an in-flight limit: a refusal there is no strike")
 
 
 def _check_parts(limiter: object, strikes: object, bans: object) -> None:
@@ -307,9 +307,9 @@ class _Box:
             out[i] = yield from self._admitting(key, cost, now)
         return out
 
-    def _unbanning(self, key: Hashable) -> Generator[Call, Any, None]:
-        yield self._bans.refund, (key, 1)  # never above full: the ban is over
-        yield self._strikes.refund, (key, self._strikes.capacity)
+    def _unbanning(self, key: Hashable, now: int | None) -> Generator[Call, Any, None]:
+        yield _at(self._bans, "refund", key, now, 1)  # never above full: the ban is over
+        yield _at(self._strikes, "refund", key, now, self._strikes.capacity)
 
     def __repr__(self) -> str:
         return (
@@ -360,7 +360,19 @@ class PenaltyBox(_Box, KeyedVerbs[Any, Any], KeyedBatch[Any, Any]):
         >>> type(box.peek("alice")).__name__   # refused by the limiter, no longer banned
         'Decision'
         """
-        drive(self._unbanning(key))
+        drive(self._unbanning(key, None))
+
+    def unban_at(self, key: Hashable, now: int) -> None:
+        """`unban` at an explicit time *now* (int ns), the time the tables were used at.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> box = penalty_box(KeyedTokenBucket(rate=1, capacity=1), strikes=1)
+        >>> box.allow_at("alice", 0), box.allow_at("alice", 0), box.unban_at("alice", 0)
+        (True, False, None)
+        >>> box.peek_at("alice", 10**9).allowed   # a token back: the limiter admits
+        True
+        """
+        drive(self._unbanning(key, validated_now(now)))
 
 
 class AsyncPenaltyBox(_Box, AsyncKeyedVerbs[Any, Any]):
@@ -408,7 +420,22 @@ class AsyncPenaltyBox(_Box, AsyncKeyedVerbs[Any, Any]):
         >>> box = AsyncPenaltyBox(table(5, "login"), strikes=table(5, "s"), bans=table(1, "b"))
         >>> asyncio.run(box.unban("alice"))
         """
-        await drive_async(self._unbanning(key))
+        await drive_async(self._unbanning(key, None))
+
+    async def unban_at(self, key: Hashable, now: int) -> None:
+        """`unban` at an explicit time *now* (int ns).
+
+        >>> import asyncio, redis.asyncio
+        >>> from nanobucket.redis import AsyncRedisTokenBucket, CircuitBreaker
+        >>> down = CircuitBreaker(clock=lambda: 0)   # Redis has just failed: not reached
+        >>> down.record_failure()
+        >>> def table(capacity, prefix):
+        ...     return AsyncRedisTokenBucket(redis.asyncio.Redis(), 1, capacity, prefix=prefix,
+        ...                                  on_error="open", breaker=down)
+        >>> box = AsyncPenaltyBox(table(5, "login"), strikes=table(5, "s"), bans=table(1, "b"))
+        >>> asyncio.run(box.unban_at("alice", 0))
+        """
+        await drive_async(self._unbanning(key, validated_now(now)))
 
 
 def _ns(seconds: object, name: str) -> int:
