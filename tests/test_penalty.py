@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import re
+import warnings
 from collections.abc import Callable
 from fractions import Fraction
 from types import ModuleType
@@ -242,6 +243,15 @@ class _OwnLimiter:
         return True
 
     allow_at = check = check_at = peek = peek_at = allow
+
+
+def test_tables_of_a_per_process_limiter_are_per_process_too(impl: ModuleType) -> None:
+    box = penalty_box(impl.KeyedTokenBucket(1, 1, per_process=True), strikes=1)
+    assert (box.strikes.per_process, box.bans.per_process) == (True, True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a forked copy's warning would fail the child
+        assert _in_child(lambda: sum(box.allow_at("ip", 0) for _ in range(3))) == 1
+    assert type(box.check_at("ip", 0)) is not Banned  # the child's ban was its own copy's
 
 
 # -- in front of a web API -------------------------------------------------------------

@@ -499,6 +499,7 @@ def _tables_like(
                 max_keys=limiter.max_keys,
                 clock=limiter.clock_ns,
                 none_key=limiter.none_key,
+                per_process=limiter.per_process,  # a copy in a forked child: as the limiter
             )
             for rate, capacity in limits
         ]
