@@ -123,8 +123,9 @@ def _check_limiter(limiter: object) -> None:
         or any(not callable(getattr(limiter, v, None)) for v in _VERBS)
     ):
         raise TypeError(
-            f"limiter is {kind}: a penalty box needs a keyed limiter with a capacity "
-            "(KeyedTokenBucket, SharedKeyedTokenBucket, RedisTokenBucket...)"
+            f"limiter is {kind}: a penalty box needs a keyed limiter with a capacity, "
+            "allow, check and peek (KeyedTokenBucket, SharedKeyedTokenBucket, "
+            "RedisTokenBucket...)"
         )
 
 
@@ -334,11 +335,67 @@ class PenaltyBox(_Box, KeyedVerbs[Any, Any], KeyedBatch[Any, Any]):
     ([True, False, False], 899.0)
     """
 
+    # `_decide` and `_admit` are `_deciding` and `_admitting` written out (the hot path:
+    # no generator to drive), and `check` and `allow` them on the tables' clocks.
+
     def _decide(self, key: Hashable, cost: object, now: int | None, consume: bool) -> Any:
-        return drive(self._deciding(key, cost, now, consume))
+        bans, lr = self._bans, self._limiter
+        b = bans.peek(key, 1) if now is None else bans.peek_at(key, now, 1)
+        if not b.allowed and b.retry_after_ns > 0:
+            return self._ban(b.retry_after_ns, cost)
+        if not consume:
+            return lr.peek(key, cost) if now is None else lr.peek_at(key, now, cost)
+        d = lr.check(key, cost) if now is None else lr.check_at(key, now, cost)
+        if d.allowed:
+            return d
+        wait = drive(self._strike(key, now))
+        return self._ban(wait, cost) if wait > 0 else d
 
     def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
-        return drive(self._admitting(key, cost, now))
+        bans, lr = self._bans, self._limiter
+        b = bans.peek(key, 1) if now is None else bans.peek_at(key, now, 1)
+        if not b.allowed and b.retry_after_ns > 0:
+            validated_cost(cost, self.capacity)
+            return False
+        if lr.allow(key, cost) if now is None else lr.allow_at(key, now, cost):
+            return True
+        drive(self._strike(key, now))
+        return False
+
+    def check(self, key: Hashable, cost: int = 1) -> Any:
+        """Spend *cost* of *key*'s limit now, unless it is banned: the limiter's decision, or a
+        `Banned` (this refusal may start the ban).
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> box = penalty_box(KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0), strikes=1)
+        >>> box.check("alice").allowed, type(box.check("alice")).__name__
+        (True, 'Banned')
+        """
+        b = self._bans.peek(key, 1)
+        if not b.allowed and b.retry_after_ns > 0:
+            return self._ban(b.retry_after_ns, cost)
+        d = self._limiter.check(key, cost)
+        if d.allowed:
+            return d
+        wait = drive(self._strike(key, None))
+        return self._ban(wait, cost) if wait > 0 else d
+
+    def allow(self, key: Hashable, cost: int = 1) -> bool:
+        """`check`, as True if admitted.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> box = penalty_box(KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0), strikes=1)
+        >>> box.allow("alice"), box.allow("alice"), box.allow("alice", cost=0)  # banned: even 0
+        (True, False, False)
+        """
+        b = self._bans.peek(key, 1)
+        if not b.allowed and b.retry_after_ns > 0:
+            validated_cost(cost, self.capacity)
+            return False
+        if self._limiter.allow(key, cost):
+            return True
+        drive(self._strike(key, None))
+        return False
 
     def _tokens(self, key: Hashable, now: int | None) -> float:
         return drive(self._counting(key, now))
