@@ -24,7 +24,7 @@ from nanobucket import redis as nbr
 from nanobucket.penalty import AsyncPenaltyBox, Banned, PenaltyBox, penalty_box
 from nanobucket.shared import SharedKeyedTokenBucket
 
-from conftest import NEEDS_SHARED_TABLE, ManualClock
+from conftest import NEEDS_SHARED_TABLE, ManualClock, run_threads
 from http_checks import MakeClient, asgi_client
 
 __all__ = ("asgi_client",)  # a fixture, used by name
@@ -243,6 +243,26 @@ class _OwnLimiter:
         return True
 
     allow_at = check = check_at = peek = peek_at = allow
+
+
+def test_threads_racing_one_key_get_exactly_strikes_minus_one_plain_refusals(
+    impl: ModuleType,
+) -> None:
+    inner = impl.KeyedTokenBucket(SLOW, 10, clock=lambda: 0)
+    box = penalty_box(inner, strikes=4, within=60, ban=900)
+    got: list[list[Any]] = [[] for _ in range(8)]
+
+    def hammer(i: int) -> None:
+        got[i] = [box.check("ip") for _ in range(200)]
+
+    run_threads(8, hammer)
+    decisions = [d for mine in got for d in mine]
+    admitted = [d for d in decisions if d.allowed]
+    plain = [d for d in decisions if not d.allowed and type(d) is not Banned]
+    bans = {fields(d) for d in decisions if type(d) is Banned}
+    # The strikes table is atomic: the 4th strike bans, whoever spends it.
+    assert (len(admitted), len(plain), bans) == (10, 3, {banned(BAN, 10)})
+    assert box.strikes.tokens_at("ip", 0) == 0.0 and inner.tokens_at("ip", 0) == 0.0
 
 
 def test_tables_of_a_per_process_limiter_are_per_process_too(impl: ModuleType) -> None:
