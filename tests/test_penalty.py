@@ -82,6 +82,15 @@ def test_strikes_closer_than_within_ban_and_one_per_within_never(impl: ModuleTyp
     assert five.allow_at("ip", 0)
     got = [type(five.check_at("ip", k * 14 * S)) is Banned for k in range(5)]
     assert got == [False, False, False, False, True]
+    # Six refusals 20 s apart (no minute holds more than 3): banned by the 6th, not before.
+    spread = penalty_box(impl.KeyedTokenBucket(SLOW, 1), strikes=5, within=60, ban=900)
+    assert spread.allow_at("ip", 0)
+    got = [type(spread.check_at("ip", k * 20 * S)) is Banned for k in range(6)]
+    assert got == [False] * 5 + [True]
+    # 24 s apart (6 over exactly 2 minutes): 2 of the 6 strikes forgiven, 1 left: no ban.
+    even = penalty_box(impl.KeyedTokenBucket(SLOW, 1), strikes=5, within=60, ban=900)
+    assert even.allow_at("ip", 0)
+    assert {type(even.check_at("ip", k * 24 * S)) is Banned for k in range(6)} == {False}
 
 
 def test_an_admitted_request_clears_no_strike(impl: ModuleType) -> None:

@@ -20,8 +20,8 @@ both tables of the limiter's own kind. So ``strikes`` refusals closer
 together than ``within`` always ban the key; refusals at most one per
 ``within`` never do; and a key refused more often than that is banned once
 its refusals outrun the forgiving by ``strikes`` (fail2ban counts only the
-last ``within`` seconds: 6 refusals in 2 minutes, evenly spread, ban here
-with ``strikes=5, within=60`` but not there). A ban shorter than
+last ``within`` seconds: 6 refusals 20 s apart ban here with ``strikes=5,
+within=60``, but no minute holds more than 3 of them). A ban shorter than
 ``strikes * within`` leaves strikes unforgiven: a key refused again soon
 after its ban is banned again sooner (as fail2ban's "recidive" jail does).
 
