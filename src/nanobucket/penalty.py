@@ -33,7 +33,8 @@ user back in).
 The kind of table follows the limiter: a `KeyedTokenBucket` gets in-process
 tables on its clock; a `SharedKeyedTokenBucket` shared tables (anonymous if
 it is, else files beside it named ``<its path>-strikes`` and ``-bans``), so
-that every worker sees one ban; a ``RedisTokenBucket`` or
+that every worker sees one ban (they read the monotonic clock: a table made
+with ``clock=`` takes explicit times, the ``_at`` verbs); a ``RedisTokenBucket`` or
 ``AsyncRedisTokenBucket`` tables on its Redis under ``prefix`` (their
 ``on_error="open"``: an outage bans no one, and the limiter's own policy
 still decides). Any other keyed limiter takes tables given to `PenaltyBox`.
