@@ -15,6 +15,7 @@ from .hooks import LimitEvent
 from .layered import AllOf, LayeredDecision, all_of
 from .one_key import OneKey
 from .pacing import paced, paced_gather
+from .penalty import AsyncPenaltyBox, Banned, PenaltyBox, penalty_box
 from .shared import SharedKeyedTokenBucket
 from .tiered import AsyncTiered, Tiered, TieredDecision, tiered
 from .waiting import LeakyBucket, Waiting
@@ -24,7 +25,9 @@ __version__ = "0.1.0"
 __all__ = (
     "IMPLEMENTATION",
     "AllOf",
+    "AsyncPenaltyBox",
     "AsyncTiered",
+    "Banned",
     "Clocked",
     "Composite",
     "Concurrency",
@@ -38,6 +41,7 @@ __all__ = (
     "LimitedExecutor",
     "Limiter",
     "OneKey",
+    "PenaltyBox",
     "RateLimited",
     "Refundable",
     "Reservable",
@@ -51,5 +55,6 @@ __all__ = (
     "limit",
     "paced",
     "paced_gather",
+    "penalty_box",
     "tiered",
 )

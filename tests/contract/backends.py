@@ -305,6 +305,39 @@ async def _leased(backend: Backend, env: Env) -> Subject:
     return Subject(backend, limiter, observer=observer, close=close)
 
 
+#: A penalty box's strikes in the contract: more than any test is refused, so none is banned
+#: (its bans are tests/test_penalty.py's): every decision is its limiter's.
+PENALTY: dict[str, Any] = {"strikes": 10**6, "within": 1, "ban": 900}
+
+
+async def _penalty_shared(backend: Backend, env: Env) -> Subject:
+    inner = await _shared(backend, env)
+    box = nb.penalty_box(inner.limiter, **PENALTY)
+
+    async def close() -> None:
+        for table in (box.strikes, box.bans, inner.limiter):
+            table.close()
+
+    return Subject(backend, box, close=close)
+
+
+def _penalty_redis(asyncio: bool) -> Build:
+    make = _async_redis(_async_redis_client) if asyncio else _sync_redis(_redis_client)
+
+    async def build(backend: Backend, env: Env) -> Subject:
+        inner = await make(backend, env)
+        box = nb.penalty_box(inner.limiter, prefix=env.prefix(backend.name), **PENALTY)
+
+        async def close() -> None:
+            for table in (box.strikes, box.bans):
+                await settle(table.aclose() if asyncio else table.close())
+            await inner.close()
+
+        return Subject(backend, box, close=close)
+
+    return build
+
+
 def _table() -> Any:
     return nb.KeyedTokenBucket(rate=RATE, capacity=CAPACITY, clock=frozen_clock)
 
@@ -326,6 +359,7 @@ _HAS_VALKEY = importlib.util.find_spec("valkey") is not None
 
 _TABLE = frozenset({KEYED, TOKENS, EXACT, PEEK, BATCH, RESERVE, REFUND, RESET, RECONFIGURE})
 _BUCKET = _TABLE - {KEYED, BATCH}
+_PENALTY = _TABLE - {RESERVE, RESET, RECONFIGURE}
 _REDIS = _TABLE
 _KEYED_PROTOCOLS = frozenset({KeyedLimiter, Reservable, Refundable})
 
@@ -424,6 +458,38 @@ def _backends() -> list[Backend]:
             _in_process(lambda: nb.all_of(_table())),
             _TABLE - {BATCH, RESET, RECONFIGURE},
             _KEYED_PROTOCOLS | {Composite},
+        ),
+        Backend(
+            "penalty",
+            MEMORY,
+            _in_process(lambda: nb.penalty_box(_table(), **PENALTY)),
+            _PENALTY,
+            frozenset({KeyedLimiter, Refundable}),
+        ),
+        Backend(
+            "penalty-shared",
+            SHARED,
+            _penalty_shared,
+            _PENALTY,
+            frozenset({KeyedLimiter, Refundable}),
+            marks=tuple(NEEDS_SHARED_TABLE),
+        ),
+        Backend(
+            "penalty-redis",
+            REDIS,
+            _penalty_redis(asyncio=False),
+            _PENALTY,
+            frozenset({KeyedLimiter, Refundable}),
+            needs_redis=True,
+        ),
+        Backend(
+            "penalty-redis-async",
+            REDIS,
+            _penalty_redis(asyncio=True),
+            _PENALTY,
+            frozenset({KeyedLimiter, Refundable}),
+            asyncio=True,
+            needs_redis=True,
         ),
         Backend(
             "bucket-c",
