@@ -162,24 +162,27 @@ def _example_plan() -> object:
     return AsyncRedisTokenBucket(redis.asyncio.Redis(), 10, 20, on_error="open", breaker=down)
 
 
-def _doctest(module: ModuleType) -> doctest.TestResults:
+def _doctest(module: ModuleType, face: ModuleType | None = None) -> doctest.TestResults:
+    """*module*'s examples; those of code a *face* re-exports see the face's names too."""
     if module.__name__ in SCRATCH_MODULES:
         return _run(doctest.DocTestFinder().find(module), scratch=True)
+    extra: dict[str, object] = dict(vars(face)) if face is not None else {}
     # The asyncio verbs are shown on an asyncio Redis limiter.
-    redis_examples = (*REDIS_MODULES, "nanobucket._compose.verbs")
-    extra = _redis_globals() if module.__name__ in redis_examples else None
+    if module.__name__ in (*REDIS_MODULES, "nanobucket._compose.verbs"):
+        extra.update(_redis_globals())
     if module.__name__ in ("nanobucket.tiered", "nanobucket._compose.tiered"):
-        extra = {"example_plan": _example_plan}
-    return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra)
+        extra["example_plan"] = _example_plan
+    return doctest.testmod(module, optionflags=doctest.ELLIPSIS, extraglobs=extra or None)
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name: str) -> None:
-    result = _doctest(importlib.import_module(name))
+    module = importlib.import_module(name)
+    result = _doctest(module)
     written = name.replace("nanobucket.", "nanobucket._compose.", 1)
     if name.count(".") == 1 and importlib.util.find_spec(written) is not None:
         # A face: the examples of the code it re-exports too.
-        other = _doctest(importlib.import_module(written))
+        other = _doctest(importlib.import_module(written), face=module)
         result = doctest.TestResults(
             result.failed + other.failed, result.attempted + other.attempted
         )
