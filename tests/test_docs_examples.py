@@ -3,7 +3,9 @@
 Every ```` ```python ```` block of ``docs/**/*.md``, each alone, as
 `tests/test_readme.py` runs the README's; a fragment that cannot run alone
 (a command, a config file of another language) is a ``console`` or
-``toml`` block, never a ``python`` one.
+``toml`` block, never a ``python`` one. Another library's code, shown beside
+ours on the migration pages, is a ```` ```py ```` block: highlighted as
+Python, never run (that library is not installed).
 """
 
 from __future__ import annotations
