@@ -61,6 +61,10 @@ class OptionalBuildExt(build_ext):
     """Without a working C compiler, build nothing and say so once (as aiohttp and yarl do)."""
 
     def run(self):
+        if self.extensions:
+            # The C compiler prints nothing for about a minute: say what is happening first.
+            print("*** nanobucket: compiling nanobucket's C extensions (about a minute)... ***",
+                  file=sys.stderr, flush=True)
         try:
             super().run()
         except (CCompilerError, ExecError, PlatformError, OSError) as exc:

@@ -3,7 +3,9 @@
 Every ```` ```python ```` block of ``docs/**/*.md``, each alone, as
 `tests/test_readme.py` runs the README's; a fragment that cannot run alone
 (a command, a config file of another language) is a ``console`` or
-``toml`` block, never a ``python`` one.
+``toml`` block, never a ``python`` one. Another library's code, shown beside
+ours on the migration pages, is a ```` ```py ```` block: highlighted as
+Python, never run (that library is not installed).
 """
 
 from __future__ import annotations
@@ -32,3 +34,13 @@ def test_docs_example_runs(
     page: Path, index: int, code: str, request: pytest.FixtureRequest
 ) -> None:
     run_block(code, f"docs/{page.relative_to(DOCS).as_posix()} block {index}", request)
+
+
+def test_each_migration_page_shows_their_code_beside_ours() -> None:
+    """A migration page sets the other library's code (a ``py`` block, not run) beside ours."""
+    pages = sorted((DOCS / "migrating").glob("*.md"))
+    assert [p.stem for p in pages] == ["aiolimiter", "django-ratelimit", "flask-limiter", "slowapi"]
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "```py\n" in text, page.name
+        assert python_blocks(page), page.name

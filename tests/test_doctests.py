@@ -456,3 +456,30 @@ def _canonical_public_names() -> set[str]:
 def test_the_api_reference_names_exactly_the_public_names() -> None:
     listed, public = _reference_names(), _canonical_public_names()
     assert (sorted(listed - public), sorted(public - listed)) == ([], [])
+
+
+#: An example importing a private module (``from nanobucket._http import ...``).
+_PRIVATE_IMPORT = re.compile(r"(?:from|import)\s+nanobucket\._")
+
+
+def _public_docstrings() -> list[tuple[str, str]]:
+    """The docstrings the API reference shows: each public name's, and every public
+    member's of its class and of the package's bases it inherits them from."""
+    found: list[tuple[str, str]] = []
+    for name, obj in _documented_objects():
+        found.append((name, _own_doc(obj) or ""))
+        if not inspect.isclass(obj):
+            continue
+        for base in obj.__mro__:
+            if not base.__module__.startswith("nanobucket"):
+                continue
+            for attr, member in vars(base).items():
+                if not attr.startswith("_") and _is_member(member):
+                    found.append((f"{name}.{attr}", _own_doc(member) or ""))
+    return found
+
+
+def test_public_examples_import_public_modules() -> None:
+    """A reader copies an example as written: it imports the module the reference names."""
+    private = sorted({name for name, doc in _public_docstrings() if _PRIVATE_IMPORT.search(doc)})
+    assert private == []

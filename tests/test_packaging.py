@@ -94,6 +94,10 @@ def test_without_a_compiler_the_build_falls_back_to_pure_python(tmp_path: Path) 
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     log = built.stdout + built.stderr
     assert log.count("*** WARNING: nanobucket's C extensions could not be compiled") == 1
+    # Before the compiler's silent minute, the build says what it is doing.
+    compiling = "*** nanobucket: compiling nanobucket's C extensions (about a minute)... ***"
+    assert log.count(compiling) == 1
+    assert log.index(compiling) < log.index("*** WARNING: nanobucket's C extensions")
     assert "NANOBUCKET_REQUIRE_EXTENSIONS=1 to make this an error" in log
     (wheel,) = (tmp_path / "dist").glob("nanobucket-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -8,6 +8,11 @@ The hook runs ``python -m nanobucket simulate --plot ...`` with this
 checkout's ``src`` first on the path, puts what it printed in the page as a
 console block, and adds the plot to the site at ``img/simulate.png``. So the
 figures and the plots are always the code's own: none is committed.
+
+A page that wants the picture without the printout (the home page) asks with
+``<!-- nanobucket-plot simulate --plot img/simulate.png -->``: the command
+runs (once for every page that asks for it), the marker leaves nothing, and
+the page shows the plot with an image of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
-MARKER = re.compile(r"^<!-- nanobucket (?P<args>[^>]*?) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- nanobucket(?P<plot_only>-plot)? (?P<args>[^>]*?) -->$", re.MULTILINE)
 
 _blocks: dict[str, str] = {}  # a marker's arguments -> the console block that replaces it
 
@@ -74,5 +79,5 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    """Each marker line becomes the console block of its command."""
-    return MARKER.sub(lambda m: _blocks[m["args"]], markdown)
+    """Each marker line becomes the console block of its command (a plot-only one, nothing)."""
+    return MARKER.sub(lambda m: "" if m["plot_only"] else _blocks[m["args"]], markdown)

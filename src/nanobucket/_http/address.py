@@ -189,11 +189,11 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
     def read(self, view: View, request: Any) -> str:
         """The client address of *request*: its peer, or the client a trusted proxy names.
 
-        >>> from nanobucket._http.views import ENVIRON, SCOPE
-        >>> client_address().read(SCOPE, {"type": "http", "client": ("1.2.3.4", 5678)})
+        >>> from nanobucket.asgi import client_address
+        >>> client_address().asgi({"type": "http", "client": ("1.2.3.4", 5678)})
         '1.2.3.4'
-        >>> client_address(trusted_proxies="10.0.0.0/8").read(
-        ...     ENVIRON, {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "1.2.3.4"})
+        >>> client_address(trusted_proxies="10.0.0.0/8").wsgi(
+        ...     {"REMOTE_ADDR": "10.0.0.2", "HTTP_X_FORWARDED_FOR": "1.2.3.4"})
         '1.2.3.4'
         """
         peer = view.peer(request)

@@ -74,8 +74,8 @@ class header(KeyFunc):  # lower case: reads as a function at the call site
     def read(self, view: View, request: Any) -> str:
         """The key of *request*: ``header:<value>``, else ``addr:<fallback key>``.
 
-        >>> from nanobucket._http.views import SCOPE
-        >>> header("X-API-Key").read(SCOPE, {"headers": [(b"x-api-key", b"k1")]})
+        >>> from nanobucket.asgi import header
+        >>> header("X-API-Key").asgi({"headers": [(b"x-api-key", b"k1")]})
         'header:k1'
         """
         # As the app reads it (the first of repeated fields under ASGI): the

@@ -427,7 +427,7 @@ class KeyFunc:
     def asgi(self, scope: Mapping[str, Any]) -> Any:
         """The key of an ASGI request (its ``scope``).
 
-        >>> from nanobucket._http import client_address
+        >>> from nanobucket.asgi import client_address
         >>> client_address().asgi({"type": "http", "client": ("1.2.3.4", 5678)})
         '1.2.3.4'
         """
@@ -436,7 +436,7 @@ class KeyFunc:
     def wsgi(self, environ: Mapping[str, Any]) -> Any:
         """The key of a WSGI request (its ``environ``).
 
-        >>> from nanobucket._http import client_address
+        >>> from nanobucket.wsgi import client_address
         >>> client_address().wsgi({"REMOTE_ADDR": "1.2.3.4"})
         '1.2.3.4'
         """
