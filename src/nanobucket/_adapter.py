@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 from ._drive import Call, drive, drive_async
 from ._fields import MAX_WAIT_S, fields_of
 from ._outbound import KeyLimit, Pacer, Ticket, WaitTooLong
-from ._params import NS_PER_S, Clock, RateLike, validated_timeout
+from ._params import NS_PER_S, Clock, RateArg, validated_timeout
 from ._shared_pace import SharedPace, validated_shared
 from .waiting import DEFAULT_MAX_WAITERS
 
@@ -164,8 +164,8 @@ class Outbound:
 
     def _configure(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None,
         key: Callable[[Any], Hashable] | None,
         default_key: Callable[[Any], Hashable],
         options: Mapping[str, Any],

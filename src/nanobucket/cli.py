@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TextIO
 
 from . import __version__
 from ._bucket import describe
-from ._params import NS_PER_S, rate_fraction
+from ._params import NS_PER_S, is_rate_text, rate_fraction
 
 __all__ = ("main",)
 
@@ -43,11 +43,13 @@ class _Version(argparse.Action):
 
 def _rate(text: str) -> Fraction:
     try:
-        value = Fraction(text.strip())
+        value: Fraction | str = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number such as 100, 0.5 or 1/3"
-        ) from None
+        if not (is_rate_text(text) and any(c.isalpha() for c in text)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number such as 100, 0.5 or 1/3, nor a rate such as 100/minute"
+            ) from None
+        value = text  # a rate written as text: "100/minute"
     try:
         return rate_fraction(value)
     except ValueError as exc:
@@ -192,7 +194,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _options(
         ex,
-        ("--rate", _rate, _REQUIRED, "tokens per second (100, 0.5, 1/3)"),
+        ("--rate", _rate, _REQUIRED, "tokens per second (100, 0.5, 1/3) or text (100/minute)"),
         ("--capacity", _count(1), _REQUIRED, "bucket size in tokens"),
         ("--cost", _count(1), 1, "tokens per request (default 1)"),
         ("--instances", _count(1), 1, "processes each holding such a bucket locally (default 1)"),

@@ -28,7 +28,7 @@ import httpx
 from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._fields import FIELDS, TRIGGERS, fields_of
 from ._outbound import KeyLimit
-from ._params import RateLike
+from ._params import RateArg
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -124,8 +124,8 @@ class _Limited(Outbound, Generic[_Transport]):
         self,
         transport: _Transport | None = None,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         key: KeyFunc | None = None,
         **options: Unpack[Options],
     ) -> None:

@@ -24,7 +24,7 @@ import requests.adapters
 from ._adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._fields import FIELDS, TRIGGERS, fields_of
 from ._outbound import KeyLimit
-from ._params import RateLike
+from ._params import RateArg
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -106,8 +106,8 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
     def __init__(
         self,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         key: KeyFunc | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:
