@@ -430,3 +430,60 @@ def test_a_long_text_is_refused_as_unreadable(impl: ModuleType) -> None:
         with pytest.raises(ValueError) as info:
             impl.TokenBucket(text)
         assert str(info.value).startswith(f"rate {text!r} cannot be read: write a whole count")
+
+
+def test_explain_takes_text_and_its_count(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from nanobucket.cli import main
+    from nanobucket.explain import explain
+
+    assert main(["explain", "--rate", "100/minute", "--window", "3600", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["rate"], doc["capacity"], doc["interval_ns"]) == ("5/3", 100, 600_000_000)
+    assert [(w["seconds"], w["requests"]) for w in doc["max_admitted"]][-2:] == [
+        (60, 200),
+        (3600, 6100),
+    ]
+    assert main(["explain", "--rate", "10 per second", "--capacity", "30", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity"] == 30
+    assert main(["explain", "--rate", "10"]) == 2
+    assert capsys.readouterr().err == (
+        "nanobucket explain: error: the following arguments are required: --capacity "
+        "(or give --rate as text, such as 100/minute, whose count is the capacity)\n"
+    )
+    assert main(["explain", "--rate", "100/fortnight"]) == 2
+    assert "argument --rate: rate 100/fortnight cannot be read" in capsys.readouterr().err
+    assert (explain("900/hour", 100).max_admitted[-1]) == (60, 115)
+
+
+def test_a_drf_throttle_takes_text() -> None:
+    from django.test import override_settings
+    from django.test.client import RequestFactory
+
+    from nanobucket.django import NanobucketThrottle
+
+    import django_urls
+
+    class Own(NanobucketThrottle):
+        limiter = "1 per day"
+
+    class FromSettings(NanobucketThrottle):
+        pass  # its limiter from NANOBUCKET["throttle"]
+
+    factory = RequestFactory()
+    own = django_urls.Api.as_view(throttle_classes=[Own])
+    assert [own(factory.get("/api")).status_code for _ in range(2)] == [200, 429]
+    view = django_urls.Api.as_view(throttle_classes=[FromSettings])
+    with override_settings(NANOBUCKET={"throttle": {"limiter": "2/day"}}):
+        assert [view(factory.get("/api")).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_bucket_from_text_pickles_as_the_same_limit(impl: ModuleType) -> None:
+    import pickle
+
+    b = impl.TokenBucket("100/minute", per_process=True)
+    assert b.allow_at(0, cost=30)
+    copy = pickle.loads(pickle.dumps(b))
+    assert (copy.rate, copy.capacity, copy.interval_ns) == (Fraction(5, 3), 100, 600_000_000)
+    assert copy.tokens_at(0) == 70.0

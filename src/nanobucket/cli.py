@@ -56,6 +56,13 @@ def _rate(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(str(exc).replace(repr(value), text)) from None
 
 
+def _rate_or_text(text: str) -> Fraction | str:
+    """A rate: a number (as `_rate` reads it), or text such as ``100/minute``, kept as text
+    (its count is the capacity when none is given)."""
+    value = _rate(text)
+    return text if is_rate_text(text) and any(c.isalpha() for c in text) else value
+
+
 def _count(minimum: int) -> type[int]:
     def parse(text: str) -> int:
         try:
@@ -194,8 +201,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _options(
         ex,
-        ("--rate", _rate, _REQUIRED, "tokens per second (100, 0.5, 1/3) or text (100/minute)"),
-        ("--capacity", _count(1), _REQUIRED, "bucket size in tokens"),
+        (
+            "--rate",
+            _rate_or_text,
+            _REQUIRED,
+            "tokens per second (100, 0.5, 1/3), or text (100/minute, '10 per second')",
+        ),
+        (
+            "--capacity",
+            _count(1),
+            None,
+            "bucket size in tokens (default with a rate as text: its count)",
+        ),
         ("--cost", _count(1), 1, "tokens per request (default 1)"),
         ("--instances", _count(1), 1, "processes each holding such a bucket locally (default 1)"),
         (
@@ -297,6 +314,11 @@ def _build_parser() -> argparse.ArgumentParser:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain, render_text, to_json
 
+    if args.capacity is None and not isinstance(args.rate, str):
+        raise _UsageError(
+            "the following arguments are required: --capacity (or give --rate as text, "
+            "such as 100/minute, whose count is the capacity)"
+        )
     e = explain(
         args.rate, args.capacity, args.cost, args.instances, args.burst_rps, tuple(args.window)
     )
