@@ -45,7 +45,7 @@ def _rate(text: str) -> Fraction:
     try:
         value: Fraction | str = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        if not (is_rate_text(text) and any(c.isalpha() for c in text)):
+        if not _is_text(text):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a number such as 100, 0.5 or 1/3, nor a rate such as 100/minute"
             ) from None
@@ -60,7 +60,12 @@ def _rate_or_text(text: str) -> Fraction | str:
     """A rate: a number (as `_rate` reads it), or text such as ``100/minute``, kept as text
     (its count is the capacity when none is given)."""
     value = _rate(text)
-    return text if is_rate_text(text) and any(c.isalpha() for c in text) else value
+    return text if _is_text(text) else value
+
+
+def _is_text(text: str) -> bool:
+    """Whether *text* is a rate written with a unit (``100/minute``), not a number (``1/3``)."""
+    return is_rate_text(text) and any(c.isalpha() for c in text)
 
 
 def _count(minimum: int) -> type[int]:

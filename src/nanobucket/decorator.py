@@ -77,9 +77,9 @@ def limit(
     *limiter* is any in-process limiter (``TokenBucket``, ``KeyedTokenBucket``,
     ``all_of``, ``Waiting``...), or give ``rate=`` and ``capacity=`` to build
     one (a ``KeyedTokenBucket`` when *key* is given). A rate written as text
-    (``rate="5/minute"``, or ``@limit("5/minute")``) needs no capacity: it is
-    the count. *key* and *cost*, when
-    callables, get the call's arguments. By default a refused call raises
+    (``rate="5/minute"``, or ``@limit("5/minute")``) needs no capacity: it
+    is the count. *key* and *cost*, when callables, get the call's
+    arguments. By default a refused call raises
     `RateLimited`; with ``wait=True`` it waits (at most *timeout* seconds,
     in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
     `RateLimited` only if it still is not admitted. An in-flight limit
