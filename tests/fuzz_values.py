@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
@@ -170,8 +171,46 @@ def now_error(now: object) -> type[Exception] | None:
     return int_in(now, 0, NOW_MAX)
 
 
+# A rate written as text: a count, "/" or "per", an optional multiple, a unit
+# of a fixed length (its plural too, but for the one-letter ones).
+_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+_UNITS = {
+    **{name: n for name, n in _SECONDS.items()},
+    **{name + "s": n for name, n in _SECONDS.items()},
+    "sec": 1,
+    "secs": 1,
+    "min": 60,
+    "mins": 60,
+    "hr": 3600,
+    "hrs": 3600,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 604800,
+}
+_TEXT = re.compile(
+    r"[ \t\n\r\f\v]*([0-9]+)[ \t\n\r\f\v]*(?:/|per)[ \t\n\r\f\v]*"
+    r"([0-9]*)[ \t\n\r\f\v]*([A-Za-z]+)[ \t\n\r\f\v]*",
+    re.IGNORECASE,
+)
+
+
+def text_rate(text: str) -> tuple[Fraction, int] | None:
+    """``(exact rate, count)`` of a rate written as text, or None if it is not one."""
+    m = _TEXT.fullmatch(text)
+    if m is None or m[3].lower() not in _UNITS or int(m[1]) < 1 or int(m[2] or 1) < 1:
+        return None
+    return Fraction(int(m[1]), int(m[2] or 1) * _UNITS[m[3].lower()]), int(m[1])
+
+
 def rate_exact(rate: object) -> Fraction | type[Exception]:
     """*rate* as an exact Fraction, or the error it must raise."""
+    if isinstance(rate, str):
+        parsed = text_rate(rate)
+        if parsed is None or parsed[0] > NS:
+            return ValueError
+        return parsed[0]
     if isinstance(rate, bool) or not isinstance(rate, (int, float, Fraction, Decimal)):
         return TypeError
     if isinstance(rate, float):
@@ -195,6 +234,8 @@ def limits_errors(rate: object, capacity: object) -> set[type[Exception]]:
     exact = rate_exact(rate)
     if isinstance(exact, type):
         errors.add(exact)
+    elif capacity is None and isinstance(rate, str):
+        capacity = capacity_of(rate, None)  # the count
     cap_error = int_in(capacity, 1, math.inf)
     if cap_error is not None:
         errors.add(cap_error)
@@ -203,6 +244,13 @@ def limits_errors(rate: object, capacity: object) -> set[type[Exception]]:
         if capacity * math.ceil(NS / exact) > TAU_MAX:
             errors.add(ValueError)
     return errors
+
+
+def capacity_of(rate: object, capacity: object) -> object:
+    """The capacity a limiter given *rate* and *capacity* (valid) has: text brings its count."""
+    if capacity is None and isinstance(rate, str) and (parsed := text_rate(rate)) is not None:
+        return parsed[1]
+    return capacity
 
 
 def interval_of(rate: object) -> int:

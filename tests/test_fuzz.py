@@ -35,6 +35,7 @@ from fuzz_values import (
     KeyError_,
     NotEqual,
     _bucket_c,
+    capacity_of,
     cost_error,
     decision_tuple,
     fuzz,
@@ -146,6 +147,7 @@ def test_constructors_raise_only_documented_errors(
         if expected:
             continue
         b = made[1]
+        capacity = capacity_of(rate, capacity)
         assert isinstance(capacity, int)
         interval = interval_of(rate)
         assert (b.capacity, b.interval_ns) == (capacity, interval)
@@ -240,8 +242,10 @@ def expected_errors(
     if verb == "reconfigure":
         new_rate, cap, when = extra
         if new_rate is not None or cap is not None:
+            # Text brings its count when no capacity is given; a number keeps the capacity.
+            kept = None if isinstance(new_rate, str) else capacity
             errors |= limits_errors(
-                rate if new_rate is None else new_rate, capacity if cap is None else cap
+                rate if new_rate is None else new_rate, kept if cap is None else cap
             )
         add(now_error(when))  # an explicit now=, or the clock
         return errors

@@ -331,7 +331,7 @@ def test_full_window_admits_untracked_when_asked(path: Path) -> None:
     [
         ({"rate": 0, "capacity": 1}, ValueError, "rate"),
         ({"rate": float("nan"), "capacity": 1}, ValueError, "finite"),
-        ({"rate": "1", "capacity": 1}, TypeError, "rate"),
+        ({"rate": "1", "capacity": 1}, ValueError, "no time unit"),
         ({"rate": True, "capacity": 1}, TypeError, "rate"),
         ({"rate": 1, "capacity": 0}, ValueError, "capacity"),
         ({"rate": 1, "capacity": 1.5}, TypeError, "capacity"),

@@ -48,7 +48,9 @@ class RateLimitMiddleware:
       told apart by the limiter's ``keyed`` attribute, or by *keyed* when given. An
       asyncio limiter (``async def check``) is awaited. A `RedisTokenBucket`
       (its verbs wait for Redis in the thread, here the event loop's) is
-      refused with a `TypeError`: use an `AsyncRedisTokenBucket`.
+      refused with a `TypeError`: use an `AsyncRedisTokenBucket`. A rate
+      written as text (``"100/minute"``) is a `KeyedTokenBucket` of it, its
+      capacity the count.
     * *key*: ``client_address()`` (default), ``header("X-API-Key")``,
       ``route()``, a tuple of them (one composite key), or a callable taking
       the ASGI scope.

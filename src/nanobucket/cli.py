@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TextIO
 
 from . import __version__
 from ._core._bucket import describe
-from ._core._params import NS_PER_S, rate_fraction
+from ._core._params import NS_PER_S, is_rate_text, rate_fraction
 
 __all__ = ("main",)
 
@@ -43,15 +43,29 @@ class _Version(argparse.Action):
 
 def _rate(text: str) -> Fraction:
     try:
-        value = Fraction(text.strip())
+        value: Fraction | str = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number such as 100, 0.5 or 1/3"
-        ) from None
+        if not _is_text(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number such as 100, 0.5 or 1/3, nor a rate such as 100/minute"
+            ) from None
+        value = text  # a rate written as text: "100/minute"
     try:
         return rate_fraction(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace(repr(value), text)) from None
+
+
+def _rate_or_text(text: str) -> Fraction | str:
+    """A rate: a number (as `_rate` reads it), or text such as ``100/minute``, kept as text
+    (its count is the capacity when none is given)."""
+    value = _rate(text)
+    return text if _is_text(text) else value
+
+
+def _is_text(text: str) -> bool:
+    """Whether *text* is a rate written with a unit (``100/minute``), not a number (``1/3``)."""
+    return is_rate_text(text) and any(c.isalpha() for c in text)
 
 
 def _count(minimum: int) -> type[int]:
@@ -192,8 +206,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _options(
         ex,
-        ("--rate", _rate, _REQUIRED, "tokens per second (100, 0.5, 1/3)"),
-        ("--capacity", _count(1), _REQUIRED, "bucket size in tokens"),
+        (
+            "--rate",
+            _rate_or_text,
+            _REQUIRED,
+            "tokens per second (100, 0.5, 1/3), or text (100/minute, '10 per second')",
+        ),
+        (
+            "--capacity",
+            _count(1),
+            None,
+            "bucket size in tokens (default with a rate as text: its count)",
+        ),
         ("--cost", _count(1), 1, "tokens per request (default 1)"),
         ("--instances", _count(1), 1, "processes each holding such a bucket locally (default 1)"),
         (
@@ -295,6 +319,11 @@ def _build_parser() -> argparse.ArgumentParser:
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     from .explain import explain, render_text, to_json
 
+    if args.capacity is None and not isinstance(args.rate, str):
+        raise _UsageError(
+            "the following arguments are required: --capacity (or give --rate as text, "
+            "such as 100/minute, whose count is the capacity)"
+        )
     e = explain(
         args.rate, args.capacity, args.cost, args.instances, args.burst_rps, tuple(args.window)
     )

@@ -75,8 +75,9 @@ class RateLimitMiddleware:
     Add ``"nanobucket.django.RateLimitMiddleware"`` to ``MIDDLEWARE`` (after
     ``AuthenticationMiddleware`` to key by user). ``NANOBUCKET`` is a dict:
 
-    * ``"limiter"`` (required): a limiter, a dotted path to one, or a
-      function that makes one;
+    * ``"limiter"`` (required): a limiter, a rate written as text
+      (``"100/minute"``: a `KeyedTokenBucket` of it, its capacity the
+      count), a dotted path to a limiter, or a function that makes one;
     * ``"key"``: ``"ip"`` (default: the client address), ``"user"``
       (``user:<pk>`` when authenticated, else the address), a key function
       (``header("X-API-Key")``, ``route()``, a tuple of them), a callable

@@ -23,6 +23,7 @@ from fractions import Fraction
 
 from ._core._params import (
     NS_PER_S,
+    RateArg,
     RateLike,
     bucket_params,
     int_at_least,
@@ -184,14 +185,17 @@ def _burst(rate: Fraction, capacity: int, cost: int, rps: Fraction) -> BurstAnsw
 
 
 def explain(
-    rate: RateLike,
-    capacity: int,
+    rate: RateArg,
+    capacity: int | None = None,
     cost: int = 1,
     instances: int = 1,
     burst_rps: RateLike | None = None,
     windows: tuple[Fraction | int, ...] = (),
 ) -> Explanation:
     """Explain a bucket of *rate* tokens/s and *capacity* tokens, exactly.
+
+    *rate* may be text (``"100/minute"``), whose count is the capacity
+    unless one is given.
 
     *cost* is tokens per request, *instances* the number of processes each
     holding such a bucket locally, *burst_rps* the burst to judge (default
@@ -204,6 +208,8 @@ def explain(
     ((1, 300), (2, 400), (5, 700), (60, 6200))
     >>> e.burst.first_rejected, fmt(e.burst.first_rejected_s, approx=False)
     (449, '112/45')
+    >>> explain("100/minute").max_admitted[-1]   # (T, most in any T s, both ends counted)
+    (60, 200)
     """
     exact, cap, interval, tau = bucket_params(rate, capacity)
     cost = validated_cost(cost, cap)

@@ -180,10 +180,11 @@ async def _call(
 class RateLimit:
     """A FastAPI dependency that admits a request or raises `RateLimited` (429).
 
-    * *limiter*: any nanobucket limiter, keyed or not (as the middleware
-      takes it); an asyncio one (`AsyncRedisTokenBucket`) is awaited, so
-      the event loop never blocks on Redis. A `RedisTokenBucket`, which
-      would block it on every decision, is refused with a `TypeError`.
+    * *limiter*: any nanobucket limiter, keyed or not, or a rate written
+      as text (as the middleware takes it); an asyncio one
+      (`AsyncRedisTokenBucket`) is awaited, so the event loop never blocks
+      on Redis. A `RedisTokenBucket`, which would block it on every
+      decision, is refused with a `TypeError`.
     * *key*: ``client_address()`` (default), ``header(...)``, ``route()``
       (the matched route pattern), a tuple of them, or any function: its
       ``request`` parameter gets the request and its other parameters are

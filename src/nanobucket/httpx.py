@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import httpx
 
-from ._core._params import RateLike
+from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._outbound.fields import FIELDS, TRIGGERS, fields_of
 from ._outbound.pacer import KeyLimit
@@ -124,8 +124,8 @@ class _Limited(Outbound, Generic[_Transport]):
         self,
         transport: _Transport | None = None,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         key: KeyFunc | None = None,
         **options: Unpack[Options],
     ) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 import requests.adapters
 
-from ._core._params import RateLike
+from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._outbound.fields import FIELDS, TRIGGERS, fields_of
 from ._outbound.pacer import KeyLimit
@@ -106,8 +106,8 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
     def __init__(
         self,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         key: KeyFunc | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:

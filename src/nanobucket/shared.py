@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core._params import (
     Clock,
-    RateLike,
+    RateArg,
     bucket_params,
     public_rate,
     stored_rate,
@@ -164,7 +164,7 @@ def _validated_mode(mode: object) -> None:
 
 
 def _limit(
-    rate: RateLike, capacity: int, max_keys: int, when_full: str
+    rate: RateArg, capacity: int | None, max_keys: int, when_full: str
 ) -> tuple[Fraction, int, int, int]:
     """A table's limit, checked: ``(exact rate, capacity, interval_ns, max_keys)``."""
     exact, cap, interval, _tau = bucket_params(rate, capacity)
@@ -238,8 +238,8 @@ class SharedKeyedTokenBucket(_Table):
         cls,
         name: str | None = None,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
         path: str | os.PathLike[str] | None = None,
         mode: int = 0o600,
@@ -277,8 +277,8 @@ class SharedKeyedTokenBucket(_Table):
     def create_anonymous(
         cls,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
         when_full: str = "reject",
         clock: Clock | None = None,
@@ -310,8 +310,8 @@ class SharedKeyedTokenBucket(_Table):
     def _create(
         cls,
         target: str | None,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None,
         max_keys: int,
         mode: int,
         when_full: str,
@@ -446,8 +446,8 @@ class SharedKeyedTokenBucket(_Table):
         cls,
         name: str | None = None,
         *,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
         path: str | os.PathLike[str] | None = None,
         mode: int = 0o600,

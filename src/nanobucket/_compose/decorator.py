@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from .._core._bucket import KeyedTokenBucket, TokenBucket
 from .._core._limiter import KeyedLimiter, Limiter, is_keyed
-from .._core._params import NS_PER_S, RateLike, validated_timeout
+from .._core._params import NS_PER_S, RateArg, validated_timeout
 from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("RateLimited", "limit")
@@ -54,9 +54,9 @@ RateLimited.__module__ = "nanobucket.decorator"
 
 
 def limit(
-    limiter: Limiter | KeyedLimiter | None = None,
+    limiter: Limiter | KeyedLimiter | str | None = None,
     *,
-    rate: RateLike | None = None,
+    rate: RateArg | None = None,
     capacity: int | None = None,
     key: Callable[..., Hashable] | None = None,
     cost: int | Callable[..., int] = 1,
@@ -69,8 +69,10 @@ def limit(
 
     *limiter* is any in-process limiter (``TokenBucket``, ``KeyedTokenBucket``,
     ``all_of``, ``Waiting``...), or give ``rate=`` and ``capacity=`` to build
-    one (a ``KeyedTokenBucket`` when *key* is given). *key* and *cost*, when
-    callables, get the call's arguments. By default a refused call raises
+    one (a ``KeyedTokenBucket`` when *key* is given). A rate written as text
+    (``rate="5/minute"``, or ``@limit("5/minute")``) needs no capacity: it
+    is the count. *key* and *cost*, when callables, get the call's
+    arguments. By default a refused call raises
     `RateLimited`; with ``wait=True`` it waits (at most *timeout* seconds,
     in a bounded FIFO line: ``acquire`` / ``acquire_async``) and raises
     `RateLimited` only if it still is not admitted. An in-flight limit
@@ -87,6 +89,11 @@ def limit(
     ...     return len(body)
     >>> [upload("alice", b"abc"), upload("alice", b"de"), upload("bob", b"f")]
     [3, 2, 1]
+    >>> @limit("2/minute")   # one bucket for every call
+    ... def ping() -> str:
+    ...     return "pong"
+    >>> ping(), ping(), ping.limiter.capacity
+    ('pong', 'pong', 2)
     """
     chosen: Any = _make_limiter(limiter, rate, capacity, key)
     keyed = is_keyed(chosen)
@@ -178,16 +185,23 @@ def limit(
 
 
 def _make_limiter(
-    limiter: Any, rate: RateLike | None, capacity: int | None, key: Callable[..., Hashable] | None
+    limiter: Any, rate: RateArg | None, capacity: int | None, key: Callable[..., Hashable] | None
 ) -> Any:
+    if isinstance(limiter, str):  # @limit("5/minute"): the rate, as text
+        if rate is not None:
+            raise TypeError("limit() takes a rate once: as text or as rate=, not both")
+        limiter, rate = None, limiter
     if limiter is not None:
         if rate is not None or capacity is not None:
             raise TypeError("limit() takes a limiter or rate=/capacity=, not both")
         if not hasattr(limiter, "check"):
             raise TypeError(f"{type(limiter).__name__} is not a limiter (no check())")
         return limiter
-    if rate is None or capacity is None:
-        raise TypeError("limit() needs a limiter, or both rate= and capacity=")
+    if rate is None or (capacity is None and not isinstance(rate, str)):
+        raise TypeError(
+            "limit() needs a limiter, both rate= and capacity=, or a rate written as "
+            "text (rate='100/minute', whose count is the capacity)"
+        )
     if key is not None:
         return KeyedTokenBucket(rate, capacity)
     return TokenBucket(rate, capacity)

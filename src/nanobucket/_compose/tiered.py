@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .._core import _acquire
-from .._core._bucket import Decision
+from .._core._bucket import Decision, limiter_or_text
 from .._core._limiter import Composite, is_async
 from .._core._params import validated_max_keys, validated_name, validated_timeout
 from .carry import Owed, Unread, carry, settle
@@ -83,8 +83,9 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
         raise ValueError("tiered() needs at least one plan")
     found: dict[str, tuple[str, Any]] = {}
     seen: dict[int, str] = {}
-    for name, limiter in plans.items():
+    for name, given in plans.items():
         validated_name(name, "a plan name")
+        limiter = limiter_or_text(given)  # "100/minute": a KeyedTokenBucket of its own
         keyed = getattr(limiter, "keyed", None)
         capacity = getattr(limiter, "capacity", None)
         missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
@@ -654,6 +655,8 @@ def tiered(
     A `Tiered`, or an `AsyncTiered` when the plans are asyncio ones.
     *default* names the plan of keys whose ``tier`` names none (else
     ``ValueError``); *max_keys* bounds the plans remembered (see the module).
+    A plan written as a rate in text (``{"free": "10/minute"}``) is a
+    `KeyedTokenBucket` of it, its capacity the count.
 
     >>> from nanobucket import KeyedTokenBucket
     >>> plan_of = {"alice": "pro"}
@@ -664,6 +667,9 @@ def tiered(
     >>> sum(limiter.allow_at("alice", 0) for _ in range(300)), sum(
     ...     limiter.allow_at("bob", 0) for _ in range(300))
     (200, 20)
+    >>> tiered({"free": "10/minute", "pro": "100/minute"}, tier=plan_of.get,
+    ...        default="free").plans["pro"].capacity
+    100
     """
     if isinstance(plans, Mapping) and any(is_async(lr) for lr in plans.values()):
         return AsyncTiered(plans, tier, default=default, max_keys=max_keys)

@@ -71,4 +71,17 @@ if FALLBACK_REASON:
 
     _bucket_py.on_first_build = _warn_fallback
 
-__all__ = ("IMPLEMENTATION", "Decision", "KeyedTokenBucket", "TokenBucket")
+
+def limiter_or_text(value: object) -> object:
+    """*value*, or for a rate written as text (``"100/minute"``) a `KeyedTokenBucket` of it.
+
+    Where a limiter is given (a middleware's, a route's, a plan), text stands
+    for a bucket per key, its capacity the count.
+
+    >>> limiter_or_text("5/minute").capacity, limiter_or_text(None)
+    (5, None)
+    """
+    return KeyedTokenBucket(value) if isinstance(value, str) else value
+
+
+__all__ = ("IMPLEMENTATION", "Decision", "KeyedTokenBucket", "TokenBucket", "limiter_or_text")

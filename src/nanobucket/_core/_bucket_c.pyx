@@ -50,8 +50,8 @@ import warnings
 from . import _acquire
 from ._wait import retimed
 from ._params import (
-    bucket_params, forked_warning, none_key_error, public_rate, unkeyed_cost, unkeyed_now,
-    unpicklable_error, validated_clock,
+    bucket_params, forked_warning, kept_capacity, none_key_error, public_rate, unkeyed_cost,
+    unkeyed_now, unpicklable_error, validated_clock,
     validated_cost, validated_flag, validated_max_keys, validated_max_wait, validated_now,
     validated_shape, validated_timeout)
 
@@ -565,14 +565,14 @@ cdef class _Limits:
     cdef tuple _new_params(self, object rate, object capacity):
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
         rate = self._rate if rate is None else rate
-        capacity = self.capacity if capacity is None else capacity
+        capacity = kept_capacity(rate, capacity, self.capacity)
         exact, cap, interval, tau = bucket_params(rate, capacity)
         return public_rate(rate, exact), cap, interval, tau
 
 
 @cython.final
 cdef class TokenBucket(_Limits):
-    """TokenBucket(rate, capacity, *, clock=None, per_process=False)
+    """TokenBucket(rate, capacity=None, *, clock=None, per_process=False)
 --
 
 One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
@@ -580,12 +580,15 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     >>> b = TokenBucket(rate=100, capacity=200)
     >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
     200
+    >>> b = TokenBucket("100/minute")   # a rate as text: its count is the capacity
+    >>> b.capacity, b.interval_ns, b.rate
+    (100, 600000000, Fraction(5, 3))
     """
 
     cdef int64_t tat
     keyed = False  # the verbs take no key (see `KeyedTokenBucket`)
 
-    def __init__(self, rate, capacity, *, clock=None, per_process=False):
+    def __init__(self, rate, capacity=None, *, clock=None, per_process=False):
         limits = self._new_limits(rate, capacity, clock)
         self._per_process = validated_flag(per_process, "per_process")
         self._set_limits(limits, clock)
@@ -816,7 +819,9 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         the tokens as they were or as carried over. Callers waiting in line
         (``acquire``, `Waiting`) move with the tokens they reserved: woken
         earlier by a faster rate, later by a slower one, and refused at once
-        when that is past their timeout.
+        when that is past their timeout. A rate written as text
+        (``"200/minute"``) brings its count as the capacity, unless *capacity*
+        is given; otherwise a capacity left out stays as it is.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)

@@ -25,9 +25,11 @@ from ._decision_py import Decision
 from ._gcra_py import carry_over, give_back, reserve, step
 from ._params import (
     NOW_MAX,
+    RateArg,
     RateLike,
     bucket_params,
     forked_warning,
+    kept_capacity,
     none_key_error,
     public_rate,
     unkeyed_cost,
@@ -170,7 +172,7 @@ class _Limits:
     # then its own), then sets the fields, `_lock` last: an __init__ that
     # raised sets nothing (the verbs raise), and a second __init__ raises.
 
-    def _new_limits(self, rate: RateLike, capacity: int) -> tuple[RateLike, int, int, int]:
+    def _new_limits(self, rate: RateArg, capacity: int | None) -> tuple[RateLike, int, int, int]:
         try:
             object.__getattribute__(self, "_lock")  # not __getattr__'s answer: is it set?
         except AttributeError:
@@ -242,12 +244,11 @@ class _Limits:
         return validated_cost(cost, self._capacity)
 
     def _new_params(
-        self, rate: RateLike | None, capacity: int | None
+        self, rate: RateArg | None, capacity: int | None
     ) -> tuple[RateLike, int, int, int]:
         """Validated ``(public rate, capacity, interval_ns, tau)`` for `reconfigure`."""
         rate = self._rate if rate is None else rate
-        capacity = self._capacity if capacity is None else capacity
-        return _validated(rate, capacity)
+        return _validated(rate, kept_capacity(rate, capacity, self._capacity))
 
     def _decision(self, tat: int, after: int, now: int) -> Decision:
         """The Decision of `step` on *tat*, whose result was *after*."""
@@ -290,6 +291,9 @@ class TokenBucket(_Limits):
     >>> b = TokenBucket(rate=100, capacity=200)
     >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
     200
+    >>> b = TokenBucket("100/minute")   # a rate as text: its count is the capacity
+    >>> b.capacity, b.interval_ns, b.rate
+    (100, 600000000, Fraction(5, 3))
     """
 
     __slots__ = ("_clock", "_now", "_tat")
@@ -297,8 +301,8 @@ class TokenBucket(_Limits):
 
     def __init__(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         clock: Clock | None = None,
         per_process: bool = False,
@@ -503,7 +507,7 @@ class TokenBucket(_Limits):
             return wait
 
     def reconfigure(
-        self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
+        self, rate: RateArg | None = None, capacity: int | None = None, *, now: int | None = None
     ) -> None:
         """Change the rate and/or the capacity, keeping the bucket's state.
 
@@ -515,7 +519,9 @@ class TokenBucket(_Limits):
         the tokens as they were or as carried over. Callers waiting in line
         (``acquire``, `Waiting`) move with the tokens they reserved: woken
         earlier by a faster rate, later by a slower one, and refused at once
-        when that is past their timeout.
+        when that is past their timeout. A rate written as text
+        (``"200/minute"``) brings its count as the capacity, unless *capacity*
+        is given; otherwise a capacity left out stays as it is.
 
         >>> b = TokenBucket(rate=1, capacity=4)
         >>> b.allow_at(0, cost=3)
@@ -594,6 +600,8 @@ class KeyedTokenBucket(_Limits):
     [True, True, False]
     >>> t.allow_at("bob", 0)
     True
+    >>> KeyedTokenBucket("10 per second", capacity=20).interval_ns   # a rate as text
+    100000000
     """
 
     __slots__ = (
@@ -610,8 +618,8 @@ class KeyedTokenBucket(_Limits):
 
     def __init__(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         max_keys: int = DEFAULT_MAX_KEYS,
         clock: Clock | None = None,
@@ -951,7 +959,7 @@ class KeyedTokenBucket(_Limits):
             return wait
 
     def reconfigure(
-        self, rate: RateLike | None = None, capacity: int | None = None, *, now: int | None = None
+        self, rate: RateArg | None = None, capacity: int | None = None, *, now: int | None = None
     ) -> None:
         """Change the rate and/or the capacity of every bucket, keeping their state.
 

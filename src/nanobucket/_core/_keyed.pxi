@@ -78,7 +78,7 @@ cdef int64_t kth_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t k, uint64_t *rng)
 
 @cython.final
 cdef class KeyedTokenBucket(_Limits):
-    """KeyedTokenBucket(rate, capacity, *, max_keys=1_000_000, clock=None, none_key=False, per_process=False)
+    """KeyedTokenBucket(rate, capacity=None, *, max_keys=1_000_000, clock=None, none_key=False, per_process=False)
 --
 
 A token bucket per key, in a table of at most ``max_keys`` buckets.
@@ -99,6 +99,8 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
     [True, True, False]
     >>> t.allow_at("bob", 0)
     True
+    >>> KeyedTokenBucket("10 per second", capacity=20).interval_ns   # a rate as text
+    100000000
     """
 
     # A compact hash table, as CPython's dict: `slots` holds the entries in
@@ -147,7 +149,7 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
         self.slots = NULL
         self.index = NULL
 
-    def __init__(self, rate, capacity, *, max_keys=DEFAULT_MAX_KEYS, clock=None, none_key=False,
+    def __init__(self, rate, capacity=None, *, max_keys=DEFAULT_MAX_KEYS, clock=None, none_key=False,
                  per_process=False):
         limits = self._new_limits(rate, capacity, clock)
         keys = validated_max_keys(max_keys)

@@ -40,6 +40,7 @@ MAX_KEYS = (1 << 31) - 1  # the Cython table indexes its entries with int32
 FOREVER_NS = 1 << 62  # a wait "as long as it takes" (146 years): within every backend's range
 
 RateLike = int | float | Fraction | Decimal
+RateArg = RateLike | str  # a rate as given: tokens per second, or text ("100/minute")
 Clock = Callable[[], int]
 
 
@@ -114,15 +115,19 @@ def clock_or_monotonic(clock: object) -> Clock:
 
 
 def rate_fraction(rate: object) -> Fraction:
-    """Return *rate* (tokens per second) as an exact positive Fraction."""
+    """Return *rate* (tokens per second, or text such as ``"100/minute"``) as an exact
+    positive Fraction."""
     kind = type(rate)
     value: Fraction
-    if kind is bool or not issubclass(kind, (int, Real, Decimal)):
+    if issubclass(kind, str):
+        value = rate_text(str.__str__(rate))[0]  # its text, not a subclass's
+    elif kind is bool or not issubclass(kind, (int, Real, Decimal)):
         raise TypeError(
-            f"rate must be a real number (an int, float, Fraction, Decimal or other "
-            f"numbers.Real), not {kind.__name__}{_rate_hint(rate)}"
+            f"rate must be a real number of tokens per second (an int, float, Fraction, "
+            f"Decimal or other numbers.Real) or a rate written as text such as "
+            f"{RATE_TEXT_EXAMPLES}, not {kind.__name__}"
         )
-    if issubclass(kind, int):
+    elif issubclass(kind, int):
         value = Fraction(exact_int(rate, "rate"))
     elif not issubclass(kind, (Rational, Decimal)):
         # A float, or another Real (numpy.float32, ...): its float value, read once.
@@ -155,30 +160,77 @@ def rate_fraction(rate: object) -> Fraction:
     return value
 
 
-_PER = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+# A rate written as text, as settings, environment variables and the other
+# Python limiters hold it: a count, "/" or "per", an optional multiple, a unit.
+# Only units of one fixed length: a month or a year is not one.
+_UNIT_SECONDS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 604800, "week": 604800, "weeks": 604800,
+}  # fmt: skip
+# No two runs of spaces side by side, so a long text fails in linear time;
+# numbers of at most 20 digits (past 1e9 tokens per second anyway).
 _RATE_TEXT = re.compile(
-    r"\s*(\d+(?:\.\d+)?)\s*(?:(?:/|per\s+)\s*(s|sec|second|m|min|minute|h|hour)s?)?\s*",
-    re.IGNORECASE,
+    r"\s*(\d{1,20})\s*(?:/|per)\s*(?:(\d{1,20})\s*)?([a-z]+)\s*", re.IGNORECASE | re.ASCII
 )
+RATE_TEXT_EXAMPLES = "'100/minute', '10 per second', '5/s' or '2 per 5 seconds'"
 
 
-def _rate_hint(rate: object) -> str:
-    """For a rate written as text (``"100/s"``, ``"10 per minute"``), the number to give.
+def is_rate_text(value: object) -> bool:
+    """Whether *value* is meant as a rate written as text: a str that starts with a digit.
 
-    >>> _rate_hint("100/s")
-    ": the rate is tokens per second, so for '100/s' give rate=100"
-    >>> _rate_hint("10/min")
-    ": the rate is tokens per second, so for '10/min' give rate=10 / 60"
+    No dotted path or other name does, so a setting that takes either can tell them apart.
+
+    >>> is_rate_text(" 100/minute"), is_rate_text("myapp.limits.api")
+    (True, False)
     """
-    if not isinstance(rate, str):
-        return ""
-    match = _RATE_TEXT.fullmatch(rate)
-    if match is None:
-        return ": the rate is a number of tokens per second, such as rate=100"
-    number, unit = match.groups()
-    per = _PER[unit.lower()] if unit else 1
-    code = number if per == 1 else f"{number} / {per}"
-    return f": the rate is tokens per second, so for {rate!r} give rate={code}"
+    return isinstance(value, str) and value.lstrip()[:1].isdigit()
+
+
+def rate_text(text: str) -> tuple[Fraction, int]:
+    """``(rate, count)`` of a rate written as text: exact tokens per second, and the count.
+
+    ``"<count>/<unit>"`` or ``"<count> per <n> <units>"``, in any case and
+    spacing; the units are second, minute, hour, day and week (``s``,
+    ``sec``, ``m``, ``min``, ``h``, ``hr``, ``d``, ``w``; a plural takes an s).
+
+    >>> rate_text("100/minute"), rate_text("2 per 5 seconds")
+    ((Fraction(5, 3), 100), (Fraction(2, 5), 2))
+    >>> rate_text("100/fortnight")
+    Traceback (most recent call last):
+    ...
+    ValueError: rate '100/fortnight' cannot be read: ... e.g. '100/minute', ...
+    """
+    match = _RATE_TEXT.fullmatch(text)
+    unit = match[3].lower() if match else ""
+    if match is None or unit not in _UNIT_SECONDS:
+        raise ValueError(f"rate {text!r} cannot be read: {_rate_text_error(text, unit)}")
+    count, multiple = int(match[1]), int(match[2] or 1)
+    if count < 1 or multiple < 1:
+        raise ValueError(
+            f"rate {text!r} admits nothing: the count and the time must both be "
+            f"at least 1, e.g. {RATE_TEXT_EXAMPLES}"
+        )
+    return Fraction(count, multiple * _UNIT_SECONDS[unit]), count
+
+
+def _rate_text_error(text: str, unit: str) -> str:
+    """What is wrong with *text*, which `rate_text` did not read (*unit*: its unit, if any)."""
+    if unit.startswith(("month", "mo", "year", "yr", "y")):
+        return "a month or a year has no fixed length; write it in days, e.g. '10000 per 30 days'"
+    if text.strip().isdigit():
+        return f"it has no time unit, e.g. '{text.strip()}/second' or '{text.strip()}/minute'"
+    if any(sep in text for sep in ",;|"):
+        return (
+            "it holds several rates; give one, and for several limits at once "
+            "use all_of(KeyedTokenBucket('10/second'), KeyedTokenBucket('100/minute'))"
+        )
+    return (
+        "write a whole count, '/' or 'per', and a unit (second, minute, hour, day, week, "
+        f"or s, sec, m, min, h, hr, d, w), e.g. {RATE_TEXT_EXAMPLES}"
+    )
 
 
 def public_rate(rate: object, exact: Fraction) -> RateLike:
@@ -187,9 +239,15 @@ def public_rate(rate: object, exact: Fraction) -> RateLike:
     An int as an int, a float (or another Real) as a float, a Decimal as a
     Decimal, a Fraction (or other Rational) as the exact Fraction. Never the
     object given: a reconfigure re-reads the stored rate, and it must be the
-    value that was checked. The arithmetic uses *exact* throughout.
+    value that was checked. The arithmetic uses *exact* throughout. A rate
+    written as text is the exact number it stands for: an int if whole, else the Fraction.
+
+    >>> public_rate("100/minute", Fraction(5, 3)), public_rate("5/s", Fraction(5))
+    (Fraction(5, 3), 5)
     """
     kind = type(rate)
+    if issubclass(kind, str):
+        return exact.numerator if exact.denominator == 1 else exact
     if issubclass(kind, int):
         return exact.numerator
     if issubclass(kind, Rational):
@@ -210,15 +268,44 @@ def stored_rate(exact: Fraction) -> RateLike:
     return number if Fraction(repr(number)) == exact else exact
 
 
+def kept_capacity(rate: object, capacity: int | None, current: int) -> int | None:
+    """The capacity a reconfigure to *rate* and *capacity* (None: unchanged) checks.
+
+    Left out, the capacity stays *current*, but for a rate written as text,
+    which brings its own count: after ``reconfigure(rate="200/minute")`` a
+    bucket has the limits ``TokenBucket("200/minute")`` has.
+
+    >>> kept_capacity(5, None, 20), kept_capacity("200/minute", None, 20), kept_capacity(5, 7, 20)
+    (20, None, 7)
+    """
+    return current if capacity is None and not isinstance(rate, str) else capacity
+
+
 def validated_capacity(capacity: object) -> int:
     """Return *capacity* as an int >= 1, or raise."""
     return int_at_least(capacity, "capacity", 1)
 
 
-def bucket_params(rate: object, capacity: object) -> tuple[Fraction, int, int, int]:
-    """Validate and return ``(rate, capacity, interval_ns, tau_ns)``."""
-    exact = rate_fraction(rate)
-    cap = validated_capacity(capacity)
+def bucket_params(rate: object, capacity: object = None) -> tuple[Fraction, int, int, int]:
+    """Validate and return ``(rate, capacity, interval_ns, tau_ns)``.
+
+    A rate written as text brings its capacity, the count, unless one is given:
+
+    >>> bucket_params("100/minute"), bucket_params("1/3s", 5)
+    ((Fraction(5, 3), 100, 600000000, 60000000000), (Fraction(1, 3), 5, 3000000000, 15000000000))
+    """
+    if capacity is None and isinstance(rate, str):
+        exact, cap = rate_text(str.__str__(rate))
+        if exact > RATE_MAX:
+            raise ValueError(f"rate must be at most 1e9 per second, got {rate!r}")
+    else:
+        exact = rate_fraction(rate)
+        if capacity is None:
+            raise TypeError(
+                "capacity is missing: give the burst a bucket holds (capacity=...), or "
+                "write the rate as text, whose count is the capacity ('100/minute': 100)"
+            )
+        cap = validated_capacity(capacity)
     interval = math.ceil(NS_PER_S / exact)
     tau = cap * interval
     if tau > TAU_MAX:

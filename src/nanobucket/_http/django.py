@@ -17,6 +17,8 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
+from .._core._bucket import limiter_or_text
+from .._core._params import is_rate_text
 from . import (
     Gate,
     KeyFunc,
@@ -148,7 +150,13 @@ def resolve(value: object) -> Any:
 
 
 def make_limiter(value: object) -> object:
-    """A limiter, a dotted path to one, or a function that makes one."""
+    """A limiter, a rate written as text, a dotted path to a limiter, or a function that makes one.
+
+    Text that starts with a digit is a rate (``"100/minute"``: a `KeyedTokenBucket`
+    of it); a dotted path never does.
+    """
+    if is_rate_text(value):
+        return limiter_or_text(value)
     value = resolve(value)
     if value is not None and not hasattr(value, "check") and callable(value):
         value = value()

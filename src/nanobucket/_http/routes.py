@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, cast
 
+from .._core._bucket import limiter_or_text
 from .address import client_address
 from .keys import key_func
 from .policy import NAME_CHARS, Policy
@@ -49,10 +50,14 @@ class Route:
     (the frameworks answer HEAD with the GET handler) unless a rule for the
     same path names ``HEAD``. Anything left as None comes from the
     middleware's own arguments. A path with a ``.`` or ``..`` segment, or
-    with ``//``, never matches an exempt rule (see `Router`).
+    with ``//``, never matches an exempt rule (see `Router`). A rate written
+    as text in place of the limiter (``Route("/login", "5/minute")``) is a
+    `KeyedTokenBucket` of it, the route's own, its capacity the count.
 
     >>> Route("/healthz", exempt=True)
     Route('/healthz', exempt=True)
+    >>> Route("/login", "5/minute").limiter.capacity
+    5
     """
 
     path: str
@@ -74,6 +79,7 @@ class Route:
             raise TypeError("exempt must be a bool")
         if self.exempt and (self.limiter is not None or self.cost is not None):
             raise ValueError("an exempt route takes no limiter or cost")
+        self.limiter = limiter_or_text(self.limiter)
         methods = self.methods
         if methods is not None:
             if isinstance(methods, str) or not all(isinstance(m, str) and m for m in methods):
@@ -133,7 +139,10 @@ def make_rule(
     if exempt:
         return Rule(pattern, None, None, 0, None, True)
     if limiter is None:
-        raise TypeError("a limiter is required (e.g. nanobucket.KeyedTokenBucket(...))")
+        raise TypeError(
+            "a limiter is required (e.g. nanobucket.KeyedTokenBucket(...), or a rate "
+            "written as text, '100/minute')"
+        )
     cache = policies if policies is not None else {}
     policy = cache.get(id(limiter))
     if policy is None or policy.name != name:
@@ -283,6 +292,8 @@ def build_router(
     exempt: str | Iterable[str] | None,
 ) -> Router:
     """Validate the middleware's arguments into a `Router` (errors at startup)."""
+    # A rate as text is made a limiter once: the routes without their own share it.
+    limiter = limiter_or_text(limiter)
     policies: dict[int, Policy] = {}
     default = make_rule("*", limiter, key, cost, name, keyed, policies=policies)
     resolved: list[tuple[Route, Rule]] = []

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
-from .._core._params import NS_PER_S, Clock, RateLike, validated_timeout
+from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
 from .fields import MAX_WAIT_S, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
@@ -164,8 +164,8 @@ class Outbound:
 
     def _configure(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None,
         key: Callable[[Any], Hashable] | None,
         default_key: Callable[[Any], Hashable],
         options: Mapping[str, Any],

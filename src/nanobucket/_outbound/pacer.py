@@ -76,6 +76,7 @@ from .._core._params import (
     NS_PER_S,
     TAU_MAX,
     Clock,
+    RateArg,
     RateLike,
     bucket_params,
     clock_or_monotonic,
@@ -261,8 +262,8 @@ class Pacer:
 
     def __init__(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         timeout: float | None,
         max_keys: int,

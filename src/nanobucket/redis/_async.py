@@ -9,7 +9,7 @@ from typing import Any
 
 from .._compose.verbs import AsyncKeyedVerbs
 from .._core import _acquire
-from .._core._params import RateLike, validated_now
+from .._core._params import RateArg, validated_now
 from . import _clients, _coalesce
 from ._bounded import DEFAULT_SOCKET_TIMEOUT, _deadline_client
 from ._breaker import CircuitBreaker
@@ -92,8 +92,8 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
     def __init__(
         self,
         client: Any,  # redis-py or valkey-py asyncio, plain or cluster
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         prefix: str = "nanobucket",
         on_error: Policy = "local",
@@ -374,7 +374,7 @@ class AsyncRedisTokenBucket(_RedisLimits, AsyncKeyedVerbs[RedisDecision, bool]):
 
     async def reconfigure(
         self,
-        rate: RateLike | None = None,
+        rate: RateArg | None = None,
         capacity: int | None = None,
         *,
         now: int | None = None,

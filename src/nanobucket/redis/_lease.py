@@ -14,7 +14,7 @@ from .._compose.verbs import KeyedDecide
 from .._core._params import (
     NS_PER_S,
     Clock,
-    RateLike,
+    RateArg,
     clock_or_monotonic,
     exact_int,
     real_seconds,
@@ -92,8 +92,8 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
     def __init__(
         self,
         client: Any,  # redis-py or valkey-py, plain or cluster
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         prefix: str = "nanobucket",
         min_lease: int = 1,

@@ -25,8 +25,10 @@ from .._core import _acquire
 from .._core._params import (
     NOW_MAX,
     NS_PER_S,
+    RateArg,
     RateLike,
     bucket_params,
+    kept_capacity,
     none_key_error,
     public_rate,
     real_seconds,
@@ -143,7 +145,7 @@ def _timeout_seconds(timeout: object) -> float:
     return float(seconds)
 
 
-def _redis_params(rate: RateLike, capacity: int) -> tuple[RateLike, int, int]:
+def _redis_params(rate: RateArg, capacity: int | None) -> tuple[RateLike, int, int]:
     """Validated ``(rate as reported, capacity, interval_us)`` of a Redis limiter."""
     exact, cap, interval_ns, _ = bucket_params(rate, capacity)
     # ceil(ceil(1e9/r) / 1000) == ceil(1e6/r): whole us, rounded up.
@@ -169,8 +171,8 @@ class _RedisLimits(_FailurePolicy):
 
     def __init__(
         self,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None,
         prefix: str,
         on_error: Policy,
         fallback: Fallback | None,
@@ -211,8 +213,8 @@ class _RedisLimits(_FailurePolicy):
     def from_url(
         cls: type[_Limits],
         url: str,
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         **kwargs: Any,
@@ -500,12 +502,11 @@ class _RedisLimits(_FailurePolicy):
         return (self._tau_us - d.reset_after_ns // NS_PER_US) / self._interval_us
 
     def _new_params(
-        self, rate: RateLike | None, capacity: int | None, migrate: object
+        self, rate: RateArg | None, capacity: int | None, migrate: object
     ) -> tuple[Any, int, int]:
         """The parameters `reconfigure` moves to, checked before anything changes."""
-        params = _redis_params(
-            self._rate if rate is None else rate, self._capacity if capacity is None else capacity
-        )
+        rate = self._rate if rate is None else rate
+        params = _redis_params(rate, kept_capacity(rate, capacity, self._capacity))
         if not isinstance(migrate, bool):
             raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
         return params

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._compose.verbs import KeyedBatch, KeyedVerbs
 from .._core import _acquire
-from .._core._params import RateLike, validated_now, validated_timeout
+from .._core._params import RateArg, validated_now, validated_timeout
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -153,7 +153,7 @@ class _SyncLimits(_RedisLimits):
 
     def reconfigure(
         self,
-        rate: RateLike | None = None,
+        rate: RateArg | None = None,
         capacity: int | None = None,
         *,
         now: int | None = None,
@@ -249,8 +249,8 @@ class RedisTokenBucket(
     def __init__(
         self,
         client: Any,  # redis-py or valkey-py, plain or cluster
-        rate: RateLike,
-        capacity: int,
+        rate: RateArg,
+        capacity: int | None = None,
         *,
         prefix: str = "nanobucket",
         on_error: Policy = "local",
