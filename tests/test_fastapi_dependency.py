@@ -96,6 +96,23 @@ def test_without_the_handler_the_429_is_fastapis_own_body_with_the_same_headers(
     assert refused.headers["ratelimit-policy"] == '"default";q=1;w=1'
 
 
+def test_with_charge_it_is_still_one_rate_limit_whose_value_is_the_decision(
+    clock: ManualClock, asgi_client: MakeClient
+) -> None:
+    limiter = nb.KeyedTokenBucket(rate=1, capacity=5, clock=clock)
+    charged = RateLimit(limiter, key=lambda: "k", charge=lambda request, status: 3)
+    assert type(charged) is RateLimit and isinstance(charged, RateLimit)
+    app = FastAPI()
+
+    @app.get("/")
+    async def root(decision: nb.Decision = Depends(charged)) -> int:  # noqa: B008
+        return decision.remaining
+
+    http = asgi_client(app)
+    assert http.get("/").json() == 4  # the decision, taken at cost 1
+    assert limiter.tokens_at("k", clock.now) == 2.0  # settled to 3 after the route
+
+
 # Annotated aliases are read from the module (the annotations are strings).
 USER_CLOCK = ManualClock()
 PER_USER = RateLimit(

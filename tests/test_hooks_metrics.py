@@ -811,7 +811,9 @@ def test_fastapi_charge_after_the_route(sync_backend: Backend, asgi_client: Make
         statuses.append(status)
         return failures_only(request, status)
 
-    http = asgi_client(_fastapi_app(RateLimit(limiter, key=lambda: "f", charge=failures)))
+    limit = RateLimit(limiter, key=lambda: "f", charge=failures)
+    assert type(limit) is RateLimit  # one class, with charge= or without
+    http = asgi_client(_fastapi_app(limit))
     owed = []
     for method, path in (("GET", "/ok"), ("GET", "/fail"), ("GET", "/crash"), ("POST", "/made")):
         with contextlib.suppress(RuntimeError):  # /crash: the app's own error, re-raised

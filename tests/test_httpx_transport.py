@@ -163,9 +163,29 @@ def test_retry_after_pauses_the_key(headers: dict[str, str], pause: float) -> No
     assert len(calls) == 4
 
 
-def test_retry_after_date_without_date_uses_this_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(time, "time", lambda: 1445412480.0)  # 2015-10-21 07:28:00 UTC
-    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:07 GMT"}.get) == 7 * NS
+def test_retry_after_and_reset_dates_without_date_read_the_wall_clock() -> None:
+    # By default this machine's: a date of 2015 is past.
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:07 GMT"}.get) == 0
+    wall = 1445412480 * NS  # 2015-10-21 07:28:00 UTC
+    assert parse_retry_after(
+        {"retry-after": "Wed, 21 Oct 2015 07:28:07 GMT"}.get, lambda: wall
+    ) == (7 * NS)
+    reset = {"x-ratelimit-limit": "10", "x-ratelimit-remaining": "0", "x-ratelimit-reset": ""}
+    reset["x-ratelimit-reset"] = str(1445412480 + 3)
+    got = parse_limits(reset.get, lambda: wall + NS // 4)
+    assert got is not None and got.reset_ns == 3 * NS - NS // 4
+    # Through the transport: a 429 without Date pauses the host until the date, on
+    # the wall clock given; the wait is slept on the pacing clock.
+    clock = Clock()
+    api, calls = answers((429, {"Retry-After": "Wed, 21 Oct 2015 07:28:05 GMT"}), (200, {}))
+    http = client(api, clock, wall_clock=lambda: wall + NS // 2)
+    assert http.get("http://h/").status_code == 429
+    t429 = clock.now
+    assert http.get("http://h/").status_code == 200
+    assert clock.now == t429 + 4 * NS + NS // 2
+    assert len(calls) == 2
+    with pytest.raises(TypeError, match="wall_clock must be a callable returning int ns, not int"):
+        client(api, clock, wall_clock=0)
 
 
 def test_503_with_retry_after_pauses_too_and_200_does_not() -> None:

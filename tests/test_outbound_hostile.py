@@ -525,7 +525,7 @@ def test_a_pause_heard_with_a_fraction_of_a_token_is_waited_exactly(kind: str) -
 def test_an_answer_is_closed_when_learning_from_it_raises(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(get: Any) -> None:
+    def broken(get: Any, wall_clock: Any) -> None:
         raise RuntimeError("a bug in the learning")
 
     monkeypatch.setattr(_outbound, "parse_limits", broken)
@@ -537,7 +537,7 @@ def test_an_answer_is_closed_when_learning_from_it_raises(
 
 
 def test_learning_that_raises_leaves_nothing_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(get: Any) -> None:
+    def broken(get: Any, wall_clock: Any) -> None:
         raise RuntimeError("a bug in the learning")
 
     t = RateLimitedTransport(httpx.MockTransport(lambda r: httpx.Response(200)), rate=1, capacity=1)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -607,6 +608,49 @@ def test_the_fallback_resumes_from_what_this_process_last_saw(
         (True, 99, "fallback"),
     ]
     limiter.close()
+
+
+def test_the_fallback_resumes_on_the_breakers_clock(redis_url: str) -> None:
+    # Redis admitted alice's whole burst (10 at 1/s); 4 s later on the breaker's
+    # clock it fails: 4 tokens came back, so the fallback starts alice at 4.
+    clock = ManualClock()
+    breaker = nbr.CircuitBreaker(backoff=60.0, clock=clock)
+    fallback = nb.KeyedTokenBucket(rate=1, capacity=10, clock=clock)
+    limiter = nbr.RedisTokenBucket(
+        redis.Redis.from_url(redis_url),
+        rate=1,
+        capacity=10,
+        prefix=f"resume-{uuid.uuid4().hex}",
+        fallback=fallback,
+        breaker=breaker,
+        timeout=SLOW_OK,
+    )
+    try:
+        assert limiter.check("alice", cost=10).source == "redis"
+        clock.advance(4 * S)
+        breaker.record_failure()
+        d = limiter.check("alice")
+        assert (d.allowed, d.remaining, d.source) == (True, 3, "fallback")
+    finally:
+        limiter.close()
+
+
+def test_a_limiter_with_a_clock_backs_off_on_it(redis_url: str) -> None:
+    # No breaker given: the limiter's own clock= times the back-off and the probe.
+    clock = ManualClock()
+    limiter = nbr.LeasedTokenBucket(
+        redis.Redis.from_url(redis_url), rate=1, capacity=10, clock=clock, on_error="closed"
+    )
+    try:
+        assert limiter.breaker.clock is clock
+        limiter.breaker.record_failure()
+        assert limiter.breaker.retry_in_ns() == 100 * MS
+        clock.advance(100 * MS - 1)
+        assert (limiter.breaker.state, limiter.breaker.retry_in_ns()) == ("open", 1)
+        clock.advance(1)
+        assert limiter.breaker.state == "half-open"
+    finally:
+        limiter.close()
 
 
 def test_the_breaker_probes_every_tenth_of_a_second_by_default() -> None:

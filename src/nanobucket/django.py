@@ -22,7 +22,8 @@ event loop never waits on Redis.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -32,11 +33,12 @@ except ImportError as exc:  # pragma: no cover - tested in a subprocess without 
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from ._http import Counters, Options, Route, client_address, counters_or_new, header, route
+from ._http import Counters, Gate, Options, Route, client_address, counters_or_new, header, route
 from ._http import drf as _drf
-from ._http.django import SETTINGS, Guard, make_limiter
+from ._http.django import DECISION, SETTINGS, decide, django_gate, make_limiter
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -130,24 +132,21 @@ class RateLimitMiddleware:
                 options[name] = import_string(options[name])
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
-        self._guard = Guard(
+        self._gate = django_gate(
             make_limiter(config["limiter"]), asynchronous=self.async_mode, **options
         )
-        self.counters = self._guard.counters
+        self.counters = self._gate.counters
         if self.async_mode:
             markcoroutinefunction(self)
 
     def __call__(self, request: Any) -> Any:
         if self.async_mode:
-            return self._acall(request)
-        return self._guard.run(request, lambda: self.get_response(request), None)
-
-    async def _acall(self, request: Any) -> Any:
-        return await self._guard.run_async(request, lambda: self.get_response(request), None)
+            return _respond_async(self._gate, request, lambda: self.get_response(request), None)
+        return _respond(self._gate, request, lambda: self.get_response(request), None)
 
     def __repr__(self) -> str:
         mode = "async" if self.async_mode else "sync"
-        return f"RateLimitMiddleware({mode}, headers={self._guard.gate.headers!r})"
+        return f"RateLimitMiddleware({mode}, headers={self._gate.headers!r})"
 
 
 # --------------------------------------------------------------------------
@@ -183,7 +182,12 @@ def limit(
     """
     options["counters"] = counters_or_new(options.get("counters"))  # one count for every view
     gate_for = functools.partial(
-        Guard, make_limiter(limiter), key=key, cost=cost, trusted_proxies=trusted_proxies, **options
+        django_gate,
+        make_limiter(limiter),
+        key=key,
+        cost=cost,
+        trusted_proxies=trusted_proxies,
+        **options,
     )
     # Checked now, not at the first request; the sync one when a sync view needs it.
     # Built once: method_decorator applies a decorator again at every request.
@@ -198,7 +202,9 @@ def limit(
 
             @functools.wraps(view)
             async def limited_async(request: Any, *args: Any, **kwargs: Any) -> Any:
-                return await gate.run_async(request, lambda: view(request, *args, **kwargs), label)
+                return await _respond_async(
+                    gate, request, lambda: view(request, *args, **kwargs), label
+                )
 
             return limited_async
         if False not in gates:
@@ -207,11 +213,72 @@ def limit(
 
         @functools.wraps(view)
         def limited(request: Any, *args: Any, **kwargs: Any) -> Any:
-            return sync_gate.run(request, lambda: view(request, *args, **kwargs), label)
+            return _respond(sync_gate, request, lambda: view(request, *args, **kwargs), label)
 
         return limited
 
     return decorate
+
+
+# --------------------------------------------------------------------------
+# The response
+
+
+def _respond(gate: Gate, request: Any, call: Callable[[], Any], label: str | None) -> Any:
+    """The sync path: decide, then answer 429 or run *call* (the view, the next handler)
+    and settle its charge. *label* is the hooks' ``route``; None for the matched
+    rule's pattern."""
+    admitted, _, fields, body, due = decide(gate, request, label)
+    if not admitted:
+        return _refusal(fields, body)
+    try:
+        response = call()
+    except BaseException:
+        if due is not None:
+            due.settle(request, 500)  # the view raised
+        raise
+    if not isinstance(response, HttpResponseBase) and inspect.isawaitable(response):
+        close = getattr(response, "close", None)
+        if close is not None:
+            close()  # never awaited: no "coroutine was never awaited" warning
+        raise TypeError(
+            "limit() on the dispatch() of an async class-based view: decorate its "
+            "handler instead, method_decorator(limit(...), name='get')"
+        )
+    if due is not None:
+        due.settle(request, response.status_code)
+    return _mark(response, fields)
+
+
+async def _respond_async(
+    gate: Gate, request: Any, call: Callable[[], Awaitable[Any]], label: str | None
+) -> Any:
+    """The async path of `_respond`."""
+    admitted, decision, fields, body, due = await gate.decide_async(request, label)
+    if decision is not None:
+        request.META[DECISION] = decision
+    if not admitted:
+        return _refusal(fields, body)
+    status = 500
+    try:
+        response = await call()
+        status = response.status_code
+    finally:
+        if due is not None:
+            await due.settle_async(request, status)
+    return _mark(response, fields)
+
+
+def _refusal(fields: Iterable[tuple[bytes, bytes]], body: bytes | None) -> HttpResponse:
+    """The 429 of a refused request."""
+    return _mark(HttpResponse(body, status=429), fields)
+
+
+def _mark(response: Any, fields: Iterable[tuple[bytes, bytes]]) -> Any:
+    """*response* with the fields of its `Outcome`."""
+    for field, value in fields:
+        response.headers[field.decode("latin-1")] = value.decode("latin-1")
+    return response
 
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from ._http import (
     header,
     route,
 )
-from ._http.charge import Charge, Due
+from ._http.charge import Due
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -215,11 +215,6 @@ class RateLimit:
     ['nanobucket_request', 'nanobucket_response', 'user']
     """
 
-    def __new__(cls, *args: Any, charge: Charge | None = None, **kwargs: Any) -> RateLimit:
-        # With charge= FastAPI must see a dependency with yield (code after the route).
-        made = _ChargingRateLimit if charge is not None and cls is RateLimit else cls
-        return object.__new__(made)
-
     def __init__(
         self,
         limiter: object,
@@ -255,8 +250,23 @@ class RateLimit:
         self.__signature__ = inspect.Signature(list(params.values()))
         self._key_names = tuple(p.name for p in key_params)
         self._cost_names = tuple(p.name for p in cost_params)
+        # With charge= the dependency has a yield (code after the route), else it is
+        # a coroutine. FastAPI tells them apart by ``getattr(dependency, "__call__")``,
+        # which finds this instance attribute before the class's method; a call of the
+        # instance goes through the class's `__call__` to the same one.
+        self._run = self._settled if options.get("charge") is not None else self._admitted
+        vars(self)["__call__"] = self._run
 
-    async def __call__(
+    def __call__(
+        self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
+    ) -> Any:
+        """Decide the request: a coroutine of the decision, or with ``charge=`` an async
+        generator that yields it and settles the charge when the route has answered."""
+        return self._run(
+            nanobucket_request=nanobucket_request, nanobucket_response=nanobucket_response, **deps
+        )
+
+    async def _admitted(
         self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
     ) -> Any:
         return (await self._decide(nanobucket_request, nanobucket_response, deps))[0]
@@ -288,14 +298,7 @@ class RateLimit:
             response.headers.append(field.decode("latin-1"), value.decode("latin-1"))
         return decision, due
 
-    def __repr__(self) -> str:
-        return f"RateLimit(headers={self.headers!r}, shadow={self.shadow})"
-
-
-class _ChargingRateLimit(RateLimit):
-    """`RateLimit` with ``charge=``: a dependency with yield, settling after the route."""
-
-    async def __call__(  # type: ignore[override]
+    async def _settled(
         self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
     ) -> AsyncIterator[Any]:
         request, response = nanobucket_request, nanobucket_response
@@ -317,3 +320,6 @@ class _ChargingRateLimit(RateLimit):
                 declared = getattr(request.scope.get("route"), "status_code", None)
                 status = response.status_code or declared or 200
             await due.settle_async(request, status)
+
+    def __repr__(self) -> str:
+        return f"RateLimit(headers={self.headers!r}, shadow={self.shadow})"

@@ -164,7 +164,9 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
       slot, and what one process learns (a slower rate, a
       pause) slows them all, so they behave as one client (see
       `nanobucket._outbound.shared`). Default None: this transport alone.
-    * *clock* (int ns) and *sleep* serve tests.
+    * *clock* (int ns), *wall_clock* (int ns since the Unix epoch, read for a
+      ``Retry-After`` date or a Unix-time reset when the answer has no
+      ``Date``; default `time.time_ns`) and *sleep* serve tests.
 
     >>> import httpx
     >>> api = httpx.MockTransport(lambda request: httpx.Response(204))

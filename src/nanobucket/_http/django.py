@@ -1,20 +1,18 @@
-"""What the Django middleware, view decorator and DRF throttle share.
+"""Django's requests as the gate reads them: what the middleware, view decorator and
+DRF throttle share.
 
-Keys read from the Django request (``"ip"``, ``"user"``, the other
-integrations' key functions, callables), the settings' dotted paths, the
-`View` of a Django request, and `Guard`: a `nanobucket._http.Gate` in front
-of a view, on Django's sync or async path, that answers 429 or runs the view
-and marks its response.
+The `View` of a Django request, the keys read from it (``"ip"``, ``"user"``,
+the other integrations' key functions, callables), the settings' dotted
+paths, and `django_gate`: a `nanobucket._http.Gate` over Django's requests,
+checked for the path (sync or async) Django calls it on.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
-from django.http import HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from .._core._bucket import limiter_or_text
@@ -35,6 +33,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 SETTINGS = "NANOBUCKET"  # the settings' name
+DECISION = "nanobucket.decision"  # where the decision is left in request.META
 
 
 ADDRESS_KEYS = ("ip", "user")  # the keys that read the client address (trusted_proxies)
@@ -163,123 +162,64 @@ def make_limiter(value: object) -> object:
     return value
 
 
-class Guard:
-    """One configuration in front of a view: a `Gate` that answers 429 or marks the response."""
-
-    def __init__(
-        self,
-        limiter: object,
-        *,
-        asynchronous: bool,
-        key: object = "ip",
-        trusted_proxies: Iterable[str] | str | None = None,
-        cost: object = 1,
-        routes: Iterable[Route] | None = None,
-        exempt: str | Iterable[str] | None = None,
-        **options: Unpack[Options],
-    ) -> None:
-        keys = [request_key(key, trusted_proxies)]
-        rules = []
-        for r in routes or ():
-            if not isinstance(r, Route):
-                raise TypeError(f"routes must be Route objects, not {type(r).__name__}")
-            if r.key is not None:  # the route's own key, read from the request too
-                trusted = trusted_proxies if r.key in ADDRESS_KEYS else None
-                keys.append(request_key(r.key, trusted))
-                r = Route(  # noqa: PLW2901 - a copy, the caller's Route stays as given
-                    r.path,
-                    r.limiter,
-                    cost=r.cost,
-                    key=keys[-1],
-                    exempt=r.exempt,
-                    name=r.name,
-                    methods=r.methods,
-                )
-            rules.append(r)
-        self.gate = Gate(
-            VIEW,
-            limiter,
-            key=keys[0],
-            cost=cost,
-            routes=rules,
-            exempt=exempt,
-            locked=True,  # the sync path's threads, and the async path counts into the same
-            asynchronous=asynchronous,
-            **options,
-        )
-        self.counters = self.gate.counters
-        if not asynchronous:
-            if any(p.is_async for p in self.gate.router.policies()):
-                raise TypeError(
-                    "an asyncio limiter (async check()) needs an async view, or Django's "
-                    "async path (ASGI with async-capable middleware); pass a sync limiter"
-                )
-            if any(isinstance(k, AsyncKey) for k in keys):
-                raise TypeError("an async key function needs an async view or ASGI")
-
-    def run(self, request: Any, call: Callable[[], Any], label: str | None) -> Any:
-        """The sync path: decide, then answer 429 or run *call* (the view, the next handler).
-
-        *label* is the hooks' ``route``; None for the matched rule's pattern.
-        """
-        admitted, _, fields, body, due = self.decide(request, label)
-        if not admitted:
-            return refusal(fields, body)
-        try:
-            response = call()
-        except BaseException:
-            if due is not None:
-                due.settle(request, 500)  # the view raised
-            raise
-        if not isinstance(response, HttpResponseBase) and inspect.isawaitable(response):
-            close_awaitable(response)
-            raise TypeError(
-                "limit() on the dispatch() of an async class-based view: decorate its "
-                "handler instead, method_decorator(limit(...), name='get')"
+def django_gate(
+    limiter: object,
+    *,
+    asynchronous: bool,
+    key: object = "ip",
+    trusted_proxies: Iterable[str] | str | None = None,
+    cost: object = 1,
+    routes: Iterable[Route] | None = None,
+    exempt: str | Iterable[str] | None = None,
+    **options: Unpack[Options],
+) -> Gate:
+    """The `Gate` of one configuration over Django's requests, on Django's sync or
+    async path (*asynchronous*): its keys (and its routes' keys) read as `request_key`
+    reads them; on the sync path an asyncio limiter or key is refused now."""
+    keys = [request_key(key, trusted_proxies)]
+    rules = []
+    for r in routes or ():
+        if not isinstance(r, Route):
+            raise TypeError(f"routes must be Route objects, not {type(r).__name__}")
+        if r.key is not None:  # the route's own key, read from the request too
+            trusted = trusted_proxies if r.key in ADDRESS_KEYS else None
+            keys.append(request_key(r.key, trusted))
+            r = Route(  # noqa: PLW2901 - a copy, the caller's Route stays as given
+                r.path,
+                r.limiter,
+                cost=r.cost,
+                key=keys[-1],
+                exempt=r.exempt,
+                name=r.name,
+                methods=r.methods,
             )
-        if due is not None:
-            due.settle(request, response.status_code)
-        return mark(response, fields)
-
-    def decide(self, request: Any, label: str | None) -> Outcome:
-        """The sync `Outcome` of *request*; its decision left in ``request.META``."""
-        outcome = self.gate.decide(request, None, label)
-        if outcome[1] is not None:
-            request.META["nanobucket.decision"] = outcome[1]
-        return outcome
-
-    async def run_async(
-        self, request: Any, call: Callable[[], Awaitable[Any]], label: str | None
-    ) -> Any:
-        """The async path of `run`."""
-        admitted, decision, fields, body, due = await self.gate.decide_async(request, label)
-        if decision is not None:
-            request.META["nanobucket.decision"] = decision
-        if not admitted:
-            return refusal(fields, body)
-        status = 500
-        try:
-            response = await call()
-            status = response.status_code
-        finally:
-            if due is not None:
-                await due.settle_async(request, status)
-        return mark(response, fields)
+        rules.append(r)
+    gate = Gate(
+        VIEW,
+        limiter,
+        key=keys[0],
+        cost=cost,
+        routes=rules,
+        exempt=exempt,
+        locked=True,  # the sync path's threads, and the async path counts into the same
+        asynchronous=asynchronous,
+        **options,
+    )
+    if not asynchronous:
+        if any(p.is_async for p in gate.router.policies()):
+            raise TypeError(
+                "an asyncio limiter (async check()) needs an async view, or Django's "
+                "async path (ASGI with async-capable middleware); pass a sync limiter"
+            )
+        if any(isinstance(k, AsyncKey) for k in keys):
+            raise TypeError("an async key function needs an async view or ASGI")
+    return gate
 
 
-def refusal(fields: Iterable[tuple[bytes, bytes]], body: bytes | None) -> HttpResponse:
-    """The 429 of a refused request."""
-    return mark(HttpResponse(body, status=429), fields)
-
-
-def mark(response: Any, fields: Iterable[tuple[bytes, bytes]]) -> Any:
-    """*response* with the fields of its `Outcome`."""
-    for field, value in fields:
-        response.headers[field.decode("latin-1")] = value.decode("latin-1")
-    return response
-
-
-def close_awaitable(awaitable: object) -> None:
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()  # never awaited: no "coroutine was never awaited" warning
+def decide(gate: Gate, request: Any, label: str | None) -> Outcome:
+    """The sync `Outcome` of *request* (*label*: the hooks' ``route``; None for the
+    matched rule's pattern); its decision left in ``request.META``."""
+    outcome = gate.decide(request, None, label)
+    if outcome[1] is not None:
+        request.META[DECISION] = outcome[1]
+    return outcome

@@ -16,7 +16,8 @@ from typing import Any
 from django.conf import settings
 
 from .._compose.hooks import Hook
-from .django import SETTINGS, Guard, make_limiter, resolve
+from .django import SETTINGS, decide, django_gate, make_limiter, resolve
+from .gate import Gate
 
 #: The throttle's class and each subclass's gate are made once, even when
 #: the first requests come at once (a limiter factory must run only once).
@@ -59,7 +60,7 @@ class _Throttle:
     decision: Any = None
 
     @classmethod
-    def gate(cls) -> Guard:
+    def gate(cls) -> Gate:
         """The class's configuration, built and checked once, at its first request.
 
         >>> import nanobucket as nb
@@ -80,7 +81,7 @@ class _Throttle:
             return gate
 
     @classmethod
-    def _build_gate(cls) -> Guard:
+    def _build_gate(cls) -> Gate:
         names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
         config: dict[str, Any] = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
         if config["limiter"] is None:
@@ -98,7 +99,7 @@ class _Throttle:
             config[n] = resolve(config[n])
         limiter = make_limiter(config.pop("limiter"))
         # DRF throttles run synchronously: an asyncio limiter is refused here.
-        return Guard(limiter, asynchronous=False, headers="off", **config)
+        return django_gate(limiter, asynchronous=False, headers="off", **config)
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Spend ``cost`` tokens of the request's key; False when refused.
@@ -113,7 +114,7 @@ class _Throttle:
         """
         gate = self.gate()
         label = type(view).__qualname__ if view is not None else type(self).__qualname__
-        admitted, self.decision, _, _, _ = gate.decide(request, label)
+        admitted, self.decision, _, _, _ = decide(gate, request, label)
         return admitted
 
     def wait(self) -> float | None:

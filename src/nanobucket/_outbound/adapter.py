@@ -93,6 +93,7 @@ class Options(TypedDict, total=False):
     max_waiters: int  # DEFAULT_MAX_WAITERS
     shared: Any  # None: this process alone (a keyed limiter: `nanobucket._outbound.shared`)
     clock: Clock | None
+    wall_clock: Callable[[], int] | None  # time.time_ns
     sleep: Callable[[float], object] | None
     async_sleep: Callable[[float], Any] | None
 
@@ -193,6 +194,7 @@ class Outbound:
             max_keys=options.get("max_keys", 1024),
             max_waiters=options.get("max_waiters", DEFAULT_MAX_WAITERS),
             clock=options.get("clock"),
+            wall_clock=options.get("wall_clock"),
             sleep=options.get("sleep"),
             async_sleep=options.get("async_sleep"),
         )

@@ -29,6 +29,7 @@ __all__ = (
     "TRIGGERS",
     "Announced",
     "Get",
+    "WallClock",
     "collect",
     "fields_of",
     "one_state",
@@ -188,32 +189,40 @@ def _items(field: str | None) -> Items:
 _BAD_DATE = (TypeError, ValueError, IndexError, OverflowError, OSError)
 
 
-def _wall_now(get: Get) -> float:
-    """The server's time of the response: its ``Date``, else this machine's clock."""
+#: This machine's wall clock: int ns since the Unix epoch (`time.time_ns`).
+WallClock = Callable[[], int]
+
+
+def _wall_now(get: Get, wall_clock: WallClock) -> Fraction:
+    """The server's time of the response in seconds since the epoch: its ``Date``,
+    else *wall_clock*'s."""
     date = get("date")
     if date and len(date) < 64:
         try:
-            return email.utils.parsedate_to_datetime(date).timestamp()
+            return Fraction(email.utils.parsedate_to_datetime(date).timestamp())
         except _BAD_DATE:
             pass
-    return time.time()
+    return Fraction(wall_clock(), NS_PER_S)
 
 
 def _seconds_ns(seconds: Fraction | int) -> int:
     return min(math.ceil(seconds * NS_PER_S), _MAX_WAIT_NS)
 
 
-def parse_retry_after(get: Get) -> int | None:
+def parse_retry_after(get: Get, wall_clock: WallClock = time.time_ns) -> int | None:
     """``Retry-After`` in ns from now (seconds or an HTTP date), else None.
 
     A date is read against the response's ``Date`` (the server's clock), or
-    this machine's clock when there is none; a date in the past is 0.
+    *wall_clock* (this machine's) when there is none; a date in the past is 0.
 
     >>> parse_retry_after({"retry-after": "2"}.get)
     2000000000
     >>> parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT",
     ...                    "date": "Wed, 21 Oct 2015 07:28:00 GMT"}.get)
     5000000000
+    >>> parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT"}.get,
+    ...                   lambda: 1445412484 * 10**9)   # 07:28:04 UTC
+    1000000000
     >>> parse_retry_after({"retry-after": "soon"}.get) is None
     True
     """
@@ -227,13 +236,13 @@ def parse_retry_after(get: Get) -> int | None:
         when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
     except _BAD_DATE:
         return None
-    delta = Fraction(when) - Fraction(_wall_now(get))
+    delta = Fraction(when) - _wall_now(get, wall_clock)
     return _seconds_ns(max(delta, Fraction(0)))
 
 
-def _reset_ns(value: int, get: Get) -> int:
+def _reset_ns(value: int, get: Get, wall_clock: WallClock) -> int:
     if value > _EPOCH:
-        return _seconds_ns(max(Fraction(value) - Fraction(_wall_now(get)), Fraction(0)))
+        return _seconds_ns(max(value - _wall_now(get, wall_clock), Fraction(0)))
     return min(value * NS_PER_S, _MAX_WAIT_NS)
 
 
@@ -368,8 +377,10 @@ def _rate(policy: tuple[int, int]) -> Fraction:
     return Fraction(policy[0], policy[1])
 
 
-def parse_limits(get: Get) -> Announced | None:
+def parse_limits(get: Get, wall_clock: WallClock = time.time_ns) -> Announced | None:
     """The limit a response announces (IETF fields first, then ``X-RateLimit-*``), or None.
+
+    A reset given as a Unix time is read as `parse_retry_after` reads a date.
 
     >>> a = parse_limits({"ratelimit-policy": '"default";q=50;w=1',
     ...                   "ratelimit": '"default";r=7;t=1'}.get)
@@ -413,7 +424,7 @@ def parse_limits(get: Get) -> Announced | None:
             _rate(policy) if policy is not None else None,
             limit,
             remaining,
-            _reset_ns(reset, get) if reset is not None else None,
+            _reset_ns(reset, get, wall_clock) if reset is not None else None,
             policy,
         ),
     )

@@ -63,6 +63,7 @@ import functools
 import itertools
 import math
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from fractions import Fraction
@@ -90,6 +91,7 @@ from .fields import (
     MAX_WAIT_S,
     Announced,
     Get,
+    WallClock,
     one_state,
     parse_limits,
     parse_retry_after,
@@ -269,6 +271,7 @@ class Pacer:
         max_keys: int,
         max_waiters: int,
         clock: Clock | None,
+        wall_clock: WallClock | None = None,
         sleep: Callable[[float], object] | None,
         async_sleep: Callable[[float], Any] | None,
     ) -> None:
@@ -279,6 +282,10 @@ class Pacer:
         self.max_keys = validated_max_keys(max_keys)
         self.max_waiters = int_at_least(max_waiters, "max_waiters", 0)
         self.clock: Clock = clock_or_monotonic(clock)
+        if wall_clock is not None and not callable(wall_clock):
+            kind = type(wall_clock).__name__
+            raise TypeError(f"wall_clock must be a callable returning int ns, not {kind}")
+        self.wall_clock: WallClock = time.time_ns if wall_clock is None else wall_clock
         self.sleep = sleep
         self.async_sleep = async_sleep
         self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
@@ -494,8 +501,8 @@ class Pacer:
             pause = None
         else:
             try:
-                announced = parse_limits(get)
-                pause = parse_retry_after(get) if status in (429, 503) else None
+                announced = parse_limits(get, self.wall_clock)
+                pause = parse_retry_after(get, self.wall_clock) if status in (429, 503) else None
             except BaseException:
                 self.failed(ticket)  # answered all the same: no longer in flight
                 raise
@@ -525,7 +532,9 @@ class Pacer:
                 left_ns = state.paused_until - now
                 return left_ns if left_ns > 0 else 0
             if remaining is not None and remaining != announced.remaining:  # type: ignore[union-attr]
-                announced = parse_limits(get)  # it says more than the last one: read it all
+                announced = parse_limits(
+                    get, self.wall_clock
+                )  # it says more than the last one: read it all
             left_ns = self._done(state, ticket, before, status, announced, pause, now)
             if announced is not None and state.said is announced:
                 policy_text, state_text = get("ratelimit-policy"), get("ratelimit")

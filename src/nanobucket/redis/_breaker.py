@@ -80,6 +80,15 @@ class CircuitBreaker:
             return found
 
     @property
+    def clock(self) -> Clock:
+        """The clock (int ns) the back-off is read on: ``clock=``, else the monotonic one.
+
+        >>> CircuitBreaker(clock=lambda: 7).clock()
+        7
+        """
+        return self._clock
+
+    @property
     def state(self) -> Literal["closed", "open", "half-open"]:
         """``closed`` (calls go to Redis), ``open`` (they do not), ``half-open`` (one probes).
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Hashable
 from typing import Any
 
@@ -108,7 +107,15 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
         none_key: bool = False,
     ) -> None:
         super().__init__(
-            rate, capacity, prefix, on_error, fallback, breaker, timeout, none_key=none_key
+            rate,
+            capacity,
+            prefix,
+            on_error,
+            fallback,
+            breaker,
+            timeout,
+            none_key=none_key,
+            clock=clock,
         )
         self._connect(client)
         self._script = self._give_script  # lua/lease.lua: take and give
@@ -208,7 +215,7 @@ class LeasedTokenBucket(_SyncLimits, KeyedDecide[RedisDecision, bool]):
             # Another thread's lease of this key is in flight: one lease at a
             # time keeps the instance's unspent tokens under max_lease. Its
             # round trip is bounded by the timeout, and so is this wait.
-            now = time.monotonic_ns()
+            now = self._clock()
             if not wait_until:
                 wait_until = now + int(self._timeout * NS_PER_S)
             if not in_flight.wait((wait_until - now) / NS_PER_S):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from importlib.resources import files
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from .._core import _acquire
 from .._core._params import (
     NOW_MAX,
     NS_PER_S,
+    Clock,
     RateArg,
     RateLike,
     bucket_params,
@@ -180,6 +180,7 @@ class _RedisLimits(_FailurePolicy):
         timeout: float,
         *,
         none_key: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self._timeout = _timeout_seconds(timeout)
         self._none_key = validated_flag(none_key, "none_key")
@@ -190,7 +191,7 @@ class _RedisLimits(_FailurePolicy):
             raise ValueError("prefix must not contain '{' or '}': the key is the hash tag")
         self._prefix = prefix.encode("utf-8")
         self._set_params(params)
-        super().__init__(on_error, fallback, breaker)
+        super().__init__(on_error, fallback, breaker, clock)
 
     def _connect(self, client: Any) -> None:
         """Take *client*: keep it, make the limiter's own bounded client to its server,
@@ -382,7 +383,7 @@ class _RedisLimits(_FailurePolicy):
         if owed_us <= self._tau_us - cost_us:
             owed_us += cost_us  # admitted: its cost is owed too
         if now_ns is None:
-            seen, full_at = self._seen, time.monotonic_ns() + owed_us * NS_PER_US
+            seen, full_at = self._seen, self._breaker.clock() + owed_us * NS_PER_US
         else:  # Redis's now was the whole microseconds of now_ns
             seen, full_at = self._seen_at, (now_ns // NS_PER_US + owed_us) * NS_PER_US
         if seen.pop(key, None) is None and len(seen) >= _MAX_SEEN:

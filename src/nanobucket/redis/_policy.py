@@ -12,7 +12,6 @@ after (`_outage`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -38,6 +37,7 @@ Source = Literal["redis", "lease", "policy:open", "policy:closed", "fallback"]
 
 if TYPE_CHECKING:
     from .._core._bucket_py import Decision as _Decision
+    from .._core._params import Clock
 else:
     _Decision = _bucket.Decision  # the selected one: `nanobucket.Decision`
 
@@ -159,7 +159,13 @@ class _FailurePolicy:
     #: The table deciding under ``on_error="local"`` without a fallback given.
     _local: Any = None
 
-    def __init__(self, on_error: Policy, fallback: Fallback | None, breaker: CircuitBreaker | None):
+    def __init__(
+        self,
+        on_error: Policy,
+        fallback: Fallback | None,
+        breaker: CircuitBreaker | None,
+        clock: Clock | None = None,
+    ):
         if on_error not in ("local", "open", "closed", "raise"):
             raise ValueError(
                 f"on_error must be 'local', 'open', 'closed' or 'raise', got {on_error!r}"
@@ -182,9 +188,11 @@ class _FailurePolicy:
         )
         if breaker is not None and not isinstance(breaker, CircuitBreaker):
             raise TypeError("breaker must be a CircuitBreaker")
-        self._breaker = breaker if breaker is not None else CircuitBreaker()
+        # The failure paths (back-off, probes, what was seen before an outage) read
+        # the breaker's clock: the limiter's own clock= unless a breaker is given.
+        self._breaker = breaker if breaker is not None else CircuitBreaker(clock=clock)
         # With a fallback: each key's last Redis decision in this process, as the ns
-        # when its Redis bucket is full, on the clock of the call (the monotonic clock;
+        # when its Redis bucket is full, on the clock of the call (the breaker's clock;
         # `_seen_at`: the explicit times of the `*_at` verbs), most recent last; and
         # the keys the fallback has decided since Redis last answered (see `_resume`).
         self._seen: dict[Hashable, int] = {}
@@ -212,7 +220,7 @@ class _FailurePolicy:
             return
         keys.add(key)
         if now_ns is None:
-            full_at, now = self._seen.get(key), time.monotonic_ns()
+            full_at, now = self._seen.get(key), self._breaker.clock()
         else:
             full_at, now = self._seen_at.get(key), now_ns
         if full_at is None:
