@@ -55,6 +55,7 @@ MODULES = [
     "nanobucket._http.policy",
     "nanobucket._http.counters",
     "nanobucket._http.gate",
+    "nanobucket._http.clients",
     "nanobucket.asgi",
     "nanobucket.wsgi",
     "nanobucket.fastapi",

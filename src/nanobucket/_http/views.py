@@ -12,7 +12,10 @@ from __future__ import annotations
 import operator
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    from .address import client_address
 
 # operator.setitem, typed as a view's ``note``.
 _setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
@@ -326,6 +329,11 @@ class KeyFunc:
     async def read_async(self, view: View, request: Any) -> Any:
         """The key on the asyncio path: `read` unless the key function must await."""
         return self.read(view, request)
+
+    def client(self) -> client_address | None:
+        """The `client_address` this key reads the client's address with (None: it reads
+        none), which the gate's ``exempt_clients`` reads too, trusted proxies and all."""
+        return None
 
     def asgi(self, scope: Mapping[str, Any]) -> Any:
         """The key of an ASGI request (its ``scope``).
