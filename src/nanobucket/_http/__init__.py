@@ -8,6 +8,8 @@ One module per concern:
 * `routes`: `Route` rules and the `Router` that finds a request's rule;
 * `policy`: a limiter as the gate uses it, its header fields and 429 bodies;
 * `counters`: `Counters`;
+* `clients`: the clients never limited (``exempt_clients=``);
+* `websocket`: a refused websocket handshake, and `MessageLimit`;
 * `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`).
 
 The adapters (`nanobucket.asgi`, `nanobucket.wsgi`, `nanobucket.fastapi`,
@@ -37,7 +39,18 @@ from .policy import (
     retry_after_seconds,
 )
 from .routes import Route, Router, Rule, build_router, path_name, suspect_path
-from .views import ENVIRON, SCOPE, EnvironView, KeyFunc, ScopeView, View, cgi_name, wsgi_path
+from .views import (
+    ENVIRON,
+    SCOPE,
+    WS_SCOPE,
+    EnvironView,
+    KeyFunc,
+    ScopeView,
+    View,
+    cgi_name,
+    wsgi_path,
+)
+from .websocket import MessageLimit, refuse_handshake
 
 # The names the integrations (and their tests) import from here.
 __all__ = (
@@ -46,10 +59,12 @@ __all__ = (
     "HEADER_MODES",
     "READ",
     "SCOPE",
+    "WS_SCOPE",
     "Counters",
     "EnvironView",
     "Gate",
     "KeyFunc",
+    "MessageLimit",
     "Options",
     "Outcome",
     "Policy",
@@ -70,6 +85,7 @@ __all__ = (
     "limit_headers",
     "path_name",
     "problem_body",
+    "refuse_handshake",
     "rejection",
     "retry_after_seconds",
     "route",

@@ -23,10 +23,12 @@ _setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
 __all__ = (
     "ENVIRON",
     "SCOPE",
+    "WS_SCOPE",
     "EnvironView",
     "KeyFunc",
     "ScopeView",
     "View",
+    "WebSocketScopeView",
     "cgi_name",
     "target_path",
     "wsgi_path",
@@ -193,6 +195,21 @@ class ScopeView:
         return request.get(name)
 
 
+class WebSocketScopeView(ScopeView):
+    """An ASGI ``websocket`` scope: read as an HTTP one, its method ``GET`` (the
+    handshake's), which the scope does not name.
+
+    >>> WS_SCOPE.method({"type": "websocket", "path": "/chat"}), WS_SCOPE.path({"path": "/chat"})
+    ('GET', '/chat')
+    """
+
+    __slots__ = ()
+
+    def method(self, request: Mapping[str, Any]) -> str:  # type: ignore[override]
+        """``GET``: a websocket opens with a ``GET`` (RFC 6455), and routes match it so."""
+        return "GET"
+
+
 class EnvironView:
     """A WSGI ``environ`` (Flask, any WSGI app).
 
@@ -273,6 +290,7 @@ def cgi_name(name: str) -> str:
 
 
 SCOPE = ScopeView()
+WS_SCOPE = WebSocketScopeView()
 ENVIRON = EnvironView()
 
 
