@@ -56,6 +56,7 @@ MODULES = [
     "nanobucket._http.counters",
     "nanobucket._http.gate",
     "nanobucket._http.clients",
+    "nanobucket._http.websocket",
     "nanobucket.asgi",
     "nanobucket.wsgi",
     "nanobucket.fastapi",

@@ -32,7 +32,7 @@ import nanobucket as nb
 from nanobucket.asgi import MessageLimit, RateLimitMiddleware, Route, header
 
 from conftest import ManualClock
-from http_checks import PROBLEM_429_1S, counts
+from http_checks import PROBLEM_429_1S, AsyncRecorder, counts
 
 # Starlette's TestClient now asks for httpx2 and warns on importing it over
 # httpx; its websocket session, the part used here, does not touch either.
@@ -290,6 +290,28 @@ def test_message_limit_per_connection_in_fastapi(impl: ModuleType, clock: Manual
     with client.websocket_connect("/chat?u=bob") as ws:
         ws.send_text("x")
         assert ws.receive_text() == "x"
+
+
+def test_message_limit_awaits_an_asyncio_limiter_and_reads_a_header_key(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    limiter = AsyncRecorder(bucket(impl, clock))
+    per_message = MessageLimit(limiter, key=header("x-user"))
+
+    async def chat(websocket: Any) -> None:
+        await websocket.accept()
+        async for text in websocket.iter_text():
+            if not await per_message(websocket):
+                return
+            await websocket.send_text(text)
+
+    client = TestClient(Starlette(routes=[WebSocketRoute("/chat", chat)]), client=PEER)
+    with client.websocket_connect("/chat", headers={"x-user": "ann"}) as ws:
+        for text in ("1", "2", "3"):
+            ws.send_text(text)
+        assert [ws.receive_text(), ws.receive_text()] == ["1", "2"]
+        assert ws.receive()["code"] == 1008
+    assert limiter.keys == ["header:ann"] * 3
 
 
 def test_message_limit_bad_input(impl: ModuleType, clock: ManualClock) -> None:

@@ -226,7 +226,12 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
         return self._walk(addr, forwarded_for) if forwarded_for else addr
 
     def client(self) -> client_address:
-        """This key reads the client address itself."""
+        """This key reads the client address itself (see `KeyFunc.client`).
+
+        >>> key = client_address(trusted_proxies="10.0.0.0/8")
+        >>> key.client() is key
+        True
+        """
         return self
 
     def read(self, view: View, request: Any) -> str:

@@ -86,7 +86,12 @@ class header(KeyFunc):  # lower case: reads as a function at the call site
         return "addr:" + self._fallback.read(view, request)  # type: ignore[no-any-return]
 
     def client(self) -> client_address | None:
-        """The fallback's client address: a client's address with no header is read by it."""
+        """The fallback's client address: a client's address with no header is read by it.
+
+        >>> proxied = client_address(trusted_proxies="10.0.0.0/8")
+        >>> header("X-API-Key", fallback=proxied).client() is proxied
+        True
+        """
         return self._fallback.client()
 
 

@@ -350,7 +350,12 @@ class KeyFunc:
 
     def client(self) -> client_address | None:
         """The `client_address` this key reads the client's address with (None: it reads
-        none), which the gate's ``exempt_clients`` reads too, trusted proxies and all."""
+        none), which the gate's ``exempt_clients`` reads too, trusted proxies and all.
+
+        >>> from nanobucket._http import route
+        >>> route().client() is None
+        True
+        """
         return None
 
     def asgi(self, scope: Mapping[str, Any]) -> Any:

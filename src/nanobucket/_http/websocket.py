@@ -50,14 +50,14 @@ async def refuse_handshake(
     accepting (which the server turns into a 403).
 
     >>> import asyncio, nanobucket as nb
-    >>> async def send(message): print(message["type"], message.get("status", ""))
+    >>> async def send(message): print(message["type"], message.get("status", message.get("code")))
     >>> d = nb.TokenBucket(rate=1, capacity=1, clock=lambda: 0).check(cost=1)
     >>> scope = {"type": "websocket", "extensions": {"websocket.http.response": {}}}
     >>> asyncio.run(refuse_handshake(scope, send, d, [(b"retry-after", b"1")], b"{}"))
     websocket.http.response.start 429
-    websocket.http.response.body
+    websocket.http.response.body None
     >>> asyncio.run(refuse_handshake({"type": "websocket"}, send, d, [], b"{}"))
-    websocket.close
+    websocket.close 1008
     """
     extensions = scope.get("extensions") or {}
     if HTTP_RESPONSE in extensions:
@@ -72,7 +72,7 @@ async def refuse_handshake(
 
 
 class MessageLimit:
-    """Limit the messages a client sends on an open websocket (Starlette, FastAPI, Litestar).
+    """Limit the messages a client sends on an open websocket (Starlette, FastAPI).
 
     ``await per_message(websocket)`` spends *cost* tokens of the client's
     bucket for one message: True when admitted; when refused, the connection
