@@ -170,6 +170,21 @@ def test_the_raw_asgi_messages_of_both_refusals(impl: ModuleType, clock: ManualC
     assert reached == ["/ws"]  # a refused handshake never reaches the app
 
 
+def test_a_route_written_with_the_root_path_warns_for_a_websocket_too(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "websocket.accept"})
+
+    async def send(message: Any) -> None:
+        pass
+
+    mw = RateLimitMiddleware(app, bucket(impl, clock), routes=[Route("/api/chat")])
+    scope = {"type": "websocket", "path": "/api/chat", "root_path": "/api", "client": PEER}
+    with pytest.warns(RuntimeWarning, match=r"write Route\('/chat'\)"):
+        asyncio.run(mw(scope, None, send))  # type: ignore[arg-type]
+
+
 def test_routes_exempt_paths_and_clients_apply_as_to_http(
     impl: ModuleType, clock: ManualClock
 ) -> None:
