@@ -58,6 +58,8 @@ MODULES = [
     "nanobucket._http.counters",
     "nanobucket._http.answer",
     "nanobucket._http.gate",
+    "nanobucket._http.clients",
+    "nanobucket._http.websocket",
     "nanobucket.asgi",
     "nanobucket.wsgi",
     "nanobucket.fastapi",

@@ -7,6 +7,7 @@
 >>> app = RateLimitMiddleware(app, limiter)   # per client address, cost 1
 
 FastAPI / Starlette: ``app.add_middleware(RateLimitMiddleware, limiter=limiter)``.
+A websocket is counted at its handshake; `MessageLimit` limits its messages.
 """
 
 from __future__ import annotations
@@ -15,7 +16,20 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ._http import SCOPE, Counters, Gate, HttpAnswer, Options, Route, client_address, header, route
+from ._http import (
+    SCOPE,
+    WS_SCOPE,
+    Counters,
+    Gate,
+    HttpAnswer,
+    MessageLimit,
+    Options,
+    Route,
+    client_address,
+    header,
+    refuse_handshake,
+    route,
+)
 from ._http.charge import Due
 
 if TYPE_CHECKING:
@@ -25,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = (
     "Counters",
     "HttpAnswer",
+    "MessageLimit",
     "RateLimitMiddleware",
     "Route",
     "client_address",
@@ -40,7 +55,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class RateLimitMiddleware:
-    """Rate-limit every HTTP request of an ASGI app; 429 + ``Retry-After`` when limited.
+    """Rate-limit every HTTP request and websocket handshake of an ASGI app; 429 +
+    ``Retry-After`` when limited.
 
     * *limiter*: any nanobucket limiter, keyed (``check(key, cost)``:
       `KeyedTokenBucket`, the shared-memory and Redis tables, ``all_of``) or
@@ -57,6 +73,11 @@ class RateLimitMiddleware:
     * *cost*: tokens per request, an int or a callable taking the scope.
     * *routes*: `Route` rules with their own limiter, cost, key, or
       ``exempt=True``; *exempt*: paths never limited (``"/healthz"`` or a list).
+    * *exempt_clients*: clients never limited: addresses and networks
+      (``"10.0.0.0/8"``, ``"::1"``, `ipaddress` objects), read as the key
+      reads the client's address (trusted proxies and all), and predicates
+      taking the scope and returning a bool; a list of them. Their requests
+      spend no token and get no rate-limit fields.
     * *headers*: ``"ietf"`` (``RateLimit-Policy`` and ``RateLimit``),
       ``"legacy"`` (``X-RateLimit-*``) or ``"off"``; *name* names the policy.
     * *shadow*: decide and count, never reject and add no headers (roll out
@@ -68,10 +89,16 @@ class RateLimitMiddleware:
       are awaited.
     * *charge*: ``charge(scope, status) -> int``, the request's real cost,
       settled against *cost* once the app has sent its response (a debit
-      that may go into debt, or a refund; see the README).
+      that may go into debt, or a refund; see the README); HTTP only.
 
     The decision is left in ``scope["nanobucket.decision"]`` for the app.
-    Only ``http`` requests are limited; websocket and lifespan pass through.
+    A websocket connection is decided at its handshake as a ``GET`` of its
+    path (the same routes, keys, exempt paths and clients), its fields
+    added to the app's ``websocket.accept``; refused, it is answered the
+    HTTP 429 where the server offers the ``websocket.http.response``
+    extension (uvicorn, hypercorn, Starlette's TestClient), else closed with
+    code 1008 before it is accepted (the server answers 403). Lifespan
+    passes through.
 
     >>> import asyncio, nanobucket as nb
     >>> async def hello(scope, receive, send):
@@ -106,6 +133,12 @@ class RateLimitMiddleware:
         )
         gate.refuse_blocking("an ASGI app")
         self.counters = gate.counters
+        # Handshakes: the same configuration, read with the websocket scope's view
+        # (its method is the handshake's GET), counted into the same counters.
+        ws_options: dict[str, Any] = {**options, "counters": gate.counters, "charge": None}
+        self._ws_gate = Gate(
+            WS_SCOPE, limiter, key=key, cost=cost, routes=routes, exempt=exempt, **ws_options
+        )
         self.headers, self.shadow = gate.headers, gate.shadow  # as configured
         # The root paths seen (a few: the server's, the mounts'), each checked
         # once against the routes (see `_new_root`); None: no routes to check.
@@ -113,7 +146,10 @@ class RateLimitMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] == "websocket":
+                await self._websocket(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         gate = self._gate
         roots = self._roots
@@ -155,6 +191,34 @@ class RateLimitMiddleware:
             return
         app = self.app  # a local name: a callable attribute is called faster from one
         await app(scope, receive, to_app)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Decide a websocket's handshake: refuse it, or run the app with the fields added."""
+        root = scope.get("root_path")
+        if root and self._roots is not None and root not in self._roots:
+            self._new_root(root)
+        gate = self._ws_gate
+        if gate.awaits:
+            admitted, decision, fields, body, _ = await gate.decide_async(scope)
+        else:
+            admitted, decision, fields, body, _ = gate.decide(scope)
+        if decision is not None:  # None: an exempt route or client
+            scope["nanobucket.decision"] = decision
+        if not admitted:
+            assert body is not None
+            await refuse_handshake(scope, send, decision, fields, body)
+            return
+        if not fields:
+            await self.app(scope, receive, send)
+            return
+
+        def to_app(message: Message) -> Awaitable[None]:
+            # The handshake's answer: the 101 (accept), or the app's own HTTP refusal.
+            if message["type"] in ("websocket.accept", "websocket.http.response.start"):
+                message["headers"] = [*message.get("headers", ()), *fields]
+            return send(message)
+
+        await self.app(scope, receive, to_app)
 
     def _new_root(self, root: str) -> None:
         """Warn once if a route was written with the root path *root* in it.

@@ -87,6 +87,10 @@ class RateLimitMiddleware:
       path to one;
     * ``"trusted_proxies"``: the proxies whose ``X-Forwarded-For`` is read
       (as ``client_address(trusted_proxies=...)``);
+    * ``"exempt_clients"``: clients never limited: addresses and networks
+      (``"10.0.0.0/8"``, read as the key ``"ip"`` reads the address) and
+      predicates taking the request (functions, not dotted paths: a text
+      is an address);
     * ``"cost"`` (an int or a callable taking the request), ``"routes"``
       (`Route` objects: per-path and per-method rules), ``"exempt"``
       (paths never limited), ``"headers"``, ``"name"``, ``"shadow"``,

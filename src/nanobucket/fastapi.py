@@ -191,8 +191,10 @@ class RateLimit:
       filled by FastAPI (``user=Depends(current_user)``, a query, a header).
     * *cost*: tokens per request, an int or such a function.
     * *headers* (``"ietf"``, ``"legacy"``, ``"off"``), *name*, *shadow*,
-      *counters*, *keyed*, *on_decision*, *on_limited*: as for the
-      middleware; a `LimitEvent`'s ``route`` is the route's path pattern.
+      *counters*, *keyed*, *on_decision*, *on_limited*, *exempt_clients*
+      (predicates take the request): as for the middleware; a
+      `LimitEvent`'s ``route`` is the route's path pattern. An exempt
+      client's dependency value is None.
     * *charge*: ``charge(request, status) -> int``, the request's real
       cost, settled against *cost* when the route has answered (the
       dependency then has a ``yield``). *status* is the ``HTTPException``'s

@@ -53,7 +53,8 @@ class RateLimitMiddleware:
     """Rate-limit every request of a WSGI app; 429 + ``Retry-After`` when limited.
 
     The arguments are those of `nanobucket.asgi.RateLimitMiddleware`, with
-    callables (``key``, ``cost``) taking the WSGI ``environ``. The limiter
+    callables (``key``, ``cost``, ``exempt_clients`` predicates) taking the
+    WSGI ``environ``. The limiter
     must be synchronous, and so must the hooks (*on_decision*,
     *on_limited*). *charge* (``charge(environ, status) -> int``) is settled
     when the server closes the response body. The decision is left in

@@ -9,6 +9,8 @@ What it holds, one module per concern:
 * `policy`: a limiter as the gate uses it, its header fields and 429 bodies;
 * `counters`: `Counters`;
 * `answer`: `HttpAnswer`, the fields and the 429 for an integration written by hand;
+* `clients`: the clients never limited (``exempt_clients=``);
+* `websocket`: a refused websocket handshake, and `MessageLimit`;
 * `gate`: the pipeline itself (`Gate.decide` -> an `Outcome`);
 * `charge`: ``charge=``, a cost known only when the response ends;
 * `django`, `drf`: what Django's middleware, view decorator and DRF throttle share.
@@ -46,6 +48,7 @@ from .routes import Route, Router, Rule, build_router, path_name, suspect_path
 from .views import (
     ENVIRON,
     SCOPE,
+    WS_SCOPE,
     AiohttpView,
     EnvironView,
     KeyFunc,
@@ -54,6 +57,7 @@ from .views import (
     cgi_name,
     wsgi_path,
 )
+from .websocket import MessageLimit, refuse_handshake
 
 # The names the integrations (and their tests) import from here.
 __all__ = (
@@ -62,12 +66,14 @@ __all__ = (
     "HEADER_MODES",
     "READ",
     "SCOPE",
+    "WS_SCOPE",
     "AiohttpView",
     "Counters",
     "EnvironView",
     "Gate",
     "HttpAnswer",
     "KeyFunc",
+    "MessageLimit",
     "Options",
     "Outcome",
     "Policy",
@@ -88,6 +94,7 @@ __all__ = (
     "limit_headers",
     "path_name",
     "problem_body",
+    "refuse_handshake",
     "rejection",
     "retry_after_seconds",
     "route",

@@ -40,15 +40,24 @@ def _networks(trusted: Iterable[str] | str | None) -> tuple[tuple[IPNetwork, ...
             unix = True
             continue
         try:
-            net = ipaddress.ip_network(item.strip(), strict=False)
+            nets.append(network(item))
         except ValueError:
             raise ValueError(f"not an IP address or network (or 'unix:'): {item!r}") from None
-        if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96:
-            mapped = net.network_address.ipv4_mapped
-            if mapped is not None:  # "::ffff:10.0.0.0/104" is 10.0.0.0/8
-                net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}")
-        nets.append(net)
     return tuple(nets), unix
+
+
+def network(text: str) -> IPNetwork:
+    """An address or network as written (host bits allowed); IPv4-mapped as IPv4.
+
+    >>> network("::ffff:10.0.0.0/104"), network("1.2.3.4")
+    (IPv4Network('10.0.0.0/8'), IPv4Network('1.2.3.4/32'))
+    """
+    net = ipaddress.ip_network(text.strip(), strict=False)
+    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96:
+        mapped = net.network_address.ipv4_mapped
+        if mapped is not None:  # "::ffff:10.0.0.0/104" is 10.0.0.0/8
+            net = ipaddress.ip_network(f"{mapped}/{net.prefixlen - 96}")
+    return net
 
 
 def _parse_ip(text: str) -> IPAddress | None:
@@ -173,6 +182,11 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
                 return self.peer_key(peer)
         if not forwarded_for:
             return ""  # a trusted unix peer that named no client
+        current = self._walk(current, forwarded_for)
+        return "" if current is None else self._key(current)
+
+    def _walk(self, current: IPAddress | None, forwarded_for: str) -> IPAddress | None:
+        """The client a trusted peer (*current*, None for a unix socket) names in the header."""
         # Walk from the right without splitting: a long header costs one pass.
         end = len(forwarded_for)
         while end >= 0:
@@ -184,7 +198,37 @@ class client_address(KeyFunc):  # lower case: reads as a function at the call si
             if not self._is_trusted(hop):
                 break
             end = start
-        return "" if current is None else self._key(current)
+        return current
+
+    def _ip(self, view: View, request: Any) -> IPAddress | None:
+        """The client's address as an `ipaddress` object, read as `read` reads it; None
+        when there is none (a unix socket, a trusted proxy that named no client).
+
+        The whole address, where the key of an IPv6 client is its network:
+        what ``exempt_clients=`` compares with its networks (read by `ExemptClients`
+        in clients.py; the tests of ``exempt_clients`` show it
+        through every integration).
+        """
+        peer = view.peer(request)
+        if not peer or peer[0] == "/":  # a unix socket: no address of its own
+            if not self._unix:
+                return None
+            forwarded_for = view.header(request, "x-forwarded-for")
+            return self._walk(None, forwarded_for) if forwarded_for else None
+        addr = _parse_ip(peer)
+        if addr is None or not self._reads_header or not self._is_trusted(addr):
+            return addr
+        forwarded_for = view.header(request, "x-forwarded-for")
+        return self._walk(addr, forwarded_for) if forwarded_for else addr
+
+    def client(self) -> client_address:
+        """This key reads the client address itself (see `KeyFunc.client`).
+
+        >>> key = client_address(trusted_proxies="10.0.0.0/8")
+        >>> key.client() is key
+        True
+        """
+        return self
 
     def read(self, view: View, request: Any) -> str:
         """The client address of *request*: its peer, or the client a trusted proxy names.

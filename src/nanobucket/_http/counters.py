@@ -16,7 +16,8 @@ class Counters:
 
     ``admitted``: passed the limiter; ``limited``: answered 429;
     ``shadow_limited``: would have been 429 but shadow mode let them through;
-    ``exempt``: matched an exempt route and were not counted by any limiter.
+    ``exempt``: matched an exempt route or came from an exempt client
+    (``exempt_clients=``) and were not counted by any limiter.
 
     >>> c = Counters(); c.snapshot()
     {'admitted': 0, 'limited': 0, 'shadow_limited': 0, 'exempt': 0}

@@ -101,6 +101,9 @@ class UserKey(KeyFunc):
         user = await auser() if auser is not None else getattr(request, "user", None)
         return user_key(user) or self._address.read(view, request)
 
+    def client(self) -> client_address:
+        return self._address
+
 
 class AsyncKey(KeyFunc):
     """An ``async def`` key function: on the async path only."""

@@ -34,7 +34,8 @@ class _Throttle:
 
     * ``limiter``: a limiter, a dotted path to one, or a function that makes one;
     * ``key`` (``"user"`` by default, or as for the middleware),
-      ``trusted_proxies``, ``cost``, ``on_decision``, ``on_limited``.
+      ``trusted_proxies``, ``cost``, ``exempt_clients``, ``on_decision``,
+      ``on_limited``.
 
     ``allow_request`` spends the tokens in the limiter's one atomic
     step (no read-then-write of a cache, so concurrent requests can
@@ -55,6 +56,7 @@ class _Throttle:
     key: object = "user"
     trusted_proxies: Iterable[str] | str | None = None
     cost: object = 1
+    exempt_clients: object = None
     on_decision: Hook | None = None
     on_limited: Hook | None = None
     decision: Any = None
@@ -82,7 +84,15 @@ class _Throttle:
 
     @classmethod
     def _build_gate(cls) -> Gate:
-        names = ("limiter", "key", "trusted_proxies", "cost", "on_decision", "on_limited")
+        names = (
+            "limiter",
+            "key",
+            "trusted_proxies",
+            "cost",
+            "exempt_clients",
+            "on_decision",
+            "on_limited",
+        )
         config: dict[str, Any] = {n: _unwrap(inspect.getattr_static(cls, n)) for n in names}
         if config["limiter"] is None:
             fallback = getattr(settings, SETTINGS, {}).get("throttle")

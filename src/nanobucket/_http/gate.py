@@ -1,17 +1,17 @@
 """The gate: one request's pipeline, written once for every framework.
 
-route -> key -> cost -> check (awaited for an asyncio limiter) -> hooks ->
-counters -> header fields or a 429 -> what to settle after the response
-(``charge=``). An adapter (ASGI, WSGI, FastAPI, Django, DRF) builds a `Gate`
+exempt client? -> route -> key -> cost -> check (awaited for an asyncio
+limiter) -> hooks -> counters -> header fields or a 429 -> what to settle
+after the response (``charge=``). An adapter (ASGI, WSGI, FastAPI, Django, DRF) builds a `Gate`
 with the `View` of its requests, asks it about each request (`Gate.decide`,
 or `Gate.decide_async` where ``gate.awaits``) and carries out the `Outcome`.
 
 An `Outcome` is the tuple ``(admitted, decision, headers, body, due)``:
 
 * ``admitted``: run the app (the limiter admitted the request, shadow mode
-  let it through, or its route is exempt); else answer ``429`` with
+  let it through, or its route or client is exempt); else answer ``429`` with
   ``headers`` and ``body``;
-* ``decision``: the limiter's `Decision` (None on an exempt route), for the
+* ``decision``: the limiter's `Decision` (None when exempt), for the
   adapter to leave on the request (``scope["nanobucket.decision"]``);
 * ``headers``: ``(name, value)`` bytes pairs: the fields to add to the app's
   response when admitted, the 429's own when not;
@@ -39,7 +39,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._compose.hooks import Hook, LimitEvent, make_hooks
+from .address import client_address
 from .charge import Charge, Due, check_charge, settlers
+from .clients import exempt_clients
 from .counters import Counters, counters_or_new
 from .policy import Policy, headers_mode, limit_headers, rejection
 from .routes import Route, Rule, build_router
@@ -56,7 +58,8 @@ READ = object()  # decide_async(key=READ): the key is read from the request
 
 #: ``(admitted, decision, headers, body, due)``: see the module docstring.
 Outcome = tuple[bool, Any, Sequence[tuple[bytes, bytes]], "bytes | None", "Due | None"]
-#: The outcome of a request on an exempt route: the app runs, nothing is added.
+#: The outcome of a request on an exempt route or from an exempt client: the app
+#: runs, nothing is added.
 EXEMPT: Outcome = (True, None, (), None, None)
 
 
@@ -72,6 +75,7 @@ class Options(TypedDict, total=False):
     on_decision: Hook | None
     on_limited: Hook | None
     charge: Charge | None
+    exempt_clients: object  # addresses, networks, predicates: see `clients`
 
 
 class Gate:
@@ -97,6 +101,7 @@ class Gate:
 
     __slots__ = (
         "_charge",
+        "_clients",
         "_default",
         "_hooks",
         "_hot",
@@ -150,6 +155,10 @@ class Gate:
         self.view = view
         self.router = router
         self._settlers = settlers(router) if self._charge is not None else {}
+        # Exempt clients' addresses are read as the default key reads the client's.
+        reads = router.default.key
+        address = reads.client() if reads is not None else None
+        self._clients = exempt_clients(options.get("exempt_clients"), address or client_address())
         self._quiet = shadow or self.headers == "off"
         self._ietf = self.headers == "ietf"
         self._lock = self.counters._lock if locked else None
@@ -178,7 +187,7 @@ class Gate:
             self._hooks is None and self._charge is None and not shadow and self.headers != "legacy"
         )
         # Every request takes one plain rule: `decide` goes straight to the hot case.
-        hot = self._simple and self._plain and self._default.plain
+        hot = self._simple and self._plain and self._default.plain and self._clients is None
         self._hot: Rule | None = self._default if hot else None
 
     def refuse_blocking(self, where: str) -> None:
@@ -239,6 +248,10 @@ class Gate:
         """
         rule = self._hot
         if rule is None:
+            clients = self._clients
+            if clients is not None and clients.exempts(self.view, request):
+                self._count("exempt")
+                return EXEMPT
             if self._simple:
                 rule = self._default
             else:  # `rule`, inlined
@@ -322,6 +335,10 @@ class Gate:
         >>> asyncio.run(gate.decide_async({}, key="alice", cost=2))[1].remaining
         1
         """
+        clients = self._clients
+        if clients is not None and clients.exempts(self.view, request):
+            self._count("exempt")
+            return EXEMPT
         rule = self._default if self._simple else self.rule(request)
         if rule.exempt:
             return EXEMPT

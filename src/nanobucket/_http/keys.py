@@ -85,6 +85,15 @@ class header(KeyFunc):  # lower case: reads as a function at the call site
             return bounded("header", value)
         return "addr:" + self._fallback.read(view, request)  # type: ignore[no-any-return]
 
+    def client(self) -> client_address | None:
+        """The fallback's client address: a client's address with no header is read by it.
+
+        >>> proxied = client_address(trusted_proxies="10.0.0.0/8")
+        >>> header("X-API-Key", fallback=proxied).client() is proxied
+        True
+        """
+        return self._fallback.client()
+
 
 class route(KeyFunc):
     """Key by the matched `Route` pattern: one bucket per route for everyone.
@@ -126,6 +135,14 @@ class _Composite(KeyFunc):
 
     def read(self, view: View, request: Any) -> str:
         return _KEY_SEP.join([p.read(view, request) for p in self._parts])
+
+    def client(self) -> client_address | None:
+        """The first part's that reads one."""
+        for part in self._parts:
+            found = part.client()
+            if found is not None:
+                return found
+        return None
 
 
 class _Plain(KeyFunc):

@@ -12,7 +12,10 @@ from __future__ import annotations
 import operator
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    from .address import client_address
 
 # operator.setitem, typed as a view's ``note``.
 _setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
@@ -20,11 +23,13 @@ _setitem = cast("Callable[[Any, str, object], None]", operator.setitem)
 __all__ = (
     "ENVIRON",
     "SCOPE",
+    "WS_SCOPE",
     "AiohttpView",
     "EnvironView",
     "KeyFunc",
     "ScopeView",
     "View",
+    "WebSocketScopeView",
     "cgi_name",
     "target_path",
     "wsgi_path",
@@ -189,6 +194,21 @@ class ScopeView:
         '/login'
         """
         return request.get(name)
+
+
+class WebSocketScopeView(ScopeView):
+    """An ASGI ``websocket`` scope: read as an HTTP one, its method ``GET`` (the
+    handshake's), which the scope does not name.
+
+    >>> WS_SCOPE.method({"type": "websocket", "path": "/chat"}), WS_SCOPE.path({"path": "/chat"})
+    ('GET', '/chat')
+    """
+
+    __slots__ = ()
+
+    def method(self, request: Mapping[str, Any]) -> str:  # type: ignore[override]
+        """``GET``: a websocket opens with a ``GET`` (RFC 6455), and routes match it so."""
+        return "GET"
 
 
 class EnvironView:
@@ -367,6 +387,7 @@ def cgi_name(name: str) -> str:
 
 
 SCOPE = ScopeView()
+WS_SCOPE = WebSocketScopeView()
 ENVIRON = EnvironView()
 
 
@@ -423,6 +444,16 @@ class KeyFunc:
     async def read_async(self, view: View, request: Any) -> Any:
         """The key on the asyncio path: `read` unless the key function must await."""
         return self.read(view, request)
+
+    def client(self) -> client_address | None:
+        """The `client_address` this key reads the client's address with (None: it reads
+        none), which the gate's ``exempt_clients`` reads too, trusted proxies and all.
+
+        >>> from nanobucket.asgi import route
+        >>> route().client() is None
+        True
+        """
+        return None
 
     def asgi(self, scope: Mapping[str, Any]) -> Any:
         """The key of an ASGI request (its ``scope``).
