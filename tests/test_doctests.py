@@ -72,6 +72,7 @@ MODULES = [
     "nanobucket._outbound.shared",
     "nanobucket._outbound.fields",
     "nanobucket._outbound.learn",
+    "nanobucket._outbound.budgets",
     "nanobucket._compose.drive",
     "nanobucket._compose.verbs",
     "nanobucket.httpx",
