@@ -26,6 +26,7 @@ from .budgets import Ledger, validated_costs
 from .fields import MAX_WAIT_S, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
+from .shared_budgets import SharedBudgets
 
 __all__ = (
     "IDEMPOTENT",
@@ -168,6 +169,7 @@ class Outbound:
     _key: Callable[[Any], Hashable]
     _shared: SharedPace | None  # the pacing the processes share, if any
     _ledger: Ledger  # the budgets announced per key (`nanobucket._outbound.budgets`)
+    _shared_budgets: SharedBudgets | None  # and those the processes share, if any
 
     def _configure(
         self,
@@ -222,16 +224,29 @@ class Outbound:
             settle=options.get("settle"),
             max_keys=self.pacer.max_keys,
         )
+        self._shared_budgets = (
+            None if self._shared is None else SharedBudgets(shared, self.pacer.clock)
+        )
 
     def _budgeted(self, send: Callable[[_Request], _Answer]) -> Callable[[_Request], _Answer]:
         """*send*, each request first charged to its key's budgets (waiting, the thread
-        blocked, until every one has room) and its answer learned and settled after."""
-        ledger, key, pacer = self._ledger, self._key, self.pacer
+        blocked, until every one has room, and with ``shared=`` until its slot in every
+        one the processes share) and its answer learned and settled after."""
+        ledger, key_of, pacer = self._ledger, self._key, self.pacer
+        shared = self._shared_budgets
         sleep = pacer.sleep or time.sleep
 
         def budgeted(request: _Request) -> _Answer:
+            key, taken = key_of(request), None
+            deadline = pacer._deadline()
             try:
-                charge = ledger.wait(key(request), ledger.costs(request), pacer._deadline(), sleep)
+                charge = ledger.wait(key, ledger.costs(request), deadline, sleep)
+                if shared is not None:
+                    try:
+                        taken = shared.wait(key, charge, deadline, sleep)
+                    except BaseException:
+                        ledger.failed(charge)
+                        raise
             except WaitTooLong as err:
                 raise self._timeout(err, request) from None
             try:
@@ -243,6 +258,8 @@ class Outbound:
                 settle = ledger.settle
                 spent = None if settle is None else validated_costs(settle(answer), "settle")
                 ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+                if taken and spent:
+                    shared.settle(charge, taken, spent)  # type: ignore[union-attr]
             except BaseException:
                 answer.close()
                 raise
@@ -254,13 +271,22 @@ class Outbound:
         self, send: Callable[[_Request], Awaitable[_AsyncAnswer]]
     ) -> Callable[[_Request], Awaitable[_AsyncAnswer]]:
         """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
-        ledger, key, pacer = self._ledger, self._key, self.pacer
+        ledger, key_of, pacer = self._ledger, self._key, self.pacer
+        shared = self._shared_budgets
         sleep = pacer.async_sleep or asyncio.sleep
 
         async def budgeted(request: _Request) -> _AsyncAnswer:
+            key, taken = key_of(request), None
+            deadline = pacer._deadline()
             costs = ledger.costs(request)
             try:
-                charge = await ledger.wait_async(key(request), costs, pacer._deadline(), sleep)
+                charge = await ledger.wait_async(key, costs, deadline, sleep)
+                if shared is not None:
+                    try:
+                        taken = await shared.wait_async(key, charge, deadline, sleep)
+                    except BaseException:
+                        ledger.failed(charge)
+                        raise
             except WaitTooLong as err:
                 raise self._timeout(err, request) from None
             try:
@@ -276,6 +302,8 @@ class Outbound:
                         said = await said
                     spent = validated_costs(said, "settle")
                 ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+                if taken and spent:
+                    await shared.settle_async(charge, taken, spent)  # type: ignore[union-attr]
             except BaseException:
                 await answer.aclose()
                 raise
