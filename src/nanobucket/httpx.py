@@ -169,6 +169,15 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
       slot, and what one process learns (a slower rate, a
       pause) slows them all, so they behave as one client (see
       `nanobucket._outbound.shared`). Default None: this transport alone.
+    * *estimate*, *settle*: for an API that announces several budgets at once
+      (an LLM provider's requests and tokens per minute: OpenAI's
+      ``x-ratelimit-*-requests`` / ``-tokens``, Anthropic's
+      ``anthropic-ratelimit-*``), each learned and all kept together:
+      ``estimate(request)`` gives a request's cost per budget before it
+      leaves (``{"tokens": 1200}``; a budget it does not name costs one),
+      ``settle(response)`` what it really spent, the difference given back or
+      charged (see `nanobucket._outbound.budgets`). ``settle`` reads what it
+      reads: ``response.read()`` reads the whole body first.
     * *clock* (int ns) and *sleep* serve tests.
 
     >>> import httpx
