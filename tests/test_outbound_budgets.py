@@ -14,6 +14,7 @@ import httpx
 import pytest
 import requests
 
+import nanobucket as nb
 from nanobucket._outbound.budgets import (
     Budget,
     Ledger,
@@ -389,3 +390,35 @@ def test_a_budget_wait_past_the_timeout_raises_and_sends_nothing(
     with pytest.raises(RateLimitTimeout) as caught:
         client.post("http://api/", json={"tokens": 1})
     assert caught.value.retry_after_ns == S and sent == [0]
+
+
+def test_shared_budgets_space_the_processes_by_each_budgets_refill(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    # 600 tokens and 60 requests refilled in 2 s, as the answers' resets say: a token
+    # is worth 3.33 ms of the shared limiter's time (1 ms a token), a request 33.3 ms.
+    store = nb.KeyedTokenBucket(rate=1000, capacity=400, clock=clock)
+    fields = openai((60, 59, "33334us"), (600, 540, "200ms"))
+    slept: list[float] = []
+
+    def process() -> httpx.Client:
+        api = httpx.MockTransport(
+            lambda r: httpx.Response(200, headers=fields, json={"usage": {"total_tokens": 50}})
+        )
+        return httpx.Client(transport=RateLimitedTransport(
+            api, rate=1000, capacity=100, clock=clock, sleep=sleeper(clock, slept),
+            estimate=lambda r: {"tokens": 60}, shared=store,
+            settle=lambda r: {"tokens": json.loads(r.read())["usage"]["total_tokens"]},
+        ))  # fmt: skip
+
+    a, b = process(), process()
+    a.get("http://api/")  # nothing sized yet: nothing shared
+    b.get("http://api/")
+    assert store.tokens_at("api|budget:tokens", clock()) == 400
+    a.get("http://api/")  # 60 tokens: 200 shared, 50 spent: 167, so 33 back
+    assert store.tokens_at("api|budget:tokens", clock()) == 400 - 167
+    assert store.tokens_at("api|budget:requests", clock()) == 400 - 34
+    b.get("http://api/")  # its slot starts once a's 167 are spent
+    # Each request also takes its key's own shared token first (1 ms apart): b's
+    # second at 3 ms, and its tokens' slot at 2 + 167 ms.
+    assert slept == [0.001, 0.001, 0.001, 0.166]
