@@ -73,6 +73,7 @@ MODULES = [
     "nanobucket._outbound.fields",
     "nanobucket._outbound.learn",
     "nanobucket._outbound.budgets",
+    "nanobucket._outbound.budget_fields",
     "nanobucket._compose.drive",
     "nanobucket._compose.verbs",
     "nanobucket.httpx",

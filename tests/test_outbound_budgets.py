@@ -15,14 +15,14 @@ import pytest
 import requests
 
 import nanobucket as nb
-from nanobucket._outbound.budgets import (
+from nanobucket._outbound.budget_fields import (
     Budget,
-    Ledger,
     parse_budgets,
     parse_go_duration,
     parse_pause,
     parse_rfc3339,
 )
+from nanobucket._outbound.budgets import Ledger
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 
