@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple
 
 from .._core._params import NS_PER_S, Clock
-from .budget_fields import parse_budgets, parse_pause
+from .budget_fields import BUDGETS, parse_budgets, parse_pause
 from .fields import MAX_WAIT_S, Get
 from .pacer import WaitTooLong
 
@@ -39,6 +39,10 @@ __all__ = ("Charge", "Ledger", "validated_costs")
 
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _NO_WINDOW = NS_PER_S  # a refill's period before any answer said one (a second)
+#: An answer that has none of these announces no budget (most answers of most APIs).
+_ANNOUNCING = tuple(f"x-ratelimit-limit-{name}" for name in ("requests", "tokens")) + tuple(
+    f"anthropic-ratelimit-{name}-limit" for name in BUDGETS
+)
 
 
 def validated_costs(costs: object, what: str) -> dict[str, int]:
@@ -165,6 +169,8 @@ class Ledger:
         charged. A budget *costs* does not name costs one unit; one a request needs
         more of than its limit lets it go when full."""
         account = self._account(key)
+        if not costs and not account.budgets and not account.paused_until:
+            return 0, Charge(account, {})  # nothing announced, nothing estimated: no lock
         with account.lock:
             now = self.clock()
             due = account.paused_until
@@ -202,6 +208,13 @@ class Ledger:
         and settle what it *spent* (by budget) against what it was charged. Only a 429
         or a 503 pauses the key."""
         account = charge.account
+        if (
+            not charge.costs
+            and not spent
+            and status not in {429, 503}
+            and all(get(name) is None for name in _ANNOUNCING)
+        ):
+            return  # charged nothing, and learns nothing
         announced = parse_budgets(get, None if self._wall is None else self._wall())
         pause = parse_pause(get) if status in {429, 503} else None
         with account.lock:
