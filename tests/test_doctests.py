@@ -74,6 +74,8 @@ MODULES = [
     "nanobucket._outbound.shared",
     "nanobucket._outbound.fields",
     "nanobucket._outbound.learn",
+    "nanobucket._outbound.budgets",
+    "nanobucket._outbound.budget_fields",
     "nanobucket._compose.drive",
     "nanobucket._compose.verbs",
     "nanobucket.httpx",

@@ -19,9 +19,9 @@ KeyLimit(rate=Fraction(95, 1), capacity=5, paused_for=0.0, known=True)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from operator import itemgetter
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
@@ -136,6 +136,11 @@ class _Limited(Outbound, Generic[_Transport]):
         self.transport: _Transport = (
             transport if transport is not None else self._default_transport()
         )
+        self._send = self._sender()
+
+    def _sender(self) -> Callable[[httpx.Request], Any]:
+        """The wrapped transport's send, each request charged to its key's budgets."""
+        raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
 
@@ -164,6 +169,15 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
       slot, and what one process learns (a slower rate, a
       pause) slows them all, so they behave as one client (see
       `nanobucket._outbound.shared`). Default None: this transport alone.
+    * *estimate*, *settle*: for an API that announces several budgets at once
+      (an LLM provider's requests and tokens per minute: OpenAI's
+      ``x-ratelimit-*-requests`` / ``-tokens``, Anthropic's
+      ``anthropic-ratelimit-*``), each learned and all kept together:
+      ``estimate(request)`` gives a request's cost per budget before it
+      leaves (``{"tokens": 1200}``; a budget it does not name costs one),
+      ``settle(response)`` what it really spent, the difference given back or
+      charged (see `nanobucket._outbound.budgets`). ``settle`` reads what it
+      reads: ``response.read()`` reads the whole body first.
     * *clock* (int ns), *wall_clock* (int ns since the Unix epoch, read for a
       ``Retry-After`` date or a Unix-time reset when the answer has no
       ``Date``; default `time.time_ns`) and *sleep* serve tests.
@@ -179,6 +193,9 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
     _transport_type = httpx.BaseTransport
     _default_transport = httpx.HTTPTransport
 
+    def _sender(self) -> Callable[[httpx.Request], httpx.Response]:
+        return self._budgeted(self.transport.handle_request)
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Wait for the key's token, send, learn from the answer (and maybe retry).
 
@@ -188,7 +205,8 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
         >>> t.handle_request(httpx.Request("GET", "http://h/")).status_code
         200
         """
-        return self._paced(request, self.transport.handle_request)
+        answer: httpx.Response = self._paced(request, self._send)
+        return answer
 
     def close(self) -> None:
         """Close the wrapped transport.
@@ -220,6 +238,9 @@ class AsyncRateLimitedTransport(_Limited[httpx.AsyncBaseTransport], httpx.AsyncB
     _transport_type = httpx.AsyncBaseTransport
     _default_transport = httpx.AsyncHTTPTransport
 
+    def _sender(self) -> Callable[[httpx.Request], Awaitable[httpx.Response]]:
+        return self._budgeted_async(self.transport.handle_async_request)
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """`RateLimitedTransport.handle_request` for asyncio.
 
@@ -229,7 +250,7 @@ class AsyncRateLimitedTransport(_Limited[httpx.AsyncBaseTransport], httpx.AsyncB
         >>> asyncio.run(t.handle_async_request(httpx.Request("GET", "http://h/"))).status_code
         200
         """
-        return await self._paced_async(request, self.transport.handle_async_request)
+        return await self._paced_async(request, self._send)
 
     async def aclose(self) -> None:
         """Close the wrapped transport.

@@ -13,15 +13,20 @@ here imports an HTTP client: an adapter names its request's retry facts
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
 from typing import Any, Protocol, TypedDict, TypeVar
 
 from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
 from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
+from .budgets import Ledger, validated_costs
 from .fields import MAX_WAIT_S, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
+from .shared_budgets import SharedBudgets
 
 __all__ = (
     "IDEMPOTENT",
@@ -96,6 +101,8 @@ class Options(TypedDict, total=False):
     wall_clock: Callable[[], int] | None  # time.time_ns
     sleep: Callable[[float], object] | None
     async_sleep: Callable[[float], Any] | None
+    estimate: Callable[[Any], Mapping[str, int]] | None  # a request's cost per budget
+    settle: Callable[[Any], Any] | None  # a response's spending per budget (maybe awaited)
 
 
 class LimitTimeout(Exception):
@@ -162,6 +169,8 @@ class Outbound:
     _retrying: bool  # retry.retries > 0
     _key: Callable[[Any], Hashable]
     _shared: SharedPace | None  # the pacing the processes share, if any
+    _ledger: Ledger  # the budgets announced per key (`nanobucket._outbound.budgets`)
+    _shared_budgets: SharedBudgets | None  # and those the processes share, if any
 
     def _configure(
         self,
@@ -211,6 +220,99 @@ class Outbound:
             options.get("retry_methods"),
         )
         self._retrying = retry.retries > 0
+        self._ledger = Ledger(
+            clock=self.pacer.clock,
+            estimate=options.get("estimate"),
+            settle=options.get("settle"),
+            max_keys=self.pacer.max_keys,
+            wall_clock=self.pacer.wall_clock,
+        )
+        self._shared_budgets = (
+            None if self._shared is None else SharedBudgets(shared, self.pacer.clock)
+        )
+
+    def _budgeted(self, send: Callable[[_Request], _Answer]) -> Callable[[_Request], _Answer]:
+        """*send*, each request first charged to its key's budgets (waiting, the thread
+        blocked, until every one has room, and with ``shared=`` until its slot in every
+        one the processes share) and its answer learned and settled after."""
+        ledger, key_of, pacer = self._ledger, self._key, self.pacer
+        shared = self._shared_budgets
+        sleep = pacer.sleep or time.sleep
+
+        def budgeted(request: _Request) -> _Answer:
+            key, taken = key_of(request), None
+            deadline = pacer._deadline()
+            try:
+                charge = ledger.wait(key, ledger.costs(request), deadline, sleep)
+                if shared is not None:
+                    try:
+                        taken = shared.wait(key, charge, deadline, sleep)
+                    except BaseException:
+                        ledger.failed(charge)
+                        raise
+            except WaitTooLong as err:
+                raise self._timeout(err, request) from None
+            try:
+                answer = send(request)
+            except BaseException:
+                ledger.failed(charge)
+                raise
+            try:
+                settle = ledger.settle
+                spent = None if settle is None else validated_costs(settle(answer), "settle")
+                ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+                if taken and spent:
+                    shared.settle(charge, taken, spent)  # type: ignore[union-attr]
+            except BaseException:
+                answer.close()
+                raise
+            return answer
+
+        return budgeted
+
+    def _budgeted_async(
+        self, send: Callable[[_Request], Awaitable[_AsyncAnswer]]
+    ) -> Callable[[_Request], Awaitable[_AsyncAnswer]]:
+        """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
+        ledger, key_of, pacer = self._ledger, self._key, self.pacer
+        shared = self._shared_budgets
+        sleep = pacer.async_sleep or asyncio.sleep
+
+        async def budgeted(request: _Request) -> _AsyncAnswer:
+            key, taken = key_of(request), None
+            deadline = pacer._deadline()
+            costs = ledger.costs(request)
+            try:
+                charge = await ledger.wait_async(key, costs, deadline, sleep)
+                if shared is not None:
+                    try:
+                        taken = await shared.wait_async(key, charge, deadline, sleep)
+                    except BaseException:
+                        ledger.failed(charge)
+                        raise
+            except WaitTooLong as err:
+                raise self._timeout(err, request) from None
+            try:
+                answer = await send(request)
+            except BaseException:
+                ledger.failed(charge)
+                raise
+            try:
+                spent = None
+                if ledger.settle is not None:
+                    said = ledger.settle(answer)
+                    if inspect.isawaitable(said):
+                        said = await said
+                    spent = validated_costs(said, "settle")
+                ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+                if taken and spent:
+                    await shared.settle_async(charge, taken, spent)  # type: ignore[union-attr]
+            except BaseException:
+                await answer.aclose()
+                raise
+            return answer
+
+        return budgeted
 
     def limit(self, key: Hashable) -> KeyLimit:
         """*key*'s rate and capacity now, the seconds left of its pause, and whether it is known.

@@ -1,0 +1,176 @@
+"""Reading the budgets an answer announces: OpenAI-style and Anthropic-style rate limit
+fields (requests, tokens, input and output tokens at once), and ``retry-after-ms``.
+
+`parse_budgets` reads each budget of `BUDGETS` into a `Budget` (limit, remaining,
+ns until its reset): ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``
+with Go durations (`parse_go_duration`), ``anthropic-ratelimit-{requests,tokens,
+input-tokens,output-tokens}-{limit,remaining,reset}`` with RFC 3339 times
+(`parse_rfc3339`) read against the answer's ``Date``, else this machine's clock.
+`parse_pause` reads ``retry-after-ms``, else ``retry-after``. No reset or pause is
+longer than a day (`MAX_WAIT_S`); a field that does not parse is as if absent.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import re
+import time
+from fractions import Fraction
+from typing import NamedTuple
+
+from .._core._params import NS_PER_S
+from .fields import MAX_WAIT_S, Get, WallClock, _wall_now, parse_retry_after
+
+__all__ = (
+    "BUDGETS",
+    "Budget",
+    "parse_budgets",
+    "parse_go_duration",
+    "parse_pause",
+    "parse_rfc3339",
+)
+
+#: The budgets a provider announces, by the names an estimate and a settle use.
+BUDGETS = ("requests", "tokens", "input-tokens", "output-tokens")
+_OPENAI = ("requests", "tokens")  # x-ratelimit-*-requests, x-ratelimit-*-tokens
+_MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
+_MAX_TEXT = 64  # longer values are not read
+
+_GO_UNIT = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NS_PER_S}
+_GO_UNIT |= {"m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)\Z"
+)
+
+
+class Budget(NamedTuple):
+    """One budget as an answer announces it: its limit, what is left, and ns until reset."""
+
+    limit: int
+    remaining: int
+    reset_ns: int
+
+
+def parse_go_duration(text: str) -> int | None:
+    """A Go duration (``1h2m3.5s``, ``6m0s``, ``12ms``, ``0``) in ns, rounded up, at most
+    a day; None if it is not one (or is negative).
+
+    >>> parse_go_duration("6m0s"), parse_go_duration("12ms"), parse_go_duration("1h2m3.5s")
+    (360000000000, 12000000, 3723500000000)
+    >>> parse_go_duration("1.5us"), parse_go_duration("0"), parse_go_duration("-1s")
+    (1500, 0, None)
+    """
+    text = text.strip()
+    if text == "0":
+        return 0
+    if not text or len(text) > _MAX_TEXT:
+        return None
+    total = Fraction(0)
+    at = 0
+    for match in _GO_PART.finditer(text):
+        if match.start() != at:
+            return None
+        at = match.end()
+        total += Fraction(match[1]) * _GO_UNIT[match[2]]
+    if at != len(text) or at == 0:
+        return None
+    return min(math.ceil(total), _MAX_WAIT_NS)
+
+
+def parse_rfc3339(text: str) -> int | None:
+    """An RFC 3339 time (``2026-12-06T19:00:30.5Z``, ``...+02:00``) in ns since the Unix
+    epoch, exact to the ns written; None if it is not one.
+
+    >>> parse_rfc3339("1970-01-01T00:00:01.25Z"), parse_rfc3339("1970-01-01T02:00:00+02:00")
+    (1250000000, 0)
+    >>> parse_rfc3339("yesterday") is None
+    True
+    """
+    match = _RFC3339.match(text.strip()) if len(text) <= _MAX_TEXT else None
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    try:
+        whole = calendar.timegm((year, month, day, hour, minute, min(second, 59), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+        return None
+    if hour > 23 or minute > 59 or second > 60:
+        return None
+    zone = match[8]
+    if zone not in {"Z", "z"}:
+        sign = -1 if zone[0] == "+" else 1  # +02:00 is two hours ahead of UTC
+        whole += sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    fraction = int((match[7] or ".")[1:].ljust(9, "0"))
+    return (whole + (second == 60)) * NS_PER_S + fraction
+
+
+def _count(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if not text.isdigit() or not text.isascii() or len(text) > 18:
+        return None
+    return int(text)
+
+
+def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, Budget]:
+    """The budgets an answer announces (by name of `BUDGETS`); a budget whose limit,
+    remaining or reset is missing or does not parse is left out. An RFC 3339 reset
+    is read against the answer's ``Date``, else *wall_clock* (int ns since the epoch).
+
+    >>> parse_budgets({"x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "0",
+    ...                "x-ratelimit-reset-tokens": "1.5s"}.get)
+    {'tokens': Budget(limit=600, remaining=0, reset_ns=1500000000)}
+    >>> parse_budgets({"anthropic-ratelimit-requests-limit": "50",
+    ...                "anthropic-ratelimit-requests-remaining": "49",
+    ...                "anthropic-ratelimit-requests-reset": "1970-01-01T00:00:02Z"}.get, lambda: 0)
+    {'requests': Budget(limit=50, remaining=49, reset_ns=2000000000)}
+    """
+    found: dict[str, Budget] = {}
+    wall_ns: int | None = None
+    for name in _OPENAI:
+        limit = _count(get(f"x-ratelimit-limit-{name}"))
+        remaining = _count(get(f"x-ratelimit-remaining-{name}"))
+        reset = get(f"x-ratelimit-reset-{name}")
+        if limit is None or remaining is None or reset is None:
+            continue
+        reset_ns = parse_go_duration(reset)
+        if reset_ns is not None:
+            found[name] = Budget(limit, min(remaining, limit), reset_ns)
+    for name in BUDGETS:
+        limit = _count(get(f"anthropic-ratelimit-{name}-limit"))
+        remaining = _count(get(f"anthropic-ratelimit-{name}-remaining"))
+        reset = get(f"anthropic-ratelimit-{name}-reset")
+        if limit is None or remaining is None or reset is None:
+            continue
+        at = parse_rfc3339(reset)
+        if at is None:
+            continue
+        if wall_ns is None:
+            wall_ns = int(_wall_now(get, wall_clock) * NS_PER_S)
+        reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
+        found[name] = Budget(limit, min(remaining, limit), reset_ns)
+    return found
+
+
+def parse_pause(get: Get, wall_clock: WallClock = time.time_ns) -> int | None:
+    """``retry-after-ms``, else ``retry-after``, in ns from now (at most a day); else None.
+
+    >>> parse_pause({"retry-after-ms": "250", "retry-after": "1"}.get)
+    250000000
+    >>> parse_pause({"retry-after": "2"}.get), parse_pause({}.get)
+    (2000000000, None)
+    """
+    text = get("retry-after-ms")
+    if text is not None and len(text) <= _MAX_TEXT:
+        try:
+            ms = Fraction(text.strip())
+        except (ValueError, ZeroDivisionError):
+            ms = None
+        if ms is not None and ms >= 0:
+            return min(math.ceil(ms * 10**6), _MAX_WAIT_NS)
+    return parse_retry_after(get, wall_clock)

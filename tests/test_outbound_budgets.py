@@ -1,0 +1,425 @@
+"""Pacing by several budgets at once: the LLM header families, estimate and settle.
+
+Time is a manual clock that the sleeps move, so every wait is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+import requests
+
+import nanobucket as nb
+from nanobucket._outbound.budget_fields import (
+    Budget,
+    parse_budgets,
+    parse_go_duration,
+    parse_pause,
+    parse_rfc3339,
+)
+from nanobucket._outbound.budgets import Ledger
+from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
+from nanobucket.requests import RateLimitedAdapter
+
+from conftest import ManualClock
+
+MS = 1_000_000
+S = 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("1s", S), ("6m0s", 360 * S), ("12ms", 12 * MS), ("1h2m3.5s", 3723 * S + S // 2),
+        ("0", 0), ("0s", 0), ("250us", 250_000), ("3µs", 3_000), ("7ns", 7),
+        ("1.0000000001s", S + 1),
+        ("48h", 86_400 * S),  # at most a day
+    ],
+)  # fmt: skip
+def test_go_durations_in_exact_ns(text: str, ns: int) -> None:
+    assert parse_go_duration(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "-1s", "1", "s", "1x", "1s 2m", "1.s2", "1e3s", "m1"])
+def test_what_is_not_a_go_duration_is_none(text: str) -> None:
+    assert parse_go_duration(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("1970-01-01T00:00:00Z", 0),
+        ("1970-01-01T00:00:01.000000001Z", S + 1),
+        ("1970-01-01t00:00:00.5z", S // 2),
+        ("1970-01-01T01:00:00+01:00", 0),
+        ("1969-12-31T23:30:00-00:30", 0),
+        ("2025-08-21T12:40:59Z", 1_755_780_059 * S),
+    ],
+)
+def test_rfc3339_times_in_exact_ns(text: str, ns: int) -> None:
+    assert parse_rfc3339(text) == ns
+
+
+@pytest.mark.parametrize(
+    "text", ["2025-02-30T00:00:00Z", "2025-01-01T24:00:00Z", "2025-01-01T00:00:00", "soon", ""]
+)
+def test_what_is_not_an_rfc3339_time_is_none(text: str) -> None:
+    assert parse_rfc3339(text) is None
+
+
+def openai(requests_: tuple[int, int, str], tokens: tuple[int, int, str]) -> dict[str, str]:
+    out = {}
+    for name, (limit, left, reset) in (("requests", requests_), ("tokens", tokens)):
+        out[f"x-ratelimit-limit-{name}"] = str(limit)
+        out[f"x-ratelimit-remaining-{name}"] = str(left)
+        out[f"x-ratelimit-reset-{name}"] = reset
+    return out
+
+
+def anthropic(wall: str, **budgets: tuple[int, int, str]) -> dict[str, str]:
+    out = {"date": wall}
+    for arg, (limit, left, reset) in budgets.items():
+        name = arg.replace("_", "-")
+        out[f"anthropic-ratelimit-{name}-limit"] = str(limit)
+        out[f"anthropic-ratelimit-{name}-remaining"] = str(left)
+        out[f"anthropic-ratelimit-{name}-reset"] = reset
+    return out
+
+
+def test_every_header_of_the_openai_family() -> None:
+    fields = openai((60, 59, "1s"), (150000, 149984, "6m0s"))
+    assert parse_budgets(fields.get) == {
+        "requests": Budget(60, 59, S),
+        "tokens": Budget(150000, 149984, 360 * S),
+    }
+
+
+def test_every_header_of_the_anthropic_family_read_against_the_date() -> None:
+    fields = anthropic(
+        "Thu, 21 Aug 2025 12:40:58 GMT",
+        requests=(50, 49, "2025-08-21T12:40:59Z"),
+        tokens=(96000, 95000, "2025-08-21T12:41:00.25Z"),
+        input_tokens=(80000, 80000, "2025-08-21T12:40:58Z"),
+        output_tokens=(16000, 15000, "2025-08-21T12:40:57Z"),  # past: 0
+    )
+    assert parse_budgets(fields.get) == {
+        "requests": Budget(50, 49, S),
+        "tokens": Budget(96000, 95000, 2 * S + S // 4),
+        "input-tokens": Budget(80000, 80000, 0),
+        "output-tokens": Budget(16000, 15000, 0),
+    }
+    # Without a Date, the reset is read against the wall clock given (ns since the epoch).
+    del fields["date"]
+    assert parse_budgets(fields.get, lambda: 1_755_780_059 * S)["tokens"] == Budget(
+        96000, 95000, S + S // 4
+    )
+
+
+def test_a_budget_with_a_part_missing_or_unreadable_is_left_out() -> None:
+    fields = openai((60, 59, "soon"), (100, 50, "1s"))
+    del fields["x-ratelimit-limit-tokens"]
+    assert parse_budgets(fields.get) == {}
+    assert parse_budgets({"x-ratelimit-limit-requests": "-1", "x-ratelimit-remaining-requests": "1",
+                          "x-ratelimit-reset-requests": "1s"}.get) == {}  # fmt: skip
+
+
+def test_retry_after_ms_before_retry_after() -> None:
+    none: dict[str, str] = {}
+    assert parse_pause({"retry-after-ms": "1500.5", "retry-after": "9"}.get) == 1_500_500_000
+    assert parse_pause({"retry-after-ms": "x", "retry-after": "9"}.get) == 9 * S
+    assert parse_pause(none.get) is None
+
+
+# --------------------------------------------------------------------------
+# The ledger, on an injected clock
+
+
+def test_a_request_waits_for_the_latest_reset_among_the_budgets_it_lacks(
+    clock: ManualClock,
+) -> None:
+    ledger = Ledger(clock=clock)
+    wait, first = ledger.claim("api", {"tokens": 100})
+    assert wait == 0 and first is not None
+    # 2 requests and 250 tokens left; requests reset in 1 s, tokens in 4 s.
+    ledger.answered(first, 200, openai((3, 2, "1s"), (300, 250, "4s")).get)
+    assert ledger.claim("api", {"tokens": 200})[0] == 0
+    assert ledger.claim("api", {"tokens": 40})[0] == 0  # 1 request, 10 tokens left
+    assert ledger.claim("api", {"tokens": 10}) == (S, None)  # requests: 0 left till 1 s
+    assert ledger.claim("api", {"tokens": 11}) == (4 * S, None)  # and tokens till 4 s
+    assert ledger.claim("api", {"tokens": 11, "requests": 0}) == (4 * S, None)  # tokens lack
+    assert ledger.claim("api", {"tokens": 10, "requests": 0})[0] == 0  # both have room
+    clock.advance(S)  # requests full again; tokens not yet
+    assert ledger.claim("api", {"tokens": 1}) == (3 * S, None)
+    assert ledger.claim("api", {"tokens": 0})[0] == 0
+    clock.advance(3 * S)
+    assert ledger.claim("api", {"tokens": 300})[0] == 0  # all of it, at its reset
+
+
+def test_no_estimate_costs_one_of_every_budget_so_an_exhausted_one_holds(
+    clock: ManualClock,
+) -> None:
+    ledger = Ledger(clock=clock)
+    _, first = ledger.claim("api", {})
+    assert first is not None
+    ledger.answered(first, 200, openai((100, 99, "600ms"), (1000, 0, "2s")).get)
+    assert ledger.claim("api", {}) == (2 * S, None)
+    clock.advance(2 * S)
+    assert ledger.claim("api", {})[0] == 0
+
+
+def test_a_request_larger_than_a_budget_goes_when_it_is_full(clock: ManualClock) -> None:
+    ledger = Ledger(clock=clock)
+    _, first = ledger.claim("api", {})
+    assert first is not None
+    ledger.answered(first, 200, openai((10, 10, "0s"), (100, 100, "0s")).get)
+    assert ledger.claim("api", {"tokens": 500})[0] == 0
+    assert ledger.claim("api", {"tokens": 1})[0] == S  # owed: a second, no window said yet
+
+
+def test_an_answer_counts_the_requests_still_out_against_the_servers_word(
+    clock: ManualClock,
+) -> None:
+    ledger = Ledger(clock=clock)
+    _, a = ledger.claim("api", {})
+    assert a is not None
+    ledger.answered(a, 200, openai((100, 99, "1s"), (1000, 999, "1s")).get)
+    _, b = ledger.claim("api", {"tokens": 300})
+    _, c = ledger.claim("api", {"tokens": 300})
+    assert b is not None and c is not None
+    # b's answer: 699 left at the server; c (300) is still out, so 399 here.
+    ledger.answered(b, 200, openai((100, 98, "1s"), (1000, 699, "1s")).get)
+    assert ledger.claim("api", {"tokens": 400})[0] > 0
+    assert ledger.claim("api", {"tokens": 399})[0] == 0
+
+
+def test_settle_refunds_or_charges_the_difference_where_no_answer_said(
+    clock: ManualClock,
+) -> None:
+    ledger = Ledger(clock=clock)
+    _, a = ledger.claim("api", {})
+    assert a is not None
+    ledger.answered(a, 200, openai((100, 100, "0s"), (1000, 1000, "0s")).get)
+    _, b = ledger.claim("api", {"tokens": 600})
+    assert b is not None
+    none: dict[str, str] = {}
+    ledger.answered(b, 200, none.get, {"tokens": 100})  # 500 given back: 900 left
+    assert ledger.claim("api", {"tokens": 901})[0] > 0
+    _, c = ledger.claim("api", {"tokens": 100})  # 800 left
+    assert c is not None
+    ledger.answered(c, 200, none.get, {"tokens": 500})  # 400 more charged: 400 left
+    assert ledger.claim("api", {"tokens": 401})[0] > 0
+    assert ledger.claim("api", {"tokens": 400})[0] == 0
+    # An answer that announces the budget already counts what the server charged
+    # (no settle then), less the 400 still out.
+    _, d = ledger.claim("api", {"requests": 0, "tokens": 0})
+    assert d is not None
+    ledger.answered(d, 200, openai((100, 90, "1s"), (1000, 700, "1s")).get, {"tokens": 50})
+    assert ledger.claim("api", {"tokens": 301})[0] > 0
+    assert ledger.claim("api", {"tokens": 300})[0] == 0
+
+
+def test_retry_after_pauses_the_key_and_no_answer_past_a_day(clock: ManualClock) -> None:
+    ledger = Ledger(clock=clock)
+    _, a = ledger.claim("api", {})
+    assert a is not None
+    ledger.answered(a, 429, {"retry-after-ms": "750"}.get)
+    assert ledger.claim("api", {}) == (750 * MS, None)
+    _, b = ledger.claim("other", {})
+    assert b is not None
+    ledger.answered(b, 200, openai((1, 0, "9999h"), (1, 1, "0s")).get)
+    assert ledger.claim("other", {}) == (86_400 * S, None)
+
+
+def test_a_failed_request_gives_its_charge_back(clock: ManualClock) -> None:
+    ledger = Ledger(clock=clock)
+    _, a = ledger.claim("api", {})
+    assert a is not None
+    ledger.answered(a, 200, openai((2, 1, "1s"), (10, 9, "1s")).get)
+    _, b = ledger.claim("api", {"tokens": 9})
+    assert b is not None and ledger.claim("api", {})[0] == S
+    ledger.failed(b)
+    assert ledger.claim("api", {"tokens": 9})[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("estimate", "error"),
+    [
+        (lambda r: 5, TypeError), (lambda r: {"tokens": 1.5}, TypeError),
+        (lambda r: {"tokens": True}, TypeError), (lambda r: {"tokens": -1}, ValueError),
+        (lambda r: {1: 1}, TypeError),
+    ],
+)  # fmt: skip
+def test_a_bad_estimate_is_a_clear_error(estimate: Any, error: type[Exception]) -> None:
+    api = httpx.MockTransport(lambda r: httpx.Response(200))
+    t = RateLimitedTransport(api, rate=10, capacity=10, estimate=estimate)
+    with pytest.raises(error):
+        httpx.Client(transport=t).get("http://api/")
+    with pytest.raises(TypeError, match="estimate must be a callable"):
+        RateLimitedTransport(rate=10, capacity=10, estimate=5)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# Through the clients, with a clock the sleeps move
+
+
+def sleeper(clock: ManualClock, slept: list[float]) -> Any:
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(round(seconds * S))
+
+    return sleep
+
+
+def provider(clock: ManualClock, sent: list[int]) -> Any:
+    """3 requests and 300 tokens a second, both reset together at each whole second."""
+    state = {"window": -1, "requests": 0, "tokens": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        window = clock() // S
+        if window != state["window"]:
+            state.update(window=window, requests=3, tokens=300)
+        want = json.loads(request.content)["tokens"]
+        reset = f"{(window + 1) * S - clock()}ns"
+        status = 200
+        if state["requests"] < 1 or state["tokens"] < want:
+            status = 429
+        else:
+            state["requests"] -= 1
+            state["tokens"] -= want
+            sent.append(clock())
+        headers = openai((3, state["requests"], reset), (300, state["tokens"], reset))
+        return httpx.Response(status, headers=headers, json={"usage": {"total_tokens": want}})
+
+    return handler
+
+
+def test_httpx_paces_by_requests_and_tokens_together(impl: ModuleType, clock: ManualClock) -> None:
+    sent: list[int] = []
+    slept: list[float] = []
+    t = RateLimitedTransport(
+        httpx.MockTransport(provider(clock, sent)), rate=1000, capacity=100, clock=clock,
+        sleep=sleeper(clock, slept), estimate=lambda r: json.loads(r.content),
+    )  # fmt: skip
+    client = httpx.Client(transport=t)
+    statuses = [
+        client.post("http://api/", json={"tokens": n}).status_code
+        for n in (100, 150, 100, 10, 10, 10, 290)
+    ]
+    assert statuses == [200] * 7
+    # 100 + 150, then 100 lacks tokens: the next second, with 10 and 10 (its 3
+    # requests); then 10 and 290 (all 300 tokens) the second after.
+    assert sent == [0, 0, S, S, S, 2 * S, 2 * S]
+
+
+def test_requests_paces_by_both_budgets_with_settle(impl: ModuleType, clock: ManualClock) -> None:
+    sent: list[int] = []
+    slept: list[float] = []
+    handler = provider(clock, sent)
+
+    class Canned(requests.adapters.HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> requests.Response:
+            answer = handler(httpx.Request("POST", request.url, content=request.body))
+            response = requests.Response()
+            response.status_code = answer.status_code
+            response.headers.update(answer.headers)
+            response._content = answer.content
+            return response
+
+    class Limited(RateLimitedAdapter, Canned):
+        pass
+
+    settled: list[int] = []
+
+    def settle(response: requests.Response) -> dict[str, int]:
+        settled.append(response.json()["usage"]["total_tokens"])
+        return {"tokens": settled[-1]}
+
+    session = requests.Session()
+    session.mount("http://", Limited(
+        rate=1000, capacity=100, clock=clock, sleep=sleeper(clock, slept),
+        estimate=lambda r: json.loads(r.body), settle=settle,
+    ))  # fmt: skip
+    statuses = [session.post("http://api/", json={"tokens": n}).status_code for n in (200, 200)]
+    assert statuses == [200, 200]
+    assert sent == [0, S] and slept == [1.0] and settled == [200, 200]
+
+
+def test_the_asyncio_transport_waits_for_the_budget_and_awaits_settle(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    sent: list[int] = []
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(round(seconds * S))
+
+    async def settle(response: httpx.Response) -> dict[str, int]:
+        await response.aread()
+        return {"tokens": response.json()["usage"]["total_tokens"]}
+
+    async def main() -> list[int]:
+        t = AsyncRateLimitedTransport(
+            httpx.MockTransport(provider(clock, sent)), rate=1000, capacity=100, clock=clock,
+            async_sleep=sleep, estimate=lambda r: json.loads(r.content), settle=settle,
+        )  # fmt: skip
+        async with httpx.AsyncClient(transport=t) as client:
+            return [
+                (await client.post("http://api/", json={"tokens": 200})).status_code
+                for _ in range(3)
+            ]
+
+    assert asyncio.run(main()) == [200, 200, 200]
+    assert sent == [0, S, 2 * S] and slept == [1.0, 1.0]
+
+
+def test_a_budget_wait_past_the_timeout_raises_and_sends_nothing(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    sent: list[int] = []
+    t = RateLimitedTransport(
+        httpx.MockTransport(provider(clock, sent)), rate=1000, capacity=100, clock=clock,
+        timeout=0.5, sleep=sleeper(clock, []), estimate=lambda r: json.loads(r.content),
+    )  # fmt: skip
+    client = httpx.Client(transport=t)
+    assert client.post("http://api/", json={"tokens": 300}).status_code == 200
+    with pytest.raises(RateLimitTimeout) as caught:
+        client.post("http://api/", json={"tokens": 1})
+    assert caught.value.retry_after_ns == S and sent == [0]
+
+
+def test_shared_budgets_space_the_processes_by_each_budgets_refill(
+    impl: ModuleType, clock: ManualClock
+) -> None:
+    # 600 tokens and 60 requests refilled in 2 s, as the answers' resets say: a token
+    # is worth 3.33 ms of the shared limiter's time (1 ms a token), a request 33.3 ms.
+    store = nb.KeyedTokenBucket(rate=1000, capacity=400, clock=clock)
+    fields = openai((60, 59, "33334us"), (600, 540, "200ms"))
+    slept: list[float] = []
+
+    def process() -> httpx.Client:
+        api = httpx.MockTransport(
+            lambda r: httpx.Response(200, headers=fields, json={"usage": {"total_tokens": 50}})
+        )
+        return httpx.Client(transport=RateLimitedTransport(
+            api, rate=1000, capacity=100, clock=clock, sleep=sleeper(clock, slept),
+            estimate=lambda r: {"tokens": 60}, shared=store,
+            settle=lambda r: {"tokens": json.loads(r.read())["usage"]["total_tokens"]},
+        ))  # fmt: skip
+
+    a, b = process(), process()
+    a.get("http://api/")  # nothing sized yet: nothing shared
+    b.get("http://api/")
+    assert store.tokens_at("api|budget:tokens", clock()) == 400
+    a.get("http://api/")  # 60 tokens: 200 shared, 50 spent: 167, so 33 back
+    assert store.tokens_at("api|budget:tokens", clock()) == 400 - 167
+    assert store.tokens_at("api|budget:requests", clock()) == 400 - 34
+    b.get("http://api/")  # its slot starts once a's 167 are spent
+    # Each request also takes its key's own shared token first (1 ms apart): b's
+    # second at 3 ms, and its tokens' slot at 2 + 167 ms.
+    assert slept == [0.001, 0.001, 0.001, 0.166]
