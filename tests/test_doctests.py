@@ -75,6 +75,8 @@ MODULES = [
     "nanobucket.executor",
     "nanobucket.pacing",
     "nanobucket.celery",
+    "nanobucket.testing",
+    "nanobucket._http.switch",
 ]
 
 # The public modules whose names (and the methods of their classes) must
@@ -104,6 +106,7 @@ PUBLIC = [
     "nanobucket.executor",
     "nanobucket.pacing",
     "nanobucket.celery",
+    "nanobucket.testing",
 ]
 CORE = ("nanobucket._bucket_c", "nanobucket._bucket_py", "nanobucket._shared_c")
 # The modules whose examples `_examples_of` collects (doctest.testmod misses some).

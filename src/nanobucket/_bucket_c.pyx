@@ -461,7 +461,7 @@ cdef class _Limits:
 
     cdef int _set_limits(self, tuple limits, object clock) except -1:
         self._rate, self.capacity, self.interval_ns, self.tau = limits
-        self.clock = clock
+        self.clock = validated_clock(clock)  # None: the default clock now (see `nanobucket.testing`)
         nb_store_relaxed(&self.gen, fork_gen)
         self.one = <PyObject *>ONE
         return 0

@@ -304,6 +304,7 @@ class TokenBucket(_Limits):
         per_process: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
+        clock = validated_clock(clock)  # None: the default clock now (see `nanobucket.testing`)
         now = _clock_reader(clock)
         self._set_limits(limits, per_process)
         self._clock = clock
