@@ -580,6 +580,16 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     >>> b = TokenBucket(rate=100, capacity=200)
     >>> sum(b.allow_at(0) for _ in range(250))  # a burst of 250 at one instant
     200
+
+    ``with b:`` / ``async with b:`` waits for one token as ``acquire()`` does,
+    with no timeout (first in, first out), and raises `RateLimited` only
+    when the line of waiters is full; leaving the block gives nothing back.
+    A bounded wait is ``acquire(timeout=...)``, or ``async with`` inside
+    ``asyncio.timeout(...)`` (cancelled, the wait reserves nothing).
+
+    >>> with TokenBucket(rate=1000, capacity=1, clock=lambda: 0) as b:   # one token spent
+    ...     b.tokens()
+    0.0
     """
 
     cdef int64_t tat
@@ -869,6 +879,19 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, False)
         """
         return _acquire.acquire_async(self, (), cost, timeout)
+
+    def __enter__(self):
+        _acquire.enter(self)
+        return self
+
+    def __exit__(self, *exc):
+        return None  # a spent token stays spent
+
+    def __aenter__(self):
+        return _acquire.enter_async(self, (), self)
+
+    def __aexit__(self, *exc):
+        return _acquire.exit_async()
 
 
 def _restore_token_bucket(rate, capacity, clock, int64_t tat, pid=None, per_process=False):

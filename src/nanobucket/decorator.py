@@ -20,45 +20,16 @@ import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
+from ._acquire import RateLimited
 from ._bucket import KeyedTokenBucket, TokenBucket
 from ._http import switch
 from ._limiter import KeyedLimiter, Limiter, is_keyed
-from ._params import NS_PER_S, RateLike, validated_timeout
+from ._params import RateLike, validated_timeout
 from .hooks import Hook, LimitEvent, make_hooks
 
 __all__ = ("RateLimited", "limit")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class RateLimited(Exception):
-    """Raised by a function decorated with `limit` when the call is not admitted.
-
-    ``retry_after`` (float seconds) and ``retry_after_ns`` (int) say when
-    the same call would be admitted; ``decision`` is the limiter's own.
-
-    >>> from nanobucket import TokenBucket
-    >>> ping = limit(TokenBucket(rate=1, capacity=1, clock=lambda: 0))(lambda: "pong")
-    >>> try:
-    ...     ping(), ping()
-    ... except RateLimited as e:
-    ...     print(e.retry_after_ns, e.decision.allowed)
-    1000000000 False
-    """
-
-    def __init__(self, retry_after_ns: int, decision: Any = None) -> None:
-        self.retry_after_ns = int(retry_after_ns)
-        self.decision = decision
-        super().__init__(f"rate limited: retry after {self.retry_after:.3f} s")
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds until the same call would be admitted.
-
-        >>> RateLimited(250_000_000).retry_after
-        0.25
-        """
-        return self.retry_after_ns / NS_PER_S
 
 
 def limit(
