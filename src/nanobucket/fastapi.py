@@ -44,6 +44,7 @@ from ._http import (
     route,
     switch,
 )
+from .tiered import AsyncTiered, Tiered, using_plan
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -190,6 +191,11 @@ class RateLimit:
       ``request`` parameter gets the request and its other parameters are
       filled by FastAPI (``user=Depends(current_user)``, a query, a header).
     * *cost*: tokens per request, an int or such a function.
+    * *plan*: with a `tiered` limiter, a function filled by FastAPI like
+      the key function, returning the request's plan name
+      (``plan=lambda user=Depends(current_user): user.plan``): the limiter
+      decides on that plan (see `nanobucket.tiered.using_plan`), not on what
+      its ``tier`` says; None leaves it to ``tier`` (or ``default``).
     * *headers* (``"ietf"``, ``"legacy"``, ``"off"``), *name*, *shadow*,
       *counters*, *keyed*, *on_decision*, *on_limited*: as for the
       middleware; a `LimitEvent`'s ``route`` is the route's path pattern.
@@ -226,10 +232,20 @@ class RateLimit:
         *,
         key: object = None,
         cost: object = 1,
+        plan: Callable[..., Any] | None = None,
         **options: Unpack[Options],
     ) -> None:
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
+        # Not a request reader (``header(...)``): a plan is what the server knows of a
+        # caller, never what the client says.
+        if plan is not None and (not callable(plan) or isinstance(plan, KeyFunc)):
+            raise TypeError(f"plan must be a function returning a plan name, not {plan!r}")
+        if plan is not None and not isinstance(limiter, (Tiered, AsyncTiered)):
+            raise TypeError(
+                f"plan= picks a plan of a tiered limiter, not of {type(limiter).__name__}"
+            )
+        self._plan_fn, plan_params, self._plan_request, self._plan_async = _dependency(plan)
         self._gate = Gate(
             _VIEW,
             limiter,
@@ -250,11 +266,12 @@ class RateLimit:
                 "nanobucket_response", inspect.Parameter.KEYWORD_ONLY, annotation=Response
             ),
         }
-        for p in (*key_params, *cost_params):
+        for p in (*key_params, *cost_params, *plan_params):
             params.setdefault(p.name, p)
         self.__signature__ = inspect.Signature(list(params.values()))
         self._key_names = tuple(p.name for p in key_params)
         self._cost_names = tuple(p.name for p in cost_params)
+        self._plan_names = tuple(p.name for p in plan_params)
 
     async def __call__(
         self, *, nanobucket_request: Request, nanobucket_response: Response, **deps: Any
@@ -279,9 +296,17 @@ class RateLimit:
         if self._cost_fn is not None:
             kw = {name: deps[name] for name in self._cost_names}
             cost = await _call(self._cost_fn, self._cost_request, self._cost_async, request, kw)
-        admitted, decision, fields, body, due = await self._gate.decide_async(
-            request, matched or "*", key=key, cost=cost
-        )
+        if self._plan_fn is None:
+            admitted, decision, fields, body, due = await self._gate.decide_async(
+                request, matched or "*", key=key, cost=cost
+            )
+        else:
+            kw = {name: deps[name] for name in self._plan_names}
+            name = await _call(self._plan_fn, self._plan_request, self._plan_async, request, kw)
+            with using_plan(name):
+                admitted, decision, fields, body, due = await self._gate.decide_async(
+                    request, matched or "*", key=key, cost=cost
+                )
         scope["nanobucket.decision"] = decision
         if not admitted:
             assert body is not None
