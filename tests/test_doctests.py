@@ -77,6 +77,7 @@ MODULES = [
     "nanobucket.celery",
     "nanobucket.testing",
     "nanobucket._http.switch",
+    "nanobucket._acquire",
 ]
 
 # The public modules whose names (and the methods of their classes) must

@@ -50,7 +50,8 @@ class RateLimited(Exception):
     1000000000 False
     """
 
-    # Defined here, below the limiters' ``with`` blocks; imported from where it is documented.
+    # Defined here so that the core limiters' ``with`` blocks can raise it; named
+    # (in tracebacks and pickles) where users import it from.
     __module__ = "nanobucket.decorator"
 
     def __init__(self, retry_after_ns: int, decision: Any = None) -> None:
