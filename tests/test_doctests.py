@@ -83,6 +83,9 @@ MODULES = [
     "nanobucket.executor",
     "nanobucket.pacing",
     "nanobucket.celery",
+    "nanobucket.testing",
+    "nanobucket._compose.switch",
+    "nanobucket._core._acquire",
 ]
 
 # The public modules whose names (and the methods of their classes) must
@@ -114,6 +117,7 @@ PUBLIC = [
     "nanobucket.executor",
     "nanobucket.pacing",
     "nanobucket.celery",
+    "nanobucket.testing",
 ]
 CORE = (
     "nanobucket._core._bucket_c",

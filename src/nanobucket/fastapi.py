@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException, Request, Response
 from starlette.responses import Response as StarletteResponse
 
+from ._compose import switch
 from ._http import (
     READ,
     SCOPE,
@@ -43,6 +44,7 @@ from ._http import (
     route,
 )
 from ._http.charge import Due
+from .tiered import AsyncTiered, Tiered, using_plan
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -190,6 +192,11 @@ class RateLimit:
       ``request`` parameter gets the request and its other parameters are
       filled by FastAPI (``user=Depends(current_user)``, a query, a header).
     * *cost*: tokens per request, an int or such a function.
+    * *plan*: with a `tiered` limiter, a function filled by FastAPI like
+      the key function, returning the request's plan name
+      (``plan=lambda user=Depends(current_user): user.plan``): the limiter
+      decides on that plan (see `nanobucket.tiered.using_plan`), not on what
+      its ``tier`` says; None leaves it to ``tier`` (or ``default``).
     * *headers* (``"ietf"``, ``"legacy"``, ``"off"``), *name*, *shadow*,
       *counters*, *keyed*, *on_decision*, *on_limited*, *exempt_clients*
       (predicates take the request): as for the middleware; a
@@ -223,10 +230,20 @@ class RateLimit:
         *,
         key: object = None,
         cost: object = 1,
+        plan: Callable[..., Any] | None = None,
         **options: Unpack[Options],
     ) -> None:
         self._key_fn, key_params, self._key_request, self._key_async = _dependency(key)
         self._cost_fn, cost_params, self._cost_request, self._cost_async = _dependency(cost)
+        # Not a request reader (``header(...)``): a plan is what the server knows of a
+        # caller, never what the client says.
+        if plan is not None and (not callable(plan) or isinstance(plan, KeyFunc)):
+            raise TypeError(f"plan must be a function returning a plan name, not {plan!r}")
+        if plan is not None and not isinstance(limiter, (Tiered, AsyncTiered)):
+            raise TypeError(
+                f"plan= picks a plan of a tiered limiter, not of {type(limiter).__name__}"
+            )
+        self._plan_fn, plan_params, self._plan_request, self._plan_async = _dependency(plan)
         self._gate = Gate(
             _VIEW,
             limiter,
@@ -247,11 +264,12 @@ class RateLimit:
                 "nanobucket_response", inspect.Parameter.KEYWORD_ONLY, annotation=Response
             ),
         }
-        for p in (*key_params, *cost_params):
+        for p in (*key_params, *cost_params, *plan_params):
             params.setdefault(p.name, p)
         self.__signature__ = inspect.Signature(list(params.values()))
         self._key_names = tuple(p.name for p in key_params)
         self._cost_names = tuple(p.name for p in cost_params)
+        self._plan_names = tuple(p.name for p in plan_params)
         # With charge= the dependency has a yield (code after the route), else it is
         # a coroutine. FastAPI tells them apart by ``getattr(dependency, "__call__")``,
         # which finds this instance attribute before the class's method; a call of the
@@ -277,6 +295,8 @@ class RateLimit:
         self, request: Request, response: Response, deps: dict[str, Any]
     ) -> tuple[Any, Due | None]:
         """Decide one request: ``(decision, due)`` with its fields added, or raise `RateLimited`."""
+        if switch.off:  # limits turned off: no key or cost function is called either
+            return None, None
         scope = request.scope
         matched = getattr(scope.get("route"), "path", None)  # FastAPI's route pattern
         if "nanobucket.route" not in scope and matched is not None:
@@ -289,9 +309,17 @@ class RateLimit:
         if self._cost_fn is not None:
             kw = {name: deps[name] for name in self._cost_names}
             cost = await _call(self._cost_fn, self._cost_request, self._cost_async, request, kw)
-        admitted, decision, fields, body, due = await self._gate.decide_async(
-            request, matched or "*", key=key, cost=cost
-        )
+        if self._plan_fn is None:
+            admitted, decision, fields, body, due = await self._gate.decide_async(
+                request, matched or "*", key=key, cost=cost
+            )
+        else:
+            kw = {name: deps[name] for name in self._plan_names}
+            name = await _call(self._plan_fn, self._plan_request, self._plan_async, request, kw)
+            with using_plan(name):
+                admitted, decision, fields, body, due = await self._gate.decide_async(
+                    request, matched or "*", key=key, cost=cost
+                )
         scope["nanobucket.decision"] = decision
         if not admitted:
             assert body is not None

@@ -32,6 +32,7 @@ that needs them (the ``prometheus`` and ``otel`` extras), never by the core.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,14 @@ class PrometheusMetrics:
     global ``REGISTRY``, which ``prometheus_client.make_asgi_app()`` and
     ``generate_latest()`` serve); *namespace* prefixes every name.
 
+    Several worker processes (``PROMETHEUS_MULTIPROC_DIR`` set before
+    ``prometheus_client`` is imported): each worker's counts go to that
+    directory, and a scrape through ``multiprocess.MultiProcessCollector``
+    sums them; `value` is this process's count. A breaker's state is then
+    written at `watch_breaker` and at each decision this process counts
+    after it changes (the directory holds values, not functions), one
+    series per live worker (a ``pid`` label: each worker has its own breaker).
+
     >>> from prometheus_client import CollectorRegistry
     >>> m = PrometheusMetrics(registry=CollectorRegistry(), namespace="api")
     >>> m.registry.get_sample_value("api_decisions_total",
@@ -109,7 +118,12 @@ class PrometheusMetrics:
             "1 for the Redis circuit breaker's current state, 0 for the others.",
             ["breaker", "state"],
             registry=self.registry,
+            multiprocess_mode="liveall",  # each worker's own breaker, while it lives
         )
+        # Multiprocess mode: a gauge's value is written, never computed at the scrape,
+        # so the watched breakers' states are written when they change (see `hook`).
+        self._multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._watched: dict[str, tuple[Any, list[str | None]]] = {}  # name -> breaker, [state]
 
     def hook(self, event: LimitEvent) -> None:
         """Count one decision: pass ``on_decision=metrics.hook``.
@@ -129,6 +143,17 @@ class PrometheusMetrics:
         fallback = _fallback(event)
         if fallback is not None:
             self._fallbacks.labels(event.route, *fallback).inc()
+        if self._watched:
+            self._write_breakers()
+
+    def _write_breakers(self) -> None:
+        """Write each watched breaker's state where it changed (multiprocess mode)."""
+        for name, (breaker, seen) in list(self._watched.items()):
+            state = breaker.state
+            if state != seen[0]:
+                seen[0] = state
+                for each in _STATES:
+                    self._breaker.labels(name, each).set(1.0 if each == state else 0.0)
 
     def value(self, route: str, outcome: str, plan: str | None = None) -> float:
         """The count of *outcome* decisions on *route* so far (0.0 if none).
@@ -155,6 +180,10 @@ class PrometheusMetrics:
         """
         breaker = _breaker_of(limiter_or_breaker)
         name = _breaker_name(name)
+        if self._multiprocess:
+            self._watched[name] = (breaker, [None])
+            self._write_breakers()
+            return
         for state in _STATES:
             self._breaker.labels(name, state).set_function(_is_state(breaker, state))
 

@@ -56,6 +56,7 @@ from ._compose.tiered import (
     Tiered,
     TieredDecision,
     tiered,
+    using_plan,
 )
 
-__all__ = ["AsyncTiered", "Tiered", "TieredDecision", "tiered"]
+__all__ = ["AsyncTiered", "Tiered", "TieredDecision", "tiered", "using_plan"]

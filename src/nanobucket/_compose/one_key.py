@@ -4,9 +4,10 @@ Written here; documented and imported as ``nanobucket.one_key``."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from typing import Any
 
+from .._core import _acquire
 from .._core._limiter import is_async, is_keyed
 
 __all__ = ("OneKey",)
@@ -195,6 +196,39 @@ class OneKey:
         return self.table.reserve(
             self.key, cost=cost, max_wait_ns=max_wait_ns, shape=shape, now=now
         )
+
+    def __enter__(self) -> OneKey:
+        """``with one:``: the table's ``acquire(key)``, one token with no timeout, in line;
+        `RateLimited` when its line of waiters is full. Leaving gives nothing back.
+
+        >>> from nanobucket import KeyedTokenBucket
+        >>> one = OneKey(KeyedTokenBucket(rate=1, capacity=1, clock=lambda: 0), "all")
+        >>> with one:
+        ...     one.tokens()
+        0.0
+        """
+        _acquire.enter(self.table, (self.key,))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None  # a spent token stays spent
+
+    def __aenter__(self) -> Awaitable[OneKey]:
+        """``async with one:``: the table's ``acquire_async(key)``, as ``with one:`` does.
+
+        >>> import asyncio
+        >>> from nanobucket import KeyedTokenBucket
+        >>> one = OneKey(KeyedTokenBucket(rate=1, capacity=2, clock=lambda: 0), "all")
+        >>> async def enter():
+        ...     async with one:
+        ...         return one.tokens()
+        >>> asyncio.run(enter())
+        1.0
+        """
+        return _acquire.enter_async(self.table, (self.key,), self)
+
+    def __aexit__(self, *exc: object) -> Awaitable[None]:
+        return _acquire.exit_async()
 
     def __repr__(self) -> str:
         return f"OneKey({self.table!r}, {self.key!r})"

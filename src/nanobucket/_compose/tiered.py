@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
 
@@ -19,9 +21,39 @@ from .carry import Owed, Unread, carry, settle
 from .drive import Call, drive, drive_async
 from .verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
 
-__all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
+__all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered", "using_plan")
 
 DEFAULT_MAX_KEYS = 1_000_000
+
+#: The plan the caller named for the decisions it makes now (`using_plan`); None: ``tier``'s.
+#: A context variable: each thread and each asyncio task names its own.
+_named: ContextVar[Any] = ContextVar("nanobucket_plan", default=None)
+
+
+@contextmanager
+def using_plan(name: str | None) -> Iterator[None]:
+    """Every tiered limiter decides in the block on plan *name*, not on what ``tier`` says.
+
+    For a plan the caller already knows (the user object an authentication
+    step found): the FastAPI dependency's ``plan=`` is this. None leaves the
+    choice to ``tier`` (or ``default``). Per thread and per asyncio task.
+
+    >>> from nanobucket import KeyedTokenBucket
+    >>> t = tiered({"free": KeyedTokenBucket(1, 2), "pro": KeyedTokenBucket(10, 20)},
+    ...            default="free")
+    >>> with using_plan("pro"):
+    ...     t.check_at("alice", 0).plan
+    'pro'
+    >>> t.check_at("alice", 0).plan, t.plan("bob")
+    ('free', 'free')
+    """
+    token = _named.set(name)
+    try:
+        yield
+    finally:
+        _named.reset(token)
+
+
 _VERBS = ("allow", "allow_at", "check", "check_at", "peek", "peek_at")
 
 
@@ -143,13 +175,13 @@ class _Plans:
     def __init__(
         self,
         plans: Mapping[str, Any],
-        tier: Callable[[Any], Any],
+        tier: Callable[[Any], Any] | None = None,
         *,
         default: str | None = None,
         max_keys: int = DEFAULT_MAX_KEYS,
     ) -> None:
         found = _check_plans(plans)
-        if not callable(tier):
+        if tier is not None and not callable(tier):
             raise TypeError(f"tier must be a callable key -> plan name, not {tier!r}")
         if default is not None and default not in found:
             raise ValueError(f"default {default!r} is not a plan (plans: {list(found)})")
@@ -212,7 +244,9 @@ class _Plans:
         return self._choose(key)[0]
 
     def _choose(self, key: Hashable) -> tuple[str, Any]:
-        name = self._tier(key)
+        name = _named.get()
+        if name is None and self._tier is not None:
+            name = self._tier(key)
         try:
             found = self._plans.get(name)
         except TypeError:  # an unhashable name
@@ -222,8 +256,18 @@ class _Plans:
     def _fallback(self, key: Hashable, name: object) -> tuple[str, Any]:
         """The default plan of *key*, whose ``tier`` named *name*, not a plan."""
         if self._default is None:
+            if name is None and self._tier is None:
+                raise ValueError(
+                    f"no plan for {key!r}: decide it inside using_plan(name), or give "
+                    "tier= or default="
+                )
+            said = (
+                f"using_plan({name!r}) named"
+                if _named.get() is not None
+                else f"tier({key!r}) returned"
+            )
             raise ValueError(
-                f"tier({key!r}) returned {name!r}, which is not a plan "
+                f"{said} {name!r}, which is not a plan "
                 f"(plans: {list(self._plans)}; or give default=)"
             )
         return self._default
@@ -422,7 +466,9 @@ class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision,
         TieredDecision(allowed=True, remaining=15, retry_after_ns=0, reset_after_ns=500000000, \
 limit=20, plan='free')
         """
-        name = self._tier(key)  # `_pick`, inlined: what every request runs
+        name = _named.get()  # `_pick`, inlined: what every request runs
+        if name is None and self._tier is not None:
+            name = self._tier(key)
         try:
             found = self._plans.get(name)
         except TypeError:  # an unhashable name
@@ -645,7 +691,7 @@ class AsyncTiered(_Plans, AsyncKeyedVerbs[TieredDecision, Any]):
 
 def tiered(
     plans: Mapping[str, Any],
-    tier: Callable[[Any], Any],
+    tier: Callable[[Any], Any] | None = None,
     *,
     default: str | None = None,
     max_keys: int = DEFAULT_MAX_KEYS,
@@ -657,6 +703,8 @@ def tiered(
     ``ValueError``); *max_keys* bounds the plans remembered (see the module).
     A plan written as a rate in text (``{"free": "10/minute"}``) is a
     `KeyedTokenBucket` of it, its capacity the count.
+    Without *tier*, each decision's plan is the one its caller names with
+    `using_plan` (the FastAPI dependency's ``plan=`` does), else *default*.
 
     >>> from nanobucket import KeyedTokenBucket
     >>> plan_of = {"alice": "pro"}

@@ -5,10 +5,10 @@ Written here; documented and imported as ``nanobucket.waiting``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from .._core import _wait
+from .._core import _acquire, _wait
 from .._core._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from .._core._bucket import TokenBucket
 from .._core._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
@@ -175,6 +175,45 @@ class Waiting:
             return await _wait.wait_async(limiter, key, c, max_wait, self.shape, self._async_sleep)
         finally:
             self._gate.leave()
+
+    def __enter__(self) -> Waiting:
+        """``with w:``: `acquire` one token with no timeout, in line; `RateLimited` past
+        *max_waiters*. Leaving gives nothing back. A keyed limiter takes a key: use
+        ``with Waiting(OneKey(table, key)):`` or ``acquire(key)``.
+
+        >>> from nanobucket import TokenBucket
+        >>> slept = []
+        >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), sleep=slept.append)
+        >>> with w:
+        ...     with w:
+        ...         slept
+        [0.1]
+        """
+        _acquire.enter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None  # a spent token stays spent
+
+    def __aenter__(self) -> Awaitable[Waiting]:
+        """``async with w:``: `acquire_async`, as ``with w:`` does `acquire`; cancelled
+        (``asyncio.timeout``), the waiter gives its tokens back.
+
+        >>> from nanobucket import TokenBucket
+        >>> async def nap(seconds): print("asyncio.sleep", seconds)
+        >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), async_sleep=nap)
+        >>> async def twice():
+        ...     async with w:
+        ...         async with w:
+        ...             return w.peek(cost=0).reset_after_ns   # two tokens owed
+        >>> asyncio.run(twice())
+        asyncio.sleep 0.1
+        200000000
+        """
+        return _acquire.enter_async(self, (), self)
+
+    def __aexit__(self, *exc: object) -> Awaitable[None]:
+        return _acquire.exit_async()
 
     def __getattr__(self, name: str) -> Any:
         # allow, check, peek, refund, reconfigure, tokens...: the limiter's own

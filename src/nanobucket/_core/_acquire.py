@@ -19,15 +19,88 @@ from ._params import FOREVER_NS, NS_PER_S, validated_timeout
 __all__ = (
     "DEFAULT_MAX_WAITERS",
     "Gate",
+    "RateLimited",
     "acquire_async",
     "acquire_slow",
+    "enter",
+    "enter_async",
     "enter_default",
+    "exit_async",
     "leave_default",
     "max_wait_ns",
     "waiters",
 )
 
 DEFAULT_MAX_WAITERS = 1024
+
+
+class RateLimited(Exception):
+    """Raised by a function decorated with `limit` when the call is not admitted
+    (and by a ``with`` block on a limiter whose line of waiters is full).
+
+    ``retry_after`` (float seconds) and ``retry_after_ns`` (int) say when
+    the same call would be admitted; ``decision`` is the limiter's own.
+
+    >>> from nanobucket import TokenBucket, limit
+    >>> ping = limit(TokenBucket(rate=1, capacity=1, clock=lambda: 0))(lambda: "pong")
+    >>> try:
+    ...     ping(), ping()
+    ... except RateLimited as e:
+    ...     print(e.retry_after_ns, e.decision.allowed)
+    1000000000 False
+    """
+
+    # Defined here so that the core limiters' ``with`` blocks can raise it; named
+    # (in tracebacks and pickles) where users import it from.
+    __module__ = "nanobucket.decorator"
+
+    def __init__(self, retry_after_ns: int, decision: Any = None) -> None:
+        self.retry_after_ns = int(retry_after_ns)
+        self.decision = decision
+        super().__init__(f"rate limited: retry after {self.retry_after:.3f} s")
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until the same call would be admitted.
+
+        >>> RateLimited(250_000_000).retry_after
+        0.25
+        """
+        return self.retry_after_ns / NS_PER_S
+
+
+def enter(limiter: Any, key: tuple[Hashable, ...] = ()) -> None:
+    """``with limiter:``: wait for one token as long as it takes (no timeout), first in,
+    first out; `RateLimited` when the line of waiters is already full.
+
+    >>> from nanobucket import TokenBucket
+    >>> b = TokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    >>> enter(b), b.tokens()
+    (None, 0.0)
+    """
+    if not limiter.acquire(*key):
+        decision = limiter.peek(*key)
+        raise RateLimited(decision.retry_after_ns, decision)
+
+
+async def enter_async(limiter: Any, key: tuple[Hashable, ...] = (), value: Any = None) -> Any:
+    """``async with limiter:``: `enter` for asyncio (cancelled, it reserves nothing); *value*.
+
+    >>> from nanobucket import TokenBucket
+    >>> b = TokenBucket(rate=1, capacity=1, clock=lambda: 0)
+    >>> asyncio.run(enter_async(b, (), "entered")), b.tokens()
+    ('entered', 0.0)
+    """
+    if not await limiter.acquire_async(*key):
+        decision = limiter.peek(*key)
+        if asyncio.iscoroutine(decision):
+            decision = await decision
+        raise RateLimited(decision.retry_after_ns, decision)
+    return value
+
+
+async def exit_async(*exc: object) -> None:
+    """``async with limiter:`` leaving: nothing to give back for a rate limit."""
 
 
 def max_wait_ns(timeout: object) -> int:

@@ -461,7 +461,7 @@ cdef class _Limits:
 
     cdef int _set_limits(self, tuple limits, object clock) except -1:
         self._rate, self.capacity, self.interval_ns, self.tau = limits
-        self.clock = clock
+        self.clock = validated_clock(clock)  # None: the default clock now (see `nanobucket.testing`)
         nb_store_relaxed(&self.gen, fork_gen)
         self.one = <PyObject *>ONE
         return 0
@@ -583,6 +583,16 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
     >>> b = TokenBucket("100/minute")   # a rate as text: its count is the capacity
     >>> b.capacity, b.interval_ns, b.rate
     (100, 600000000, Fraction(5, 3))
+
+    ``with b:`` / ``async with b:`` waits for one token as ``acquire()`` does,
+    with no timeout (first in, first out), and raises `RateLimited` only
+    when the line of waiters is full; leaving the block gives nothing back.
+    A bounded wait is ``acquire(timeout=...)``, or ``async with`` inside
+    ``asyncio.timeout(...)`` (cancelled, the wait reserves nothing).
+
+    >>> with TokenBucket(rate=1000, capacity=1, clock=lambda: 0) as b:   # one token spent
+    ...     b.tokens()
+    0.0
     """
 
     cdef int64_t tat
@@ -874,6 +884,19 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         (True, False)
         """
         return _acquire.acquire_async(self, (), cost, timeout)
+
+    def __enter__(self):
+        _acquire.enter(self)
+        return self
+
+    def __exit__(self, *exc):
+        return None  # a spent token stays spent
+
+    def __aenter__(self):
+        return _acquire.enter_async(self, (), self)
+
+    def __aexit__(self, *exc):
+        return _acquire.exit_async()
 
 
 def _restore_token_bucket(rate, capacity, clock, int64_t tat, pid=None, per_process=False):

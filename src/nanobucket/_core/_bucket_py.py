@@ -294,6 +294,16 @@ class TokenBucket(_Limits):
     >>> b = TokenBucket("100/minute")   # a rate as text: its count is the capacity
     >>> b.capacity, b.interval_ns, b.rate
     (100, 600000000, Fraction(5, 3))
+
+    ``with b:`` / ``async with b:`` waits for one token as ``acquire()`` does,
+    with no timeout (first in, first out), and raises `RateLimited` only
+    when the line of waiters is full; leaving the block gives nothing back.
+    A bounded wait is ``acquire(timeout=...)``, or ``async with`` inside
+    ``asyncio.timeout(...)`` (cancelled, the wait reserves nothing).
+
+    >>> with TokenBucket(rate=1000, capacity=1, clock=lambda: 0) as b:   # one token spent
+    ...     b.tokens()
+    0.0
     """
 
     __slots__ = ("_clock", "_now", "_tat")
@@ -308,6 +318,7 @@ class TokenBucket(_Limits):
         per_process: bool = False,
     ) -> None:
         limits = self._new_limits(rate, capacity)
+        clock = validated_clock(clock)  # None: the default clock now (see `nanobucket.testing`)
         now = _clock_reader(clock)
         self._set_limits(limits, per_process)
         self._clock = clock
@@ -563,6 +574,19 @@ class TokenBucket(_Limits):
         (True, False)
         """
         return _acquire.acquire_async(self, (), cost, timeout)
+
+    def __enter__(self) -> TokenBucket:
+        _acquire.enter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None  # a spent token stays spent
+
+    def __aenter__(self) -> Awaitable[TokenBucket]:
+        return _acquire.enter_async(self, (), self)
+
+    def __aexit__(self, *exc: object) -> Awaitable[None]:
+        return _acquire.exit_async()
 
 
 def _restore_token_bucket(

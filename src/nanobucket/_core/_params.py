@@ -102,9 +102,26 @@ def validated_timeout(timeout: object) -> float | None:
     return seconds
 
 
+#: The clock a limiter built without ``clock=`` reads: None is the monotonic
+#: clock; `nanobucket.testing` installs a manual one for a test's limiters.
+_default_clock: Clock | None = None
+
+
+def install_default_clock(clock: Clock | None) -> Clock | None:
+    """Make *clock* the one limiters built from now on without ``clock=`` read; return the last."""
+    global _default_clock
+    if clock is not None:
+        validated_clock(clock)
+    last, _default_clock = _default_clock, clock
+    return last
+
+
 def validated_clock(clock: object) -> Clock | None:
-    """Return *clock* (None: the monotonic clock), a callable returning int ns, or raise."""
-    if clock is not None and not callable(clock):
+    """Return *clock*, a callable returning int ns, or raise; None is the default clock
+    (the monotonic clock, which None stands for, unless `install_default_clock` put another)."""
+    if clock is None:
+        return _default_clock
+    if not callable(clock):
         raise TypeError(f"clock must be a callable returning int ns, not {type(clock).__name__}")
     return clock
 

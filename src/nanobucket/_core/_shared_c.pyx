@@ -333,7 +333,7 @@ cdef class SharedTable:
         self.tau = capacity * interval_ns
         self.max_keys = max_keys
         self.path = path
-        self.clock = clock
+        self.clock = validated_clock(clock)  # None: the default clock now (see `nanobucket.testing`)
         self.none_key = none_key
         self.is_closed = False
 
