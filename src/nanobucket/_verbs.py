@@ -16,7 +16,8 @@ of the contract, the ``_at`` forms checking *now* first:
 `Verbs` is for a limiter of one bucket (the steps get key None),
 `KeyedVerbs` for a keyed one (`KeyedDecide` alone for one that cannot
 peek), `KeyedBatch` adds ``allow_many``, and `AsyncKeyedVerbs` is all of
-them for an asyncio limiter, whose steps are awaited. The Cython core and
+them for an asyncio limiter, whose steps are awaited. `Reserving` derives
+``reservation`` from a limiter's ``reserve`` and ``refund``. The Cython core and
 its pure-Python twin keep their own verbs: there each one is the hot path.
 """
 
@@ -25,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
+from ._limiter import Reservation
 from ._params import validated_now
 
-__all__ = ("AsyncKeyedVerbs", "KeyedBatch", "KeyedDecide", "KeyedVerbs", "Verbs")
+__all__ = ("AsyncKeyedVerbs", "KeyedBatch", "KeyedDecide", "KeyedVerbs", "Reserving", "Verbs")
 
 D = TypeVar("D")  # the decision a limiter returns
 R = TypeVar("R")  # what its refund returns
@@ -288,6 +290,30 @@ class Verbs(_Steps[D, R]):
         (True, None, 0)
         """
         return self._give(None, cost, validated_now(now))
+
+
+class Reserving:
+    """``reservation``: ``reserve`` as a `nanobucket.Reservation` (with ``reserve``, ``refund``)."""
+
+    __slots__ = ()
+
+    def reservation(
+        self,
+        *key: Hashable,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """``reserve(*key, ...)`` as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> from nanobucket import KeyedTokenBucket, tiered
+        >>> t = tiered({"free": KeyedTokenBucket(1, 1)}, tier=lambda key: "free")
+        >>> r = t.reservation("alice", now=0)
+        >>> r.ok, t.tokens_at("alice", 0), r.cancel_at(0), t.tokens_at("alice", 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, key, cost, max_wait_ns, shape, now)
 
 
 class _AsyncSteps(Generic[D, R]):

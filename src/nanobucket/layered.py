@@ -46,7 +46,16 @@ from typing import Any
 
 from . import _acquire
 from ._bucket import Decision
-from ._limiter import Composite, KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
+from ._limiter import (
+    Composite,
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+    Reservation,
+    is_async,
+    is_keyed,
+)
 from ._params import validated_name, validated_timeout
 from .concurrency import Slot
 
@@ -489,6 +498,25 @@ class AllOf:
                         self._call(j, "refund", key, (cost,))
                     else:
                         self._call(j, "refund_at", key, (now, cost))
+
+    def reservation(
+        self,
+        key: Hashable | None = None,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """`reserve`, as a `nanobucket.Reservation`: ``cancel()`` gives back to every layer.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=1), TokenBucket(rate=2, capacity=2))
+        >>> r = limit.reservation(now=0)
+        >>> r.ok, limit.tokens_at(None, 0), r.cancel_at(0), limit.tokens_at(None, 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, (key,), cost, max_wait_ns, shape, now)
 
     def parts(self, key: Hashable | None = None) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
         """Each layer with the key arguments its verbs take for *key* (see `Composite`).

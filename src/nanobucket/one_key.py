@@ -16,11 +16,12 @@ from collections.abc import Hashable
 from typing import Any
 
 from ._limiter import is_async, is_keyed
+from ._verbs import Reserving
 
 __all__ = ("OneKey",)
 
 
-class OneKey:
+class OneKey(Reserving):
     """The bucket of *key* in the keyed limiter *table*, with verbs that take no key.
 
     ``allow``, ``check``, ``peek``, ``tokens``, ``refund``, ``reserve`` and

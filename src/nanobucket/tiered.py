@@ -66,7 +66,7 @@ from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
 from ._limiter import Composite, is_async
 from ._params import validated_max_keys, validated_name, validated_timeout
-from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
+from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs, Reserving
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered")
 
@@ -396,7 +396,7 @@ class _Plans:
         return f"tiered({{{plans}}}, tier={self._tier!r})"
 
 
-class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision, Any]):
+class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision, Any], Reserving):
     """A keyed limiter whose buckets come from each key's plan; build it with `tiered`.
 
     The verbs of a keyed table, each forwarded to the plan ``tier(key)``

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _acquire
 from .._params import RateLike, validated_now, validated_timeout
-from .._verbs import KeyedBatch, KeyedVerbs
+from .._verbs import KeyedBatch, KeyedVerbs, Reserving
 from . import _clients
 from ._bounded import DEFAULT_SOCKET_TIMEOUT
 from ._breaker import CircuitBreaker
@@ -25,7 +25,7 @@ from ._wire import Wire
 __all__ = ("RedisTokenBucket",)
 
 
-class _SyncLimits(_RedisLimits):
+class _SyncLimits(_RedisLimits, Reserving):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
     _wire: Wire | None = None
