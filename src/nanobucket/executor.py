@@ -30,7 +30,7 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
-from ._limiter import Refundable, Reservable, is_keyed
+from ._limiter import Refundable, Reservable, Reservation, is_keyed
 from ._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
 from .waiting import Waiting
@@ -293,8 +293,9 @@ class LimitedExecutor(Executor):
                 self._thread_exit()
                 return
             error: BaseException | None = None
+            reserved: Reservation | None = None
             try:
-                started = _wait.wait_sync(
+                reserved = _wait.wait_sync(
                     self._limiter,
                     self._key,
                     self._cost,
@@ -303,9 +304,10 @@ class LimitedExecutor(Executor):
                     self._sleep_or_wake,
                 )
             except _Abandoned:
-                started = False  # its reservation was given back
+                pass  # its reservation was given back
             except Exception as e:  # the limiter failed (Redis down...): the task fails
-                started, error = False, e
+                error = e
+            started = reserved is not None and reserved.ok
             with cond:
                 self._head = None
                 if pending and pending[0] is task:
@@ -318,8 +320,8 @@ class LimitedExecutor(Executor):
                     self._in_flight += 1
             if run:
                 self._hand_over(task)
-            elif started:  # cancelled as its tokens came: they go back
-                self._limiter.refund(*self._key, self._cost)
+            elif reserved is not None and started:  # cancelled as its tokens came: back
+                reserved.cancel()
                 task.future.cancel()
             elif error is not None and task.future.set_running_or_notify_cancel():
                 task.future.set_exception(error)

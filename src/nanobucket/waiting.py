@@ -181,7 +181,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake)
+            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake).ok
         finally:
             self._gate.leave()
 
@@ -203,7 +203,10 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return await _wait.wait_async(limiter, key, c, max_wait, self.shape, self._async_sleep)
+            reserved = await _wait.wait_async(
+                limiter, key, c, max_wait, self.shape, self._async_sleep
+            )
+            return reserved.ok
         finally:
             self._gate.leave()
 

@@ -140,8 +140,8 @@ class _SyncLimits(_RedisLimits, Reserving):
         cost = self._cost(cost)
         self.key(key)
         max_wait = _acquire.max_wait_ns(timeout)
-        wait = await asyncio.to_thread(self.reserve, key, cost=cost, max_wait_ns=max_wait)
-        return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
+        r = await asyncio.to_thread(self.reservation, key, cost=cost, max_wait_ns=max_wait)
+        return await _sleep_reserved(self, r.delay_ns, lambda: asyncio.to_thread(r.cancel))
 
     if TYPE_CHECKING:
 
