@@ -151,6 +151,11 @@ CASES: dict[str, tuple[str, str, str]] = {
         "functools.partial(_bucket_c.KeyedTokenBucket(0.01, 10_000).reserve, max_wait_ns=0)",
         "KeyedTokenBucket.reserve(k) (c): an int",
     ),
+    "c_keyed_reservation": (
+        KEYED,
+        "functools.partial(_bucket_c.KeyedTokenBucket(0.01, 10_000).reservation, max_wait_ns=0)",
+        "KeyedTokenBucket.reservation(k) (c): a Reservation",
+    ),
     "py_keyed": (
         KEYED,
         "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
@@ -226,6 +231,7 @@ FLOOR_OF = {
     "c_keyed_check": "floor_keyed",
     "c_keyed_acquire": "floor_keyed",
     "c_keyed_reserve": "floor_keyed",
+    "c_keyed_reservation": "floor_keyed",
     "all_of_check": "floor_keyed",
     "py_keyed": "floor_keyed",
     "shared_keyed": "floor_keyed",

@@ -144,7 +144,7 @@ class LimitedExecutor(Executor):
         shape = False
         inner = limiter
         if isinstance(limiter, Waiting):
-            inner, shape, sleep_or_wake = limiter.limiter, limiter.shape, limiter._sleep_or_wake
+            inner, shape, sleep_or_wake = limiter.limiter, limiter.shape, limiter.sleep_or_wake
         if not isinstance(inner, Reservable) or not isinstance(inner, Refundable):
             raise TypeError(
                 f"{type(inner).__name__} cannot reserve tokens: LimitedExecutor needs a "

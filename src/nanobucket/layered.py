@@ -475,29 +475,20 @@ class AllOf:
         """
         self._key(key)
         self._require(self._no_reserve, "reserve")
-        done: list[int] = []
+        done: list[Reservation] = []
         longest = 0
-        args = {"cost": cost, "max_wait_ns": max_wait_ns, "shape": shape, "now": now}
         try:
-            for i in range(len(self.layers)):
-                layer = self.layers[i]
-                wait = (
-                    layer.reserve(**args)
-                    if self._styles[i] == _PLAIN
-                    else layer.reserve(key, **args)
-                )
-                if wait < 0:
+            for layer, k in self.parts(key):
+                r = Reservation.take(layer, k, cost, max_wait_ns, shape, now)
+                if not r.ok:
                     return -1
-                done.append(i)
-                longest = max(longest, wait)
+                done.append(r)
+                longest = max(longest, r.delay_ns)
             return longest
         finally:
-            if len(done) < len(self.layers):
-                for j in done:
-                    if now is None:
-                        self._call(j, "refund", key, (cost,))
-                    else:
-                        self._call(j, "refund_at", key, (now, cost))
+            if len(done) < len(self.layers):  # refused or failed: undo the others
+                for r in done:
+                    r.cancel() if now is None else r.cancel_at(now)
 
     def reservation(
         self,

@@ -129,6 +129,20 @@ class Waiting:
         return self._gate.limit
 
     @property
+    def sleep_or_wake(self) -> SleepOrWake:
+        """How a waiting thread sleeps: ``sleep_or_wake(bell, seconds)``, from ``sleep=`` or
+        ``sleep_or_wake=`` (the default sleeps on *bell*, which a waiter ahead that gives up
+        rings). A `LimitedExecutor` over this `Waiting` paces its tasks with it.
+
+        >>> from nanobucket import TokenBucket
+        >>> slept = []
+        >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), sleep=slept.append)
+        >>> w.sleep_or_wake(None, 0.5), slept
+        (False, [0.5])
+        """
+        return self._sleep_or_wake
+
+    @property
     def waiters(self) -> int:
         """Callers waiting now.
 
