@@ -70,6 +70,7 @@ MODULES = [
     "nanobucket._learn",
     "nanobucket._drive",
     "nanobucket._verbs",
+    "nanobucket._limiter",
     "nanobucket.httpx",
     "nanobucket.requests",
     "nanobucket.executor",

@@ -28,6 +28,7 @@ from ._http import (
     client_address,
     key_func,
 )
+from ._limiter import traits
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -150,7 +151,7 @@ def resolve(value: object) -> Any:
 def make_limiter(value: object) -> object:
     """A limiter, a dotted path to one, or a function that makes one."""
     value = resolve(value)
-    if value is not None and not hasattr(value, "check") and callable(value):
+    if value is not None and not traits(value).checks and callable(value):
         value = value()
     return value
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ._bucket_py import Decision
@@ -49,7 +49,9 @@ __all__ = (
     "Refundable",
     "Reservable",
     "Reservation",
+    "Traits",
     "is_keyed",
+    "traits",
 )
 
 
@@ -214,10 +216,10 @@ class Reservation:
         """Give the tokens back now, once (see the class): True if this call did.
 
         >>> import nanobucket as nb
-        >>> b = nb.TokenBucket(rate=1, capacity=3)
-        >>> r = b.reservation(cost=2)
-        >>> r.cancel(), r.cancel(), b.reservation(cost=4).cancel()
-        (True, False, False)
+        >>> b = nb.TokenBucket(rate=1, capacity=3, clock=lambda: 0)
+        >>> r, refused = b.reservation(cost=2), b.reservation(cost=2)
+        >>> r.cancel(), r.cancel(), refused.cancel(), b.tokens()
+        (True, False, False, 3.0)
         """
         return self._give(None)
 
@@ -297,6 +299,60 @@ class Composite(Protocol):
     def leaf_names(self) -> tuple[str | None, ...]: ...
     def parts(self, *key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]: ...
     def binding(self, decision: Any) -> tuple[str | None, Any]: ...
+
+
+class Traits(NamedTuple):
+    """What a wrapper learns of a limiter beyond its verbs, once, when it wraps it: the
+    contract's optional attributes (see the module), each False or None when absent.
+
+    ``keyed``: its ``keyed`` (None: it declares none); ``key_optional``,
+    ``releases``, ``blocking``: its flags of those names, True only when
+    declared True; ``capacity``: its ``capacity`` when an int (the largest
+    cost), else None; ``bucket``: a single limit of its own, with a ``rate``
+    beside that capacity (what ``RateLimit-Policy`` shows; both are read live
+    later, as a reconfigure changes them); ``checks``, ``acquires``,
+    ``acquires_async``: whether it has ``check``, ``acquire``, ``acquire_async``.
+
+    >>> import nanobucket as nb
+    >>> t = traits(nb.all_of(nb.Concurrency(2)))
+    >>> t.keyed, t.key_optional, t.releases, t.blocking, t.capacity, t.bucket
+    (True, True, True, False, None, False)
+    >>> traits(nb.TokenBucket(1, 5))[4:]
+    (5, True, True, True, True)
+    """
+
+    keyed: bool | None
+    key_optional: bool
+    releases: bool
+    blocking: bool
+    capacity: int | None
+    bucket: bool
+    checks: bool
+    acquires: bool
+    acquires_async: bool
+
+
+def traits(limiter: object) -> Traits:
+    """*limiter*'s `Traits` (for a wrapper being built: never per request).
+
+    >>> import nanobucket as nb
+    >>> traits(nb.KeyedTokenBucket(1, 2)).capacity, traits(object()).checks
+    (2, False)
+    """
+    keyed = getattr(limiter, "keyed", None)
+    capacity = getattr(limiter, "capacity", None)
+    capacity = capacity if type(capacity) is int else None
+    return Traits(
+        keyed if type(keyed) is bool else None,
+        getattr(limiter, "key_optional", False) is True,
+        getattr(limiter, "releases", False) is True,
+        getattr(limiter, "blocking", False) is True,
+        capacity,
+        capacity is not None and getattr(limiter, "rate", None) is not None,
+        callable(getattr(limiter, "check", None)),
+        callable(getattr(limiter, "acquire", None)),
+        callable(getattr(limiter, "acquire_async", None)),
+    )
 
 
 def is_async(limiter: object) -> bool:

@@ -30,7 +30,7 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from . import _wait
-from ._limiter import Refundable, Reservable, Reservation, is_keyed
+from ._limiter import Refundable, Reservable, Reservation, is_keyed, traits
 from ._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
 from .waiting import Waiting
@@ -61,7 +61,7 @@ def key_prefix(limiter: Any, key: Hashable | None) -> tuple[Hashable, ...]:
     ((), ('api',))
     """
     if is_keyed(limiter):
-        if key is None and not getattr(limiter, "key_optional", False):
+        if key is None and not traits(limiter).key_optional:
             raise TypeError(f"{type(limiter).__name__} is keyed: pass key=<the key to spend from>")
         return (key,)
     if key is not None:
@@ -71,10 +71,8 @@ def key_prefix(limiter: Any, key: Hashable | None) -> tuple[Hashable, ...]:
 
 def checked_cost(limiter: Any, cost: object) -> int:
     """*cost* as an int in ``[0, limiter.capacity]`` (when it has one), or raise."""
-    capacity = getattr(limiter, "capacity", None)
-    if type(capacity) is int:
-        return validated_cost(cost, capacity)
-    return validated_cost(cost, FOREVER_NS)
+    capacity = traits(limiter).capacity
+    return validated_cost(cost, FOREVER_NS if capacity is None else capacity)
 
 
 class _Task:

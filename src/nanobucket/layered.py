@@ -55,6 +55,7 @@ from ._limiter import (
     Reservation,
     is_async,
     is_keyed,
+    traits,
 )
 from ._params import validated_name, validated_timeout
 from .concurrency import Slot
@@ -243,7 +244,7 @@ class AllOf:
         self._styles = styles
         # In-flight layers hold slots until release(); acquire waits for them
         # first, then for the other layers' tokens (an all_of of those).
-        holds = [getattr(layer, "releases", False) is True for layer in layers]
+        holds = [traits(layer).releases for layer in layers]
         self.releases = any(holds)
         self._holding = tuple(i for i in range(len(layers)) if holds[i])
         rates = [layer for layer, held in zip(layers, holds) if not held]

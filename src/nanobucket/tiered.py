@@ -64,7 +64,7 @@ from . import _acquire
 from ._bucket import Decision
 from ._carry import Owed, Unread, carry, settle
 from ._drive import Call, drive, drive_async
-from ._limiter import Composite, is_async
+from ._limiter import Composite, is_async, traits
 from ._params import validated_max_keys, validated_name, validated_timeout
 from ._verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs, Reserving
 
@@ -134,12 +134,11 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
     seen: dict[int, str] = {}
     for name, limiter in plans.items():
         validated_name(name, "a plan name")
-        keyed = getattr(limiter, "keyed", None)
-        capacity = getattr(limiter, "capacity", None)
+        learnt = traits(limiter)
         missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
         if (
-            keyed is not True
-            or type(capacity) is not int
+            learnt.keyed is not True
+            or learnt.capacity is None
             or missing
             or isinstance(limiter, Composite)
         ):

@@ -42,7 +42,15 @@ from typing import Any
 from . import _wait
 from ._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from ._bucket import TokenBucket
-from ._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
+from ._limiter import (
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+    is_async,
+    is_keyed,
+    traits,
+)
 from ._params import int_at_least
 from ._wait import AsyncSleep, SleepOrWake
 
@@ -110,7 +118,7 @@ class Waiting:
         self.limiter: Any = limiter
         self.keyed = is_keyed(limiter)
         # An all_of without keyed layers takes no key: learnt once, not per call.
-        self._key_optional = bool(getattr(limiter, "key_optional", False))
+        self._key_optional = traits(limiter).key_optional
         self.shape = shape
         self._gate = Gate(int_at_least(max_waiters, "max_waiters", 0))
         self._sleep_or_wake: SleepOrWake = (

@@ -39,6 +39,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._charge import Charge, Due, check_charge, settlers
+from .._limiter import traits
 from ..hooks import Hook, LimitEvent, make_hooks
 from .counters import Counters, counters_or_new
 from .policy import Policy, headers_mode, limit_headers, rejection
@@ -192,7 +193,7 @@ class Gate:
         """
         for policy in self.router.policies():
             for limiter in (policy.limiter, *policy.leaves):
-                if getattr(limiter, "blocking", False) is True:
+                if traits(limiter).blocking:
                     raise TypeError(
                         f"{type(limiter).__name__} waits for Redis in the calling thread: in "
                         f"{where} every decision would block the event loop, and every "
