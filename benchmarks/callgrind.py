@@ -49,6 +49,7 @@ for _ in r:
 """
 
 KEYED = """
+import functools
 import sys
 from nanobucket._core import _bucket_c, _bucket_py
 import nanobucket as nb
@@ -140,6 +141,21 @@ CASES: dict[str, tuple[str, str, str]] = {
         "_bucket_c.TokenBucket(10**9, 10**9)).check",
         "all_of(keyed, bucket).check(k) (c), 100k keys",
     ),
+    "c_keyed_acquire": (
+        KEYED,
+        "_bucket_c.KeyedTokenBucket(0.01, 10_000).acquire",
+        "KeyedTokenBucket.acquire(k) (c), 100k str keys",
+    ),
+    "c_keyed_reserve": (
+        KEYED,
+        "functools.partial(_bucket_c.KeyedTokenBucket(0.01, 10_000).reserve, max_wait_ns=0)",
+        "KeyedTokenBucket.reserve(k) (c): an int",
+    ),
+    "c_keyed_reservation": (
+        KEYED,
+        "functools.partial(_bucket_c.KeyedTokenBucket(0.01, 10_000).reservation, max_wait_ns=0)",
+        "KeyedTokenBucket.reservation(k) (c): a Reservation",
+    ),
     "py_keyed": (
         KEYED,
         "_bucket_py.KeyedTokenBucket(0.01, 10_000).allow",
@@ -213,6 +229,9 @@ FLOOR_OF = {
     "dict_get": "floor_keyed",
     "c_keyed": "floor_keyed",
     "c_keyed_check": "floor_keyed",
+    "c_keyed_acquire": "floor_keyed",
+    "c_keyed_reserve": "floor_keyed",
+    "c_keyed_reservation": "floor_keyed",
     "all_of_check": "floor_keyed",
     "py_keyed": "floor_keyed",
     "shared_keyed": "floor_keyed",

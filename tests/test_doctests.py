@@ -78,6 +78,7 @@ MODULES = [
     "nanobucket._outbound.budget_fields",
     "nanobucket._compose.drive",
     "nanobucket._compose.verbs",
+    "nanobucket._core._limiter",
     "nanobucket.httpx",
     "nanobucket.requests",
     "nanobucket.executor",

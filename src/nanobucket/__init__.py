@@ -7,7 +7,15 @@ True
 """
 
 from ._core._bucket import IMPLEMENTATION, Decision, KeyedTokenBucket, TokenBucket
-from ._core._limiter import Clocked, Composite, KeyedLimiter, Limiter, Refundable, Reservable
+from ._core._limiter import (
+    Clocked,
+    Composite,
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+    Reservation,
+)
 from .concurrency import Concurrency, KeyedConcurrency
 from .decorator import RateLimited, limit
 from .executor import LimitedExecutor
@@ -45,6 +53,7 @@ __all__ = (
     "RateLimited",
     "Refundable",
     "Reservable",
+    "Reservation",
     "SharedKeyedTokenBucket",
     "Tiered",
     "TieredDecision",

@@ -27,7 +27,7 @@ from typing import Any
 import celery
 
 from ._compose.executor import checked_cost
-from ._core._limiter import is_keyed
+from ._core._limiter import is_keyed, traits
 
 __all__ = ("RateLimitedTask", "countdown")
 
@@ -91,7 +91,7 @@ class RateLimitedTask(celery.Task):  # type: ignore[misc]
         (True, 0)
         """
         limiter = self.limiter
-        if limiter is None or not hasattr(limiter, "check"):
+        if limiter is None or not traits(limiter).checks:
             raise TypeError(
                 f"task {self.name}: give it a limiter, "
                 "@app.task(base=RateLimitedTask, limiter=<a limiter with check()>)"

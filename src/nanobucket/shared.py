@@ -60,6 +60,7 @@ from ._core._params import (
     validated_flag,
     validated_max_keys,
 )
+from ._compose.verbs import Reserving
 
 __all__ = ("BadTableError", "SharedKeyedTokenBucket", "default_directory")
 
@@ -194,7 +195,7 @@ else:  # the class statement must run on a pure-Python install too
     _Table = _Base if _Base is not None else _Missing
 
 
-class SharedKeyedTokenBucket(_Table):
+class SharedKeyedTokenBucket(_Table, Reserving):
     """A ``KeyedTokenBucket`` in shared memory: one limit for all processes mapping it.
 
     Make one with ``create`` (before the workers fork, or in one of them) and

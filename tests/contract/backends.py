@@ -60,6 +60,7 @@ EXACT = "exact"  # every Decision field is the documented one (else: see LEASED)
 PEEK = "peek"  # peek / peek_at
 BATCH = "batch"  # allow_many / allow_many_at
 RESERVE = "reserve"  # the Reservable verb
+RESERVATION = "reservation"  # reservation(): reserve as a Reservation (a synchronous limiter)
 REFUND = "refund"  # refund / refund_at
 RESET = "reset"
 RECONFIGURE = "reconfigure"
@@ -142,6 +143,15 @@ class Subject:
             )
         )
         return wait
+
+    def reservation(
+        self, key: Hashable, *, cost: Any = 1, max_wait_ns: Any = 0, now: Any
+    ) -> nb.Reservation:
+        """The limiter's own ``reservation(...)`` (a synchronous limiter's)."""
+        r: nb.Reservation = self.limiter.reservation(
+            *self.key(key), cost=cost, max_wait_ns=max_wait_ns, now=now
+        )
+        return r
 
     async def refund(self, key: Hashable, now: int, cost: Any = 1) -> Any:
         return await settle(self.limiter.refund_at(*self.key(key), now, cost))
@@ -357,10 +367,13 @@ _NO_C = pytest.mark.skipif(
 )
 _HAS_VALKEY = importlib.util.find_spec("valkey") is not None
 
-_TABLE = frozenset({KEYED, TOKENS, EXACT, PEEK, BATCH, RESERVE, REFUND, RESET, RECONFIGURE})
+_TABLE = frozenset(
+    {KEYED, TOKENS, EXACT, PEEK, BATCH, RESERVE, RESERVATION, REFUND, RESET, RECONFIGURE}
+)
 _BUCKET = _TABLE - {KEYED, BATCH}
-_PENALTY = _TABLE - {RESERVE, RESET, RECONFIGURE}
+_PENALTY = _TABLE - {RESERVE, RESERVATION, RESET, RECONFIGURE}
 _REDIS = _TABLE
+_ASYNC_REDIS = _TABLE - {RESERVATION}
 _KEYED_PROTOCOLS = frozenset({KeyedLimiter, Reservable, Refundable})
 
 
@@ -403,7 +416,7 @@ def _backends() -> list[Backend]:
             "redis-async",
             REDIS,
             _async_redis(_async_redis_client),
-            _REDIS,
+            _ASYNC_REDIS,
             _KEYED_PROTOCOLS,
             asyncio=True,
             needs_redis=True,
@@ -423,7 +436,7 @@ def _backends() -> list[Backend]:
                 "valkey-async",
                 REDIS,
                 _async_redis(lambda env: _valkey_client(env, asyncio=True)),
-                _REDIS,
+                _ASYNC_REDIS,
                 _KEYED_PROTOCOLS,
                 asyncio=True,
                 needs_redis=True,

@@ -13,6 +13,7 @@ from .backends import (
     RECONFIGURE,
     REDIS,
     REFUND,
+    RESERVATION,
     RESERVE,
     RESET,
     T0,
@@ -55,6 +56,39 @@ def test_reserve_with_shape_spaces_callers_one_slot_apart(backend: Case) -> None
         assert waits == [0, T, 2 * T]  # no burst: each waits for its slot
         assert await s.reserve(K, max_wait_ns=3 * T - US, shape=True, now=T0) == -1
         assert await s.state(K, T0) == (True, 2, 0, 300 * MS, 5)
+
+    backend.run(body)
+
+
+@pytest.mark.applies(RESERVATION, TOKENS)
+def test_a_reservation_cancels_itself_exactly_once(backend: Case) -> None:
+    async def body(s: Subject) -> None:
+        r = s.reservation(K, cost=4, now=T0)
+        assert (r.ok, r.delay_ns) == (True, 0)
+        assert await s.state(K, T0) == (True, 1, 0, 400 * MS, 5)
+        late = s.reservation(K, cost=3, max_wait_ns=S, now=T0)  # 2 tokens short: 200 ms
+        assert (late.ok, late.delay_ns) == (True, 200 * MS)
+        assert late.cancel_at(T0) is True  # its 3 tokens back, and no more
+        assert await s.state(K, T0) == (True, 1, 0, 400 * MS, 5)
+        assert late.cancel_at(T0) is False  # once: a second cancel gives nothing
+        assert await s.state(K, T0) == (True, 1, 0, 400 * MS, 5)
+        # Cancelled after its time, the whole cost goes back, never past full.
+        assert r.cancel_at(T0 + 200 * MS) is True
+        assert await s.state(K, T0 + 200 * MS) == (True, 5, 0, 0, 5)
+        assert r.cancel_at(T0 + 200 * MS) is False
+        assert await s.drain(K, T0 + 200 * MS) == CAPACITY
+
+    backend.run(body)
+
+
+@pytest.mark.applies(RESERVATION, TOKENS)
+def test_a_refused_reservation_holds_nothing_to_cancel(backend: Case) -> None:
+    async def body(s: Subject) -> None:
+        assert await s.allow(K, T0, CAPACITY)
+        r = s.reservation(K, cost=2, max_wait_ns=200 * MS - US, now=T0)
+        assert (r.ok, r.delay_ns) == (False, -1)
+        assert r.cancel_at(T0) is False  # nothing was written: nothing goes back
+        assert await s.state(K, T0) == (True, 0, 0, 500 * MS, 5)
 
     backend.run(body)
 

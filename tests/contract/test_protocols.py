@@ -22,18 +22,22 @@ from nanobucket._core._limiter import (
     Limiter,
     Refundable,
     Reservable,
+    traits,
 )
 
 from .backends import (
     BATCH,
     CAPACITY,
+    INFLIGHT,
     PEEK,
     PROTOCOLS,
     RECONFIGURE,
     REFUND,
+    RESERVATION,
     RESERVE,
     RESET,
     T0,
+    TOKENS,
     Case,
     K,
     Subject,
@@ -47,6 +51,7 @@ VERBS = {
     PEEK: "peek_at",
     BATCH: "allow_many_at",
     RESERVE: "reserve",
+    RESERVATION: "reservation",
     REFUND: "refund_at",
     RESET: "reset",
     RECONFIGURE: "reconfigure",
@@ -90,6 +95,21 @@ def test_the_protocols_and_verbs_are_what_the_limiter_offers(backend: Case) -> N
             name, leaf = lim.binding(await s.check(K, T0))
             assert leaf in lim.leaves() and leaf.capacity == CAPACITY
             assert name == lim.leaf_names()[lim.leaves().index(leaf)]
+
+    backend.run(body)
+
+
+def test_the_traits_are_what_the_limiter_declares(backend: Case) -> None:
+    async def body(s: Subject) -> None:
+        learnt = traits(s.limiter)
+        assert learnt.keyed is s.backend.keyed and learnt.checks
+        assert learnt.releases is (s.backend.family == INFLIGHT)  # slots: released after use
+        # A capacity of its own (and a rate: the fields a response shows), but for the
+        # composites (their leaves' are theirs) and the in-flight limits (slots, no rate).
+        single = s.backend.has(TOKENS) and Composite not in s.backend.protocols
+        assert (learnt.capacity, learnt.bucket) == ((CAPACITY, True) if single else (None, False))
+        # An all_of's verbs take key None too (its unkeyed layers need none).
+        assert learnt.key_optional is isinstance(s.limiter, nb.AllOf)
 
     backend.run(body)
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from .._core._acquire import RateLimited
 from .._core._bucket import KeyedTokenBucket, TokenBucket
-from .._core._limiter import KeyedLimiter, Limiter, is_keyed
+from .._core._limiter import KeyedLimiter, Limiter, is_keyed, traits
 from .._core._params import RateArg, validated_timeout
 from . import switch
 from .hooks import Hook, LimitEvent, make_hooks
@@ -65,8 +65,8 @@ def limit(
     """
     chosen: Any = _make_limiter(limiter, rate, capacity, key)
     keyed = is_keyed(chosen)
-    optional = getattr(chosen, "key_optional", False)
-    if keyed and key is None and not optional:
+    learnt = traits(chosen)
+    if keyed and key is None and not learnt.key_optional:
         raise TypeError(f"{type(chosen).__name__} is keyed: pass key=<callable returning the key>")
     if not keyed and key is not None:
         raise TypeError(f"{type(chosen).__name__} is not keyed: key= has no bucket to pick")
@@ -75,7 +75,7 @@ def limit(
     if not isinstance(wait, bool):
         raise TypeError(f"wait must be a bool, not {type(wait).__name__}")
     validated_timeout(timeout)
-    if wait and not hasattr(chosen, "acquire"):
+    if wait and not learnt.acquires:
         raise TypeError(f"{type(chosen).__name__} cannot wait (no acquire())")
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int)):
         raise TypeError(f"cost must be an int or a callable, not {type(cost).__name__}")
@@ -88,7 +88,7 @@ def limit(
         c = cost(*args, **kwargs) if callable(cost) else cost
         return k, c
 
-    holds = getattr(chosen, "releases", False) is True  # slots to give back after the call
+    holds = learnt.releases  # slots to give back after the call
 
     def refused(k: tuple[Any, ...], c: Any) -> RateLimited:
         d = chosen.peek(*k, c)
@@ -166,7 +166,7 @@ def _make_limiter(
     if limiter is not None:
         if rate is not None or capacity is not None:
             raise TypeError("limit() takes a limiter or rate=/capacity=, not both")
-        if not hasattr(limiter, "check"):
+        if not traits(limiter).checks:
             raise TypeError(f"{type(limiter).__name__} is not a limiter (no check())")
         return limiter
     if rate is None or (capacity is None and not isinstance(rate, str)):

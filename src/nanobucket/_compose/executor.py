@@ -15,7 +15,7 @@ from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
 from .._core import _wait
-from .._core._limiter import Refundable, Reservable, is_keyed
+from .._core._limiter import Refundable, Reservable, Reservation, is_keyed, traits
 from .._core._params import FOREVER_NS, int_at_least, validated_cost, validated_timeout
 from .decorator import RateLimited
 from .waiting import Waiting
@@ -51,7 +51,7 @@ def key_prefix(limiter: Any, key: Hashable | None) -> tuple[Hashable, ...]:
     ((), ('api',))
     """
     if is_keyed(limiter):
-        if key is None and not getattr(limiter, "key_optional", False):
+        if key is None and not traits(limiter).key_optional:
             raise TypeError(f"{type(limiter).__name__} is keyed: pass key=<the key to spend from>")
         return (key,)
     if key is not None:
@@ -61,10 +61,8 @@ def key_prefix(limiter: Any, key: Hashable | None) -> tuple[Hashable, ...]:
 
 def checked_cost(limiter: Any, cost: object) -> int:
     """*cost* as an int in ``[0, limiter.capacity]`` (when it has one), or raise."""
-    capacity = getattr(limiter, "capacity", None)
-    if type(capacity) is int:
-        return validated_cost(cost, capacity)
-    return validated_cost(cost, FOREVER_NS)
+    capacity = traits(limiter).capacity
+    return validated_cost(cost, FOREVER_NS if capacity is None else capacity)
 
 
 class _Task:
@@ -134,7 +132,7 @@ class LimitedExecutor(Executor):
         shape = False
         inner = limiter
         if isinstance(limiter, Waiting):
-            inner, shape, sleep_or_wake = limiter.limiter, limiter.shape, limiter._sleep_or_wake
+            inner, shape, sleep_or_wake = limiter.limiter, limiter.shape, limiter.sleep_or_wake
         if not isinstance(inner, Reservable) or not isinstance(inner, Refundable):
             raise TypeError(
                 f"{type(inner).__name__} cannot reserve tokens: LimitedExecutor needs a "
@@ -283,8 +281,9 @@ class LimitedExecutor(Executor):
                 self._thread_exit()
                 return
             error: BaseException | None = None
+            reserved: Reservation | None = None
             try:
-                started = _wait.wait_sync(
+                reserved = _wait.wait_sync(
                     self._limiter,
                     self._key,
                     self._cost,
@@ -293,9 +292,10 @@ class LimitedExecutor(Executor):
                     self._sleep_or_wake,
                 )
             except _Abandoned:
-                started = False  # its reservation was given back
+                pass  # its reservation was given back
             except Exception as e:  # the limiter failed (Redis down...): the task fails
-                started, error = False, e
+                error = e
+            started = reserved is not None and reserved.ok
             with cond:
                 self._head = None
                 if pending and pending[0] is task:
@@ -308,8 +308,8 @@ class LimitedExecutor(Executor):
                     self._in_flight += 1
             if run:
                 self._hand_over(task)
-            elif started:  # cancelled as its tokens came: they go back
-                self._limiter.refund(*self._key, self._cost)
+            elif reserved is not None and started:  # cancelled as its tokens came: back
+                reserved.cancel()
                 task.future.cancel()
             elif error is not None and task.future.set_running_or_notify_cancel():
                 task.future.set_exception(error)

@@ -16,11 +16,14 @@ from .._core._limiter import (
     Limiter,
     Refundable,
     Reservable,
+    Reservation,
     is_async,
     is_keyed,
+    traits,
 )
 from .._core._params import validated_name, validated_timeout
 from .concurrency import Slot
+from .verbs import OptionalKeyVerbs
 
 try:  # the one-call fast path for layers that are all Cython buckets on one clock
     from .._core._bucket_c import AllowAll as _AllowAll
@@ -160,7 +163,7 @@ def _style(layer: object) -> int:
     return _KEYED if keyed else _PLAIN
 
 
-class AllOf:
+class AllOf(OptionalKeyVerbs[LayeredDecision, None]):
     """One limiter made of several; build it with `all_of`.
 
     Verbs take an optional key first -- ``allow(key=None, cost=1)``,
@@ -206,7 +209,7 @@ class AllOf:
         self._styles = styles
         # In-flight layers hold slots until release(); acquire waits for them
         # first, then for the other layers' tokens (an all_of of those).
-        holds = [getattr(layer, "releases", False) is True for layer in layers]
+        holds = [traits(layer).releases for layer in layers]
         self.releases = any(holds)
         self._holding = tuple(i for i in range(len(layers)) if holds[i])
         rates = [layer for layer, held in zip(layers, holds) if not held]
@@ -247,14 +250,10 @@ class AllOf:
         # its layers in this method's place (`_compile_allow`, or `AllowAll`).
         raise TypeError("this AllOf was not initialised: build it with all_of(...)")
 
-    def allow_at(self, key: Hashable | None, now: int, cost: int = 1) -> bool:
-        """`allow` at an explicit time *now* (int ns); *key* may be None without keyed layers.
+    # -- the steps of the verbs (`OptionalKeyVerbs`) ---------------------------
 
-        >>> from nanobucket import KeyedTokenBucket
-        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=1))
-        >>> [limit.allow_at("alice", now) for now in (0, 0, 1_000_000_000)]
-        [True, False, True]
-        """
+    def _admit(self, key: Hashable | None, cost: object, now: int | None) -> bool:
+        # allow_at only: allow is the code __init__ made for these layers.
         self._key(key)
         done: list[int] = []
         try:
@@ -270,37 +269,33 @@ class AllOf:
                     self._call(j, "refund_at", key, (now, cost))
         return False
 
+    def _decide(
+        self, key: Hashable | None, cost: object, now: int | None, consume: bool
+    ) -> LayeredDecision:
+        self._key(key)
+        if now is None:
+            if consume:
+                return self._check(key, (cost,), "check", "refund", "peek")
+            return self._peek(key, "peek", (cost,))
+        if consume:
+            return self._check(key, (now, cost), "check_at", "refund_at", "peek_at")
+        return self._peek(key, "peek_at", (now, cost))
+
+    def _tokens(self, key: Hashable | None, now: int | None) -> float:
+        self._key(key)
+        verb, args = ("tokens", ()) if now is None else ("tokens_at", (now,))
+        return float(min(self._call(i, verb, key, args) for i in range(len(self.layers))))
+
+    def _give(self, key: Hashable | None, cost: object, now: int | None) -> None:
+        self._key(key)
+        verb, args = ("refund", (cost,)) if now is None else ("refund_at", (now, cost))
+        self._require(self._no_refund, verb)
+        for i in range(len(self.layers)):
+            self._call(i, verb, key, args)
+
     def _call(self, i: int, verb: str, key: Hashable | None, args: tuple[Any, ...]) -> Any:
         fn = getattr(self.layers[i], verb)
         return fn(*args) if self._styles[i] == _PLAIN else fn(key, *args)
-
-    # -- check / peek --------------------------------------------------------
-
-    def check(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
-        """Like `allow`, but return a `LayeredDecision` naming the binding layer.
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
-        >>> d = limit.check(cost=5)
-        >>> (d.allowed, d.layer, d.remaining)   # layer 1 has the fewest tokens left
-        (True, 1, 0)
-        """
-        self._key(key)
-        return self._check(key, (cost,), "check", "refund", "peek")
-
-    def check_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
-        """`check` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
-        >>> limit.allow_at(None, 0, cost=5)
-        True
-        >>> d = limit.check_at(None, 0)
-        >>> (d.allowed, d.layer, d.retry_after_ns)
-        (False, 1, 1000000000)
-        """
-        self._key(key)
-        return self._check(key, (now, cost), "check_at", "refund_at", "peek_at")
 
     def _check(
         self, key: Hashable | None, args: tuple[Any, ...], check: str, refund: str, peek: str
@@ -328,93 +323,19 @@ class AllOf:
                 decisions[i] = self._call(i, peek, key, args)
         return LayeredDecision(False, decisions)
 
-    def peek(self, key: Hashable | None = None, cost: int = 1) -> LayeredDecision:
-        """The `LayeredDecision` `check` would return now, without spending anything.
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=1, capacity=2))
-        >>> limit.peek(cost=2).allowed, limit.peek(cost=2).allowed   # nothing spent
-        (True, True)
-        """
-        self._key(key)
-        return self._peek(key, "peek", (cost,))
-
-    def peek_at(self, key: Hashable | None, now: int, cost: int = 1) -> LayeredDecision:
-        """`peek` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
-        >>> limit.allow_at("alice", 0, cost=2), limit.peek_at("alice", 500_000_000).retry_after_ns
-        (True, 500000000)
-        """
-        self._key(key)
-        return self._peek(key, "peek_at", (now, cost))
-
     def _peek(self, key: Hashable | None, verb: str, args: tuple[Any, ...]) -> LayeredDecision:
         decisions = [self._call(i, verb, key, args) for i in range(len(self.layers))]
         return LayeredDecision(all(d.allowed for d in decisions), decisions)
 
-    def tokens(self, key: Hashable | None = None) -> float:
-        """The fewest tokens any layer holds now.
-
-        >>> from nanobucket import TokenBucket
-        >>> all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=1, capacity=3)).tokens()
-        3.0
-        """
-        self._key(key)
-        return float(min(self._call(i, "tokens", key, ()) for i in range(len(self.layers))))
-
-    def tokens_at(self, key: Hashable | None, now: int) -> float:
-        """`tokens` at *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> limit = all_of(KeyedTokenBucket(rate=2, capacity=4))
-        >>> limit.allow_at("alice", 0, cost=4), limit.tokens_at("alice", 500_000_000)
-        (True, 1.0)
-        """
-        self._key(key)
-        return float(min(self._call(i, "tokens_at", key, (now,)) for i in range(len(self.layers))))
-
-    # -- refund and waiting --------------------------------------------------
+    # -- waiting -------------------------------------------------------------
 
     def _require(self, missing: object, verb: str) -> None:
         """Raise unless *missing* (the first layer without *verb*, learnt once) is None."""
         if missing is not None:
             raise TypeError(
                 f"{type(missing).__name__} has no {verb}(): this all_of cannot "
-                f"{'refund' if verb == 'refund' else 'wait'}"
+                f"{'refund' if verb.startswith('refund') else 'wait'}"
             )
-
-    def refund(self, key: Hashable | None = None, cost: int = 1) -> None:
-        """Give *cost* tokens back to every layer (never above any capacity).
-
-        >>> from nanobucket import TokenBucket
-        >>> limit = all_of(TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=3))
-        >>> limit.allow(cost=2)
-        True
-        >>> limit.refund(cost=2)   # the work was not done after all
-        >>> limit.tokens()
-        2.0
-        """
-        self._key(key)
-        self._require(self._no_refund, "refund")
-        for i in range(len(self.layers)):
-            self._call(i, "refund", key, (cost,))
-
-    def refund_at(self, key: Hashable | None, now: int, cost: int = 1) -> None:
-        """`refund` at an explicit time *now* (int ns).
-
-        >>> from nanobucket import KeyedTokenBucket
-        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
-        >>> limit.allow_at("alice", 0, cost=2), limit.refund_at("alice", 0, cost=1)
-        (True, None)
-        >>> limit.tokens_at("alice", 0)
-        1.0
-        """
-        self._key(key)
-        self._require(self._no_refund, "refund_at")
-        for i in range(len(self.layers)):
-            self._call(i, "refund_at", key, (now, cost))
 
     def reserve(
         self,
@@ -438,29 +359,39 @@ class AllOf:
         """
         self._key(key)
         self._require(self._no_reserve, "reserve")
-        done: list[int] = []
+        done: list[Reservation] = []
         longest = 0
-        args = {"cost": cost, "max_wait_ns": max_wait_ns, "shape": shape, "now": now}
         try:
-            for i in range(len(self.layers)):
-                layer = self.layers[i]
-                wait = (
-                    layer.reserve(**args)
-                    if self._styles[i] == _PLAIN
-                    else layer.reserve(key, **args)
-                )
-                if wait < 0:
+            for layer, k in self.parts(key):
+                r = Reservation.take(layer, k, cost, max_wait_ns, shape, now)
+                if not r.ok:
                     return -1
-                done.append(i)
-                longest = max(longest, wait)
+                done.append(r)
+                longest = max(longest, r.delay_ns)
             return longest
         finally:
-            if len(done) < len(self.layers):
-                for j in done:
-                    if now is None:
-                        self._call(j, "refund", key, (cost,))
-                    else:
-                        self._call(j, "refund_at", key, (now, cost))
+            if len(done) < len(self.layers):  # refused or failed: undo the others
+                for r in done:
+                    r.cancel() if now is None else r.cancel_at(now)
+
+    def reservation(
+        self,
+        key: Hashable | None = None,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """`reserve`, as a `nanobucket.Reservation`: ``cancel()`` gives back to every layer.
+
+        >>> from nanobucket import TokenBucket
+        >>> limit = all_of(TokenBucket(rate=1, capacity=1), TokenBucket(rate=2, capacity=2))
+        >>> r = limit.reservation(now=0)
+        >>> r.ok, limit.tokens_at(None, 0), r.cancel_at(0), limit.tokens_at(None, 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, (key,), cost, max_wait_ns, shape, now)
 
     def parts(self, key: Hashable | None = None) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]:
         """Each layer with the key arguments its verbs take for *key* (see `Composite`).

@@ -9,11 +9,12 @@ from typing import Any
 
 from .._core import _acquire
 from .._core._limiter import is_async, is_keyed
+from .verbs import Reserving
 
 __all__ = ("OneKey",)
 
 
-class OneKey:
+class OneKey(Reserving):
     """The bucket of *key* in the keyed limiter *table*, with verbs that take no key.
 
     ``allow``, ``check``, ``peek``, ``tokens``, ``refund``, ``reserve`` and

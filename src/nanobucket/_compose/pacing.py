@@ -9,6 +9,7 @@ import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
+from .._core._limiter import traits
 from .._core._params import int_at_least, validated_timeout
 from .decorator import RateLimited
 from .executor import checked_cost, key_prefix
@@ -24,7 +25,7 @@ class _Taker:
     __slots__ = ("cost", "key", "limiter", "timeout")
 
     def __init__(self, limiter: Any, key: Hashable | None, cost: object, timeout: object) -> None:
-        if not hasattr(limiter, "acquire_async"):
+        if not traits(limiter).acquires_async:
             raise TypeError(f"{type(limiter).__name__} cannot wait (no acquire_async())")
         self.limiter = limiter
         self.key = key_prefix(limiter, key)

@@ -15,11 +15,11 @@ from typing import Any
 
 from .._core import _acquire
 from .._core._bucket import Decision, limiter_or_text
-from .._core._limiter import Composite, is_async
+from .._core._limiter import Composite, is_async, traits
 from .._core._params import validated_max_keys, validated_name, validated_timeout
 from .carry import Owed, Unread, carry, settle
 from .drive import Call, drive, drive_async
-from .verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs
+from .verbs import AsyncKeyedVerbs, KeyedBatch, KeyedVerbs, Reserving
 
 __all__ = ("AsyncTiered", "Tiered", "TieredDecision", "tiered", "using_plan")
 
@@ -118,12 +118,11 @@ def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
     for name, given in plans.items():
         validated_name(name, "a plan name")
         limiter = limiter_or_text(given)  # "100/minute": a KeyedTokenBucket of its own
-        keyed = getattr(limiter, "keyed", None)
-        capacity = getattr(limiter, "capacity", None)
+        learnt = traits(limiter)
         missing = [v for v in _VERBS if not callable(getattr(limiter, v, None))]
         if (
-            keyed is not True
-            or type(capacity) is not int
+            learnt.keyed is not True
+            or learnt.capacity is None
             or missing
             or isinstance(limiter, Composite)
         ):
@@ -392,7 +391,7 @@ class _Plans:
         return f"tiered({{{plans}}}, tier={self._tier!r})"
 
 
-class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision, Any]):
+class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision, Any], Reserving):
     """A keyed limiter whose buckets come from each key's plan; build it with `tiered`.
 
     The verbs of a keyed table, each forwarded to the plan ``tier(key)``

@@ -15,8 +15,10 @@ of the contract, the ``_at`` forms checking *now* first:
 
 `Verbs` is for a limiter of one bucket (the steps get key None),
 `KeyedVerbs` for a keyed one (`KeyedDecide` alone for one that cannot
-peek), `KeyedBatch` adds ``allow_many``, and `AsyncKeyedVerbs` is all of
-them for an asyncio limiter, whose steps are awaited. The Cython core and
+peek), `OptionalKeyVerbs` for one whose key may be None (``all_of``),
+`KeyedBatch` adds ``allow_many``, and `AsyncKeyedVerbs` is all of
+them for an asyncio limiter, whose steps are awaited. `Reserving` derives
+``reservation`` from a limiter's ``reserve`` and ``refund``. The Cython core and
 its pure-Python twin keep their own verbs: there each one is the hot path.
 """
 
@@ -25,9 +27,18 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
+from .._core._limiter import Reservation
 from .._core._params import validated_now
 
-__all__ = ("AsyncKeyedVerbs", "KeyedBatch", "KeyedDecide", "KeyedVerbs", "Verbs")
+__all__ = (
+    "AsyncKeyedVerbs",
+    "KeyedBatch",
+    "KeyedDecide",
+    "KeyedVerbs",
+    "OptionalKeyVerbs",
+    "Reserving",
+    "Verbs",
+)
 
 D = TypeVar("D")  # the decision a limiter returns
 R = TypeVar("R")  # what its refund returns
@@ -288,6 +299,136 @@ class Verbs(_Steps[D, R]):
         (True, None, 0)
         """
         return self._give(None, cost, validated_now(now))
+
+
+class OptionalKeyVerbs(_Steps[D, R]):
+    """The verbs of a limiter whose key may be None (``all_of``: layers without a key
+    take none), from its steps: `KeyedVerbs` with ``key=None`` by default. ``allow``
+    is the limiter's own (its hot path); ``allow_at`` is derived."""
+
+    __slots__ = ()
+
+    def allow_at(self, key: Hashable | None, now: int, cost: int = 1) -> bool:
+        """``allow`` at an explicit time *now* (int ns); *key* may be None without keyed layers.
+
+        >>> from nanobucket import KeyedTokenBucket, all_of
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=1))
+        >>> [limit.allow_at("alice", now) for now in (0, 0, 1_000_000_000)]
+        [True, False, True]
+        """
+        return self._admit(key, cost, validated_now(now))
+
+    def check(self, key: Hashable | None = None, cost: int = 1) -> D:
+        """Like ``allow``, but return the decision (an ``all_of``'s names the binding layer).
+
+        >>> from nanobucket import TokenBucket, all_of
+        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
+        >>> d = limit.check(cost=5)
+        >>> (d.allowed, d.layer, d.remaining)   # layer 1 has the fewest tokens left
+        (True, 1, 0)
+        """
+        return self._decide(key, cost, None, True)
+
+    def check_at(self, key: Hashable | None, now: int, cost: int = 1) -> D:
+        """`check` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import TokenBucket, all_of
+        >>> limit = all_of(TokenBucket(rate=100, capacity=200), TokenBucket(rate=1, capacity=5))
+        >>> limit.allow_at(None, 0, cost=5)
+        True
+        >>> d = limit.check_at(None, 0)
+        >>> (d.allowed, d.layer, d.retry_after_ns)
+        (False, 1, 1000000000)
+        """
+        return self._decide(key, cost, validated_now(now), True)
+
+    def peek(self, key: Hashable | None = None, cost: int = 1) -> D:
+        """The decision `check` would return now, without spending anything.
+
+        >>> from nanobucket import TokenBucket, all_of
+        >>> limit = all_of(TokenBucket(rate=1, capacity=2))
+        >>> limit.peek(cost=2).allowed, limit.peek(cost=2).allowed   # nothing spent
+        (True, True)
+        """
+        return self._decide(key, cost, None, False)
+
+    def peek_at(self, key: Hashable | None, now: int, cost: int = 1) -> D:
+        """`peek` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket, all_of
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
+        >>> limit.allow_at("alice", 0, cost=2), limit.peek_at("alice", 500_000_000).retry_after_ns
+        (True, 500000000)
+        """
+        return self._decide(key, cost, validated_now(now), False)
+
+    def tokens(self, key: Hashable | None = None) -> float:
+        """What *key* may still spend now (an ``all_of``: the fewest any layer holds).
+
+        >>> from nanobucket import TokenBucket, all_of
+        >>> all_of(TokenBucket(rate=1, capacity=5), TokenBucket(rate=1, capacity=3)).tokens()
+        3.0
+        """
+        return self._tokens(key, None)
+
+    def tokens_at(self, key: Hashable | None, now: int) -> float:
+        """`tokens` at *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket, all_of
+        >>> limit = all_of(KeyedTokenBucket(rate=2, capacity=4))
+        >>> limit.allow_at("alice", 0, cost=4), limit.tokens_at("alice", 500_000_000)
+        (True, 1.0)
+        """
+        return self._tokens(key, validated_now(now))
+
+    def refund(self, key: Hashable | None = None, cost: int = 1) -> R:
+        """Give *cost* back (an ``all_of``: to every layer, never above any capacity).
+
+        >>> from nanobucket import TokenBucket, all_of
+        >>> limit = all_of(TokenBucket(rate=1, capacity=2), TokenBucket(rate=1, capacity=3))
+        >>> limit.allow(cost=2)
+        True
+        >>> limit.refund(cost=2)   # the work was not done after all
+        >>> limit.tokens()
+        2.0
+        """
+        return self._give(key, cost, None)
+
+    def refund_at(self, key: Hashable | None, now: int, cost: int = 1) -> R:
+        """`refund` at an explicit time *now* (int ns).
+
+        >>> from nanobucket import KeyedTokenBucket, all_of
+        >>> limit = all_of(KeyedTokenBucket(rate=1, capacity=2))
+        >>> limit.allow_at("alice", 0, cost=2), limit.refund_at("alice", 0, cost=1)
+        (True, None)
+        >>> limit.tokens_at("alice", 0)
+        1.0
+        """
+        return self._give(key, cost, validated_now(now))
+
+
+class Reserving:
+    """``reservation``: ``reserve`` as a `nanobucket.Reservation` (with ``reserve``, ``refund``)."""
+
+    __slots__ = ()
+
+    def reservation(
+        self,
+        *key: Hashable,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """``reserve(*key, ...)`` as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> from nanobucket import KeyedTokenBucket, tiered
+        >>> t = tiered({"free": KeyedTokenBucket(1, 1)}, tier=lambda key: "free")
+        >>> r = t.reservation("alice", now=0)
+        >>> r.ok, t.tokens_at("alice", 0), r.cancel_at(0), t.tokens_at("alice", 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, key, cost, max_wait_ns, shape, now)
 
 
 class _AsyncSteps(Generic[D, R]):

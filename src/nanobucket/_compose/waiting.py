@@ -11,7 +11,15 @@ from typing import Any
 from .._core import _acquire, _wait
 from .._core._acquire import DEFAULT_MAX_WAITERS, Gate, max_wait_ns
 from .._core._bucket import TokenBucket
-from .._core._limiter import KeyedLimiter, Limiter, Refundable, Reservable, is_async, is_keyed
+from .._core._limiter import (
+    KeyedLimiter,
+    Limiter,
+    Refundable,
+    Reservable,
+    is_async,
+    is_keyed,
+    traits,
+)
 from .._core._params import int_at_least
 from .._core._wait import AsyncSleep, SleepOrWake
 
@@ -79,7 +87,7 @@ class Waiting:
         self.limiter: Any = limiter
         self.keyed = is_keyed(limiter)
         # An all_of without keyed layers takes no key: learnt once, not per call.
-        self._key_optional = bool(getattr(limiter, "key_optional", False))
+        self._key_optional = traits(limiter).key_optional
         self.shape = shape
         self._gate = Gate(int_at_least(max_waiters, "max_waiters", 0))
         self._sleep_or_wake: SleepOrWake = (
@@ -96,6 +104,20 @@ class Waiting:
         8
         """
         return self._gate.limit
+
+    @property
+    def sleep_or_wake(self) -> SleepOrWake:
+        """How a waiting thread sleeps: ``sleep_or_wake(bell, seconds)``, from ``sleep=`` or
+        ``sleep_or_wake=`` (the default sleeps on *bell*, which a waiter ahead that gives up
+        rings). A `LimitedExecutor` over this `Waiting` paces its tasks with it.
+
+        >>> from nanobucket import TokenBucket
+        >>> slept = []
+        >>> w = Waiting(TokenBucket(rate=10, capacity=1, clock=lambda: 0), sleep=slept.append)
+        >>> w.sleep_or_wake(None, 0.5), slept
+        (False, [0.5])
+        """
+        return self._sleep_or_wake
 
     @property
     def waiters(self) -> int:
@@ -150,7 +172,7 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake)
+            return _wait.wait_sync(limiter, key, c, max_wait, self.shape, self._sleep_or_wake).ok
         finally:
             self._gate.leave()
 
@@ -172,7 +194,10 @@ class Waiting:
         if not self._gate.enter():
             return self._refused(key, c)
         try:
-            return await _wait.wait_async(limiter, key, c, max_wait, self.shape, self._async_sleep)
+            reserved = await _wait.wait_async(
+                limiter, key, c, max_wait, self.shape, self._async_sleep
+            )
+            return reserved.ok
         finally:
             self._gate.leave()
 

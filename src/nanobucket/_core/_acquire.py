@@ -177,7 +177,7 @@ def acquire_slow(limiter: Any, key: tuple[Hashable, ...], cost: int, timeout: fl
     if not enter_default(limiter):
         return False
     try:
-        return _wait.wait_sync(limiter, key, cost, max_wait, False)
+        return _wait.wait_sync(limiter, key, cost, max_wait, False).ok
     finally:
         leave_default(limiter)
 
@@ -198,6 +198,6 @@ async def acquire_async(
     if not enter_default(limiter):
         return False
     try:
-        return await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)
+        return (await _wait.wait_async(limiter, key, cost, max_wait, False, asyncio.sleep)).ok
     finally:
         leave_default(limiter)

@@ -48,6 +48,7 @@ import os
 import warnings
 
 from . import _acquire
+from ._limiter import Reservation
 from ._wait import retimed
 from ._params import (
     bucket_params, forked_warning, kept_capacity, none_key_error, public_rate, unkeyed_cost,
@@ -817,6 +818,16 @@ One token bucket: starts full, refills ``rate`` tokens/s up to ``capacity``.
         wait = gcra.reserve(&self.tat, t, cost_t, cost_t if sh else self.tau, mw)
         nb_section_end(&section)
         return wait
+
+    def reservation(self, *, cost=1, max_wait_ns=0, shape=False, now=None):
+        """`reserve`, as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> r = b.reservation(now=0, max_wait_ns=10**9)
+        >>> r.ok, r.delay_ns, b.reservation(now=0).ok, r.cancel_at(0), b.tokens_at(0)
+        (True, 0, False, True, 1.0)
+        """
+        return Reservation.take(self, (), cost, max_wait_ns, shape, now)
 
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity, keeping the bucket's state.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from . import _acquire
 from ._decision_py import Decision
 from ._gcra_py import carry_over, give_back, reserve, step
+from ._limiter import Reservation
 from ._params import (
     NOW_MAX,
     RateArg,
@@ -517,6 +518,18 @@ class TokenBucket(_Limits):
             )
             return wait
 
+    def reservation(
+        self, *, cost: int = 1, max_wait_ns: int = 0, shape: bool = False, now: int | None = None
+    ) -> Reservation:
+        """`reserve`, as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> b = TokenBucket(rate=1, capacity=1)
+        >>> r = b.reservation(now=0, max_wait_ns=10**9)
+        >>> r.ok, r.delay_ns, b.reservation(now=0).ok, r.cancel_at(0), b.tokens_at(0)
+        (True, 0, False, True, 1.0)
+        """
+        return Reservation.take(self, (), cost, max_wait_ns, shape, now)
+
     def reconfigure(
         self, rate: RateArg | None = None, capacity: int | None = None, *, now: int | None = None
     ) -> None:
@@ -981,6 +994,24 @@ class KeyedTokenBucket(_Limits):
             if wait >= 0 and cost_t:  # a place only when charged (`_allow`)
                 tats[key] = after
             return wait
+
+    def reservation(
+        self,
+        key: Hashable,
+        *,
+        cost: int = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """`reserve` for *key*, as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> r = t.reservation("alice", now=0)
+        >>> r.ok, t.tokens_at("alice", 0), r.cancel_at(0), t.tokens_at("alice", 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, (key,), cost, max_wait_ns, shape, now)
 
     def reconfigure(
         self, rate: RateArg | None = None, capacity: int | None = None, *, now: int | None = None

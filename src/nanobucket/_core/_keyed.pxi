@@ -799,6 +799,16 @@ A token bucket per key, in a table of at most ``max_keys`` buckets.
             wait = gcra.reserve(&s.tat, t, cost_t, cost_t if sh else self.tau, mw)
         return wait
 
+    def reservation(self, key, *, cost=1, max_wait_ns=0, shape=False, now=None):
+        """`reserve` for *key*, as a `nanobucket.Reservation`: ``ok``, ``delay_ns``, ``cancel()``.
+
+        >>> t = KeyedTokenBucket(rate=1, capacity=1)
+        >>> r = t.reservation("alice", now=0)
+        >>> r.ok, t.tokens_at("alice", 0), r.cancel_at(0), t.tokens_at("alice", 0)
+        (True, 0.0, True, 1.0)
+        """
+        return Reservation.take(self, (key,), cost, max_wait_ns, shape, now)
+
     def reconfigure(self, rate=None, capacity=None, *, now=None):
         """Change the rate and/or the capacity of every bucket, keeping their state.
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ._decision_py import Decision
@@ -48,7 +48,10 @@ __all__ = (
     "Limiter",
     "Refundable",
     "Reservable",
+    "Reservation",
+    "Traits",
     "is_keyed",
+    "traits",
 )
 
 
@@ -131,6 +134,128 @@ class Refundable(Protocol):
     def refund_at(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
+class Reservation:
+    """Tokens reserved for later, which know how to give themselves back (Go's
+    ``rate.Reservation``): ``ok``, ``delay_ns``, ``cancel()``.
+
+    `Reservation.take` reserves through any `Reservable` limiter (the one
+    that builds it needs `Refundable` too); a limiter's ``reservation(...)``
+    is the same call. ``ok`` is False when nothing was reserved (the wait
+    would pass *max_wait_ns*); ``delay_ns`` is the ns to wait before using
+    the tokens (0: at once; -1 when not ``ok``). The rule of ``cancel()``:
+    the whole cost goes back through the limiter's ``refund`` (never above
+    its capacity), once. Whether the delay has passed or not makes no
+    difference -- the limiter cannot tell whether the tokens were used, so
+    cancel only those that were not. A second cancel, and the cancel of a
+    reservation that is not ``ok``, give nothing back: they return False.
+
+    >>> import nanobucket as nb
+    >>> b = nb.TokenBucket(rate=1, capacity=2)
+    >>> r = Reservation.take(b, (), cost=2, now=0)
+    >>> r.ok, r.delay_ns, b.tokens_at(0)
+    (True, 0, 0.0)
+    >>> r.cancel_at(0), r.cancel_at(0), b.tokens_at(0)
+    (True, False, 2.0)
+    """
+
+    __slots__ = ("_cost", "_delay_ns", "_held", "_key", "_limiter")
+
+    def __init__(self, limiter: Any, key: tuple[Hashable, ...], cost: Any, delay_ns: int) -> None:
+        """*delay_ns* as *limiter*'s ``reserve(*key, cost=cost, ...)`` returned it."""
+        self._limiter = limiter
+        self._key = key
+        self._cost = cost
+        self._delay_ns = delay_ns
+        # Popped by the one cancel that gives back: list.pop is atomic, so two
+        # threads cancelling at once give the tokens back once.
+        self._held = [True] if delay_ns >= 0 else []
+
+    @classmethod
+    def take(
+        cls,
+        limiter: Any,
+        key: tuple[Hashable, ...],
+        cost: Any = 1,
+        max_wait_ns: int = 0,
+        shape: bool = False,
+        now: int | None = None,
+    ) -> Reservation:
+        """Reserve through *limiter*'s ``reserve(*key, ...)`` (see `Reservable`).
+
+        >>> import nanobucket as nb
+        >>> t = nb.KeyedTokenBucket(rate=1, capacity=1)
+        >>> [Reservation.take(t, ("alice",), now=0, max_wait_ns=10**9).delay_ns for _ in "ab"]
+        [0, 1000000000]
+        """
+        wait = limiter.reserve(*key, cost=cost, max_wait_ns=max_wait_ns, shape=shape, now=now)
+        return cls(limiter, key, cost, wait)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tokens were reserved.
+
+        >>> import nanobucket as nb
+        >>> b = nb.TokenBucket(rate=1, capacity=1)
+        >>> b.reservation(now=0).ok, b.reservation(now=0).ok
+        (True, False)
+        """
+        return self._delay_ns >= 0
+
+    @property
+    def delay_ns(self) -> int:
+        """Ns to wait, from when it was reserved, before using the tokens; -1 when not `ok`.
+
+        >>> import nanobucket as nb
+        >>> b = nb.TokenBucket(rate=2, capacity=1)
+        >>> [b.reservation(now=0, max_wait_ns=10**9).delay_ns for _ in range(4)]
+        [0, 500000000, 1000000000, -1]
+        """
+        return self._delay_ns
+
+    def cancel(self) -> bool:
+        """Give the tokens back now, once (see the class): True if this call did.
+
+        >>> import nanobucket as nb
+        >>> b = nb.TokenBucket(rate=1, capacity=3, clock=lambda: 0)
+        >>> r, refused = b.reservation(cost=2), b.reservation(cost=2)
+        >>> r.cancel(), r.cancel(), refused.cancel(), b.tokens()
+        (True, False, False, 3.0)
+        """
+        return self._give(None)
+
+    def cancel_at(self, now: int) -> bool:
+        """`cancel` at an explicit time *now* (int ns), as ``refund_at``.
+
+        >>> import nanobucket as nb
+        >>> t = nb.KeyedTokenBucket(rate=1, capacity=2)
+        >>> r = t.reservation("alice", cost=2, now=0)
+        >>> t.tokens_at("alice", 0), r.cancel_at(0), t.tokens_at("alice", 0)
+        (0.0, True, 2.0)
+        """
+        return self._give(now)
+
+    def _give(self, now: int | None) -> bool:
+        try:
+            self._held.pop()
+        except IndexError:
+            return False
+        try:
+            if now is None:
+                self._limiter.refund(*self._key, self._cost)
+            else:
+                self._limiter.refund_at(*self._key, now, self._cost)
+        except BaseException:
+            self._held.append(True)  # not given back (a bad now, a backend down): still held
+            raise
+        return True
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else "refused"
+        if self.ok and not self._held:
+            state = "cancelled"
+        return f"<Reservation {state} delay_ns={self._delay_ns}>"
+
+
 @runtime_checkable
 class Clocked(Protocol):
     """A limiter whose state is in ns of a clock of its own: ``clock_ns()`` reads it, and
@@ -174,6 +299,60 @@ class Composite(Protocol):
     def leaf_names(self) -> tuple[str | None, ...]: ...
     def parts(self, *key: Hashable) -> tuple[tuple[Any, tuple[Hashable, ...]], ...]: ...
     def binding(self, decision: Any) -> tuple[str | None, Any]: ...
+
+
+class Traits(NamedTuple):
+    """What a wrapper learns of a limiter beyond its verbs, once, when it wraps it: the
+    contract's optional attributes (see the module), each False or None when absent.
+
+    ``keyed``: its ``keyed`` (None: it declares none); ``key_optional``,
+    ``releases``, ``blocking``: its flags of those names, True only when
+    declared True; ``capacity``: its ``capacity`` when an int (the largest
+    cost), else None; ``bucket``: a single limit of its own, with a ``rate``
+    beside that capacity (what ``RateLimit-Policy`` shows; both are read live
+    later, as a reconfigure changes them); ``checks``, ``acquires``,
+    ``acquires_async``: whether it has ``check``, ``acquire``, ``acquire_async``.
+
+    >>> import nanobucket as nb
+    >>> t = traits(nb.all_of(nb.Concurrency(2)))
+    >>> t.keyed, t.key_optional, t.releases, t.blocking, t.capacity, t.bucket
+    (True, True, True, False, None, False)
+    >>> traits(nb.TokenBucket(1, 5))[4:]
+    (5, True, True, True, True)
+    """
+
+    keyed: bool | None
+    key_optional: bool
+    releases: bool
+    blocking: bool
+    capacity: int | None
+    bucket: bool
+    checks: bool
+    acquires: bool
+    acquires_async: bool
+
+
+def traits(limiter: object) -> Traits:
+    """*limiter*'s `Traits` (for a wrapper being built: never per request).
+
+    >>> import nanobucket as nb
+    >>> traits(nb.KeyedTokenBucket(1, 2)).capacity, traits(object()).checks
+    (2, False)
+    """
+    keyed = getattr(limiter, "keyed", None)
+    capacity = getattr(limiter, "capacity", None)
+    capacity = capacity if type(capacity) is int else None
+    return Traits(
+        keyed if type(keyed) is bool else None,
+        getattr(limiter, "key_optional", False) is True,
+        getattr(limiter, "releases", False) is True,
+        getattr(limiter, "blocking", False) is True,
+        capacity,
+        capacity is not None and getattr(limiter, "rate", None) is not None,
+        callable(getattr(limiter, "check", None)),
+        callable(getattr(limiter, "acquire", None)),
+        callable(getattr(limiter, "acquire_async", None)),
+    )
 
 
 def is_async(limiter: object) -> bool:

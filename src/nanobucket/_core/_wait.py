@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ._limiter import Clocked, Composite
+from ._limiter import Clocked, Composite, Reservation
 from ._params import NS_PER_S, validated_cost
 
 # sleep_or_wake(bell, seconds): sleep up to *seconds*, or less if *bell* is
@@ -79,7 +79,8 @@ class Waiter:
     line, when the part can be re-timed), and the parts it takes when that is due."""
 
     __slots__ = (
-        "budget", "cost", "held", "movable", "places", "refused", "rest", "shape", "wake",
+        "budget", "cost", "held", "movable", "places", "refused", "reserved", "rest", "shape",
+        "wake",
     )  # fmt: skip
 
     def __init__(
@@ -90,6 +91,7 @@ class Waiter:
         movable: bool = True,
         shape: bool = False,
         rest: tuple[Part, ...] = (),
+        reserved: Reservation | None = None,
     ) -> None:
         self.cost = cost
         self.wake = wake
@@ -98,6 +100,7 @@ class Waiter:
         self.shape = shape  # its parts are its cost long (else: the bucket's capacity)
         self.places: list[Place] = []  # none: its limiter cannot be re-timed
         self.rest = rest  # an all_of's other layers: taken when its held one is due
+        self.reserved = reserved  # the held part's reservation, when it has no place in line
         self.refused = False  # moved past its timeout (`retimed`): it gave its place up
         self.budget = -1  # ns it may still wait after being sent back (see `finish`)
 
@@ -144,25 +147,19 @@ def _slowest(parts: list[Part], cost: object, shape: bool) -> tuple[Part, tuple[
 
 def _take(parts: tuple[Part, ...], cost: object, shape: bool) -> bool:
     """Take *cost* from every part now, or from none."""
-    done: list[tuple[Any, Key, int | None]] = []
+    done: list[tuple[Reservation, int | None]] = []
     try:
         for limiter, k in parts:
             now = _now(limiter)
-            if limiter.reserve(*k, cost=cost, shape=shape, now=now) < 0:
+            r = Reservation.take(limiter, k, cost, shape=shape, now=now)
+            if not r.ok:
                 return False
-            done.append((limiter, k, now))
+            done.append((r, now))
         return True
     finally:
         if len(done) < len(parts):  # refused or failed: undo the others
-            for limiter, k, now in done:
-                _refund(limiter, k, now, cost)
-
-
-def _refund(limiter: Any, key: Key, now: int | None, cost: object) -> None:
-    if now is None:
-        limiter.refund(*key, cost)
-    else:
-        limiter.refund_at(*key, now, cost)
+            for r, now in done:
+                r.cancel() if now is None else r.cancel_at(now)
 
 
 def join(
@@ -190,10 +187,11 @@ def join(
         held, rest = _slowest(parts, cost, shape)
     bucket, k = held
     if not _retimable(bucket):  # not in a line: its word is not ours to re-time
-        wait = bucket.reserve(*k, cost=cost, max_wait_ns=max_wait, shape=shape)
+        r = Reservation.take(bucket, k, cost, max_wait, shape)
+        wait = r.delay_ns
         if wait < 0 or (not wait and not rest):
             return min(wait, 0), None
-        return wait, Waiter(cost, wake, held, movable, shape, rest)  # cost: checked
+        return wait, Waiter(cost, wake, held, movable, shape, rest, r)  # cost: checked
     with _lock:
         now = bucket.clock_ns()
         wait = bucket.reserve(*k, cost=cost, max_wait_ns=max_wait, shape=shape, now=now)
@@ -277,8 +275,8 @@ def give_up(w: Waiter) -> None:
 def _give_back(w: Waiter) -> None:
     """`give_up`, in the lock."""
     if not w.places:
-        limiter, key = w.held
-        limiter.refund(*key, w.cost)
+        if w.reserved is not None:
+            w.reserved.cancel()
         return
     for place in w.places:
         i = _drop(place)
@@ -426,23 +424,30 @@ def wait_sync(
     max_wait: int,
     shape: bool,
     sleep_or_wake: SleepOrWake = bell_wait,
-) -> bool:
-    """Reserve, then block until due; True if admitted, False if refused at once."""
+) -> Reservation:
+    """Reserve, then block until due: the tokens, ``ok`` (and due now) if admitted, not
+    ``ok`` if refused. Its ``cancel()`` gives them back to *limiter* (every layer of an
+    ``all_of``), for a caller that did not use them after all."""
     bell = Bell()
     movable = not isinstance(sleep_or_wake, PlainSleep)
     stalls = 0
     while True:
         wait, w = join(limiter, key, cost, max_wait, shape, bell.set, movable)
         if w is None:
-            return wait >= 0
+            return _served(limiter, key, cost, wait >= 0)
         with in_line(w, max_wait, wait):
             while wait > 0 and sleep_or_wake(bell, wait / NS_PER_S):
                 wait = remaining(w, bell.clear)
         if w.budget < 0:
-            return not w.refused
+            return _served(limiter, key, cost, not w.refused)
         max_wait, stalls = w.budget, _stalled(stalls, w.budget, max_wait)
         if stalls < 0:
-            return False
+            return _served(limiter, key, cost, False)
+
+
+def _served(limiter: Any, key: Key, cost: object, ok: bool) -> Reservation:
+    """What a waiter ends with: its tokens, due now, or nothing (refused)."""
+    return Reservation(limiter, key, cost, 0 if ok else -1)
 
 
 def _time_up(fut: asyncio.Future[bool]) -> None:
@@ -504,19 +509,19 @@ class Alarm:
 
 async def wait_async(
     limiter: Any, key: Key, cost: object, max_wait: int, shape: bool, sleep: AsyncSleep
-) -> bool:
+) -> Reservation:
     """`wait_sync` for asyncio; a waiter of another thread may move this one up."""
     alarm = Alarm(asyncio.get_running_loop())
     stalls = 0
     while True:
         wait, w = join(limiter, key, cost, max_wait, shape, alarm.ring)
         if w is None:
-            return wait >= 0
+            return _served(limiter, key, cost, wait >= 0)
         with in_line(w, max_wait, wait):
             while wait > 0 and await alarm.sleep(sleep, wait / NS_PER_S):
                 wait = remaining(w, alarm.clear)
         if w.budget < 0:
-            return not w.refused
+            return _served(limiter, key, cost, not w.refused)
         max_wait, stalls = w.budget, _stalled(stalls, w.budget, max_wait)
         if stalls < 0:
-            return False
+            return _served(limiter, key, cost, False)

@@ -16,6 +16,7 @@ from asgiref.sync import iscoroutinefunction
 from django.utils.module_loading import import_string
 
 from .._core._bucket import limiter_or_text
+from .._core._limiter import traits
 from .._core._params import is_rate_text
 from . import (
     Gate,
@@ -160,7 +161,7 @@ def make_limiter(value: object) -> object:
     if is_rate_text(value):
         return limiter_or_text(value)
     value = resolve(value)
-    if value is not None and not hasattr(value, "check") and callable(value):
+    if value is not None and not traits(value).checks and callable(value):
         value = value()
     return value
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._compose import switch
 from .._compose.hooks import Hook, LimitEvent, make_hooks
+from .._core._limiter import traits
 from .address import client_address
 from .charge import Charge, Due, check_charge, settlers
 from .clients import exempt_clients
@@ -202,7 +203,7 @@ class Gate:
         """
         for policy in self.router.policies():
             for limiter in (policy.limiter, *policy.leaves):
-                if getattr(limiter, "blocking", False) is True:
+                if traits(limiter).blocking:
                     raise TypeError(
                         f"{type(limiter).__name__} waits for Redis in the calling thread: in "
                         f"{where} every decision would block the event loop, and every "

@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .._core._limiter import Composite, is_async, is_keyed
+from .._core._limiter import Composite, is_async, is_keyed, traits
 from .._core._params import (
     NAME_CHARS,
     NS_PER_S,
@@ -75,7 +75,7 @@ def keyed_of(limiter: object, keyed: bool | None) -> bool:
     >>> keyed_of(nb.TokenBucket(1, 1), None), keyed_of(nb.TokenBucket(1, 1), True)
     (False, True)
     """
-    if not callable(getattr(limiter, "check", None)):
+    if not traits(limiter).checks:
         raise TypeError(
             f"limiter must have a check() method (a nanobucket limiter), "
             f"not {type(limiter).__name__}"
@@ -191,7 +191,8 @@ class Policy:
 
     def __init__(self, limiter: object, name: str, keyed: bool | None) -> None:
         validated_name(name, "policy name")
-        if getattr(limiter, "releases", False) is True:
+        learnt = traits(limiter)
+        if learnt.releases:
             raise TypeError(
                 "an in-flight limit (Concurrency, or an all_of holding one) keeps its slots "
                 "until released, and a decision per request never releases them: hold the "
@@ -202,8 +203,7 @@ class Policy:
         self.check = _checker(limiter, self.keyed)
         self.is_async = is_async(limiter)
         self.name = name
-        capacity = getattr(limiter, "capacity", None)
-        self.capacity: int | None = capacity if isinstance(capacity, int) else None
+        self.capacity: int | None = learnt.capacity
         self.r_prefix = f'"{name}";r='.encode("ascii")  # the RateLimit field up to r=
         # The buckets whose rate and capacity the header fields show: the
         # fields are built once, and again only when one is reconfigured.
@@ -214,7 +214,7 @@ class Policy:
             self.composite = limiter
             self.leaves: tuple[object, ...] = tuple(limiter.leaves())
             self._unnamed = _default_names(name, self.leaves, tuple(limiter.leaf_names()))
-        elif isinstance(capacity, int) and hasattr(limiter, "rate"):
+        elif learnt.bucket:
             self.leaves = (limiter,)
         else:
             self.leaves = ()

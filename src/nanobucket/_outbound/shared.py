@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._compose.drive import Call, drive, drive_async
 from .._compose.hooks import logger
-from .._core._limiter import KeyedLimiter, Refundable, Reservable, is_async
+from .._core._limiter import KeyedLimiter, Refundable, Reservable, is_async, traits
 from .._core._params import NS_PER_S
 from .pacer import WaitTooLong
 
@@ -70,9 +70,9 @@ def validated_shared(shared: object, allow_async: bool) -> object:
         isinstance(shared, KeyedLimiter)
         and isinstance(shared, Reservable)
         and isinstance(shared, Refundable)
-        and getattr(shared, "keyed", False) is True
+        and traits(shared).keyed is True
         and isinstance(getattr(shared, "interval_ns", None), int)
-        and isinstance(getattr(shared, "capacity", None), int)
+        and traits(shared).capacity is not None
     ):
         raise TypeError(
             "shared must be a keyed limiter that reserves and refunds "

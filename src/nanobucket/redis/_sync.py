@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._compose.verbs import KeyedBatch, KeyedVerbs
+from .._compose.verbs import KeyedBatch, KeyedVerbs, Reserving
 from .._core import _acquire
 from .._core._params import RateArg, validated_now, validated_timeout
 from . import _clients
@@ -25,7 +25,7 @@ from ._wire import Wire
 __all__ = ("RedisTokenBucket",)
 
 
-class _SyncLimits(_RedisLimits):
+class _SyncLimits(_RedisLimits, Reserving):
     """The sync runner, and the verbs the sync limiters share (reserve, wait, reset, migrate)."""
 
     _wire: Wire | None = None
@@ -140,8 +140,8 @@ class _SyncLimits(_RedisLimits):
         cost = self._cost(cost)
         self.key(key)
         max_wait = _acquire.max_wait_ns(timeout)
-        wait = await asyncio.to_thread(self.reserve, key, cost=cost, max_wait_ns=max_wait)
-        return await _sleep_reserved(self, wait, lambda: asyncio.to_thread(self.refund, key, cost))
+        r = await asyncio.to_thread(self.reservation, key, cost=cost, max_wait_ns=max_wait)
+        return await _sleep_reserved(self, r.delay_ns, lambda: asyncio.to_thread(r.cancel))
 
     if TYPE_CHECKING:
 
