@@ -19,7 +19,9 @@ answered with four ordinary fields (a server's usual), and again with
 httpx's own work per field counts in every case alike; last, with a
 ``RateLimit`` whose remaining changes with every answer. Printed:
 instructions per request, and what each adds over the plain client and
-over the minimal transport with the same answers.
+over the minimal transport with the same answers; and answered with
+``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` alone, a remaining that
+changes every time (a rate learned, not announced).
 """
 
 from __future__ import annotations
@@ -79,14 +81,17 @@ LIMITS = [("ratelimit-policy", '"default";q=1000000;w=1'),
 FIELDS = USUAL + LIMITS if {fields} else USUAL
 VARYING = [USUAL + [LIMITS[0], ("ratelimit", f'"default";r={{r}};t=1')]
            for r in range(401000, 400000, -1)]  # a remaining that falls, 1000 texts
+# X-RateLimit-* alone (no rate said): a remaining that falls from 999 to 500, twice
+LEGACY = [USUAL + [("x-ratelimit-limit", "1000"), ("x-ratelimit-remaining", str(999 - r % 500)),
+                   ("x-ratelimit-reset", "1")] for r in range(1000)]
 turn = 0
 
 
 def answer(request):
     global turn
-    if {varying}:
+    if {varying} or {legacy}:
         turn += 1
-        return httpx.Response(200, headers=VARYING[turn % 1000])
+        return httpx.Response(200, headers=(LEGACY if {legacy} else VARYING)[turn % 1000])
     return httpx.Response(200, headers=FIELDS)
 
 
@@ -110,7 +115,8 @@ for _ in range(int(sys.argv[1])):
 """
 OURS = "RateLimitedTransport(mock, rate=10**9, capacity=1000)"
 # name -> (what, transport, answered with: "" no rate-limit fields, "_fields" the same
-# ones every time, "_varying" a remaining that changes with every answer)
+# ones every time, "_varying" a remaining that changes with every answer, "_legacy" one
+# in X-RateLimit-* fields alone)
 CASES = {
     "plain": ("plain client over MockTransport", "mock", ""),
     "minimal": ("minimal transport: allow() then send", "Minimal(mock)", ""),
@@ -120,6 +126,8 @@ CASES = {
     "ours_fields": ("RateLimitedTransport, the same answers", OURS, "_fields"),
     "minimal_varying": ("minimal, RateLimit r= changing each time", "Minimal(mock)", "_varying"),
     "ours_varying": ("RateLimitedTransport, the same answers", OURS, "_varying"),
+    "minimal_legacy": ("minimal, X-RateLimit-* only, changing", "Minimal(mock)", "_legacy"),
+    "ours_legacy": ("RateLimitedTransport, the same answers", OURS, "_legacy"),
 }
 
 
@@ -131,7 +139,10 @@ def _callgrind(requests: int, cases: list[str]) -> None:
         if name not in cases:
             continue
         code = PROGRAM.format(
-            transport=transport, fields=bool(fields), varying=fields == "_varying"
+            transport=transport,
+            fields=fields == "_fields",
+            varying=fields == "_varying",
+            legacy=fields == "_legacy",
         )
         counts[name] = (instructions(code, 2 * requests) - instructions(code, requests)) / requests
     print(f"instructions per sync request, (I(2N) - I(N)) / N with N = {requests:,}")

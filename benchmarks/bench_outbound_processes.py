@@ -1,12 +1,14 @@
 """Outbound goodput across processes: N clients, each too fast, against one limited API.
 
     python benchmarks/bench_outbound_processes.py [--seconds 10 --runs 3]
-        [--processes 8 --threads 2 --fields ietf|sliding]
+        [--processes 8 --threads 2 --fields ietf|sliding|x-ratelimit]
 
 A uvicorn on loopback enforces 100 req/s per ``X-API-Key`` (nanobucket's
 middleware with IETF fields, bursts of 10; or ``--fields sliding``: at most
-100 requests in any second). ``--processes`` forked worker processes each
-build their own ``httpx.Client`` over their own
+100 requests in any second; or ``--fields x-ratelimit``: the same bucket
+announced by ``X-RateLimit-*`` alone, no rate and no ``Retry-After``).
+``--processes`` forked worker processes each build their own
+``httpx.Client`` over their own
 `nanobucket.httpx.RateLimitedTransport`, configured at 500/s with bursts of
 50 (the client's wrong limit), and call it from ``--threads`` threads each
 for ``--seconds``, all with one API key (a fresh one per run). Rows:
@@ -256,7 +258,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--fields", choices=["ietf", "sliding"], default="ietf")
+    parser.add_argument("--fields", choices=["ietf", "sliding", "x-ratelimit"], default="ietf")
     parser.add_argument(
         "--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS)
     )

@@ -3,7 +3,9 @@
 Three servers enforce *q* requests per *w* seconds and announce it as
 ``RateLimit-Policy: "p";q=<q>;w=<w>`` with ``RateLimit: "p";r=<left>;t=<reset>``
 and, on a 429, ``Retry-After`` (whole seconds, at least 1, as most servers
-send it):
+send it); or, made with ``legacy=True``, only ``X-RateLimit-Limit`` (the
+capacity), ``-Remaining`` and ``-Reset`` (whole seconds until full), as a
+server that never says its rate:
 
 * `SlidingWindow`: at most *q* in any window ``(t - w, t]`` (a sliding log).
 * `FixedWindow`: at most *q* in each ``[k*w, (k+1)*w)``; reset at its end.
@@ -48,11 +50,25 @@ class Server:
     name = "p"
     q: int
     w: int  # whole seconds
+    legacy = False  # True: ``X-RateLimit-Limit/Remaining/Reset`` only, no Retry-After
+
+    @property
+    def limit(self) -> int:
+        """What ``X-RateLimit-Limit`` says: the most admitted at once."""
+        return self.q
 
     def decide(self, now: int) -> tuple[int, dict[str, str]]:
         raise NotImplementedError
 
     def _fields(self, left: int, reset_ns: int, retry_ns: int | None) -> dict[str, str]:
+        if self.legacy:
+            # As nanobucket's middleware with ``headers="legacy"`` sends them: the
+            # capacity, the tokens left, whole seconds until full; no rate at all.
+            return {
+                "X-RateLimit-Limit": str(self.limit),
+                "X-RateLimit-Remaining": str(left),
+                "X-RateLimit-Reset": str(_seconds_up(max(reset_ns, 0))),
+            }
         fields = {
             "RateLimit-Policy": f'"{self.name}";q={self.q};w={self.w}',
             "RateLimit": f'"{self.name}";r={left};t={_seconds_up(max(reset_ns, 0))}',
@@ -65,8 +81,8 @@ class Server:
 class SlidingWindow(Server):
     """At most *q* requests admitted in any ``(t - w, t]``; a 429 waits for the oldest."""
 
-    def __init__(self, q: int, w: int) -> None:
-        self.q, self.w = q, w
+    def __init__(self, q: int, w: int, legacy: bool = False) -> None:
+        self.q, self.w, self.legacy = q, w, legacy
         self.log: deque[int] = deque()
 
     def decide(self, now: int) -> tuple[int, dict[str, str]]:
@@ -83,8 +99,8 @@ class SlidingWindow(Server):
 class FixedWindow(Server):
     """At most *q* requests in each ``[k*w, (k+1)*w)`` of the server's clock."""
 
-    def __init__(self, q: int, w: int) -> None:
-        self.q, self.w = q, w
+    def __init__(self, q: int, w: int, legacy: bool = False) -> None:
+        self.q, self.w, self.legacy = q, w, legacy
         self.window, self.count = -1, 0
 
     def decide(self, now: int) -> tuple[int, dict[str, str]]:
@@ -102,8 +118,8 @@ class FixedWindow(Server):
 class TokenBucketServer(Server):
     """A token bucket of *burst* tokens refilled at *rate* per second, exact (Fractions)."""
 
-    def __init__(self, rate: int, burst: int) -> None:
-        self.rate, self.burst = Fraction(rate), burst
+    def __init__(self, rate: int, burst: int, legacy: bool = False) -> None:
+        self.rate, self.burst, self.legacy = Fraction(rate), burst, legacy
         self.w = max(1, math.ceil(burst / self.rate))
         self.q = max(1, math.floor(self.rate * self.w))
         self.tokens, self.at = Fraction(burst), 0
@@ -116,6 +132,10 @@ class TokenBucketServer(Server):
             return 200, self._fields(math.floor(self.tokens), self._to_full(), None)
         retry = math.ceil((1 - self.tokens) / self.rate * NS)
         return 429, self._fields(0, self._to_full(), retry)
+
+    @property
+    def limit(self) -> int:
+        return self.burst
 
     def _to_full(self) -> int:
         return math.ceil((self.burst - self.tokens) / self.rate * NS)

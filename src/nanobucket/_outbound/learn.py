@@ -61,8 +61,8 @@ class Refill:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        # (sent, answered, high, admitted up to it, in flight when answered)
-        self._answers: deque[tuple[int, int, int, int, int]] = deque(maxlen=WINDOW)
+        # (sent, high + admitted up to it + in flight when answered)
+        self._answers: deque[tuple[int, int]] = deque(maxlen=WINDOW)
         self.admitted = 0  # 200s answered so far
         self.rate: Fraction | None = None  # the best lower bound, tokens/s
         self.burst: int | None = None  # the 200s before the first 429
@@ -115,17 +115,22 @@ class Refill:
         Fraction(4000, 1001)
         """
         best_num, best_den = 0, 1
-        for first_sent, _, high_i, admitted_i, inflight_i in self._answers:
-            num = low - high_i + seen - admitted_i - inflight_i
+        reach = low + seen
+        # Each remembered answer as (when its request was sent, what it had to refill
+        # to reach *low*: its high, its 200s, its requests in flight): one subtraction
+        # each, in a loop run on every answer.
+        for first_sent, spent in self._answers:
+            num = reach - spent
             den = answered - first_sent
             if num > 0 and den > 0 and num * best_den > best_num * den:
                 best_num, best_den = num, den
         if high is not None:
-            self._answers.append((sent, answered, high, self.admitted, inflight))
+            self._answers.append((sent, high + self.admitted + inflight))
         if best_num:
-            found = Fraction(best_num * NS_PER_S, best_den)
-            if self.rate is None or found > self.rate:
-                self.rate = found
+            rate = self.rate
+            # Compared as integers: a Fraction is made only for a new best.
+            if rate is None or best_num * NS_PER_S * rate.denominator > rate.numerator * best_den:
+                self.rate = Fraction(best_num * NS_PER_S, best_den)
         return self.rate
 
     def episode(

@@ -29,6 +29,8 @@ What a response teaches, per key:
   rate is learned from the answers (`nanobucket._outbound.learn`). Until it is, a
   remaining of 0 waits for the reset; after, the key runs at the learned
   rate, which a reset too far for it (a fixed window) makes it forget.
+  With ``shared=``, where that bound misses the other processes' requests,
+  the key probes above it while the server is nearly full (`_probed`).
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again: what a key owes (its bucket's tokens, its
@@ -69,6 +71,7 @@ from collections.abc import Callable, Hashable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from .._compose.hooks import logger
 from .._compose.waiting import Waiting
 from .._core._bucket import TokenBucket
 from .._core._gcra_py import INT64_MAX, carry_over
@@ -114,6 +117,7 @@ __all__ = (
 _ONE_A_DAY = Fraction(1, MAX_WAIT_S)  # the slowest rate a key follows (tokens/s)
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 RECENT = 512  # requests of a key remembered with their shared price (`SharedPace.cost`)
+PROBE_SPAN = 4 * NS_PER_S  # the longest a probe's rate moves for at once (`_probed`)
 BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
@@ -171,8 +175,8 @@ class _Key:
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
         "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
-        "paused_until", "policy", "refill", "said", "said_texts", "seen", "shared_carry",
-        "shared_price", "shared_recent", "slack", "waiting",
+        "paused_until", "policy", "probe", "probed_at", "refill", "said", "said_texts", "seen",
+        "shared_carry", "shared_price", "shared_recent", "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -190,6 +194,9 @@ class _Key:
         self.policy: tuple[int, int] | None = None  # the last (q, w) announced
         self.seen = 0  # the most tokens the server was seen to hold (r + 1)
         self.refill = Refill()  # the rate learned when none is announced
+        # The rate (tokens per 1000 s) a key run with others probes at (`_probed`).
+        self.probe = 0
+        self.probed_at = 0  # and when it last moved (ns)
         self.departed = 0  # the bucket's tat, by the times requests really left (ns)
         self.interval = self.slack = 0  # the bucket's, for departures (`_Key.measure`)
         self.measure()
@@ -291,6 +298,10 @@ class Pacer:
         self._keys: OrderedDict[Hashable, _Key] = OrderedDict()
         self._last: _Key | None = None  # the key `take` last moved to the end
         self._lock = threading.Lock()
+        # Set by `SharedPace`: a learned rate is probed above (`_probed`).
+        self.probing = False
+        self._probe_most = math.ceil(exact * 1000)  # no probe passes your rate
+        self._warned = False  # `_warn_learned` said it
         Waiting(TokenBucket(1, 1), sleep=sleep, async_sleep=async_sleep)  # checks them now
 
     def _state(self, key: Hashable) -> _Key:
@@ -589,6 +600,12 @@ class Pacer:
             if policy is not None:
                 pace, most = _window_pace(policy[0], policy[1], self.capacity)
             else:
+                if learned is not None and remaining is not None and self.probing:
+                    most = limit if limit is not None else state.seen
+                    learned = _probed(state, learned, remaining, most, now, self._probe_most)
+                    if not self._warned:
+                        self._warned = True
+                        _warn_learned()
                 pace, most = learned or _spread(announced, self.capacity), limit
             self._follow(state, pace, most, now)
             if adopted and most is not None:
@@ -709,6 +726,41 @@ class Pacer:
             state.departed = carry_over(
                 state.departed, now, interval, tau, state.interval, state.interval * capacity
             )
+
+
+def _probed(
+    state: _Key, bound: Fraction, remaining: int, most: int, now: int, ceiling: int
+) -> Fraction:
+    """The rate to run *state* at, its learned *bound* and all, after an answer that
+    leaves the server *remaining* of *most* tokens (at *now*, ns).
+
+    A lower bound learned by one process of several misses the others'
+    requests, and a shared limit would hold them all to it. What the server
+    has left is the same for every process: while it is full (or one short),
+    the processes together run slower than it refills, and each runs faster,
+    doubling in a second; under a quarter they run faster than it refills,
+    and each slows down as fast, at least an eighth an answer. Only a full
+    server speeds them up: one whose remaining merely stays up (a window) is
+    not refilling faster than they send. The rate is never below the bound,
+    nor the probe above *ceiling* (tokens per 1000 s: your rate).
+    """
+    probe = max(state.probe, math.ceil(bound * 1000))
+    # Not counting a pause: the server filled then, whatever the rate.
+    since = min(max(now - max(state.probed_at, state.paused_until), 0), PROBE_SPAN)
+    if remaining + 1 >= most:
+        probe = min(probe + probe * since // NS_PER_S + 1, max(ceiling, probe))
+    elif 4 * remaining < most:
+        probe -= max(probe * since // NS_PER_S, probe // 8)
+    state.probe, state.probed_at = probe, now
+    return max(bound, Fraction(probe, 1000))
+
+
+def _warn_learned() -> None:
+    logger.warning(
+        "nanobucket: a server answers with X-RateLimit-* fields, which say no rate; the "
+        "processes sharing a limit learn it from what the server has left, and many of them "
+        "run below the server's rate (a server that sends RateLimit-Policy is followed exactly)"
+    )
 
 
 def _lower(bucket: TokenBucket, at: int, most: int) -> None:

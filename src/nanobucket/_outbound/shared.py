@@ -16,7 +16,11 @@ others through that bucket:
   (the server announced less, or your *rate* is lower) spends ``own
   interval / shared interval`` shared tokens per request, paid ahead in
   whole tokens (at most the shared capacity): together the processes keep
-  the slowest rate any of them learned.
+  the slowest rate any of them learned. A rate learned from ``X-RateLimit-*``
+  fields (which announce none) is a lower bound that misses the other
+  processes' requests: each process probes above it while the server has
+  more than half its tokens left, and backs off under a quarter
+  (`nanobucket._outbound.pacer`); a warning is logged once.
 * **A pause.** A ``Retry-After`` (or a window with nothing left until its
   reset) holds the shared bucket until the pause ends (in whole shared
   tokens, rounded up), so no process sends into it. Processes that heard
@@ -92,6 +96,7 @@ class SharedPace:
     def __init__(self, shared: Any, pacer: Pacer) -> None:
         self.shared = shared
         self.pacer = pacer
+        pacer.probing = True  # its lower bounds miss the other processes' requests
         self.interval_ns: int = shared.interval_ns
         self.capacity: int = shared.capacity
         self.awaits = is_async(shared)
