@@ -50,6 +50,7 @@ import tempfile
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from ._compose.verbs import Reserving
 from ._core._params import (
     Clock,
     RateArg,
@@ -60,7 +61,6 @@ from ._core._params import (
     validated_flag,
     validated_max_keys,
 )
-from ._compose.verbs import Reserving
 
 __all__ = ("BadTableError", "SharedKeyedTokenBucket", "default_directory")
 
