@@ -107,6 +107,18 @@ class TieredDecision(Decision):
         return f"{super().__repr__()[:-1]}, plan={self.plan!r})"
 
 
+def _decided(decision: Any, plan: str) -> TieredDecision:
+    """*plan*'s *decision* as a `TieredDecision`: its fields copied in one call (one is
+    made for every request), or read one by one from a limiter's own decision type."""
+    try:
+        made = decision.copy_as(TieredDecision)
+    except (AttributeError, TypeError):  # a decision of another type: any object with the
+        return TieredDecision(decision, plan)  # five fields (the other twin's, your own)
+    made.decision = decision
+    made.plan = plan
+    return made  # type: ignore[no-any-return]
+
+
 def _check_plans(plans: object) -> dict[str, tuple[str, Any]]:
     """Validated plans: each name to ``(name, limiter)``, the name kept as one object."""
     if not isinstance(plans, Mapping):
@@ -434,7 +446,7 @@ class Tiered(_Plans, KeyedVerbs[TieredDecision, Any], KeyedBatch[TieredDecision,
             d = plan.check(key, cost) if consume else plan.peek(key, cost)
         else:
             d = plan.check_at(key, now, cost) if consume else plan.peek_at(key, now, cost)
-        return TieredDecision(d, name)
+        return _decided(d, name)
 
     def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
         plan = self._pick(key, now)[1]
@@ -476,7 +488,7 @@ limit=20, plan='free')
             found = self._fallback(key, name)
         if self._last.get(key) is not found[0]:
             self._move(key, found, None)
-        return TieredDecision(found[1].check(key, cost), found[0])
+        return _decided(found[1].check(key, cost), found[0])
 
     def _tokens(self, key: Hashable, now: int | None) -> float:
         plan = self._pick(key, now)[1]
@@ -623,7 +635,7 @@ class AsyncTiered(_Plans, AsyncKeyedVerbs[TieredDecision, Any]):
             d = await (plan.check(key, cost) if consume else plan.peek(key, cost))
         else:
             d = await (plan.check_at(key, now, cost) if consume else plan.peek_at(key, now, cost))
-        return TieredDecision(d, name)
+        return _decided(d, name)
 
     async def _admit(self, key: Hashable, cost: object, now: int | None) -> bool:
         plan = (await self._pick(key, now))[1]

@@ -395,6 +395,26 @@ The outcome of ``check`` or ``peek``, with exact integer times.
     def __bool__(self):
         return self._allowed
 
+    def copy_as(self, cls):
+        """A new *cls* (a subclass of Decision) with this decision's five fields.
+
+        What a limiter that wraps another's decision (``tiered``'s) builds its
+        own from, in one call.
+
+        >>> class Named(Decision):
+        ...     __slots__ = ("name",)
+        >>> d = TokenBucket(rate=1, capacity=2).check_at(0).copy_as(Named)
+        >>> type(d).__name__, d.remaining, d.limit
+        ('Named', 1, 2)
+        """
+        cdef Decision made = Decision.__new__(cls)
+        made._allowed = self._allowed
+        made._remaining = self._remaining
+        made._retry_after_ns = self._retry_after_ns
+        made._reset_after_ns = self._reset_after_ns
+        made._limit = self._limit
+        return made
+
     def _fields(self):
         return (self._allowed, self._remaining, self._retry_after_ns, self._reset_after_ns, self._limit)
 

@@ -7,10 +7,13 @@ to one behaviour); `nanobucket.Decision` is the selected one.
 from __future__ import annotations
 
 import operator
+from typing import TypeVar
 
 from ._params import NS_PER_S
 
 __all__ = ("Decision",)
+
+D = TypeVar("D", bound="Decision")
 
 
 def _int64(value: object) -> int:
@@ -103,6 +106,28 @@ class Decision:
 
     def __bool__(self) -> bool:
         return self.allowed
+
+    def copy_as(self, cls: type[D]) -> D:
+        """A new *cls* (a subclass of Decision) with this decision's five fields.
+
+        What a limiter that wraps another's decision (``tiered``'s) builds its
+        own from, in one call.
+
+        >>> class Named(Decision):
+        ...     __slots__ = ("name",)
+        >>> d = TokenBucket(rate=1, capacity=2).check_at(0).copy_as(Named)
+        >>> type(d).__name__, d.remaining, d.limit
+        ('Named', 1, 2)
+        """
+        if not (isinstance(cls, type) and issubclass(cls, Decision)):
+            raise TypeError(f"copy_as makes a subclass of Decision, not {cls!r}")
+        made = cls.__new__(cls)
+        made.allowed = self.allowed
+        made.remaining = self.remaining
+        made.retry_after_ns = self.retry_after_ns
+        made.reset_after_ns = self.reset_after_ns
+        made.limit = self.limit
+        return made
 
     def __eq__(self, other: object) -> bool:
         if not hasattr(other, "retry_after_ns"):
