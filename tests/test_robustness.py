@@ -243,6 +243,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "bool(o)": "value:False",
         "o._fields()": "value:(False, 0, 0, 0, 0)",
         "o == o": "value:True",
+        "o.copy_as(type(o)) == o": "value:True",
         "hash(o) == hash((False, 0, 0, 0, 0))": "value:True",
         "repr(o)": (
             "value:'Decision(allowed=False, remaining=0, retry_after_ns=0, "
