@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "BENCHMARKS.md"
 BENCHMARKS = ROOT / "benchmarks"
 
+# The wheel's tests run in a copy of tests/ and docs/ alone, without the scripts.
+pytestmark = pytest.mark.skipif(
+    not (DOC.exists() and BENCHMARKS.is_dir()),
+    reason="needs the source tree: BENCHMARKS.md and benchmarks/",
+)
+
 ARGS = r"((?:\s+[^\s`|#][^\s`|]*)*)"  # up to a shell comment, a table cell or the code's end
 SCRIPT = re.compile(r"benchmarks/([\w.-]+\.py)" + ARGS)
 BENCH = re.compile(r"nanobucket bench" + ARGS)
