@@ -16,6 +16,12 @@ import pytest
 
 from markdown_examples import python_blocks, run_block
 
+# The web guide runs a Litestar app in this process, and Litestar leaves its logging
+# listener thread running: a collection in that thread traversing a C table while a
+# later test's insertion has let the GIL go (it can under Cython line tracing) crashed
+# a coverage run. Every other stage runs these examples.
+pytestmark = pytest.mark.gil_atomic
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EXAMPLES = [
     pytest.param(page, index, code, id=f"{page.relative_to(DOCS).as_posix()}:{index}")
