@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 
 from nanobucket import redis as nbr
@@ -93,6 +94,7 @@ def _instance(url: str, prefix: str, barrier: Any, out: Any) -> None:
     client.close()
 
 
+@pytest.mark.threads_in_child
 def test_four_processes_of_eight_threads_keep_the_bound(redis_url: str) -> None:
     prefix = f"procs{random.getrandbits(48):x}"
     barrier, out = SPAWN.Barrier(PROCESSES), SPAWN.Queue()
