@@ -92,6 +92,14 @@ class RateLimited(HTTPException):
         self.decision = decision
         self.body = body
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its own arguments (Exception's pickling would pass the
+        # status code as the decision).
+        headers = [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in (self.headers or {}).items()
+        ]
+        return type(self), (self.decision, headers, self.body)
+
 
 async def rate_limited_handler(request: Request, exc: Exception) -> StarletteResponse:
     """Answer a `RateLimited` as the middleware does: problem+json, the same headers.

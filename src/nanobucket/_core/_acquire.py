@@ -59,6 +59,11 @@ class RateLimited(Exception):
         self.decision = decision
         super().__init__(f"rate limited: retry after {self.retry_after:.3f} s")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its own arguments, not from the message Exception keeps:
+        # a call refused in a process pool's worker reaches the caller as itself.
+        return type(self), (self.retry_after_ns, self.decision)
+
     @property
     def retry_after(self) -> float:
         """Seconds until the same call would be admitted.

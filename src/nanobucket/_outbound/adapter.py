@@ -14,6 +14,7 @@ here imports an HTTP client: an adapter names its request's retry facts
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
@@ -120,6 +121,13 @@ class LimitTimeout(Exception):
         super().__init__(message, **kwargs)
         self.key = key
         self.retry_after_ns = retry_after_ns
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments, which Exception's own pickling cannot pass;
+        # the HTTP client's ``request=`` stays behind (its request is not
+        # picklable in general).
+        rebuild = functools.partial(type(self), key=self.key, retry_after_ns=self.retry_after_ns)
+        return rebuild, (str(self),)
 
     @property
     def retry_after(self) -> float:
