@@ -245,6 +245,33 @@ def test_a_cancelled_waiter_gives_its_place_back(clock: ManualClock) -> None:
     assert slept == [1.0, 1.0] and [at for _, at in script.sent] == [0, NS]
 
 
+def test_the_sessions_timeout_ends_a_wait_and_frees_its_place(clock: ManualClock) -> None:
+    """aiohttp's ``ClientTimeout(total=...)`` cancels the middleware's wait: its caller
+    gets aiohttp's timeout, and the next request waits as if it had never been in line."""
+    slept: list[float] = []
+    forever = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 1:
+            await forever.wait()  # the first waiter: ended by the session's timeout
+        clock.advance(round(seconds * NS))
+
+    script = Script(clock, [(200, {})])
+    limit = ClientRateLimit(rate=1, capacity=1, clock=clock, async_sleep=sleep, key=lambda r: "k")
+
+    async def main() -> list[int | str]:
+        async with serving(script) as url, aiohttp.ClientSession(middlewares=[limit]) as session:
+            first = await call(session, url)
+            with pytest.raises(asyncio.TimeoutError) as caught:
+                await session.get(url, timeout=aiohttp.ClientTimeout(total=0.05))
+            assert not isinstance(caught.value, RateLimitTimeout)
+            return [first, await call(session, url)]
+
+    assert asyncio.run(main()) == [200, 200]
+    assert slept == [1.0, 1.0] and [at for _, at in script.sent] == [0, NS]
+
+
 def test_a_request_cancelled_while_out_is_not_in_flight(clock: ManualClock) -> None:
     arrived, release = asyncio.Event(), asyncio.Event()
 
