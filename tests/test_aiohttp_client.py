@@ -403,6 +403,19 @@ async def settle(response: Any) -> dict[str, int]:
     return {"tokens": (await response.json())["usage"]["total_tokens"]}
 
 
+DATE = "Wed, 21 Oct 2015 07:28:00 GMT"  # the server's clock in the scripts that send one
+
+
+def anthropic(remaining: int, reset: str) -> dict[str, str]:
+    """Anthropic's requests budget: 2 a window, *remaining* left until *reset* (RFC 3339)."""
+    return {
+        "anthropic-ratelimit-requests-limit": "2",
+        "anthropic-ratelimit-requests-remaining": str(remaining),
+        "anthropic-ratelimit-requests-reset": reset,
+        "Date": DATE,
+    }
+
+
 LLM = [
     (200, openai((10, 9), (300, 100), "1s")),
     (200, openai((10, 8), (300, 0), "1s")),
@@ -535,6 +548,27 @@ SCRIPTS: dict[str, tuple[list[Answer], list[tuple[str, dict[str, Any]]], dict[st
         {"rate": 10, "capacity": 5, "timeout": 30},
     ),
     "llm": (LLM, ASK, {"rate": 1000, "capacity": 100, "estimate": estimate, "settle": settle}),
+    "anthropic": (
+        [(200, anthropic(remaining, "2015-10-21T07:28:02Z")) for remaining in (1, 0, 1)],
+        [GET] * 4,
+        {"rate": 100, "capacity": 10},
+    ),
+    "dates": (
+        [
+            (429, {"Retry-After": "Wed, 21 Oct 2015 07:28:03 GMT", "Date": DATE}),
+            (
+                200,
+                {
+                    "X-RateLimit-Limit": "5",
+                    "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset": "1445412482",
+                    "Date": DATE,
+                },
+            ),
+        ],
+        [GET] * 3,
+        {"rate": 100, "capacity": 10, "retries": 1},
+    ),
 }
 
 
