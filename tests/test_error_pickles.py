@@ -12,11 +12,13 @@ import multiprocessing
 import pickle
 from types import ModuleType
 
+import aiohttp
 import httpx
 import pytest
 import requests
 
 import nanobucket as nb
+from nanobucket import aiohttp as nb_aiohttp
 from nanobucket import fastapi as nb_fastapi
 from nanobucket import httpx as nb_httpx
 from nanobucket import requests as nb_requests
@@ -41,6 +43,7 @@ def test_rate_limited_keeps_its_wait_and_decision(impl: ModuleType) -> None:
     [
         (nb_httpx.RateLimitTimeout, httpx.TimeoutException),
         (nb_requests.RateLimitTimeout, requests.exceptions.Timeout),
+        (nb_aiohttp.RateLimitTimeout, aiohttp.ServerTimeoutError),
     ],
 )
 def test_an_outbound_timeout_keeps_its_key_and_wait(cls: type[LimitTimeout], base: type) -> None:
