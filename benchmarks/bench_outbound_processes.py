@@ -1,12 +1,17 @@
 """Outbound goodput across processes: N clients, each too fast, against one limited API.
 
     python benchmarks/bench_outbound_processes.py [--seconds 10 --runs 3]
-        [--processes 8 --threads 2 --fields ietf|sliding|x-ratelimit]
+        [--processes 8 --threads 2 --fields ietf|sliding|x-ratelimit|openai|anthropic]
 
 A uvicorn on loopback enforces 100 req/s per ``X-API-Key`` (nanobucket's
 middleware with IETF fields, bursts of 10; or ``--fields sliding``: at most
 100 requests in any second; or ``--fields x-ratelimit``: the same bucket
 announced by ``X-RateLimit-*`` alone, no rate and no ``Retry-After``).
+``--fields openai`` or ``anthropic``: an LLM provider instead
+(tests/llm_provider.py), 100 requests and 4000 tokens a second, announced in
+that family's fields; each call asks for 60 tokens (20 of prompt, at most 40
+of answer) and uses 50, so the tokens bind at 80 calls a second; the
+transports estimate and settle each call's tokens.
 ``--processes`` forked worker processes each build their own
 ``httpx.Client`` over their own
 `nanobucket.httpx.RateLimitedTransport`, configured at 500/s with bursts of
@@ -21,15 +26,20 @@ for ``--seconds``, all with one API key (a fresh one per run). Rows:
   client's wrong limit): the processes learn the server's from its fields
   and the shared table spreads it.
 
+* ``shared 1000/s`` (LLM fields only, instead of the two above): one at
+  1000/s, bursts of 400: fine and deep, as the budgets' shared prices want.
+
 Printed per row: admitted/s (200s per second of the run) and as a share of
-the server's 100/s, 429s as a share of all answers, the p99 latency of a
-call (pooled over the processes of a run), medians of the runs; and the
-200/429 counts of each run.
+the server's 100/s (an LLM provider's 80 calls a second), 429s as a share of
+all answers, the p99 latency of a call (pooled over the processes of a run),
+medians of the runs; and the 200/429 counts of each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import multiprocessing
 import multiprocessing.synchronize
 import os
@@ -53,6 +63,7 @@ import httpx
 from nanobucket.httpx import RateLimitedTransport
 from nanobucket.shared import SharedKeyedTokenBucket
 
+from llm_provider import provider
 from outbound_load import CLIENT_CAPACITY, CLIENT_RATE, api_server, server_counts
 
 SERVER_RATE = 100  # what the API allows per key, per second
@@ -66,7 +77,25 @@ ROWS: dict[str, tuple[int, int] | None] = {
     "alone": None,
     "shared 100/s": (SERVER_RATE, SERVER_BURST),
     "shared 500/s": (CLIENT_RATE, CLIENT_CAPACITY),
+    "shared 1000/s": (1000, 400),
 }
+LLM_FIELDS = ("openai", "anthropic")
+LLM_REQUESTS, LLM_TOKENS = 100, 4000  # the provider's budgets per second
+LLM_PROMPT, LLM_MOST = 20, 40  # each call asks for 60 tokens and uses 50 (a quarter unused)
+LLM_CALLS = LLM_TOKENS // (LLM_PROMPT + LLM_MOST - LLM_MOST // 4)  # the binding rate: 80/s
+
+
+def estimate(request: httpx.Request) -> dict[str, int]:
+    """A call's tokens before it leaves: what it asks for."""
+    asked = json.loads(request.content)
+    return {"tokens": asked["prompt_tokens"] + asked["max_tokens"]}
+
+
+def settle(response: httpx.Response) -> dict[str, int]:
+    """A call's tokens after: what its answer says it used."""
+    if response.status_code != 200:
+        return {}
+    return {"tokens": json.loads(response.read())["usage"]["total_tokens"]}
 
 
 @dataclass
@@ -107,12 +136,16 @@ def worker(
     go: multiprocessing.synchronize.Event,
     start: Synchronized[float],
     out: Any,
+    llm: bool = False,
 ) -> None:
-    """One process: its own client and transport, *threads* callers until the common stop."""
+    """One process: its own client and transport, *threads* callers until the common stop
+    (*llm*: of an LLM provider)."""
     report = Report(index)
     lock = threading.Lock()
     try:
         options: dict[str, Any] = {} if shared is None else {"shared": shared}
+        if llm:
+            options.update(estimate=estimate, settle=settle)
         transport = RateLimitedTransport(
             httpx.HTTPTransport(),
             rate=CLIENT_RATE,
@@ -142,7 +175,11 @@ def worker(
             try:
                 while time.monotonic() < stop:
                     t = time.monotonic()
-                    status = client.get(url + "/").status_code
+                    if llm:
+                        asked = {"prompt_tokens": LLM_PROMPT, "max_tokens": LLM_MOST}
+                        status = client.post(url + "/v1/complete", json=asked).status_code
+                    else:
+                        status = client.get(url + "/").status_code
                     now = time.monotonic()
                     with lock:
                         report.latencies.append(now - t)
@@ -185,8 +222,10 @@ def one_run(
     threads: int,
     seconds: float,
     table: tuple[int, int] | None,
+    llm: bool = False,
 ) -> RunResult:
-    """*processes* forked workers for *seconds*, with a fresh key (and a fresh shared table)."""
+    """*processes* forked workers for *seconds*, with a fresh key (and a fresh shared table);
+    *llm*: calling an LLM provider."""
     ctx = multiprocessing.get_context("fork")
     api_key = uuid.uuid4().hex
     shared = (
@@ -203,7 +242,7 @@ def one_run(
     errors: list[str] = []
     try:
         for i in range(processes):
-            args = (i, url, api_key, threads, seconds, shared, ready, go, start, out)
+            args = (i, url, api_key, threads, seconds, shared, ready, go, start, out, llm)
             proc = ctx.Process(target=worker, args=args, daemon=True)
             proc.start()
             procs.append(proc)
@@ -258,48 +297,61 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--fields", choices=["ietf", "sliding", "x-ratelimit"], default="ietf")
-    parser.add_argument(
-        "--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS)
-    )
+    fields = ["ietf", "sliding", "x-ratelimit", *LLM_FIELDS]
+    parser.add_argument("--fields", choices=fields, default="ietf")
+    parser.add_argument("--rows", help="comma-separated, of: " + ", ".join(ROWS))
     args = parser.parse_args()
-    rows = args.rows.split(",")
+    llm = args.fields in LLM_FIELDS
+    shared_rows = ["shared 1000/s"] if llm else ["shared 100/s", "shared 500/s"]
+    rows = args.rows.split(",") if args.rows else ["alone", *shared_rows]
     for row in rows:
         if row not in ROWS:
             parser.error(f"unknown row {row!r}")
+    most = LLM_CALLS if llm else SERVER_RATE
+    server = (
+        f"an LLM provider ({args.fields} fields), {LLM_REQUESTS} requests and {LLM_TOKENS} "
+        f"tokens/s: {LLM_CALLS} calls/s"
+        if llm
+        else f"{args.fields}, {SERVER_RATE}/s"
+    )
     print(
         f"{args.runs} runs of {args.seconds:g} s, {args.processes} processes x {args.threads} "
-        f"threads, each at {CLIENT_RATE}/s (bursts of {CLIENT_CAPACITY}); "
-        f"server: {args.fields}, {SERVER_RATE}/s"
+        f"threads, each at {CLIENT_RATE}/s (bursts of {CLIENT_CAPACITY}); server: {server}"
     )
-    print(f"{'row':13} {'admitted/s':>10} {'of 100/s':>9} {'429 share':>10} {'p99 ms':>9}")
+    share = f"of {most}/s"
+    print(f"{'row':13} {'admitted/s':>10} {share:>9} {'429 share':>10} {'p99 ms':>9}")
     failed = False
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / f"{args.fields}.log"
-        with api_server(args.fields, log, rate=SERVER_RATE) as url:
-            for row in rows:
-                rates, shares, p99s, seen = [], [], [], []
-                for _ in range(args.runs):
-                    time.sleep(REFILL_PAUSE)
-                    run = one_run(url, args.processes, args.threads, args.seconds, ROWS[row])
-                    if run.errors:
-                        failed = True
-                        first = run.errors[0]
-                        print(
-                            f"{row}: {len(run.errors)} errors; the first:\n{first}", file=sys.stderr
-                        )
-                    rates.append(run.admitted / run.seconds)
-                    shares.append(run.limited / run.answers if run.answers else 0.0)
-                    p99s.append(run.p99_ms)
-                    extra = f"+{run.other} other" if run.other else ""
-                    seen.append(f"{run.admitted}/{run.limited}{extra}")
-                rate = statistics.median(rates)
-                print(
-                    f"{row:13} {rate:10.1f} {rate / SERVER_RATE:9.1%} "
-                    f"{statistics.median(shares):10.2%} {statistics.median(p99s):9.1f}"
-                    f"   (200/429 per run: {', '.join(seen)})",
-                    flush=True,
-                )
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if llm:
+            url = stack.enter_context(provider(LLM_REQUESTS, LLM_TOKENS, 1.0, args.fields))
+        else:
+            log = Path(tmp) / f"{args.fields}.log"
+            url = stack.enter_context(api_server(args.fields, log, rate=SERVER_RATE))
+        for row in rows:
+            rates, shares, p99s, seen = [], [], [], []
+            for _ in range(args.runs):
+                time.sleep(REFILL_PAUSE)
+                run = one_run(url, args.processes, args.threads, args.seconds, ROWS[row], llm)
+                if run.errors:
+                    failed = True
+                    first = run.errors[0]
+                    print(f"{row}: {len(run.errors)} errors; the first:\n{first}", file=sys.stderr)
+                rates.append(run.admitted / run.seconds)
+                shares.append(run.limited / run.answers if run.answers else 0.0)
+                p99s.append(run.p99_ms)
+                extra = f"+{run.other} other" if run.other else ""
+                seen.append(f"{run.admitted}/{run.limited}{extra}")
+            rate = statistics.median(rates)
+            print(
+                f"{row:13} {rate:10.1f} {rate / most:9.1%} "
+                f"{statistics.median(shares):10.2%} {statistics.median(p99s):9.1f}"
+                f"   (200/429 per run: {', '.join(seen)})",
+                flush=True,
+            )
+        if llm:
+            counted = httpx.get(url + "/counts", timeout=10).json()
+            print(f"provider (tokens used, whole bench): {counted}")
+        else:
             print(f"server: {server_counts(url)}")
     if failed:
         sys.exit(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Hashable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,14 @@ from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, Ra
 from nanobucket.shared import SharedKeyedTokenBucket
 
 from conftest import NEEDS_SHARED_TABLE, ManualClock
-from server_models import NS, SlidingWindow, TokenBucketServer, most_in_window, simulate
+from server_models import (
+    NS,
+    Simulated,
+    SlidingWindow,
+    TokenBucketServer,
+    most_in_window,
+    simulate,
+)
 
 MS = 1_000_000
 
@@ -420,40 +428,90 @@ def test_eight_processes_against_100_per_second(
     assert most_in_window(run.admitted_at, NS) <= 101
 
 
-@pytest.mark.parametrize(
-    ("processes", "counts"),
-    [
-        # Before probing: {200: 104} (10/s), and 4 processes {200: 130}.
-        (1, {200: 907}),
-        (4, {200: 860}),
-    ],
-    ids=["1-process", "4-processes"],
-)
-def test_processes_sharing_a_server_that_announces_no_rate_run_near_it(
-    processes: int, counts: dict[int, int], caplog: pytest.LogCaptureFixture
-) -> None:
-    # Exact simulations: 2 tasks per process configured at 500/s, 10 s against a
-    # token bucket of 100/s (bursts of 10) that sends X-RateLimit-* only, the
-    # store at the client's rate. Each process's lower bound misses the others'
-    # requests; held to it, they ran at 10-13/s together.
+def run_sharing(
+    server: Any, processes: int, store: tuple[int, int], seconds: int = 10
+) -> Simulated:
+    """*processes* simulated processes of 2 tasks each, configured at 500/s, calling
+    *server* for *seconds* with ``shared=`` a store of *store* (rate, capacity)."""
     made: list[Any] = []
 
     def make(inner: Any, clock: Any) -> AsyncRateLimitedTransport:
         if not made:
-            made.append(nb.KeyedTokenBucket(rate=500, capacity=50, clock=clock))
+            made.append(nb.KeyedTokenBucket(rate=store[0], capacity=store[1], clock=clock))
         return AsyncRateLimitedTransport(
             inner, rate=500, capacity=50, timeout=None, clock=clock, shared=made[0]
         )
 
+    return simulate(server, workers=2, seconds=seconds, make=make, processes=processes)
+
+
+@pytest.mark.parametrize(
+    ("processes", "store", "counts"),
+    [
+        # Before, each process held near a lower bound learned from its own answers:
+        # {200: 907}, 4 processes {200: 860}, 16 {200: 162} and {200: 213, 429: 28}.
+        (1, (500, 50), {200: 1009}),
+        (4, (500, 50), {200: 1014, 429: 30}),
+        (16, (100, 10), {200: 1031}),
+        (16, (500, 50), {200: 1039, 429: 100}),
+    ],
+    ids=["1-process", "4-processes", "16-processes", "16-processes-store-at-client-rate"],
+)
+def test_processes_sharing_a_server_that_announces_no_rate_run_at_it(
+    processes: int,
+    store: tuple[int, int],
+    counts: dict[int, int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Exact simulations, 10 s against a token bucket of 100/s (bursts of 10) that
+    # sends X-RateLimit-* only; the store at the server's limit, or only at the
+    # client's (500/s, bursts of 50).
     server = TokenBucketServer(100, 10, legacy=True)
     with caplog.at_level("WARNING", logger="nanobucket"):
-        run = simulate(server, workers=2, seconds=10, make=make, processes=processes)
+        run = run_sharing(server, processes, store)
     assert run.counts == counts
-    assert counts[200] >= 0.85 * 100 * 10  # near the server's rate, and no 429
+    assert counts[200] >= 0.9 * 100 * 10
+    # The 429s: requests let go at the client's rate before the answers brought the
+    # processes' rates down, all in the first 2 s (none with the store at the
+    # server's limit, which spaces them from the first).
+    assert all(t < 2 * NS for t in run.limited_at)
     assert most_in_window(run.admitted_at, NS) <= 100 + 10  # its rate and its burst
-    # Said once per process: many processes may still run below the server.
     said = [r for r in caplog.records if "X-RateLimit-* fields" in r.getMessage()]
-    assert len(said) == processes
+    assert len(said) == processes  # once per process
+
+
+class SlowingBucket(TokenBucketServer):
+    """A token bucket of 100/s (bursts of 10) sending X-RateLimit-* only, 50/s from
+    *at* (ns of the simulation's clock) on."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(100, 10, legacy=True)
+        self.change_at = at
+
+    def decide(self, now: int) -> tuple[int, dict[str, str]]:
+        if now >= self.change_at and self.rate != 50:
+            self.tokens = min(Fraction(self.burst), self.tokens + self.rate * (now - self.at) / NS)
+            self.at, self.rate = now, Fraction(50)
+        return super().decide(now)
+
+
+@pytest.mark.parametrize(
+    ("store", "counts"),
+    [((100, 10), {200: 785, 429: 19}), ((500, 50), {200: 785, 429: 108})],
+    ids=["store-at-server-rate", "store-at-client-rate"],
+)
+def test_processes_sharing_a_server_that_slows_down_follow_it_within_2_seconds(
+    store: tuple[int, int], counts: dict[int, int]
+) -> None:
+    # 16 processes, 10 s; at 5 s the server's 100/s becomes 50/s. Before, they ran at
+    # 16-21/s throughout: {200: 162} and {200: 212, 429: 28}.
+    run = run_sharing(SlowingBucket(15 * NS), 16, store)  # the clock starts at 10 s
+    assert run.counts == counts
+    per_second = [sum(1 for t in run.admitted_at if k * NS <= t < (k + 1) * NS) for k in range(10)]
+    assert min(per_second[:5]) >= 90  # at the server's 100/s
+    assert all(45 <= n <= 50 + 10 for n in per_second[7:])  # at its 50/s, 2 s after
+    late = [t for t in run.limited_at if t >= 7 * NS]
+    assert len(late) <= 0.01 * (sum(per_second[7:]) + len(late))
 
 
 @pytest.mark.parametrize("in_asyncio", [False, True], ids=["sync", "asyncio"])

@@ -30,7 +30,8 @@ What a response teaches, per key:
   remaining of 0 waits for the reset; after, the key runs at the learned
   rate, which a reset too far for it (a fixed window) makes it forget.
   With ``shared=``, where that bound misses the other processes' requests,
-  the key probes above it while the server is nearly full (`_probed`).
+  each process runs at a share of the server's rate that it moves by what
+  the server has left (`_probed`).
 
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again: what a key owes (its bucket's tokens, its
@@ -118,6 +119,11 @@ _ONE_A_DAY = Fraction(1, MAX_WAIT_S)  # the slowest rate a key follows (tokens/s
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 RECENT = 512  # requests of a key remembered with their shared price (`SharedPace.cost`)
 PROBE_SPAN = 4 * NS_PER_S  # the longest a probe's rate moves for at once (`_probed`)
+# How a probe moves (`_probed`), per second of what an answer says: a full server grows it
+# by 1x its rate, an empty one cuts it by 16x (so by 3/4, the most one answer cuts), a
+# remaining of R of the capacity moves it by 2 * (R - 1/PROBE_KEEP); and the remaining
+# gaining R of the capacity since the key's last answer moves it by R at once.
+PROBE_GROWTH, PROBE_CUT, PROBE_LEVEL, PROBE_SLOPE, PROBE_KEEP = 1, 16, 2, 1, 8
 BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
@@ -175,8 +181,9 @@ class _Key:
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
         "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
-        "paused_until", "policy", "probe", "probed_at", "refill", "said", "said_texts", "seen",
-        "shared_carry", "shared_price", "shared_recent", "slack", "waiting",
+        "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at", "refill",
+        "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent", "slack",
+        "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -197,6 +204,8 @@ class _Key:
         # The rate (tokens per 1000 s) a key run with others probes at (`_probed`).
         self.probe = 0
         self.probed_at = 0  # and when it last moved (ns)
+        self.probe_left = -1  # what the server had left then (-1: not yet)
+        self.probe_gap = 0  # ns between the key's answers, averaged (0: none yet)
         self.departed = 0  # the bucket's tat, by the times requests really left (ns)
         self.interval = self.slack = 0  # the bucket's, for departures (`_Key.measure`)
         self.measure()
@@ -600,9 +609,9 @@ class Pacer:
             if policy is not None:
                 pace, most = _window_pace(policy[0], policy[1], self.capacity)
             else:
-                if learned is not None and remaining is not None and self.probing:
+                if remaining is not None and self.probing:
                     most = limit if limit is not None else state.seen
-                    learned = _probed(state, learned, remaining, most, now, self._probe_most)
+                    learned = _probed(state, remaining, most, now, self._probe_most)
                     if not self._warned:
                         self._warned = True
                         _warn_learned()
@@ -617,9 +626,11 @@ class Pacer:
                 left = remaining - inflight - unseen
                 if left < bucket.capacity:  # else the bucket holds no more anyway
                     _lower(bucket, now, left)
-                if learned is not None:
+                if learned is not None and not self.probing:
                     # Spend what the server says it has: paced at a lower bound
-                    # alone, the key would stay below the server's rate.
+                    # alone, the key would stay below the server's rate (a probe
+                    # follows it instead: each process spending it all would
+                    # spend it many times over).
                     _raise(bucket, now, left - state.waiting.waiters)
                 if (
                     not remaining
@@ -728,38 +739,73 @@ class Pacer:
             )
 
 
-def _probed(
-    state: _Key, bound: Fraction, remaining: int, most: int, now: int, ceiling: int
-) -> Fraction:
-    """The rate to run *state* at, its learned *bound* and all, after an answer that
-    leaves the server *remaining* of *most* tokens (at *now*, ns).
+def _probed(state: _Key, remaining: int, most: int, now: int, ceiling: int) -> Fraction:
+    """The rate to run *state* at, one process of several, after an answer that leaves
+    the server *remaining* of *most* tokens (at *now*, ns); *ceiling*: your rate, in
+    tokens per 1000 s, as the probe.
 
-    A lower bound learned by one process of several misses the others'
-    requests, and a shared limit would hold them all to it. What the server
-    has left is the same for every process: while it is full (or one short),
-    the processes together run slower than it refills, and each runs faster,
-    doubling in a second; under a quarter they run faster than it refills,
-    and each slows down as fast, at least an eighth an answer. Only a full
-    server speeds them up: one whose remaining merely stays up (a window) is
-    not refilling faster than they send. The rate is never below the bound,
-    nor the probe above *ceiling* (tokens per 1000 s: your rate).
+    What the server has left is the same for every process, and the
+    processes' rates add up (each pays one shared token a request:
+    `nanobucket._outbound.shared`). So each moves its own rate by what it
+    sees, in proportion to it and to the time since its last answer (see
+    `PROBE_GROWTH`): full (or one short), the processes together send
+    slower than the server refills, and each speeds up; empty, they send
+    faster, and each slows down, fast; in between, each moves by what the
+    remaining gained since its last answer and by how far it is above an
+    eighth of the capacity (below it: a slowdown). Every process moves
+    alike, so their sum follows the server, a bucket (whose remaining
+    rises while they send slower than it refills) or a sliding window
+    (whose remaining is what the last window left). A lower bound one
+    process learned misses the others' requests, so it is no floor here;
+    the floor is a quarter of what this process really sends (its
+    answers' spacing, averaged), the ceiling one and a half times that: a
+    rate it does not use moves nothing, and no run of empty answers drives
+    it to nothing at once.
+
+    >>> state = _Key(Pacer(500, 50, timeout=None, max_keys=1, max_waiters=0, clock=None,
+    ...                    sleep=None, async_sleep=None))
+    >>> _probed(state, 9, 10, 0, 500_000)  # full at first: your rate
+    Fraction(500, 1)
+    >>> _probed(state, 0, 10, 10**8, 500_000)  # empty 0.1 s on: 1.5 x 10/s sent, less 3/4
+    Fraction(15, 4)
     """
-    probe = max(state.probe, math.ceil(bound * 1000))
+    most = max(most, 1)
+    probe = state.probe or ceiling  # from your rate: the server's answers bring it down
     # Not counting a pause: the server filled then, whatever the rate.
     since = min(max(now - max(state.probed_at, state.paused_until), 0), PROBE_SPAN)
+    last = state.probe_left
+    if last >= 0:
+        gap = now - state.probed_at
+        average = state.probe_gap
+        state.probe_gap = average + (gap - average) // 8 if average else gap
+    else:
+        last = remaining
+    # What this process sends, in tokens per 1000 s, as the probe (0: not known yet).
+    sends = 1000 * NS_PER_S // state.probe_gap if state.probe_gap > 0 else 0
+    if sends:
+        probe = min(probe, 3 * sends // 2)
+    # The change, in millionths of the rate.
     if remaining + 1 >= most:
-        probe = min(probe + probe * since // NS_PER_S + 1, max(ceiling, probe))
-    elif 4 * remaining < most:
-        probe -= max(probe * since // NS_PER_S, probe // 8)
-    state.probe, state.probed_at = probe, now
-    return max(bound, Fraction(probe, 1000))
+        change = PROBE_GROWTH * since // 1000
+    elif remaining == 0:
+        change = -PROBE_CUT * since // 1000
+    else:
+        slope = PROBE_SLOPE * (remaining - last) * 10**6 // most
+        keep = PROBE_KEEP * remaining - most  # above an eighth, in eighths of tokens
+        level = PROBE_LEVEL * keep * since // (PROBE_KEEP * most * 1000)
+        change = slope + level
+    probe += probe * min(max(change, -3 * 10**6 // 4), 10**6) // 10**6
+    probe = min(max(probe, sends // 4, 1), max(ceiling, 1))
+    state.probe, state.probed_at, state.probe_left = probe, now, remaining
+    return Fraction(probe, 1000)
 
 
 def _warn_learned() -> None:
     logger.warning(
         "nanobucket: a server answers with X-RateLimit-* fields, which say no rate; the "
-        "processes sharing a limit learn it from what the server has left, and many of them "
-        "run below the server's rate (a server that sends RateLimit-Policy is followed exactly)"
+        "processes sharing a limit follow it together by what the server has left, and may "
+        "meet 429s while they start or when it slows down (a server that sends "
+        "RateLimit-Policy is followed exactly)"
     )
 
 

@@ -16,11 +16,14 @@ others through that bucket:
   (the server announced less, or your *rate* is lower) spends ``own
   interval / shared interval`` shared tokens per request, paid ahead in
   whole tokens (at most the shared capacity): together the processes keep
-  the slowest rate any of them learned. A rate learned from ``X-RateLimit-*``
-  fields (which announce none) is a lower bound that misses the other
-  processes' requests: each process probes above it while the server has
-  more than half its tokens left, and backs off under a quarter
-  (`nanobucket._outbound.pacer`); a warning is logged once.
+  the slowest rate any of them learned.
+* **A rate no field announces.** Against ``X-RateLimit-*`` fields alone,
+  what one process learns from its own answers misses the others'
+  requests. There each request spends one shared token, and each process
+  runs at its own share instead, which it moves by what the server has
+  left, the same for every process (`nanobucket._outbound.pacer._probed`):
+  their rates add up, and the sum follows the server, up and down. A
+  warning is logged once.
 * **A pause.** A ``Retry-After`` (or a window with nothing left until its
   reset) holds the shared bucket until the pause ends (in whole shared
   tokens, rounded up), so no process sends into it. Processes that heard
@@ -119,7 +122,9 @@ class SharedPace:
         at the old price owe the difference: paid with the next request, the window
         that holds them holds no more than the new price allows."""
         unit = self.interval_ns
-        own = state.interval
+        # A probed rate is this process's share of the server's: its sum with the
+        # others' is paced by the server's remaining, one token a request here.
+        own = 0 if state.probe else state.interval
         price = own if own > unit else unit
         recent = state.shared_recent
         if price == unit == state.shared_price and not state.shared_carry:
