@@ -687,7 +687,9 @@ class Pacer:
             rate is not None
             and limit is not None
             and reset is not None
-            and (reset - NS_PER_S) * rate > max(limit - left, 0) * NS_PER_S
+            # (reset - 1 s) * rate > (limit - left) tokens, in integers: no Fraction made
+            and (reset - NS_PER_S) * rate.numerator
+            > max(limit - left, 0) * NS_PER_S * rate.denominator
         ):
             refill.forget()  # a token bucket at this rate is full sooner: a window's reset
             return None
@@ -822,9 +824,12 @@ def _raise(bucket: TokenBucket, at: int, least: int) -> None:
     never holds more, and more would only cancel what it owes to its line or
     to a pause.
     """
-    capacity = bucket.capacity
-    # A probe of cost 0: one of cost 1 would count its own token as spent.
-    free = capacity - bucket.peek_at(at, 0).reset_after_ns / bucket.interval_ns
+    capacity, interval = bucket.capacity, bucket.interval_ns
+    # The bucket's debt at *at*, by a probe of cost 1 (a cost of 0 is validated the
+    # long way): one it admits counts its own token in the debt, so that is taken off.
+    probe = bucket.peek_at(at, 1)
+    debt = probe.reset_after_ns - interval if probe.allowed else probe.reset_after_ns
+    free = capacity - debt / interval
     lack = min(math.floor(least - free), least, capacity)
     if lack > 0:
         bucket.refund_at(at, lack)
