@@ -5,9 +5,11 @@ Most answers carry none of these fields, and an answer that does carries
 the same ``RateLimit-Policy`` every time: `FIELDS` names the fields read,
 so an adapter can look for them in one pass over the answer's header list
 (and skip everything when there are none), and a policy field's text is
-parsed once (a small cache). Whole numbers, the common case, are read as
-``int``; exact fractions only where a field has decimals. A field that does
-not parse is ignored, as if absent; see `nanobucket._outbound.pacer`.
+parsed once (a small cache), as are the ``X-RateLimit-Limit`` and ``-Reset``
+texts that answers repeat while only their remaining changes. Whole
+numbers, the common case, are read as ``int``; exact fractions only where a
+field has decimals. A field that does not parse is ignored, as if absent;
+see `nanobucket._outbound.pacer`.
 """
 
 from __future__ import annotations
