@@ -1,5 +1,6 @@
 """The refill rate learned from ``X-RateLimit-*`` answers, read incrementally, is the
-bound the full reading of the last answers gives.
+bound the full reading of the last answers gives; and such answers, read on their own
+short path (`Pacer._bound`), pace and learn as the general reading does.
 
 `Refill.bound` reads only the remembered answers that no later one dominates
 (sent no earlier, with no more to refill); `_Scan` below reads all of the last
@@ -12,12 +13,17 @@ from __future__ import annotations
 
 from collections import deque
 from fractions import Fraction
+from typing import Any
 
+import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobucket._core._params import NS_PER_S
 from nanobucket._outbound.learn import WINDOW, Refill
+from nanobucket._outbound.pacer import Pacer
+from nanobucket.httpx import RateLimitedTransport
 
 
 class _Scan:
@@ -120,3 +126,74 @@ def test_a_refill_seen_after_a_falling_run_is_learned_from_the_run_s_last_answer
     assert len(r._frontier) == 1 and len(r._answers) == WINDOW
     r.admitted += 1  # 10 ms after the last left, one more and 999 left: 199 refilled
     assert r.bound(109 * 10**6, 109 * 10**6, 101, 999, 1000, 0) == Fraction(199 * NS_PER_S, 10**7)
+
+
+class _Clock:
+    """Moved by the server's answers (a step each) and by the sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 10 * NS_PER_S
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += round(seconds * NS_PER_S)
+
+
+def _the_general_reading(
+    self: Pacer, state: Any, sent: int, before: int, announced: Any, now: int
+) -> int:
+    # Any status but 429 and 503 reads as 200 does there.
+    return self._done(state, (state, sent, before), before, 200, announced, None, now)
+
+
+Answer = tuple[int, "str | None", int, "str | None", int]
+
+
+def _trace(answers: list[Answer], general: bool) -> list[tuple[int, float, Any, Any]]:
+    clock = _Clock()
+    replies = iter(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, limit, remaining, reset, step = next(replies)
+        clock.now += step
+        headers = {"X-RateLimit-Remaining": str(remaining)}
+        if limit is not None:
+            headers["X-RateLimit-Limit"] = limit
+        if reset is not None:
+            headers["X-RateLimit-Reset"] = reset
+        return httpx.Response(status, headers=headers)
+
+    t = RateLimitedTransport(
+        httpx.MockTransport(handler), rate=500, capacity=50, clock=clock, sleep=clock.sleep,
+        timeout=None,
+    )  # fmt: skip
+    out = []
+    with pytest.MonkeyPatch.context() as mp, httpx.Client(transport=t) as client:
+        if general:
+            mp.setattr(Pacer, "_bound", _the_general_reading)
+        for _ in answers:
+            client.get("http://h/")
+            state = t.pacer._keys["h"]
+            now = clock.now
+            out.append((now, state.bucket.tokens_at(now), t.limit("h"), state.refill.rate))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answers=st.lists(
+        st.tuples(
+            st.sampled_from([200, 200, 200, 429, 500]),
+            st.sampled_from(["50", "1000", None]),
+            st.one_of(st.sampled_from([0, 1, 49]), st.integers(0, 60)),
+            st.sampled_from(["0", "1", "60", None]),
+            st.sampled_from([0, 10**6, 10**8, 10**9]),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_x_ratelimit_answers_learn_as_the_general_reading_does(answers: list[Answer]) -> None:
+    assert _trace(answers, general=False) == _trace(answers, general=True)

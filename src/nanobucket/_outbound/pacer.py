@@ -542,6 +542,18 @@ class Pacer:
                     _lower(state.bucket, now, left)
                 left_ns = state.paused_until - now
                 return left_ns if left_ns > 0 else 0
+            if (
+                remaining is None
+                and announced is not None
+                and announced.rate is None
+                and announced.remaining is not None
+                and status not in {429, 503}
+                and sent >= 0
+                and state.policy is None
+                and not state.bare_open
+                and not self.probing
+            ):
+                return self._bound(state, sent, before, announced, now)
             if remaining is not None and remaining != announced.remaining:  # type: ignore[union-attr]
                 announced = parse_limits(
                     get, self.wall_clock
@@ -641,6 +653,45 @@ class Pacer:
         followed = announced is not None and announced.rate is not None and ok and pause is None
         state.said = announced if followed else None
         state.said_texts = None
+        left_ns = state.paused_until - now
+        return left_ns if left_ns > 0 else 0
+
+    def _bound(self, state: _Key, sent: int, before: int, announced: Announced, now: int) -> int:
+        """`_done` for a 200 that says what the server has left and no rate (``X-RateLimit-*``),
+        to a key that follows no policy, with no bare request out, not probing: the
+        common case of such a server's answers, its branches taken as `_done` takes them."""
+        _, limit, remaining, reset_ns, _ = announced
+        assert remaining is not None  # for mypy: `done` checked it
+        refill = state.refill
+        state.bare = False
+        state.inflight -= 1
+        inflight = state.inflight
+        unseen = refill.admitted - before
+        refill.admitted += 1
+        # `_learn`: a bound from what it has left, forgotten at a window's reset
+        learned = refill.bound(sent, now, before + 1, remaining, remaining + 1, inflight)
+        if (
+            learned is not None
+            and limit is not None
+            and reset_ns is not None
+            and (reset_ns - NS_PER_S) * learned.numerator
+            > max(limit - remaining, 0) * NS_PER_S * learned.denominator
+        ):
+            refill.forget()
+            learned = None
+        if remaining >= state.seen:
+            state.seen = remaining + 1
+        self._follow(state, learned or _spread(announced, self.capacity), limit, now)
+        bucket = state.bucket
+        left = remaining - inflight - unseen
+        if left < bucket.capacity:
+            _lower(bucket, now, left)
+        if learned is not None:
+            _raise(bucket, now, left - state.waiting.waiters)
+        elif not remaining and reset_ns is not None and now + reset_ns > state.paused_until:
+            state.paused_until = now + reset_ns
+            _hold(bucket, state.paused_until)
+        state.said = state.said_texts = None
         left_ns = state.paused_until - now
         return left_ns if left_ns > 0 else 0
 
