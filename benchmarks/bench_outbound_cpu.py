@@ -21,7 +21,9 @@ httpx's own work per field counts in every case alike; last, with a
 instructions per request, and what each adds over the plain client and
 over the minimal transport with the same answers; and answered with
 ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` alone, a remaining that
-changes every time (a rate learned, not announced).
+changes every time (a rate learned, not announced); and with an LLM provider's
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (Go durations), all
+but the limits changing every time.
 """
 
 from __future__ import annotations
@@ -78,20 +80,29 @@ USUAL = [("content-type", "application/json"), ("content-length", "2"),
          ("date", "Wed, 21 Oct 2015 07:28:00 GMT"), ("server", "uvicorn")]
 LIMITS = [("ratelimit-policy", '"default";q=1000000;w=1'),
           ("ratelimit", '"default";r=500000;t=1')]
-FIELDS = USUAL + LIMITS if {fields} else USUAL
+FIELDS = USUAL + LIMITS if "{kind}" == "fields" else USUAL
 VARYING = [USUAL + [LIMITS[0], ("ratelimit", f'"default";r={{r}};t=1')]
            for r in range(401000, 400000, -1)]  # a remaining that falls, 1000 texts
 # X-RateLimit-* alone (no rate said): a remaining that falls from 999 to 500, twice
 LEGACY = [USUAL + [("x-ratelimit-limit", "1000"), ("x-ratelimit-remaining", str(999 - r % 500)),
                    ("x-ratelimit-reset", "1")] for r in range(1000)]
+# An LLM provider's budgets, OpenAI-style (Go durations): requests and tokens, never
+# exhausted, every field but the limits changing with every answer
+LLM = [USUAL + [("x-ratelimit-limit-requests", "500"), ("x-ratelimit-limit-tokens", "30000"),
+                ("x-ratelimit-remaining-requests", str(499 - r % 250)),
+                ("x-ratelimit-remaining-tokens", str(29963 - 37 * (r % 250))),
+                ("x-ratelimit-reset-requests", f"{{120 + r % 250 * 4}}ms"),
+                ("x-ratelimit-reset-tokens", f"{{r % 250 // 60}}m{{r % 60}}.{{r % 1000:03d}}s")]
+       for r in range(1000)]
+CHANGING = {{"varying": VARYING, "legacy": LEGACY, "llm": LLM}}.get("{kind}")
 turn = 0
 
 
 def answer(request):
     global turn
-    if {varying} or {legacy}:
+    if CHANGING is not None:
         turn += 1
-        return httpx.Response(200, headers=(LEGACY if {legacy} else VARYING)[turn % 1000])
+        return httpx.Response(200, headers=CHANGING[turn % 1000])
     return httpx.Response(200, headers=FIELDS)
 
 
@@ -116,7 +127,7 @@ for _ in range(int(sys.argv[1])):
 OURS = "RateLimitedTransport(mock, rate=10**9, capacity=1000)"
 # name -> (what, transport, answered with: "" no rate-limit fields, "_fields" the same
 # ones every time, "_varying" a remaining that changes with every answer, "_legacy" one
-# in X-RateLimit-* fields alone)
+# in X-RateLimit-* fields alone, "_llm" an LLM provider's budgets)
 CASES = {
     "plain": ("plain client over MockTransport", "mock", ""),
     "minimal": ("minimal transport: allow() then send", "Minimal(mock)", ""),
@@ -128,6 +139,8 @@ CASES = {
     "ours_varying": ("RateLimitedTransport, the same answers", OURS, "_varying"),
     "minimal_legacy": ("minimal, X-RateLimit-* only, changing", "Minimal(mock)", "_legacy"),
     "ours_legacy": ("RateLimitedTransport, the same answers", OURS, "_legacy"),
+    "minimal_llm": ("minimal, x-ratelimit-*-requests/-tokens", "Minimal(mock)", "_llm"),
+    "ours_llm": ("RateLimitedTransport, the same answers", OURS, "_llm"),
 }
 
 
@@ -138,12 +151,7 @@ def _callgrind(requests: int, cases: list[str]) -> None:
     for name, (_, transport, fields) in CASES.items():
         if name not in cases:
             continue
-        code = PROGRAM.format(
-            transport=transport,
-            fields=fields == "_fields",
-            varying=fields == "_varying",
-            legacy=fields == "_legacy",
-        )
+        code = PROGRAM.format(transport=transport, kind=fields[1:])
         counts[name] = (instructions(code, 2 * requests) - instructions(code, requests)) / requests
     print(f"instructions per sync request, (I(2N) - I(N)) / N with N = {requests:,}")
     print(f"  {'':44} {'total':>9} {'over plain':>11} {'over minimal':>13}")

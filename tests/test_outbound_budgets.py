@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nanobucket as nb
 from nanobucket._outbound.budget_fields import (
+    _GO_PART,
+    _GO_UNIT,
     Budget,
     parse_budgets,
     parse_go_duration,
@@ -43,6 +49,38 @@ S = 1_000_000_000
 )  # fmt: skip
 def test_go_durations_in_exact_ns(text: str, ns: int) -> None:
     assert parse_go_duration(text) == ns
+
+
+def _go_duration_in_fractions(text: str) -> int | None:
+    """`parse_go_duration` as it summed its parts before: in exact Fractions."""
+    text = text.strip()
+    if text == "0":
+        return 0
+    if not text or len(text) > 64:
+        return None
+    total, at = Fraction(0), 0
+    for match in _GO_PART.finditer(text):
+        if match.start() != at:
+            return None
+        at = match.end()
+        total += Fraction(match[1]) * _GO_UNIT[match[2]]
+    if at != len(text) or at == 0:
+        return None
+    return min(math.ceil(total), 86_400 * S)
+
+
+GO_PART = st.tuples(
+    st.sampled_from(["", "0", "1", "7", "12", "007", "99999", "1" * 20, "١"]),
+    st.sampled_from(["", ".", ".0", ".5", ".25", ".000000001", ".1234567891234", ".999999999"]),
+    st.sampled_from(["ns", "us", "µs", "μs", "ms", "s", "m", "h", "x", ""]),
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=st.lists(GO_PART, max_size=4), pad=st.sampled_from(["", " "]))
+def test_go_durations_sum_as_exact_fractions_do(parts: list[str], pad: str) -> None:
+    text = pad + "".join(parts) + pad
+    assert parse_go_duration(text) == _go_duration_in_fractions(text)
 
 
 @pytest.mark.parametrize("text", ["", "-1s", "1", "s", "1x", "1s 2m", "1.s2", "1e3s", "m1"])

@@ -11,12 +11,13 @@ the injected sleep moves.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
 import pytest
 import requests.structures
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nanobucket._outbound import fields as _fields
@@ -122,6 +123,73 @@ def test_the_same_texts_are_the_same_announcement() -> None:
     assert _fields.told(None, epoch["ratelimit"]) is None
 
 
+LEGACY_NAMES = st.sampled_from(
+    [f"{p}ratelimit-{n}" for p in ("x-", "", "x-") for n in ("limit", "remaining", "reset")]
+    + ["ratelimit-policy", "ratelimit", "date"]
+)
+LEGACY_VALUES = st.sampled_from(
+    [
+        *("0", "7", "1000", "007", "1" * 16, "1.5", "", " 5", "１", "100, 100;w=60", "x"),
+        *("1445412540", '"p";q=5;w=1', '"p";r=2;t=1', "Wed, 21 Oct 2015 07:28:00 GMT"),
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    said=st.tuples(LEGACY_VALUES, LEGACY_VALUES, LEGACY_VALUES),
+    more=st.dictionaries(LEGACY_NAMES, LEGACY_VALUES, max_size=2),
+    changes=st.dictionaries(LEGACY_NAMES, LEGACY_VALUES, max_size=2),
+    dropped=st.lists(LEGACY_NAMES, max_size=1),
+    dates=st.tuples(st.booleans(), st.booleans()),
+)
+@example(said=("5", "3", "1445412540"), more={}, changes={}, dropped=[], dates=(True, False))
+def test_an_x_ratelimit_answer_after_another_reads_as_anew(
+    said: tuple[str, str, str],
+    more: dict[str, str],
+    changes: dict[str, str],
+    dropped: list[str],
+    dates: tuple[bool, bool],
+) -> None:
+    first = {**dict(zip(_fields._X, said, strict=True)), **more}
+    then = {name: v for name, v in {**first, **changes}.items() if name not in dropped}
+    for answer, dated in zip((first, then), dates, strict=True):  # a Unix-time reset reads it
+        answer.pop("date", None)
+        if dated:
+            answer["date"] = "Wed, 21 Oct 2015 07:28:00 GMT"
+    wall = lambda: 1445412500 * NS  # noqa: E731
+    _fields._LEGACY.clear()
+    expected = parse_limits(then.get, wall)
+    _fields._LEGACY.clear()
+    parse_limits(first.get, wall)
+    assert parse_limits(then.get, wall) == expected
+
+
+class _Forgetful(dict[Any, Any]):
+    """A cache that keeps nothing."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    remaining=st.lists(st.sampled_from([0, 1, 2, 3, 40, 39, 1000]), min_size=1, max_size=30),
+    reset=st.sampled_from(["0", "1", "60"]),
+)
+def test_x_ratelimit_answers_that_change_their_remaining_pace_as_if_read_anew(
+    remaining: list[int], reset: str
+) -> None:
+    answers = [
+        {"X-RateLimit-Limit": "50", "X-RateLimit-Remaining": str(r), "X-RateLimit-Reset": reset}
+        for r in remaining
+    ]
+    quick = _run(answers, timeout=None)
+    with pytest.MonkeyPatch.context() as mp:  # nothing remembered: every answer read anew
+        mp.setattr(_fields, "_LEGACY", _Forgetful())
+        assert _run(answers, timeout=None) == quick
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 10 * NS
@@ -206,3 +274,32 @@ def test_a_bare_request_that_fails_is_no_longer_out() -> None:
     assert plain is not None and pacer.plain(plain)
     state = pacer._keys["h"]
     assert _outbound._fold(state) == 0 and state.refill.admitted == 2
+
+
+def _raise_by_a_probe_of_cost_0(bucket: Any, at: int, least: int) -> None:
+    """`_outbound._raise` as it read the bucket's debt before: a peek of cost 0."""
+    capacity = bucket.capacity
+    free = capacity - bucket.peek_at(at, 0).reset_after_ns / bucket.interval_ns
+    lack = min(math.floor(least - free), least, capacity)
+    if lack > 0:
+        bucket.refund_at(at, lack)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.sampled_from([1, 3, 7, 1000, 10**6, 10**9]),
+    capacity=st.integers(1, 40),
+    spent=st.integers(0, 100),
+    at=st.sampled_from([0, 1, 10**6, 333_333_333, 10**9, 3 * 10**9]),
+    least=st.integers(-3, 50),
+)
+def test_raise_gives_back_what_a_probe_of_cost_0_says_is_lacking(
+    impl: Any, rate: int, capacity: int, spent: int, at: int, least: int
+) -> None:
+    quick, reference = (impl.TokenBucket(rate, capacity) for _ in "ab")
+    for bucket in (quick, reference):  # spent past empty too: callers waiting in line
+        for _ in range(spent):
+            bucket.reserve(cost=1, max_wait_ns=10**15, now=0)
+    _outbound._raise(quick, at, least)
+    _raise_by_a_probe_of_cost_0(reference, at, least)
+    assert quick.peek_at(at, 0).reset_after_ns == reference.peek_at(at, 0).reset_after_ns

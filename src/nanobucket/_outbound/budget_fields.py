@@ -36,6 +36,15 @@ BUDGETS = ("requests", "tokens", "input-tokens", "output-tokens")
 _OPENAI = ("requests", "tokens")  # x-ratelimit-*-requests, x-ratelimit-*-tokens
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _MAX_TEXT = 64  # longer values are not read
+# Each budget's (limit, remaining, reset) field names, and the budget's name
+_OPENAI_NAMES = tuple(
+    (f"x-ratelimit-limit-{n}", f"x-ratelimit-remaining-{n}", f"x-ratelimit-reset-{n}", n)
+    for n in _OPENAI
+)
+_ANTHROPIC_NAMES = tuple(
+    (*(f"anthropic-ratelimit-{n}-{field}" for field in ("limit", "remaining", "reset")), n)
+    for n in BUDGETS
+)
 
 _GO_UNIT = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NS_PER_S}
 _GO_UNIT |= {"m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
@@ -67,16 +76,24 @@ def parse_go_duration(text: str) -> int | None:
         return 0
     if not text or len(text) > _MAX_TEXT:
         return None
-    total = Fraction(0)
+    # The sum in exact integers: ns times *scale*, the largest power of ten a part's
+    # decimals need (every smaller one divides it).
+    total, scale = 0, 1
     at = 0
     for match in _GO_PART.finditer(text):
         if match.start() != at:
             return None
         at = match.end()
-        total += Fraction(match[1]) * _GO_UNIT[match[2]]
+        whole, _, decimals = match[1].partition(".")
+        part = 10 ** len(decimals)
+        if part > scale:
+            total *= part // scale
+            scale = part
+        value = int(whole or "0") * part + int(decimals or "0")
+        total += value * _GO_UNIT[match[2]] * (scale // part)
     if at != len(text) or at == 0:
         return None
-    return min(math.ceil(total), _MAX_WAIT_NS)
+    return min(-(-total // scale), _MAX_WAIT_NS)
 
 
 def parse_rfc3339(text: str) -> int | None:
@@ -132,20 +149,25 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
     """
     found: dict[str, Budget] = {}
     wall_ns: int | None = None
-    for name in _OPENAI:
-        limit = _count(get(f"x-ratelimit-limit-{name}"))
-        remaining = _count(get(f"x-ratelimit-remaining-{name}"))
-        reset = get(f"x-ratelimit-reset-{name}")
-        if limit is None or remaining is None or reset is None:
+    for limit_name, remaining_name, reset_name, name in _OPENAI_NAMES:
+        # A budget not announced is one lookup: most answers announce few, or none.
+        limit = _count(get(limit_name))
+        if limit is None:
+            continue
+        remaining = _count(get(remaining_name))
+        reset = get(reset_name)
+        if remaining is None or reset is None:
             continue
         reset_ns = parse_go_duration(reset)
         if reset_ns is not None:
             found[name] = Budget(limit, min(remaining, limit), reset_ns)
-    for name in BUDGETS:
-        limit = _count(get(f"anthropic-ratelimit-{name}-limit"))
-        remaining = _count(get(f"anthropic-ratelimit-{name}-remaining"))
-        reset = get(f"anthropic-ratelimit-{name}-reset")
-        if limit is None or remaining is None or reset is None:
+    for limit_name, remaining_name, reset_name, name in _ANTHROPIC_NAMES:
+        limit = _count(get(limit_name))
+        if limit is None:
+            continue
+        remaining = _count(get(remaining_name))
+        reset = get(reset_name)
+        if remaining is None or reset is None:
             continue
         at = parse_rfc3339(reset)
         if at is None:

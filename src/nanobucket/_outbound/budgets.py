@@ -115,6 +115,9 @@ class Charge(NamedTuple):
     costs: dict[str, int]
 
 
+_charge = tuple.__new__  # a Charge from its fields, without NamedTuple's Python __new__
+
+
 class Ledger:
     """A key's budgets as its server announces them; see the module.
 
@@ -145,9 +148,13 @@ class Ledger:
         self.max_keys = max_keys
         self.wall_clock = wall_clock
         self._accounts: OrderedDict[Hashable, _Account] = OrderedDict()
+        self._last: _Account | None = None  # the account `_account` last moved to the end
         self._lock = threading.Lock()
 
     def _account(self, key: Hashable) -> _Account:
+        account = self._accounts.get(key)  # one C call: no lock needed to read
+        if account is not None and account is self._last:
+            return account  # already the most recently used (or nearly, threads racing)
         with self._lock:
             account = self._accounts.get(key)
             if account is None:
@@ -156,6 +163,7 @@ class Ledger:
                 account = self._accounts[key] = _Account()
             else:
                 self._accounts.move_to_end(key)
+            self._last = account
             return account
 
     def costs(self, request: Any) -> dict[str, int]:
@@ -171,7 +179,8 @@ class Ledger:
         more of than its limit lets it go when full."""
         account = self._account(key)
         if not costs and not account.budgets and not account.paused_until:
-            return 0, Charge(account, {})  # nothing announced, nothing estimated: no lock
+            # Nothing announced, nothing estimated: no lock (and no NamedTuple __new__).
+            return 0, _charge(Charge, (account, {}))
         with account.lock:
             now = self.clock()
             due = account.paused_until

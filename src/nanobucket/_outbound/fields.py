@@ -5,9 +5,11 @@ Most answers carry none of these fields, and an answer that does carries
 the same ``RateLimit-Policy`` every time: `FIELDS` names the fields read,
 so an adapter can look for them in one pass over the answer's header list
 (and skip everything when there are none), and a policy field's text is
-parsed once (a small cache). Whole numbers, the common case, are read as
-``int``; exact fractions only where a field has decimals. A field that does
-not parse is ignored, as if absent; see `nanobucket._outbound.pacer`.
+parsed once (a small cache), as are the ``X-RateLimit-Limit`` and ``-Reset``
+texts that answers repeat while only their remaining changes. Whole
+numbers, the common case, are read as ``int``; exact fractions only where a
+field has decimals. A field that does not parse is ignored, as if absent;
+see `nanobucket._outbound.pacer`.
 """
 
 from __future__ import annotations
@@ -359,6 +361,11 @@ _NO_POLICIES: Policies = ({}, None)
 # its limit says the same remaining every time; one near it cycles a few values.
 _SAID: dict[tuple[str | None, str], Announced] = {}
 _announced = tuple.__new__  # an Announced from its fields, without NamedTuple's Python __new__
+_PLAIN = ("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset")  # read first
+_X = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
+# (X-RateLimit-Limit, X-RateLimit-Reset) texts -> the limit and the reset (ns) they say,
+# when an answer with no other limit field said them: most answers change the remaining only.
+_LEGACY: dict[tuple[str | None, str | None], tuple[int | None, int | None]] = {}
 
 
 def told(policy_field: str | None, state_field: str) -> Announced | None:
@@ -397,6 +404,22 @@ def parse_limits(get: Get, wall_clock: WallClock = time.time_ns) -> Announced | 
         known = _SAID.get(said)
         if known is not None:
             return known
+    elif not policy_text:
+        texts = (get("x-ratelimit-limit"), get("x-ratelimit-reset"))
+        read = _LEGACY.get(texts)
+        if read is not None:
+            # The same limit and reset as an answer read lately: only the remaining is new.
+            text = get("x-ratelimit-remaining")
+            if (
+                text is not None
+                and text.isdigit()
+                and text.isascii()
+                and len(text) <= _MAX_DIGITS
+                and get("ratelimit-limit") is None
+                and get("ratelimit-remaining") is None
+                and get("ratelimit-reset") is None
+            ):
+                return _announced(Announced, (None, read[0], int(text), read[1], None))
     policies, slowest = _policies(policy_text) if policy_text else _NO_POLICIES
     states = _states(state_text) if state_text else []
     policy: tuple[int, int] | None = None
@@ -408,13 +431,15 @@ def parse_limits(get: Get, wall_clock: WallClock = time.time_ns) -> Announced | 
     if policy is None:
         policy = slowest
     limit = policy[0] if policy is not None else None
+    legacy = False  # read from X-RateLimit-* alone
     if remaining is None:
-        for prefix in ("ratelimit-", "x-ratelimit-"):
-            found = [_first_int(get(prefix + name)) for name in ("limit", "remaining", "reset")]
+        for names in (_PLAIN, _X):
+            found = [_first_int(get(name)) for name in names]
             if any(v is not None for v in found):
                 if limit is None and found[0] is not None and found[0] >= 1:
                     limit = found[0]
                 remaining, reset = found[1], found[2]
+                legacy = names is _X and policy is None
                 break
     if policy is None and limit is None and remaining is None:
         return None
@@ -439,6 +464,13 @@ def parse_limits(get: Get, wall_clock: WallClock = time.time_ns) -> Announced | 
         if len(_SAID) >= _CACHED:
             _SAID.clear()
         _SAID[said] = announced
+    elif legacy and (reset is None or reset <= _EPOCH):
+        texts = (get("x-ratelimit-limit"), get("x-ratelimit-reset"))
+        if all(t is None or len(t) <= _CACHED_LEN for t in texts):
+            # Neither depends on the Date: the same texts say the same next time.
+            if len(_LEGACY) >= _CACHED:
+                _LEGACY.clear()
+            _LEGACY[texts] = (limit, announced.reset_ns)
     return announced
 
 

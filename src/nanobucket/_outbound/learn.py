@@ -56,13 +56,19 @@ class Refill:
     """What one key's answers prove about its server's refill rate (see the module)."""
 
     __slots__ = (
-        "_answers", "_episode", "admitted", "burst", "estimate", "first", "guessed", "quiet",
-        "rate",
+        "_answers", "_count", "_episode", "_frontier", "_latest", "admitted", "burst",
+        "estimate", "first", "guessed", "quiet", "rate",
     )  # fmt: skip
 
     def __init__(self) -> None:
-        # (sent, high + admitted up to it + in flight when answered)
-        self._answers: deque[tuple[int, int]] = deque(maxlen=WINDOW)
+        # (sent, high + admitted up to it + in flight when answered, its number in
+        # `_count`) of the last WINDOW answers remembered
+        self._answers: deque[tuple[int, int, int]] = deque(maxlen=WINDOW)
+        # The same less those a later one dominates (see `bound`): few where
+        # `_answers` holds WINDOW when the server's remaining falls as it is spent.
+        self._frontier: deque[tuple[int, int, int]] = deque()
+        self._count = 0
+        self._latest = -1  # the latest send remembered (ns)
         self.admitted = 0  # 200s answered so far
         self.rate: Fraction | None = None  # the best lower bound, tokens/s
         self.burst: int | None = None  # the 200s before the first 429
@@ -79,6 +85,8 @@ class Refill:
     def forget(self) -> None:
         """Relearn the bound from here on (the server's limit changed, or a 429 came)."""
         self._answers.clear()
+        self._frontier.clear()
+        self._latest = -1
         self.rate = None
 
     def sent(self, now: int) -> None:
@@ -116,16 +124,31 @@ class Refill:
         """
         best_num, best_den = 0, 1
         reach = low + seen
+        frontier = self._frontier
+        oldest = self._count - WINDOW
+        while frontier and frontier[0][2] < oldest:
+            frontier.popleft()  # out of the window
         # Each remembered answer as (when its request was sent, what it had to refill
         # to reach *low*: its high, its 200s, its requests in flight): one subtraction
-        # each, in a loop run on every answer.
-        for first_sent, spent in self._answers:
+        # each. An answer sent no earlier than another, with no more to refill, and
+        # remembered after it (so forgotten after it) bounds at least as high whenever
+        # it bounds at all, which it does once the clock is past its send: only the
+        # answers no later one dominates are read then, all of them otherwise.
+        answers = frontier if answered > self._latest else self._answers
+        for first_sent, spent, _ in answers:
             num = reach - spent
             den = answered - first_sent
             if num > 0 and den > 0 and num * best_den > best_num * den:
                 best_num, best_den = num, den
         if high is not None:
-            self._answers.append((sent, high + self.admitted + inflight))
+            spent = high + self.admitted + inflight
+            while frontier and frontier[-1][0] <= sent and frontier[-1][1] >= spent:
+                frontier.pop()  # dominated by this one
+            entry = (sent, spent, self._count)
+            self._answers.append(entry)
+            frontier.append(entry)
+            self._count += 1
+            self._latest = max(self._latest, sent)
         if best_num:
             rate = self.rate
             # Compared as integers: a Fraction is made only for a new best.

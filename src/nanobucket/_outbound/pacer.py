@@ -551,6 +551,18 @@ class Pacer:
                     _lower(state.bucket, now, left)
                 left_ns = state.paused_until - now
                 return left_ns if left_ns > 0 else 0
+            if (
+                remaining is None
+                and announced is not None
+                and announced.rate is None
+                and announced.remaining is not None
+                and status not in {429, 503}
+                and sent >= 0
+                and state.policy is None
+                and not state.bare_open
+                and not self.probing
+            ):
+                return self._bound(state, sent, before, announced, now)
             if remaining is not None and remaining != announced.remaining:  # type: ignore[union-attr]
                 announced = parse_limits(
                     get, self.wall_clock
@@ -655,6 +667,45 @@ class Pacer:
         left_ns = state.paused_until - now
         return left_ns if left_ns > 0 else 0
 
+    def _bound(self, state: _Key, sent: int, before: int, announced: Announced, now: int) -> int:
+        """`_done` for a 200 that says what the server has left and no rate (``X-RateLimit-*``),
+        to a key that follows no policy, with no bare request out, not probing: the
+        common case of such a server's answers, its branches taken as `_done` takes them."""
+        _, limit, remaining, reset_ns, _ = announced
+        assert remaining is not None  # for mypy: `done` checked it
+        refill = state.refill
+        state.bare = False
+        state.inflight -= 1
+        inflight = state.inflight
+        unseen = refill.admitted - before
+        refill.admitted += 1
+        # `_learn`: a bound from what it has left, forgotten at a window's reset
+        learned = refill.bound(sent, now, before + 1, remaining, remaining + 1, inflight)
+        if (
+            learned is not None
+            and limit is not None
+            and reset_ns is not None
+            and (reset_ns - NS_PER_S) * learned.numerator
+            > max(limit - remaining, 0) * NS_PER_S * learned.denominator
+        ):
+            refill.forget()
+            learned = None
+        if remaining >= state.seen:
+            state.seen = remaining + 1
+        self._follow(state, learned or _spread(announced, self.capacity), limit, now)
+        bucket = state.bucket
+        left = remaining - inflight - unseen
+        if left < bucket.capacity:
+            _lower(bucket, now, left)
+        if learned is not None:
+            _raise(bucket, now, left - state.waiting.waiters)
+        elif not remaining and reset_ns is not None and now + reset_ns > state.paused_until:
+            state.paused_until = now + reset_ns
+            _hold(bucket, state.paused_until)
+        state.said = state.said_texts = None
+        left_ns = state.paused_until - now
+        return left_ns if left_ns > 0 else 0
+
     def _learn(
         self,
         ticket: Ticket,
@@ -698,7 +749,9 @@ class Pacer:
             rate is not None
             and limit is not None
             and reset is not None
-            and (reset - NS_PER_S) * rate > max(limit - left, 0) * NS_PER_S
+            # (reset - 1 s) * rate > (limit - left) tokens, in integers: no Fraction made
+            and (reset - NS_PER_S) * rate.numerator
+            > max(limit - left, 0) * NS_PER_S * rate.denominator
         ):
             refill.forget()  # a token bucket at this rate is full sooner: a window's reset
             return None
@@ -868,9 +921,12 @@ def _raise(bucket: TokenBucket, at: int, least: int) -> None:
     never holds more, and more would only cancel what it owes to its line or
     to a pause.
     """
-    capacity = bucket.capacity
-    # A probe of cost 0: one of cost 1 would count its own token as spent.
-    free = capacity - bucket.peek_at(at, 0).reset_after_ns / bucket.interval_ns
+    capacity, interval = bucket.capacity, bucket.interval_ns
+    # The bucket's debt at *at*, by a probe of cost 1 (a cost of 0 is validated the
+    # long way): one it admits counts its own token in the debt, so that is taken off.
+    probe = bucket.peek_at(at, 1)
+    debt = probe.reset_after_ns - interval if probe.allowed else probe.reset_after_ns
+    free = capacity - debt / interval
     lack = min(math.floor(least - free), least, capacity)
     if lack > 0:
         bucket.refund_at(at, lack)
