@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import requests
 import requests.adapters
+from requests.structures import CaseInsensitiveDict
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ("IDEMPOTENT", "KeyLimit", "RateLimitTimeout", "RateLimitedAdapter", "host_key")
 
 KeyFunc = Callable[[requests.PreparedRequest], Hashable]
+
+_lower_name = itemgetter(0)  # of requests' (lower-case name, value) pairs
 
 #: ``HTTPAdapter``'s own keywords, which the adapter passes on.
 _POOL = ("pool_connections", "pool_maxsize", "max_retries", "pool_block")
@@ -71,8 +75,8 @@ def host_key(request: requests.PreparedRequest) -> str:
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     """The limit fields of a response's *headers* (`nanobucket._outbound.fields.FIELDS`), or None
-    without a `TRIGGERS` one: one look, in C, at the lower-cased names that requests'
-    ``CaseInsensitiveDict`` keeps.
+    without a `TRIGGERS` one: one pass over the lower-cased names that requests'
+    ``CaseInsensitiveDict`` gives (``lower_items``).
 
     >>> from requests.structures import CaseInsensitiveDict
     >>> limit_fields(CaseInsensitiveDict({"Server": "x", "Date": "now"})) is None
@@ -80,13 +84,11 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     >>> limit_fields(CaseInsensitiveDict({"Retry-After": "2", "Date": "now"}))
     {'retry-after': '2', 'date': 'now'}
     """
-    try:
-        store = headers._store  # type: ignore[attr-defined]
-    except AttributeError:  # another mapping: its public view
+    if not isinstance(headers, CaseInsensitiveDict):
         return fields_of(headers)
-    if TRIGGERS.isdisjoint(store):
+    if TRIGGERS.isdisjoint(map(_lower_name, headers.lower_items())):
         return None
-    return {name: value for name, (_, value) in store.items() if name in FIELDS}
+    return {name: value for name, value in headers.lower_items() if name in FIELDS}
 
 
 class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
