@@ -91,6 +91,20 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     return {name: value for name, value in headers.lower_items() if name in FIELDS}
 
 
+def silent(headers: Mapping[str, str]) -> bool:
+    """Whether *headers* surely hold no limit field: no name holds ``ratelimit`` or
+    ``retry-after`` (False for a mapping other than requests': unsure).
+
+    >>> from requests.structures import CaseInsensitiveDict as Headers
+    >>> silent(Headers({"Server": "x"})), silent(Headers({"Retry-After": "1"}))
+    (True, False)
+    """
+    if not isinstance(headers, CaseInsensitiveDict):
+        return False
+    names = "\n".join(map(_lower_name, headers.lower_items()))
+    return "ratelimit" not in names and "retry-after" not in names
+
+
 class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
     """A ``requests`` transport adapter that waits for each host's token and learns its limit.
 
@@ -119,6 +133,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         super().__init__(**pool)
 
     _fields = staticmethod(limit_fields)
+    _silent = staticmethod(silent)
 
     @staticmethod
     def _retry_info(request: requests.PreparedRequest) -> tuple[str, bool]:
