@@ -286,3 +286,24 @@ def test_a_429_is_sent_again_after_its_pause_and_closed(kind: str) -> None:
     assert [status(o) for o in outcomes] == [200]
     assert [sent - server.sent[0] for sent in server.sent] == [0, 2 * NS]
     assert is_closed(server.answers[0]) and not is_closed(server.answers[1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_key_function_is_called_once_a_request_and_its_key_paces_every_step(
+    kind: str,
+) -> None:
+    keyed: list[int] = []
+
+    def key(request: Any) -> str:
+        keyed.append(0)
+        return f"api-{len(keyed)}"  # a new key each call: the steps must share one
+
+    clock = Clock()
+    server = Server(clock, (429, {"Retry-After": "2"}), (200, TOKENS))
+    options = {"retries": 1, "retry_methods": ["POST"], "estimate": estimate}
+    limited, outcomes = send_all(kind, server, 3, rate=100, capacity=10, key=key, **options)
+    assert [status(o) for o in outcomes] == [200, 200, 200]
+    assert len(keyed) == 3
+    # The first request's 429 paused its key, and its retry went on that key.
+    assert [sent - server.sent[0] for sent in server.sent] == [0, 2 * NS, 2 * NS, 2 * NS]
+    assert limited.limit("api-1").known and not limited.limit("api-4").known

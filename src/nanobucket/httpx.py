@@ -80,14 +80,6 @@ _TEXT = {name.encode("ascii"): name for name in FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
 
 
-def _unmarked(raw: list[tuple[bytes, bytes]]) -> bool:
-    """Whether no name of *raw* (httpx's (name, value) pairs) holds a mark (`_MARKS`)."""
-    # One join and one lower, in C, over the names: a name that merely holds a mark
-    # costs the caller's loop, never a wrong answer.
-    names = b"\n".join(map(_raw_name, raw)).lower()
-    return _RATELIMIT not in names and _RETRY_AFTER not in names
-
-
 def silent(headers: Mapping[str, str]) -> bool:
     """Whether *headers* surely hold no limit field: no name holds ``ratelimit`` or
     ``retry-after`` (False for a mapping other than httpx's: unsure).
@@ -95,7 +87,11 @@ def silent(headers: Mapping[str, str]) -> bool:
     >>> silent(httpx.Headers({"Server": "x"})), silent(httpx.Headers({"X-RateLimit-Limit": "5"}))
     (True, False)
     """
-    return isinstance(headers, httpx.Headers) and _unmarked(headers.raw)
+    if not isinstance(headers, httpx.Headers):
+        return False
+    # One join and one lower, in C, over the names.
+    names = b"\n".join(map(_raw_name, headers.raw)).lower()
+    return _RATELIMIT not in names and _RETRY_AFTER not in names
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -111,7 +107,10 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     if not isinstance(headers, httpx.Headers):
         return fields_of(headers)
     raw = headers.raw
-    if _unmarked(raw):
+    # One join and one lower, in C, over the names (as `silent`): a name that merely
+    # holds a mark costs the loop below, never a wrong answer.
+    names = b"\n".join(map(_raw_name, raw)).lower()
+    if _RATELIMIT not in names and _RETRY_AFTER not in names:
         return None
     found: dict[str, str] = {}
     for name, value in raw:

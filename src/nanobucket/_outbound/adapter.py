@@ -210,6 +210,10 @@ class Outbound:
     _ledger: Ledger  # the budgets announced per key (`nanobucket._outbound.budgets`)
     _shared_budgets: SharedBudgets | None  # and those the processes share, if any
     _calls: tuple[_Calls, _Calls]  # a request's calls in a thread, and in asyncio
+    # The last request `_paced` keyed, and its key: `_budgeted` takes the key of that
+    # request, not calling the key function again (the request's answer holds it
+    # alive anyway). A thread that finds another's request here keys its own.
+    _keyed: tuple[object, Hashable] = (None, None)
 
     def _configure(
         self,
@@ -312,7 +316,8 @@ class Outbound:
         direct = ledger.settle is None and self._shared_budgets is None
 
         def budgeted(request: _Request) -> _Answer:
-            key = key_of(request)
+            keyed = self._keyed
+            key = keyed[1] if keyed[0] is request else key_of(request)
             costs = ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
@@ -340,7 +345,8 @@ class Outbound:
         direct = ledger.settle is None and self._shared_budgets is None
 
         async def budgeted(request: _Request) -> _AsyncAnswer:
-            key = key_of(request)
+            keyed = self._keyed
+            key = keyed[1] if keyed[0] is request else key_of(request)
             costs = ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
@@ -552,6 +558,7 @@ class Outbound:
         """
         pacer = self.pacer
         key = self._key(request)
+        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
         end = None
@@ -579,6 +586,7 @@ class Outbound:
         place back) and awaits *send*."""
         pacer = self.pacer
         key = self._key(request)
+        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
         end = None
