@@ -307,3 +307,28 @@ def test_the_key_function_is_called_once_a_request_and_its_key_paces_every_step(
     # The first request's 429 paused its key, and its retry went on that key.
     assert [sent - server.sent[0] for sent in server.sent] == [0, 2 * NS, 2 * NS, 2 * NS]
     assert limited.limit("api-1").known and not limited.limit("api-4").known
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_one_answer_object_given_again_with_new_fields_is_read_again(kind: str) -> None:
+    clock = Clock()
+    answer = httpx.Response(200, headers={"Server": "x"})
+    fields = {"RateLimit-Policy": '"d";q=4;w=1', "RateLimit": '"d";r=3;t=1'}
+    mock = httpx.MockTransport(lambda request: answer)
+    if kind == "sync":
+        t: Any = RateLimitedTransport(mock, rate=100, capacity=10, clock=clock)
+    else:
+        t = AsyncRateLimitedTransport(mock, rate=100, capacity=10, clock=clock)
+
+    def send() -> Any:
+        request = httpx.Request("GET", "http://h/")
+        if kind == "sync":
+            return t.handle_request(request)
+        return asyncio.run(t.handle_async_request(request))
+
+    send()
+    send()
+    assert t.limit("h").capacity == 10
+    answer.headers.update(fields)  # the same headers object, now with a limit
+    send()
+    assert t.limit("h").capacity == 1  # 4 a second: one at once (a twentieth, at least 1)

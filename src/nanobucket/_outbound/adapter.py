@@ -214,6 +214,9 @@ class Outbound:
     # request, not calling the key function again (the request's answer holds it
     # alive anyway). A thread that finds another's request here keys its own.
     _keyed: tuple[object, Hashable] = (None, None)
+    # The headers of the last answer `_budgeted` found without a limit field (`_silent`):
+    # the pacing reads none there either. Another thread's answer is never this one.
+    _quiet: object = None
 
     def _configure(
         self,
@@ -369,11 +372,14 @@ class Outbound:
     def _learned(self, charge: Charge, answer: Answer) -> BaseException | None:
         """Learn from *answer* what it says of its key's budgets (nothing to settle): None,
         or what raised, for the caller to raise once the answer is closed. An answer
-        with no field of a limit says nothing to a request charged nothing."""
+        with no field of a limit says nothing to a request charged nothing, and its
+        headers are kept (``_quiet``) so that the pacing does not look again."""
         try:
             status = answer.status_code
             headers = answer.headers
-            if charge.costs or status in {429, 503} or not self._silent(headers):
+            silent = self._silent(headers)
+            self._quiet = headers if silent else None  # `_first` reads no field of it either
+            if charge.costs or status in {429, 503} or not silent:
                 self._ledger.answered(charge, status, headers.get)
         except BaseException as err:
             return err
@@ -408,6 +414,7 @@ class Outbound:
         except BaseException:
             ledger.failed(charge)
             raise
+        self._quiet = None  # its fields are read (and an earlier answer's headers are not)
         try:
             spent = None
             if ledger.settle is not None:
@@ -517,7 +524,8 @@ class Outbound:
         pacer = self.pacer
         try:
             try:
-                fields = self._fields(answer.headers)
+                headers = answer.headers
+                fields = None if headers is self._quiet else self._fields(headers)
             except BaseException:
                 pacer.failed(ticket)
                 raise
@@ -647,7 +655,8 @@ class Outbound:
                 raise
             try:
                 try:
-                    fields = self._fields(answer.headers)
+                    headers = answer.headers
+                    fields = None if headers is self._quiet else self._fields(headers)
                 except BaseException:
                     pacer.failed(ticket)
                     raise
