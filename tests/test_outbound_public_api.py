@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import nanobucket
 from nanobucket import httpx as nb_httpx
 from nanobucket import requests as nb_requests
+from nanobucket._outbound.budget_fields import BUDGETS
 from nanobucket._outbound.fields import FIELDS, TRIGGERS, fields_of
 
 # --------------------------------------------------------------------------
@@ -44,6 +45,7 @@ def private_host_key(request: httpx.Request) -> str:
     return host if port is None else f"{host}:{port}"
 
 
+MARKS = ("ratelimit", "retry-after")  # a name without both is no limit field's, of any family
 _TRIGGER_BYTES = frozenset(name.encode("ascii") for name in TRIGGERS)
 _FIELD_BYTES = frozenset(name.encode("ascii") for name in FIELDS)
 _TEXT = {name.encode("ascii"): name for name in FIELDS}
@@ -165,6 +167,8 @@ NAMES = st.sampled_from(
         "ratelimitish",
         "x-retry-after-ms",
         "retry-after-ms",
+        "x-ratelimit-limit-tokens",  # a budget's: no pacing field, yet marked
+        "anthropic-ratelimit-requests-remaining",
     ]
 ).flatmap(_cased)
 TEXT_VALUES = st.one_of(
@@ -190,6 +194,8 @@ def test_httpx_limit_fields_are_the_private_reading_for_every_header_list(
 ) -> None:
     h = httpx.Headers([(name.encode("ascii"), value) for name, value in headers])
     assert nb_httpx.limit_fields(h) == private_httpx_fields(h)
+    marked = any(mark in name.lower() for name, _ in headers for mark in MARKS)
+    assert nb_httpx.read_fields(h) == (marked, private_httpx_fields(h))
 
 
 @settings(max_examples=400, deadline=None)
@@ -204,11 +210,18 @@ def test_requests_limit_fields_are_the_private_reading_for_every_header_list(
     for name, value in headers:  # a repeat replaces, its name's case the last one's
         r[name] = value
     assert nb_requests.limit_fields(r) == private_requests_fields(r)
+    marked = any(mark in name.lower() for name in r for mark in MARKS)
+    assert nb_requests.read_fields(r) == (marked, private_requests_fields(r))
 
 
-def test_every_trigger_name_holds_a_mark_the_httpx_reading_looks_for() -> None:
-    marks = nb_httpx._MARKS
-    assert all(any(mark in name.encode("ascii") for mark in marks) for name in TRIGGERS)
+def test_every_field_name_holds_a_mark_the_readings_look_for() -> None:
+    assert tuple(mark.decode("ascii") for mark in nb_httpx._MARKS) == MARKS
+    assert all(any(mark in name for mark in MARKS) for name in TRIGGERS)
+    budgets = [f"x-ratelimit-{part}-{name}" for part in ("limit", "remaining", "reset")
+               for name in ("requests", "tokens")]  # fmt: skip
+    budgets += [f"anthropic-ratelimit-{name}-{part}" for name in BUDGETS
+                for part in ("limit", "remaining", "reset")]  # fmt: skip
+    assert all(any(mark in name for mark in MARKS) for name in [*budgets, "retry-after-ms"])
 
 
 def test_a_plain_mapping_is_read_as_a_mapping() -> None:

@@ -80,18 +80,34 @@ _TEXT = {name.encode("ascii"): name for name in FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
 
 
-def silent(headers: Mapping[str, str]) -> bool:
-    """Whether *headers* surely hold no limit field: no name holds ``ratelimit`` or
-    ``retry-after`` (False for a mapping other than httpx's: unsure).
+def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's (it holds ``ratelimit`` or
+    ``retry-after``: False says no field of any family is there), and `limit_fields`.
 
-    >>> silent(httpx.Headers({"Server": "x"})), silent(httpx.Headers({"X-RateLimit-Limit": "5"}))
-    (True, False)
+    >>> read_fields(httpx.Headers({"Server": "x"}))
+    (False, None)
+    >>> read_fields(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))   # a budget's
+    (True, None)
     """
     if not isinstance(headers, httpx.Headers):
-        return False
-    # One join and one lower, in C, over the names.
-    names = b"\n".join(map(_raw_name, headers.raw)).lower()
-    return _RATELIMIT not in names and _RETRY_AFTER not in names
+        return True, fields_of(headers)
+    raw = headers.raw
+    # One join and one lower, in C, over the names: a name that merely holds a mark
+    # costs the loop below, never a wrong answer.
+    names = b"\n".join(map(_raw_name, raw)).lower()
+    if _RATELIMIT not in names and _RETRY_AFTER not in names:
+        return False, None
+    found: dict[str, str] = {}
+    for name, value in raw:
+        key = _TEXT.get(name.lower())
+        if key is not None:
+            if key in found:  # a field sent twice: httpx joins them
+                return True, fields_of(headers)
+            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
+                found[key] = value.decode("ascii")
+            except UnicodeDecodeError:
+                return True, fields_of(headers)
+    return True, None if TRIGGERS.isdisjoint(found) else found
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -104,25 +120,7 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     >>> fields == {"ratelimit": '"d";r=1;t=1', "date": "now"}
     True
     """
-    if not isinstance(headers, httpx.Headers):
-        return fields_of(headers)
-    raw = headers.raw
-    # One join and one lower, in C, over the names (as `silent`): a name that merely
-    # holds a mark costs the loop below, never a wrong answer.
-    names = b"\n".join(map(_raw_name, raw)).lower()
-    if _RATELIMIT not in names and _RETRY_AFTER not in names:
-        return None
-    found: dict[str, str] = {}
-    for name, value in raw:
-        key = _TEXT.get(name.lower())
-        if key is not None:
-            if key in found:  # a field sent twice: httpx joins them
-                return fields_of(headers)
-            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
-                found[key] = value.decode("ascii")
-            except UnicodeDecodeError:
-                return fields_of(headers)
-    return None if TRIGGERS.isdisjoint(found) else found
+    return read_fields(headers)[1]
 
 
 class _Limited(Outbound, Generic[_Transport]):
@@ -155,7 +153,7 @@ class _Limited(Outbound, Generic[_Transport]):
         raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
-    _silent = staticmethod(silent)
+    _read = staticmethod(read_fields)
 
     @staticmethod
     def _retry_info(request: httpx.Request) -> tuple[str, bool]:

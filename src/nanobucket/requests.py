@@ -73,6 +73,25 @@ def host_key(request: requests.PreparedRequest) -> str:
     return host if parts.port is None else f"{host}:{parts.port}"
 
 
+def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's (it holds ``ratelimit`` or
+    ``retry-after``: False says no field of any family is there), and `limit_fields`.
+
+    >>> from requests.structures import CaseInsensitiveDict as Headers
+    >>> read_fields(Headers({"Server": "x"})), read_fields(Headers({"Retry-After": "1"}))
+    ((False, None), (True, {'retry-after': '1'}))
+    """
+    if not isinstance(headers, CaseInsensitiveDict):
+        return True, fields_of(headers)
+    items = list(headers.lower_items())
+    names = "\n".join(map(_lower_name, items))
+    if "ratelimit" not in names and "retry-after" not in names:
+        return False, None
+    if TRIGGERS.isdisjoint(map(_lower_name, items)):
+        return True, None
+    return True, {name: value for name, value in items if name in FIELDS}
+
+
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     """The limit fields of a response's *headers* (`nanobucket._outbound.fields.FIELDS`), or None
     without a `TRIGGERS` one: one pass over the lower-cased names that requests'
@@ -84,25 +103,7 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     >>> limit_fields(CaseInsensitiveDict({"Retry-After": "2", "Date": "now"}))
     {'retry-after': '2', 'date': 'now'}
     """
-    if not isinstance(headers, CaseInsensitiveDict):
-        return fields_of(headers)
-    if TRIGGERS.isdisjoint(map(_lower_name, headers.lower_items())):
-        return None
-    return {name: value for name, value in headers.lower_items() if name in FIELDS}
-
-
-def silent(headers: Mapping[str, str]) -> bool:
-    """Whether *headers* surely hold no limit field: no name holds ``ratelimit`` or
-    ``retry-after`` (False for a mapping other than requests': unsure).
-
-    >>> from requests.structures import CaseInsensitiveDict as Headers
-    >>> silent(Headers({"Server": "x"})), silent(Headers({"Retry-After": "1"}))
-    (True, False)
-    """
-    if not isinstance(headers, CaseInsensitiveDict):
-        return False
-    names = "\n".join(map(_lower_name, headers.lower_items()))
-    return "ratelimit" not in names and "retry-after" not in names
+    return read_fields(headers)[1]
 
 
 class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
@@ -133,7 +134,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         super().__init__(**pool)
 
     _fields = staticmethod(limit_fields)
-    _silent = staticmethod(silent)
+    _read = staticmethod(read_fields)
 
     @staticmethod
     def _retry_info(request: requests.PreparedRequest) -> tuple[str, bool]:

@@ -214,9 +214,9 @@ class Outbound:
     # request, not calling the key function again (the request's answer holds it
     # alive anyway). A thread that finds another's request here keys its own.
     _keyed: tuple[object, Hashable] = (None, None)
-    # The headers of the last answer `_budgeted` found without a limit field (`_silent`):
-    # the pacing reads none there either. Another thread's answer is never this one.
-    _quiet: object = None
+    # The headers of the last answer `_budgeted` read, and their `_fields`: the pacing
+    # takes them if that answer is its own (another thread's never is).
+    _fields_read: tuple[object, dict[str, str] | None] = (None, None)
 
     def _configure(
         self,
@@ -372,14 +372,14 @@ class Outbound:
     def _learned(self, charge: Charge, answer: Answer) -> BaseException | None:
         """Learn from *answer* what it says of its key's budgets (nothing to settle): None,
         or what raised, for the caller to raise once the answer is closed. An answer
-        with no field of a limit says nothing to a request charged nothing, and its
-        headers are kept (``_quiet``) so that the pacing does not look again."""
+        with no field of a limit says nothing to a request charged nothing. The fields
+        found are kept (``_fields_read``) for the pacing, which does not look again."""
         try:
             status = answer.status_code
             headers = answer.headers
-            silent = self._silent(headers)
-            self._quiet = headers if silent else None  # `_first` reads no field of it either
-            if charge.costs or status in {429, 503} or not silent:
+            marked, fields = self._read(headers)
+            self._fields_read = (headers, fields)  # `_first` takes them, not reading again
+            if charge.costs or status in {429, 503} or marked:
                 self._ledger.answered(charge, status, headers.get)
         except BaseException as err:
             return err
@@ -414,7 +414,7 @@ class Outbound:
         except BaseException:
             ledger.failed(charge)
             raise
-        self._quiet = None  # its fields are read (and an earlier answer's headers are not)
+        self._fields_read = _UNREAD  # not read here (and an earlier answer's are not these)
         try:
             spent = None
             if ledger.settle is not None:
@@ -480,12 +480,11 @@ class Outbound:
         its HTTP client's own header list, in one pass."""
         return fields_of(headers)
 
-    @staticmethod
-    def _silent(headers: Mapping[str, str]) -> bool:
-        """Whether *headers* surely hold no field of a limit: no name has ``ratelimit`` or
-        ``retry-after`` in it. False when unsure (then the budgets read the answer);
-        an adapter puts here a look at its HTTP client's names."""
-        return False
+    def _read(self, headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+        """Whether a name of an answer's *headers* may be a limit field's (False: none of
+        any family is there: no name holds ``ratelimit`` or ``retry-after``), and its
+        `_fields`. An adapter puts here one look at its HTTP client's names for both."""
+        return True, self._fields(headers)
 
     @staticmethod
     def _retry_info(request: Any) -> tuple[str, bool]:
@@ -524,8 +523,8 @@ class Outbound:
         pacer = self.pacer
         try:
             try:
-                headers = answer.headers
-                fields = None if headers is self._quiet else self._fields(headers)
+                headers, read = answer.headers, self._fields_read
+                fields = read[1] if read[0] is headers else self._fields(headers)
             except BaseException:
                 pacer.failed(ticket)
                 raise
@@ -655,8 +654,8 @@ class Outbound:
                 raise
             try:
                 try:
-                    headers = answer.headers
-                    fields = None if headers is self._quiet else self._fields(headers)
+                    headers, read = answer.headers, self._fields_read
+                    fields = read[1] if read[0] is headers else self._fields(headers)
                 except BaseException:
                     pacer.failed(ticket)
                     raise
@@ -677,4 +676,5 @@ class Outbound:
 
 
 _NONE: dict[str, str] = {}  # the fields of an answer that has none
+_UNREAD: tuple[object, dict[str, str] | None] = (None, None)  # no answer's headers
 _ONCE = ("", False)  # the `Outbound._retry_info` of any request when retries are off
