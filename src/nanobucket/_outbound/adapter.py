@@ -1,14 +1,18 @@
-"""What the outbound adapters share: their keywords, their timeout error, and the loop
-that paces a request through a `nanobucket._outbound.pacer.Pacer` and sends it again after
-a 429 (`Retries`).
+"""What the outbound adapters share: their keywords, their timeout error, and the flow
+that charges a request to its key's budgets, paces it through a
+`nanobucket._outbound.pacer.Pacer`, sends it, learns from its answer and sends it
+again after a 429 (`Retries`).
 
 ``Outbound`` is the base of the `nanobucket.httpx` transports and the
-`nanobucket.requests` adapter. A request whose key has a token at hand goes
-straight through (`Outbound._paced`, no generator); the others wait in
-line, written once for threads and asyncio (`nanobucket._compose.drive`). Nothing
-here imports an HTTP client: an adapter names its request's retry facts
-(``_retry_info``) and how it finds the limit fields of an answer
-(``_fields``).
+`nanobucket.requests` adapter. The flow is written once for threads and asyncio, as
+steps that `nanobucket._compose.drive` makes or awaits: ``Outbound._tries`` (the key's
+ticket, send, learn, again after a 429) around ``Outbound._charging`` (the budgets,
+send, settle). A request whose key has a token and room at hand, with nothing to
+settle or share, goes straight through (`Outbound._paced`, `Outbound._budgeted`: no
+generator). Nothing here imports an HTTP client: an adapter names its default key
+function, its request's retry facts (``_retry_info``) and how it finds the limit
+fields of an answer (``_fields``, and ``_read`` for one look that serves the budgets
+too), each through its client's public API.
 """
 
 from __future__ import annotations
