@@ -10,10 +10,11 @@ capacity to the server's, never above yours (see `nanobucket._outbound.pacer`).
 >>> from nanobucket.httpx import RateLimitedTransport
 >>> api = httpx.MockTransport(lambda request: httpx.Response(200, headers={
 ...     "RateLimit-Policy": '"default";q=100;w=1', "RateLimit": '"default";r=99;t=1'}))
->>> client = httpx.Client(transport=RateLimitedTransport(api, rate=500, capacity=50))
+>>> transport = RateLimitedTransport(api, rate=500, capacity=50)
+>>> client = httpx.Client(transport=transport)
 >>> client.get("https://api.example.com/items").status_code
 200
->>> client._transport.limit("api.example.com")   # 100 a second: 5 at once, then 95/s
+>>> transport.limit("api.example.com")   # 100 a second: 5 at once, then 95/s
 KeyLimit(rate=Fraction(95, 1), capacity=5, paused_for=0.0, known=True)
 """
 
@@ -68,25 +69,50 @@ def host_key(request: httpx.Request) -> str:
     ('api.example.com', '127.0.0.1:8000')
     """
     url = request.url
-    try:  # httpx's parsed URL, as its host and port properties read it, without them
-        parsed = url._uri_reference
-        host, port = parsed.host, parsed.port
-    except AttributeError:  # another httpx: the public properties
-        host, port = url.host, url.port
-    if "xn--" in host and host.startswith("xn--"):
-        host = url.host  # IDNA, decoded
+    host, port = url.host, url.port  # lower-cased, IDNA decoded; a scheme's default port: None
     return host if port is None else f"{host}:{port}"
 
 
-_TRIGGERS = frozenset(name.encode("ascii") for name in TRIGGERS)
-_FIELDS = frozenset(name.encode("ascii") for name in FIELDS)
+#: One of these is in the name of every `TRIGGERS` field: names without both have none.
+_MARKS = (b"ratelimit", b"retry-after")
+_RATELIMIT, _RETRY_AFTER = _MARKS
 _TEXT = {name.encode("ascii"): name for name in FIELDS}
-_lower_name = itemgetter(1)  # of httpx's (name, lower-case name, value) triples
+_raw_name = itemgetter(0)  # of httpx's (name, value) pairs
+
+
+def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's (it holds ``ratelimit`` or
+    ``retry-after``: False says no field of any family is there), and `limit_fields`.
+
+    >>> read_fields(httpx.Headers({"Server": "x"}))
+    (False, None)
+    >>> read_fields(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))   # a budget's
+    (True, None)
+    """
+    if not isinstance(headers, httpx.Headers):
+        return True, fields_of(headers)
+    raw = headers.raw
+    # One join and one lower, in C, over the names: a name that merely holds a mark
+    # costs the loop below, never a wrong answer.
+    names = b"\n".join(map(_raw_name, raw)).lower()
+    if _RATELIMIT not in names and _RETRY_AFTER not in names:
+        return False, None
+    found: dict[str, str] = {}
+    for name, value in raw:
+        key = _TEXT.get(name.lower())
+        if key is not None:
+            if key in found:  # a field sent twice: httpx joins them
+                return True, fields_of(headers)
+            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
+                found[key] = value.decode("ascii")
+            except UnicodeDecodeError:
+                return True, fields_of(headers)
+    return True, None if TRIGGERS.isdisjoint(found) else found
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     """The limit fields of *headers* (`nanobucket._outbound.fields.FIELDS`), or None without a
-    `TRIGGERS` one: found by a C loop over httpx's own list of lower-cased names.
+    `TRIGGERS` one: most answers are told apart by two searches of their joined names.
 
     >>> limit_fields(httpx.Headers({"Server": "x", "Date": "now"})) is None
     True
@@ -94,23 +120,7 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     >>> fields == {"ratelimit": '"d";r=1;t=1', "date": "now"}
     True
     """
-    try:
-        raw = headers._list  # type: ignore[attr-defined]
-    except AttributeError:  # another mapping (or another httpx): its public view
-        return fields_of(headers)
-    if _TRIGGERS.isdisjoint(map(_lower_name, raw)):
-        return None
-    found: dict[str, str] = {}
-    for _, name, value in raw:
-        if name in _FIELDS:
-            key = _TEXT[name]
-            if key in found:  # a field sent twice: httpx joins them
-                return fields_of(headers)
-            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
-                found[key] = value.decode("ascii")
-            except UnicodeDecodeError:
-                return fields_of(headers)
-    return found
+    return read_fields(headers)[1]
 
 
 class _Limited(Outbound, Generic[_Transport]):
@@ -143,6 +153,7 @@ class _Limited(Outbound, Generic[_Transport]):
         raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
+    _read = staticmethod(read_fields)
 
     @staticmethod
     def _retry_info(request: httpx.Request) -> tuple[str, bool]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import requests
 import requests.adapters
+from requests.structures import CaseInsensitiveDict
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ("IDEMPOTENT", "KeyLimit", "RateLimitTimeout", "RateLimitedAdapter", "host_key")
 
 KeyFunc = Callable[[requests.PreparedRequest], Hashable]
+
+_lower_name = itemgetter(0)  # of requests' (lower-case name, value) pairs
 
 #: ``HTTPAdapter``'s own keywords, which the adapter passes on.
 _POOL = ("pool_connections", "pool_maxsize", "max_retries", "pool_block")
@@ -69,10 +73,29 @@ def host_key(request: requests.PreparedRequest) -> str:
     return host if parts.port is None else f"{host}:{parts.port}"
 
 
+def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's (it holds ``ratelimit`` or
+    ``retry-after``: False says no field of any family is there), and `limit_fields`.
+
+    >>> from requests.structures import CaseInsensitiveDict as Headers
+    >>> read_fields(Headers({"Server": "x"})), read_fields(Headers({"Retry-After": "1"}))
+    ((False, None), (True, {'retry-after': '1'}))
+    """
+    if not isinstance(headers, CaseInsensitiveDict):
+        return True, fields_of(headers)
+    items = list(headers.lower_items())
+    names = "\n".join(map(_lower_name, items))
+    if "ratelimit" not in names and "retry-after" not in names:
+        return False, None
+    if TRIGGERS.isdisjoint(map(_lower_name, items)):
+        return True, None
+    return True, {name: value for name, value in items if name in FIELDS}
+
+
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     """The limit fields of a response's *headers* (`nanobucket._outbound.fields.FIELDS`), or None
-    without a `TRIGGERS` one: one look, in C, at the lower-cased names that requests'
-    ``CaseInsensitiveDict`` keeps.
+    without a `TRIGGERS` one: one pass over the lower-cased names that requests'
+    ``CaseInsensitiveDict`` gives (``lower_items``).
 
     >>> from requests.structures import CaseInsensitiveDict
     >>> limit_fields(CaseInsensitiveDict({"Server": "x", "Date": "now"})) is None
@@ -80,13 +103,7 @@ def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
     >>> limit_fields(CaseInsensitiveDict({"Retry-After": "2", "Date": "now"}))
     {'retry-after': '2', 'date': 'now'}
     """
-    try:
-        store = headers._store  # type: ignore[attr-defined]
-    except AttributeError:  # another mapping: its public view
-        return fields_of(headers)
-    if TRIGGERS.isdisjoint(store):
-        return None
-    return {name: value for name, (_, value) in store.items() if name in FIELDS}
+    return read_fields(headers)[1]
 
 
 class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
@@ -117,6 +134,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         super().__init__(**pool)
 
     _fields = staticmethod(limit_fields)
+    _read = staticmethod(read_fields)
 
     @staticmethod
     def _retry_info(request: requests.PreparedRequest) -> tuple[str, bool]:

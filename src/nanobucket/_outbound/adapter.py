@@ -1,14 +1,18 @@
-"""What the outbound adapters share: their keywords, their timeout error, and the loop
-that paces a request through a `nanobucket._outbound.pacer.Pacer` and sends it again after
-a 429 (`Retries`).
+"""What the outbound adapters share: their keywords, their timeout error, and the flow
+that charges a request to its key's budgets, paces it through a
+`nanobucket._outbound.pacer.Pacer`, sends it, learns from its answer and sends it
+again after a 429 (`Retries`).
 
 ``Outbound`` is the base of the `nanobucket.httpx` transports and the
-`nanobucket.requests` adapter. A request whose key has a token at hand goes
-straight through (`Outbound._paced`, no generator); the others wait in
-line, written once for threads and asyncio (`nanobucket._compose.drive`). Nothing
-here imports an HTTP client: an adapter names its request's retry facts
-(``_retry_info``) and how it finds the limit fields of an answer
-(``_fields``).
+`nanobucket.requests` adapter. The flow is written once for threads and asyncio, as
+steps that `nanobucket._compose.drive` makes or awaits: ``Outbound._tries`` (the key's
+ticket, send, learn, again after a 429) around ``Outbound._charging`` (the budgets,
+send, settle). A request whose key has a token and room at hand, with nothing to
+settle or share, goes straight through (`Outbound._paced`, `Outbound._budgeted`: no
+generator). Nothing here imports an HTTP client: an adapter names its default key
+function, its request's retry facts (``_retry_info``) and how it finds the limit
+fields of an answer (``_fields``, and ``_read`` for one look that serves the budgets
+too), each through its client's public API.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping
-from typing import Any, Protocol, TypedDict, TypeVar
+from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar
 
 from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
 from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
-from .budgets import Ledger, validated_costs
+from .budgets import Charge, Ledger, validated_costs
 from .fields import MAX_WAIT_S, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
@@ -157,6 +161,44 @@ class AsyncAnswer(Answer, Protocol):
     async def aclose(self) -> None: ...
 
 
+class _Calls(NamedTuple):
+    """The calls of a request's steps that a thread makes and asyncio awaits (see `drive`)."""
+
+    start: Callable[..., Any]  # `Pacer.start`: the key's ticket
+    wait_shared: Callable[..., Any]  # `SharedPace.wait`: its slot in the processes' bucket
+    hold: Callable[..., Any]  # `SharedPace.hold`: a pause heard, held for them all
+    wait_budgets: Callable[..., Any]  # `Ledger.wait`: room in every budget
+    wait_shared_budgets: Callable[..., Any]  # `SharedBudgets.wait`
+    settle_shared_budgets: Callable[..., Any]  # `SharedBudgets.settle`
+    sleep: Callable[[float], Any]
+    attempt: Callable[..., Any]  # `_attempt`: a call whose error is handed back
+    close: str  # the name of an answer's method that closes it
+
+
+def _unshared(*args: Any) -> None:
+    """The shared steps of an adapter with no ``shared=``: never called."""
+    raise RuntimeError("no limiter is shared")
+
+
+def _attempt(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    """``fn(*args)``, and what it raised: ``(result, None)`` or ``(None, error)``."""
+    try:
+        return fn(*args), None
+    except BaseException as err:
+        return None, err
+
+
+async def _attempt_async(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    """`_attempt`, awaiting what *fn* returns when it is awaitable."""
+    try:
+        said = fn(*args)
+        if inspect.isawaitable(said):
+            said = await said
+        return said, None
+    except BaseException as err:
+        return None, err
+
+
 _Request = TypeVar("_Request")
 _Answer = TypeVar("_Answer", bound=Answer)
 _AsyncAnswer = TypeVar("_AsyncAnswer", bound=AsyncAnswer)
@@ -179,6 +221,14 @@ class Outbound:
     _shared: SharedPace | None  # the pacing the processes share, if any
     _ledger: Ledger  # the budgets announced per key (`nanobucket._outbound.budgets`)
     _shared_budgets: SharedBudgets | None  # and those the processes share, if any
+    _calls: tuple[_Calls, _Calls]  # a request's calls in a thread, and in asyncio
+    # The last request `_paced` keyed, and its key: `_budgeted` takes the key of that
+    # request, not calling the key function again (the request's answer holds it
+    # alive anyway). A thread that finds another's request here keys its own.
+    _keyed: tuple[object, Hashable] = (None, None)
+    # The headers of the last answer `_budgeted` read, and their `_fields`: the pacing
+    # takes them if that answer is its own (another thread's never is).
+    _fields_read: tuple[object, dict[str, str] | None] = (None, None)
 
     def _configure(
         self,
@@ -238,42 +288,66 @@ class Outbound:
         self._shared_budgets = (
             None if self._shared is None else SharedBudgets(shared, self.pacer.clock)
         )
+        self._calls = (self._calls_of(False), self._calls_of(True))
+
+    def _calls_of(self, in_asyncio: bool) -> _Calls:
+        """The calls a request's steps make in a thread, or awaited *in_asyncio*."""
+        pacer, ledger = self.pacer, self._ledger
+        pace, budgets = self._shared, self._shared_budgets
+        wait_shared, hold = (_unshared, _unshared) if pace is None else pace.steps(in_asyncio)
+        if in_asyncio:
+            return _Calls(
+                pacer.start_async,
+                wait_shared,
+                hold,
+                ledger.wait_async,
+                _unshared if budgets is None else budgets.wait_async,
+                _unshared if budgets is None else budgets.settle_async,
+                pacer.async_sleep or asyncio.sleep,
+                _attempt_async,
+                "aclose",
+            )
+        return _Calls(
+            pacer.start,
+            wait_shared,
+            hold,
+            ledger.wait,
+            _unshared if budgets is None else budgets.wait,
+            _unshared if budgets is None else budgets.settle,
+            pacer.sleep or time.sleep,
+            _attempt,
+            "close",
+        )
 
     def _budgeted(self, send: Callable[[_Request], _Answer]) -> Callable[[_Request], _Answer]:
         """*send*, each request first charged to its key's budgets (waiting, the thread
         blocked, until every one has room, and with ``shared=`` until its slot in every
-        one the processes share) and its answer learned and settled after."""
-        ledger, key_of, pacer = self._ledger, self._key, self.pacer
-        shared = self._shared_budgets
-        sleep = pacer.sleep or time.sleep
+        one the processes share) and its answer learned and settled after.
+
+        A request charged at once, with nothing to settle and nothing shared, goes
+        straight through (no generator): the path of most requests; the others take
+        the steps of `_charging`, written once for threads and asyncio."""
+        ledger, key_of, calls = self._ledger, self._key, self._calls[0]
+        direct = ledger.settle is None and self._shared_budgets is None
 
         def budgeted(request: _Request) -> _Answer:
-            key, taken = key_of(request), None
-            deadline = pacer._deadline()
-            try:
-                charge = ledger.wait(key, ledger.costs(request), deadline, sleep)
-                if shared is not None:
-                    try:
-                        taken = shared.wait(key, charge, deadline, sleep)
-                    except BaseException:
-                        ledger.failed(charge)
-                        raise
-            except WaitTooLong as err:
-                raise self._timeout(err, request) from None
+            keyed = self._keyed
+            key = keyed[1] if keyed[0] is request else key_of(request)
+            costs = ledger.costs(request)
+            charge = ledger.claim(key, costs)[1]
+            if charge is None or not direct:
+                steps = self._charging(request, send, calls, key, costs, charge)
+                done: _Answer = self._driven(steps, request)
+                return done
             try:
                 answer = send(request)
             except BaseException:
                 ledger.failed(charge)
                 raise
-            try:
-                settle = ledger.settle
-                spent = None if settle is None else validated_costs(settle(answer), "settle")
-                ledger.answered(charge, answer.status_code, answer.headers.get, spent)
-                if taken and spent:
-                    shared.settle(charge, taken, spent)  # type: ignore[union-attr]
-            except BaseException:
-                answer.close()
-                raise
+            error = self._learned(charge, answer)
+            if error is not None:
+                answer.close()  # the caller never sees it: not left open
+                raise error
             return answer
 
         return budgeted
@@ -282,45 +356,110 @@ class Outbound:
         self, send: Callable[[_Request], Awaitable[_AsyncAnswer]]
     ) -> Callable[[_Request], Awaitable[_AsyncAnswer]]:
         """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
-        ledger, key_of, pacer = self._ledger, self._key, self.pacer
-        shared = self._shared_budgets
-        sleep = pacer.async_sleep or asyncio.sleep
+        ledger, key_of, calls = self._ledger, self._key, self._calls[1]
+        direct = ledger.settle is None and self._shared_budgets is None
 
         async def budgeted(request: _Request) -> _AsyncAnswer:
-            key, taken = key_of(request), None
-            deadline = pacer._deadline()
+            keyed = self._keyed
+            key = keyed[1] if keyed[0] is request else key_of(request)
             costs = ledger.costs(request)
-            try:
-                charge = await ledger.wait_async(key, costs, deadline, sleep)
-                if shared is not None:
-                    try:
-                        taken = await shared.wait_async(key, charge, deadline, sleep)
-                    except BaseException:
-                        ledger.failed(charge)
-                        raise
-            except WaitTooLong as err:
-                raise self._timeout(err, request) from None
+            charge = ledger.claim(key, costs)[1]
+            if charge is None or not direct:
+                steps = self._charging(request, send, calls, key, costs, charge)
+                done: _AsyncAnswer = await self._driven_async(steps, request)
+                return done
             try:
                 answer = await send(request)
             except BaseException:
                 ledger.failed(charge)
                 raise
-            try:
-                spent = None
-                if ledger.settle is not None:
-                    said = ledger.settle(answer)
-                    if inspect.isawaitable(said):
-                        said = await said
-                    spent = validated_costs(said, "settle")
-                ledger.answered(charge, answer.status_code, answer.headers.get, spent)
-                if taken and spent:
-                    await shared.settle_async(charge, taken, spent)  # type: ignore[union-attr]
-            except BaseException:
-                await answer.aclose()
-                raise
+            error = self._learned(charge, answer)
+            if error is not None:
+                await answer.aclose()  # the caller never sees it: not left open
+                raise error
             return answer
 
         return budgeted
+
+    def _learned(self, charge: Charge, answer: Answer) -> BaseException | None:
+        """Learn from *answer* what it says of its key's budgets (nothing to settle): None,
+        or what raised, for the caller to raise once the answer is closed. An answer
+        with no field of a limit says nothing to a request charged nothing. The fields
+        found are kept (``_fields_read``) for the pacing, which does not look again."""
+        try:
+            status = answer.status_code
+            headers = answer.headers
+            marked, fields = self._read(headers)
+            self._fields_read = (headers, fields)  # `_first` takes them, not reading again
+            if charge.costs or status in {429, 503} or marked:
+                self._ledger.answered(charge, status, headers.get)
+        except BaseException as err:
+            return err
+        return None
+
+    def _charging(
+        self,
+        request: _Request,
+        send: Callable[[_Request], Any],
+        calls: _Calls,
+        key: Hashable,
+        costs: Mapping[str, int],
+        charge: Charge | None,
+    ) -> Generator[Call, Any, Any]:
+        """A request's steps through its key's budgets (see `drive`): charged (wait for
+        room, unless *charge* is already taken), its slots in the budgets the
+        processes share taken, sent, settled. *calls* are a thread's or asyncio's."""
+        ledger, shared = self._ledger, self._shared_budgets
+        taken = None
+        if charge is None or shared is not None:
+            deadline = self.pacer._deadline()
+            if charge is None:
+                charge = yield calls.wait_budgets, (key, costs, deadline, calls.sleep)
+            if shared is not None:
+                try:
+                    taken = yield calls.wait_shared_budgets, (key, charge, deadline, calls.sleep)
+                except BaseException:  # GeneratorExit: the wait raised, or its caller gave up
+                    ledger.failed(charge)
+                    raise
+        try:
+            answer = yield send, (request,)
+        except BaseException:
+            ledger.failed(charge)
+            raise
+        self._fields_read = _UNREAD  # not read here (and an earlier answer's are not these)
+        try:
+            spent = None
+            if ledger.settle is not None:
+                # A call that raises closes the generator where it yielded, and a
+                # generator being closed can make no call (close the answer): each of
+                # these is made by `attempt`, which hands back what it raised.
+                said, error = yield calls.attempt, (ledger.settle, answer)
+                if error is not None:
+                    raise error
+                spent = validated_costs(said, "settle")
+            ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+            if taken and spent:
+                _, error = yield calls.attempt, (calls.settle_shared_budgets, charge, taken, spent)
+                if error is not None:
+                    raise error
+        except BaseException:
+            yield getattr(answer, calls.close), ()  # the caller never sees it: not left open
+            raise
+        return answer
+
+    def _driven(self, steps: Generator[Call, Any, Any], request: object) -> Any:
+        """`drive` *steps*; a wait past the timeout raises the adapter's `LimitTimeout`."""
+        try:
+            return drive(steps)
+        except WaitTooLong as err:
+            raise self._timeout(err, request) from None
+
+    async def _driven_async(self, steps: Generator[Call, Any, Any], request: object) -> Any:
+        """`_driven` in asyncio."""
+        try:
+            return await drive_async(steps)
+        except WaitTooLong as err:
+            raise self._timeout(err, request) from None
 
     def limit(self, key: Hashable) -> KeyLimit:
         """*key*'s rate and capacity now, the seconds left of its pause, and whether it is known.
@@ -353,6 +492,12 @@ class Outbound:
         its HTTP client's own header list, in one pass."""
         return fields_of(headers)
 
+    def _read(self, headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+        """Whether a name of an answer's *headers* may be a limit field's (False: none of
+        any family is there: no name holds ``ratelimit`` or ``retry-after``), and its
+        `_fields`. An adapter puts here one look at its HTTP client's names for both."""
+        return True, self._fields(headers)
+
     @staticmethod
     def _retry_info(request: Any) -> tuple[str, bool]:
         """*request*'s method, and whether its body can be sent twice (for `Retries`),
@@ -379,37 +524,45 @@ class Outbound:
             return False
         return self.retry.again(pacer, status, info[0], info[1], tries, pause, end)
 
-    def _first(self, ticket: Ticket, answer: Any, info: tuple[str, bool]) -> int | None:
+    def _first(
+        self, ticket: Ticket, answer: Any, info: tuple[str, bool]
+    ) -> int | BaseException | None:
         """Learn from *answer*, the first to a request that `Pacer.take` let go with
-        *ticket*: None when it is the caller's, else the end (ns) of the retry budget
-        for sending it again (the caller closes it). Written for most requests: a bare
+        *ticket*: None when it is the caller's; else the caller closes it, and then
+        sends it again within the retry budget that ends at the int returned (ns), or
+        raises what is returned (reading it raised). Written for most requests: a bare
         key's answer with no limit field is one atomic count."""
         pacer = self.pacer
         try:
-            fields = self._fields(answer.headers)
-        except BaseException:
-            pacer.failed(ticket)
-            raise
-        status = answer.status_code
-        if status != 429:
-            if fields is None and status != 503:
-                if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
-                    next(ticket[0].bare_oks)
-                    return None
-                if pacer.plain(ticket):
-                    return None
-            pacer.done(ticket, status, (fields or _NONE).get)
-            return None  # only a 429 is sent again
-        sent = ticket[1]  # a bare ticket's is unknown (-1): the budget counts from now
-        end = self.retry.deadline(pacer, sent if sent >= 0 else None)
-        return end if self._again(ticket, status, fields, info, 0, end) else None
+            try:
+                headers, read = answer.headers, self._fields_read
+                fields = read[1] if read[0] is headers else self._fields(headers)
+            except BaseException:
+                pacer.failed(ticket)
+                raise
+            status = answer.status_code
+            if status != 429:
+                if fields is None and status != 503:
+                    if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
+                        next(ticket[0].bare_oks)
+                        return None
+                    if pacer.plain(ticket):
+                        return None
+                pacer.done(ticket, status, (fields or _NONE).get)
+                return None  # only a 429 is sent again
+            sent = ticket[1]  # a bare ticket's is unknown (-1): the budget counts from now
+            end = self.retry.deadline(pacer, sent if sent >= 0 else None)
+            return end if self._again(ticket, status, fields, info, 0, end) else None
+        except BaseException as err:
+            return err
 
     def _paced(self, request: _Request, send: Callable[[_Request], _Answer]) -> _Answer:
         """Wait (block the thread) for *request*'s token, then ``send(request)``; again
         after a 429 while `Retries` allow.
 
         A request whose key has a token at hand goes straight through, as the
-        first try (no generator): the path of most requests.
+        first try (no generator): the path of most requests. The rest is the
+        steps of `_tries`, written once for threads and asyncio.
 
         >>> from typing import NamedTuple
         >>> class Answered(NamedTuple):
@@ -424,30 +577,25 @@ class Outbound:
         """
         pacer = self.pacer
         key = self._key(request)
+        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
-        if ticket is None:
-            end, tries = self.retry.deadline(pacer), 0
-        else:
+        end = None
+        if ticket is not None:
             try:
                 answer = send(request)
             except BaseException:
                 pacer.failed(ticket)
                 raise
-            try:
-                again = self._first(ticket, answer, info)
-            except BaseException:
-                answer.close()  # the caller never sees it: not left open
-                raise
+            again = self._first(ticket, answer, info)
             if again is None:
                 return answer
-            answer.close()
-            end, tries = again, 1
-        steps = self._tries(request, send, pacer.start, "close", key, info)
-        try:
-            done: _Answer = drive(steps(tries, end))
-        except WaitTooLong as err:
-            raise self._timeout(err, request) from None
+            answer.close()  # sent again, or reading it raised: the caller never sees it
+            if not isinstance(again, int):
+                raise again
+            end = again
+        steps = self._tries(request, send, self._calls[0], key, info, end)
+        done: _Answer = self._driven(steps, request)
         return done
 
     async def _paced_async(
@@ -457,94 +605,88 @@ class Outbound:
         place back) and awaits *send*."""
         pacer = self.pacer
         key = self._key(request)
+        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
-        if ticket is None:
-            end, tries = self.retry.deadline(pacer), 0
-        else:
+        end = None
+        if ticket is not None:
             try:
                 answer = await send(request)
             except BaseException:
                 pacer.failed(ticket)
                 raise
-            try:
-                again = self._first(ticket, answer, info)
-            except BaseException:
-                await answer.aclose()
-                raise
+            again = self._first(ticket, answer, info)
             if again is None:
                 return answer
-            await answer.aclose()
-            end, tries = again, 1
-        steps = self._tries(request, send, pacer.start_async, "aclose", key, info)
-        try:
-            done: _AsyncAnswer = await drive_async(steps(tries, end))
-        except WaitTooLong as err:
-            raise self._timeout(err, request) from None
+            await answer.aclose()  # sent again, or reading it raised: the caller never sees it
+            if not isinstance(again, int):
+                raise again
+            end = again
+        steps = self._tries(request, send, self._calls[1], key, info, end)
+        done: _AsyncAnswer = await self._driven_async(steps, request)
         return done
 
     def _tries(
         self,
         request: _Request,
         send: Callable[[_Request], Any],
-        start: Callable[[Hashable], Any],
-        close: str,
+        calls: _Calls,
         key: Hashable,
         info: tuple[str, bool],
-    ) -> Callable[[int, int], Generator[Call, Any, Any]]:
-        """The loop of `_paced` and `_paced_async` after their first try, as the calls it
-        makes (see `drive`): *start* waits for *key*'s ticket (or raises `WaitTooLong`),
-        *send* sends, and the answer's *close* method closes an answer whose request is
-        sent again. Its steps start after *tries* tries, with the retry budget ending at
-        *end* (ns)."""
+        end: int | None,
+    ) -> Generator[Call, Any, Any]:
+        """A request's tries (see `drive`): each waits for *key*'s ticket (and with
+        ``shared=`` its slot in the processes' bucket), sends, learns from the answer,
+        and closes an answer whose request is sent again, while `Retries` allow.
+        *calls* are a thread's or asyncio's; *info* is the request's `_retry_info`.
+        With *end* (ns: the retry budget's), its first try is over and its 429 closed."""
         pacer = self.pacer
         shared = self._shared
-        if shared is not None:
-            wait, hold = shared.steps(self._async)
-
-        def steps(tries: int, end: int) -> Generator[Call, Any, Any]:
-            while True:
-                if shared is None:
-                    ticket = yield start, (key,)
-                else:
-                    # This process's token, then the processes' one, within one timeout:
-                    # the request leaves when its shared slot starts, so no two
-                    # processes' requests leave closer than the shared rate.
-                    deadline = pacer._deadline()
-                    ticket = yield start, (key, deadline)
-                    try:
-                        yield wait, (ticket[0], key, deadline)
-                    except BaseException:  # not sent: its own token goes back
-                        pacer.unsent(ticket)
-                        raise
+        tries = 0 if end is None else 1
+        if end is None:
+            end = self.retry.deadline(pacer)
+        while True:
+            if shared is None:
+                ticket = yield calls.start, (key,)
+            else:
+                # This process's token, then the processes' one, within one timeout:
+                # the request leaves when its shared slot starts, so no two
+                # processes' requests leave closer than the shared rate.
+                deadline = pacer._deadline()
+                ticket = yield calls.start, (key, deadline)
                 try:
-                    answer = yield send, (request,)
-                except BaseException:  # GeneratorExit: send raised, or its caller gave up
+                    yield calls.wait_shared, (ticket[0], key, deadline)
+                except BaseException:  # not sent: its own token goes back
+                    pacer.unsent(ticket)
+                    raise
+            try:
+                answer = yield send, (request,)
+            except BaseException:  # GeneratorExit: send raised, or its caller gave up
+                pacer.failed(ticket)
+                raise
+            try:
+                try:
+                    headers, read = answer.headers, self._fields_read
+                    fields = read[1] if read[0] is headers else self._fields(headers)
+                except BaseException:
                     pacer.failed(ticket)
                     raise
-                try:
-                    try:
-                        fields = self._fields(answer.headers)
-                    except BaseException:
-                        pacer.failed(ticket)
-                        raise
-                    status = answer.status_code
-                    again = self._again(ticket, status, fields, info, tries, end)
-                except BaseException:
-                    yield getattr(answer, close), ()  # the caller never sees it: not left open
-                    raise
-                if shared is not None and (fields is not None or status in {429, 503}):
-                    # A pause it heard holds every process. Outside the block above: a
-                    # hold raises only when its caller gives up (a cancelled task), and a
-                    # generator being closed can make no call (close the answer) then.
-                    yield hold, (ticket[0], key)
-                if not again:
-                    return answer
-                yield getattr(answer, close), ()
-                tries += 1
-
-        return steps
+                status = answer.status_code
+                again = self._again(ticket, status, fields, info, tries, end)
+            except BaseException:
+                yield getattr(answer, calls.close), ()  # the caller never sees it: not left open
+                raise
+            if shared is not None and (fields is not None or status in {429, 503}):
+                # A pause it heard holds every process. Outside the block above: a
+                # hold raises only when its caller gives up (a cancelled task), and a
+                # generator being closed can make no call (close the answer) then.
+                yield calls.hold, (ticket[0], key)
+            if not again:
+                return answer
+            yield getattr(answer, calls.close), ()
+            tries += 1
 
 
 _NONE: dict[str, str] = {}  # the fields of an answer that has none
+_UNREAD: tuple[object, dict[str, str] | None] = (None, None)  # no answer's headers
 _ONCE = ("", False)  # the `Outbound._retry_info` of any request when retries are off
