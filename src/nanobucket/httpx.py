@@ -28,6 +28,7 @@ import httpx
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
+from ._outbound.budgets import ANNOUNCING_MARKS
 from ._outbound.fields import FIELDS, TRIGGERS, fields_of
 from ._outbound.pacer import KeyLimit
 
@@ -78,6 +79,7 @@ _MARKS = (b"ratelimit", b"retry-after")
 _RATELIMIT, _RETRY_AFTER = _MARKS
 _TEXT = {name.encode("ascii"): name for name in FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
+_LIMIT_OF, _ANTHROPIC = (mark.encode("ascii") for mark in ANNOUNCING_MARKS)
 
 
 def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
@@ -89,25 +91,46 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     >>> read_fields(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))   # a budget's
     (True, None)
     """
+    marked, _, fields = _reading(headers)
+    return marked, fields
+
+
+def _read_answer(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
+    """Whether a name of *headers* may announce a budget (see `Outbound._read`), and
+    `limit_fields`: one look at the names for both.
+
+    >>> _read_answer(httpx.Headers({"RateLimit": '"d";r=1;t=1'}))[0]
+    False
+    >>> _read_answer(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    (True, None)
+    """
+    _, announcing, fields = _reading(headers)
+    return announcing, fields
+
+
+def _reading(headers: Mapping[str, str]) -> tuple[bool, bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's, whether one may announce a
+    budget, and `limit_fields`."""
     if not isinstance(headers, httpx.Headers):
-        return True, fields_of(headers)
+        return True, True, fields_of(headers)
     raw = headers.raw
     # One join and one lower, in C, over the names: a name that merely holds a mark
     # costs the loop below, never a wrong answer.
     names = b"\n".join(map(_raw_name, raw)).lower()
     if _RATELIMIT not in names and _RETRY_AFTER not in names:
-        return False, None
+        return False, False, None
+    announcing = _LIMIT_OF in names or _ANTHROPIC in names
     found: dict[str, str] = {}
     for name, value in raw:
         key = _TEXT.get(name.lower())
         if key is not None:
             if key in found:  # a field sent twice: httpx joins them
-                return True, fields_of(headers)
+                return True, announcing, fields_of(headers)
             try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
                 found[key] = value.decode("ascii")
             except UnicodeDecodeError:
-                return True, fields_of(headers)
-    return True, None if TRIGGERS.isdisjoint(found) else found
+                return True, announcing, fields_of(headers)
+    return True, announcing, None if TRIGGERS.isdisjoint(found) else found
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -153,7 +176,7 @@ class _Limited(Outbound, Generic[_Transport]):
         raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
-    _read = staticmethod(read_fields)
+    _read = staticmethod(_read_answer)
 
     @staticmethod
     def _retry_info(request: httpx.Request) -> tuple[str, bool]:

@@ -389,9 +389,9 @@ class Outbound:
         try:
             status = answer.status_code
             headers = answer.headers
-            marked, fields = self._read(headers)
+            announcing, fields = self._read(headers)
             self._fields_read = (headers, fields)  # `_first` takes them, not reading again
-            if charge.costs or status in {429, 503} or marked:
+            if charge.costs or status in {429, 503} or announcing:
                 self._ledger.answered(charge, status, headers.get)
         except BaseException as err:
             return err
@@ -493,9 +493,10 @@ class Outbound:
         return fields_of(headers)
 
     def _read(self, headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
-        """Whether a name of an answer's *headers* may be a limit field's (False: none of
-        any family is there: no name holds ``ratelimit`` or ``retry-after``), and its
-        `_fields`. An adapter puts here one look at its HTTP client's names for both."""
+        """Whether a name of an answer's *headers* may announce a budget (False: none
+        holds one of `nanobucket._outbound.budgets.ANNOUNCING_MARKS`, so the budgets
+        learn nothing from it unless it is a 429 or a 503), and its `_fields`. An
+        adapter puts here one look at its HTTP client's names for both."""
         return True, self._fields(headers)
 
     @staticmethod
