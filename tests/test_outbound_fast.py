@@ -25,6 +25,7 @@ from nanobucket import requests as nb_requests
 from nanobucket._outbound import budgets as _budgets
 from nanobucket._outbound import fields as _fields
 from nanobucket._outbound import pacer as _outbound
+from nanobucket._outbound.budget_fields import BUDGET_FIELDS
 from nanobucket._outbound.fields import (
     FIELDS,
     TRIGGERS,
@@ -338,8 +339,8 @@ _FAMILIES = [
 class _GeneralReading(RateLimitedTransport):
     """The transport, every answer's names taken to announce a budget (the general path)."""
 
-    def _read(self, headers: Any) -> tuple[bool, dict[str, str] | None]:
-        return True, self._fields(headers)
+    def _read(self, headers: Any) -> tuple[Any, dict[str, str] | None]:
+        return headers.get, self._fields(headers)
 
 
 def _budgets_run(
@@ -387,28 +388,52 @@ def test_answers_that_announce_no_budget_skip_the_ledger_as_the_general_path_wou
     assert _budgets_run(answers, _GeneralReading, **kwargs) == quick
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    names=st.lists(
-        st.sampled_from(
-            [name for family in _FAMILIES for name in family]
-            + ["x-ratelimit-limit-other", "Anthropic-RateLimit-Tokens-Limit", "Date"]
-        ).flatmap(lambda name: st.sampled_from([name, name.upper(), name.lower()])),
-        max_size=6,
-    )
-)
-def test_the_adapters_say_a_budget_may_be_announced_whenever_one_is(names: list[str]) -> None:
-    headers = {name: "1" for name in names}
-    announced = any(name.lower() in _budgets._ANNOUNCING for name in names)
-    h = httpx.Headers(headers)
-    said, fields = nb_httpx._read_answer(h)
-    assert (said or not announced, fields) == (True, httpx_fields(h))
-    r = requests.structures.CaseInsensitiveDict(headers)
-    said, fields = nb_requests._read_answer(r)
-    assert (said or not announced, fields) == (True, requests_fields(r))
+_BUDGET_NAMES = st.sampled_from(
+    [*sorted(BUDGET_FIELDS | FIELDS), "x-ratelimit-limit-other", "Server", "Date"]
+).flatmap(lambda name: st.sampled_from([name, name.upper(), name.title()]))
+_BUDGET_VALUES = st.sampled_from([b"1", b"0", b"1.5s", b"", b"n\xc3\xb6", b"\xff"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(_BUDGET_NAMES, _BUDGET_VALUES), max_size=8))
+@example(headers=[("X-RateLimit-Limit-Tokens", b"5"), ("x-ratelimit-limit-tokens", b"6")])
+@example(headers=[("X-RateLimit-Limit-Tokens", b"5"), ("Retry-After-Ms", b"\xff")])
+def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
+    headers: list[tuple[str, bytes]],
+) -> None:
+    announced = any(name.lower() in _budgets._ANNOUNCING for name, _ in headers)
+    h = httpx.Headers([(name.encode("ascii"), value) for name, value in headers])
+    get, fields = nb_httpx._read_answer(h)
+    assert fields == httpx_fields(h)
+    assert get is not None or not announced
+    if get is not None:
+        assert {name: get(name) for name in BUDGET_FIELDS} == {
+            name: h.get(name) for name in BUDGET_FIELDS
+        }
+    r: requests.structures.CaseInsensitiveDict[str] = requests.structures.CaseInsensitiveDict()
+    for name, value in headers:
+        r[name] = value.decode("latin-1")
+    get, fields = nb_requests._read_answer(r)
+    assert fields == requests_fields(r)
+    assert get is not None or not any(name in _budgets._ANNOUNCING for name, _ in r.lower_items())
 
 
 def test_every_announcing_field_holds_a_mark_the_adapters_look_for() -> None:
     assert all(
         any(mark in name for mark in _budgets.ANNOUNCING_MARKS) for name in _budgets._ANNOUNCING
     )
+    assert set(_budgets._ANNOUNCING) <= BUDGET_FIELDS
+
+
+def test_the_budgets_read_no_field_but_the_budget_fields() -> None:
+    asked: list[str] = []
+
+    def get(name: str) -> str | None:
+        asked.append(name)
+        return {"x-ratelimit-limit-tokens": "5", "anthropic-ratelimit-tokens-limit": "5"}.get(name)
+
+    ledger = _budgets.Ledger(clock=lambda: 0, wall_clock=lambda: 0)
+    charge = ledger.claim("h", {"tokens": 1})[1]
+    assert charge is not None
+    ledger.answered(charge, 429, get, {"tokens": 2})
+    assert set(asked) <= BUDGET_FIELDS and "retry-after-ms" in asked

@@ -26,7 +26,7 @@ from requests.structures import CaseInsensitiveDict
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._outbound.budgets import ANNOUNCING_MARKS
-from ._outbound.fields import FIELDS, TRIGGERS, fields_of
+from ._outbound.fields import FIELDS, TRIGGERS, Get, fields_of
 from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
@@ -87,18 +87,19 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     return marked, fields
 
 
-def _read_answer(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
-    """Whether a name of *headers* may announce a budget (see `Outbound._read`), and
-    `limit_fields`: one look at the names for both.
+def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+    """The budgets' reading of *headers* (see `Outbound._read`: None when no name may
+    announce a budget), and `limit_fields`: one look at the names for both.
 
     >>> from requests.structures import CaseInsensitiveDict as Headers
     >>> _read_answer(Headers({"Retry-After": "1"}))
-    (False, {'retry-after': '1'})
-    >>> _read_answer(Headers({"X-RateLimit-Limit-Tokens": "5"}))
-    (True, None)
+    (None, {'retry-after': '1'})
+    >>> get, fields = _read_answer(Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    >>> get("x-ratelimit-limit-tokens"), fields
+    ('5', None)
     """
     _, announcing, fields = _reading(headers)
-    return announcing, fields
+    return headers.get if announcing else None, fields
 
 
 def _reading(headers: Mapping[str, str]) -> tuple[bool, bool, dict[str, str] | None]:

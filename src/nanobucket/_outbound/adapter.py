@@ -28,7 +28,7 @@ from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
 from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
 from .budgets import Charge, Ledger, validated_costs
-from .fields import MAX_WAIT_S, fields_of
+from .fields import MAX_WAIT_S, Get, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
 from .shared_budgets import SharedBudgets
@@ -389,10 +389,10 @@ class Outbound:
         try:
             status = answer.status_code
             headers = answer.headers
-            announcing, fields = self._read(headers)
+            budget_get, fields = self._read(headers)
             self._fields_read = (headers, fields)  # `_first` takes them, not reading again
-            if charge.costs or status in {429, 503} or announcing:
-                self._ledger.answered(charge, status, headers.get)
+            if charge.costs or status in {429, 503} or budget_get is not None:
+                self._ledger.answered(charge, status, budget_get or headers.get)
         except BaseException as err:
             return err
         return None
@@ -492,12 +492,14 @@ class Outbound:
         its HTTP client's own header list, in one pass."""
         return fields_of(headers)
 
-    def _read(self, headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
-        """Whether a name of an answer's *headers* may announce a budget (False: none
-        holds one of `nanobucket._outbound.budgets.ANNOUNCING_MARKS`, so the budgets
-        learn nothing from it unless it is a 429 or a 503), and its `_fields`. An
-        adapter puts here one look at its HTTP client's names for both."""
-        return True, self._fields(headers)
+    def _read(self, headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+        """How the budgets read an answer's *headers* (a `Get` of every field of
+        `nanobucket._outbound.budget_fields.BUDGET_FIELDS`), or None when no name may
+        announce a budget (none holds one of
+        `nanobucket._outbound.budgets.ANNOUNCING_MARKS`: the budgets learn nothing from
+        it unless it is a 429 or a 503); and its `_fields`. An adapter puts here one
+        look at its HTTP client's names for both."""
+        return headers.get, self._fields(headers)
 
     @staticmethod
     def _retry_info(request: Any) -> tuple[str, bool]:

@@ -24,6 +24,7 @@ from .fields import MAX_WAIT_S, Get, WallClock, _wall_now, parse_retry_after
 
 __all__ = (
     "BUDGETS",
+    "BUDGET_FIELDS",
     "Budget",
     "parse_budgets",
     "parse_go_duration",
@@ -44,6 +45,11 @@ _OPENAI_NAMES = tuple(
 _ANTHROPIC_NAMES = tuple(
     (*(f"anthropic-ratelimit-{n}-{field}" for field in ("limit", "remaining", "reset")), n)
     for n in BUDGETS
+)
+#: Every field `parse_budgets` and `parse_pause` read, by lower-case name.
+BUDGET_FIELDS = frozenset(
+    {name for names in _OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
+    | {"retry-after-ms", "retry-after", "date"}
 )
 
 _GO_UNIT = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NS_PER_S}
