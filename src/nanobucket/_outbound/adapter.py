@@ -329,11 +329,12 @@ class Outbound:
         the steps of `_charging`, written once for threads and asyncio."""
         ledger, key_of, calls = self._ledger, self._key, self._calls[0]
         direct = ledger.settle is None and self._shared_budgets is None
+        estimate = ledger.estimate
 
         def budgeted(request: _Request) -> _Answer:
             keyed = self._keyed
             key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = ledger.costs(request)
+            costs = {} if estimate is None else ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
                 steps = self._charging(request, send, calls, key, costs, charge)
@@ -358,11 +359,12 @@ class Outbound:
         """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
         ledger, key_of, calls = self._ledger, self._key, self._calls[1]
         direct = ledger.settle is None and self._shared_budgets is None
+        estimate = ledger.estimate
 
         async def budgeted(request: _Request) -> _AsyncAnswer:
             keyed = self._keyed
             key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = ledger.costs(request)
+            costs = {} if estimate is None else ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
                 steps = self._charging(request, send, calls, key, costs, charge)

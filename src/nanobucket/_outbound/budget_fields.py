@@ -170,7 +170,8 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
     wall_ns: int | None = None
     for limit_name, remaining_name, reset_name, name in _OPENAI_NAMES:
         # A budget not announced is one lookup: most answers announce few, or none.
-        limit = _count(get(limit_name))
+        text = get(limit_name)
+        limit = None if text is None else _count(text)
         if limit is None:
             continue
         remaining = _count(get(remaining_name))
@@ -181,7 +182,8 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
         if reset_ns is not None:
             found[name] = Budget(limit, min(remaining, limit), reset_ns)
     for limit_name, remaining_name, reset_name, name in _ANTHROPIC_NAMES:
-        limit = _count(get(limit_name))
+        text = get(limit_name)
+        limit = None if text is None else _count(text)
         if limit is None:
             continue
         remaining = _count(get(remaining_name))
