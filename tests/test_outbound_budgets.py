@@ -461,3 +461,17 @@ def test_shared_budgets_space_the_processes_by_each_budgets_refill(
     # Each request also takes its key's own shared token first (1 ms apart): b's
     # second at 3 ms, and its tokens' slot at 2 + 167 ms.
     assert slept == [0.001, 0.001, 0.001, 0.166]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    minutes=st.sampled_from(["", "0m", "6m", "999999m", "1234567m", "١m"]),
+    whole=st.sampled_from(["0", "12", "999999999", "1234567890", "٣"]),
+    decimals=st.sampled_from(["", ".", ".5", ".045", ".000000001", ".999999999", ".1234567891"]),
+    unit=st.sampled_from(["s", "ms", "us", "m"]),
+)
+def test_the_usual_go_durations_read_as_exact_fractions_do(
+    minutes: str, whole: str, decimals: str, unit: str
+) -> None:
+    text = minutes + whole + decimals + unit
+    assert parse_go_duration(text) == _go_duration_in_fractions(text)

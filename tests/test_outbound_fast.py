@@ -20,8 +20,12 @@ import requests.structures
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from nanobucket import httpx as nb_httpx
+from nanobucket import requests as nb_requests
+from nanobucket._outbound import budgets as _budgets
 from nanobucket._outbound import fields as _fields
 from nanobucket._outbound import pacer as _outbound
+from nanobucket._outbound.budget_fields import BUDGET_FIELDS
 from nanobucket._outbound.fields import (
     FIELDS,
     TRIGGERS,
@@ -303,3 +307,133 @@ def test_raise_gives_back_what_a_probe_of_cost_0_says_is_lacking(
     _outbound._raise(quick, at, least)
     _raise_by_a_probe_of_cost_0(reference, at, least)
     assert quick.peek_at(at, 0).reset_after_ns == reference.peek_at(at, 0).reset_after_ns
+
+
+# Answers of every family, the budgets' among them, and ones with none.
+_FAMILIES = [
+    {},
+    {"Server": "x"},
+    {"RateLimit-Policy": '"p";q=50;w=1', "RateLimit": '"p";r=3;t=1'},
+    {"X-RateLimit-Limit": "50", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1"},
+    {"X-RateLimit-Used": "3"},
+    {
+        "x-ratelimit-limit-requests": "5",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1.5s",
+    },
+    {
+        "X-RateLimit-Limit-Tokens": "300",
+        "X-RateLimit-Remaining-Tokens": "120",
+        "X-RateLimit-Reset-Tokens": "2s",
+    },
+    {
+        "anthropic-ratelimit-requests-limit": "4",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": "2015-10-21T07:28:02Z",
+    },
+    {"Retry-After": "2"},
+    {"retry-after-ms": "700", "Retry-After": "1"},
+]
+
+
+class _GeneralReading(RateLimitedTransport):
+    """The transport, every answer's names taken to announce a budget (the general path)."""
+
+    def _read(self, headers: Any) -> tuple[Any, dict[str, str] | None]:
+        return headers.get, self._fields(headers)
+
+
+def _budgets_run(
+    answers: list[tuple[int, int]], kind: type[RateLimitedTransport], **kwargs: Any
+) -> list[Any]:
+    clock = Clock()
+    replies = iter(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, family = next(replies)
+        return httpx.Response(status, headers=_FAMILIES[family])
+
+    t = kind(
+        httpx.MockTransport(handler), rate=500, capacity=50, clock=clock, sleep=clock.sleep,
+        wall_clock=lambda: 1445412480 * NS + clock.now, timeout=None, **kwargs,
+    )  # fmt: skip
+    out: list[Any] = []
+    with httpx.Client(transport=t) as client:
+        for _ in answers:
+            client.get("http://h/")
+            account = t._ledger._accounts["h"]
+            budgets = {
+                name: (b.limit, b.left, b.out, b.reset_at, b.window)
+                for name, b in account.budgets.items()
+            }
+            out.append((clock.now, t.limit("h"), account.paused_until, budgets))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answers=st.lists(
+        st.tuples(st.sampled_from([200, 200, 429, 503]), st.integers(0, len(_FAMILIES) - 1)),
+        min_size=1,
+        max_size=12,
+    ),
+    estimated=st.booleans(),
+)
+@example(answers=[(200, 2), (200, 5), (200, 0), (200, 3)], estimated=False)
+def test_answers_that_announce_no_budget_skip_the_ledger_as_the_general_path_would(
+    answers: list[tuple[int, int]], estimated: bool
+) -> None:
+    kwargs: dict[str, Any] = {"estimate": lambda request: {"tokens": 40}} if estimated else {}
+    quick = _budgets_run(answers, RateLimitedTransport, **kwargs)
+    assert _budgets_run(answers, _GeneralReading, **kwargs) == quick
+
+
+_BUDGET_NAMES = st.sampled_from(
+    [*sorted(BUDGET_FIELDS | FIELDS), "x-ratelimit-limit-other", "Server", "Date"]
+).flatmap(lambda name: st.sampled_from([name, name.upper(), name.title()]))
+_BUDGET_VALUES = st.sampled_from([b"1", b"0", b"1.5s", b"", b"n\xc3\xb6", b"\xff"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(_BUDGET_NAMES, _BUDGET_VALUES), max_size=8))
+@example(headers=[("X-RateLimit-Limit-Tokens", b"5"), ("x-ratelimit-limit-tokens", b"6")])
+@example(headers=[("X-RateLimit-Limit-Tokens", b"5"), ("Retry-After-Ms", b"\xff")])
+def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
+    headers: list[tuple[str, bytes]],
+) -> None:
+    announced = any(name.lower() in _budgets._ANNOUNCING for name, _ in headers)
+    h = httpx.Headers([(name.encode("ascii"), value) for name, value in headers])
+    get, fields = nb_httpx._read_answer(h)
+    assert fields == httpx_fields(h)
+    assert get is not None or not announced
+    if get is not None:
+        assert {name: get(name) for name in BUDGET_FIELDS} == {
+            name: h.get(name) for name in BUDGET_FIELDS
+        }
+    r: requests.structures.CaseInsensitiveDict[str] = requests.structures.CaseInsensitiveDict()
+    for name, value in headers:
+        r[name] = value.decode("latin-1")
+    get, fields = nb_requests._read_answer(r)
+    assert fields == requests_fields(r)
+    assert get is not None or not any(name in _budgets._ANNOUNCING for name, _ in r.lower_items())
+
+
+def test_every_announcing_field_holds_a_mark_the_adapters_look_for() -> None:
+    assert all(
+        any(mark in name for mark in _budgets.ANNOUNCING_MARKS) for name in _budgets._ANNOUNCING
+    )
+    assert set(_budgets._ANNOUNCING) <= BUDGET_FIELDS
+
+
+def test_the_budgets_read_no_field_but_the_budget_fields() -> None:
+    asked: list[str] = []
+
+    def get(name: str) -> str | None:
+        asked.append(name)
+        return {"x-ratelimit-limit-tokens": "5", "anthropic-ratelimit-tokens-limit": "5"}.get(name)
+
+    ledger = _budgets.Ledger(clock=lambda: 0, wall_clock=lambda: 0)
+    charge = ledger.claim("h", {"tokens": 1})[1]
+    assert charge is not None
+    ledger.answered(charge, 429, get, {"tokens": 2})
+    assert set(asked) <= BUDGET_FIELDS and "retry-after-ms" in asked

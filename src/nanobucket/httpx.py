@@ -28,7 +28,9 @@ import httpx
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._outbound.fields import FIELDS, TRIGGERS, fields_of
+from ._outbound.budget_fields import BUDGET_FIELDS
+from ._outbound.budgets import ANNOUNCING_MARKS
+from ._outbound.fields import FIELDS, TRIGGERS, Get, fields_of
 from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
@@ -76,8 +78,12 @@ def host_key(request: httpx.Request) -> str:
 #: One of these is in the name of every `TRIGGERS` field: names without both have none.
 _MARKS = (b"ratelimit", b"retry-after")
 _RATELIMIT, _RETRY_AFTER = _MARKS
-_TEXT = {name.encode("ascii"): name for name in FIELDS}
+# The fields the pacing reads, and with them those the budgets read: by the raw name
+# lowered, the name and whether the pacing reads it.
+_PACING = {name.encode("ascii"): (name, True) for name in FIELDS}
+_ANY = {name.encode("ascii"): (name, name in FIELDS) for name in FIELDS | BUDGET_FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
+_LIMIT_OF, _ANTHROPIC = (mark.encode("ascii") for mark in ANNOUNCING_MARKS)
 
 
 def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
@@ -93,21 +99,62 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
         return True, fields_of(headers)
     raw = headers.raw
     # One join and one lower, in C, over the names: a name that merely holds a mark
-    # costs the loop below, never a wrong answer.
+    # costs the loop of `_found`, never a wrong answer.
     names = b"\n".join(map(_raw_name, raw)).lower()
     if _RATELIMIT not in names and _RETRY_AFTER not in names:
         return False, None
+    got = _found(raw, _PACING)
+    if got is None:
+        return True, fields_of(headers)
+    fields = got[1]
+    return True, None if TRIGGERS.isdisjoint(fields) else fields
+
+
+def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+    """The budgets' reading of *headers* (see `Outbound._read`: None when no name may
+    announce a budget), and `limit_fields`: one look at the names for both.
+
+    >>> _read_answer(httpx.Headers({"RateLimit": '"d";r=1;t=1'}))[0] is None
+    True
+    >>> get, fields = _read_answer(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    >>> get("x-ratelimit-limit-tokens"), get("x-ratelimit-remaining-tokens"), fields
+    ('5', None, None)
+    """
+    if not isinstance(headers, httpx.Headers):
+        return headers.get, fields_of(headers)
+    raw = headers.raw
+    names = b"\n".join(map(_raw_name, raw)).lower()
+    if _RATELIMIT not in names and _RETRY_AFTER not in names:
+        return None, None
+    announcing = _LIMIT_OF in names or _ANTHROPIC in names
+    got = _found(raw, _ANY if announcing else _PACING)
+    if got is None:
+        return headers.get if announcing else None, fields_of(headers)
+    found, fields = got
+    return found.get if announcing else None, None if TRIGGERS.isdisjoint(fields) else fields
+
+
+def _found(
+    raw: list[tuple[bytes, bytes]], table: dict[bytes, tuple[str, bool]]
+) -> tuple[dict[str, str], dict[str, str]] | None:
+    """The fields of *raw* (httpx's header list) that *table* names, by lower-case name,
+    and those of them the pacing reads; None when one is sent twice (httpx joins them)
+    or is not ASCII: httpx's own reading is then the one to take."""
     found: dict[str, str] = {}
+    fields: dict[str, str] = {}
     for name, value in raw:
-        key = _TEXT.get(name.lower())
-        if key is not None:
-            if key in found:  # a field sent twice: httpx joins them
-                return True, fields_of(headers)
+        seen = table.get(name.lower())
+        if seen is not None:
+            key, pacing = seen
+            if key in found:
+                return None
             try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
-                found[key] = value.decode("ascii")
+                text = found[key] = value.decode("ascii")
             except UnicodeDecodeError:
-                return True, fields_of(headers)
-    return True, None if TRIGGERS.isdisjoint(found) else found
+                return None
+            if pacing:
+                fields[key] = text
+    return found, fields
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -153,7 +200,7 @@ class _Limited(Outbound, Generic[_Transport]):
         raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
-    _read = staticmethod(read_fields)
+    _read = staticmethod(_read_answer)
 
     @staticmethod
     def _retry_info(request: httpx.Request) -> tuple[str, bool]:

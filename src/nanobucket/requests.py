@@ -25,7 +25,8 @@ from requests.structures import CaseInsensitiveDict
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._outbound.fields import FIELDS, TRIGGERS, fields_of
+from ._outbound.budgets import ANNOUNCING_MARKS
+from ._outbound.fields import FIELDS, TRIGGERS, Get, fields_of
 from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ __all__ = ("IDEMPOTENT", "KeyLimit", "RateLimitTimeout", "RateLimitedAdapter", "
 KeyFunc = Callable[[requests.PreparedRequest], Hashable]
 
 _lower_name = itemgetter(0)  # of requests' (lower-case name, value) pairs
+_LIMIT_OF, _ANTHROPIC = ANNOUNCING_MARKS
 
 #: ``HTTPAdapter``'s own keywords, which the adapter passes on.
 _POOL = ("pool_connections", "pool_maxsize", "max_retries", "pool_block")
@@ -81,15 +83,38 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     >>> read_fields(Headers({"Server": "x"})), read_fields(Headers({"Retry-After": "1"}))
     ((False, None), (True, {'retry-after': '1'}))
     """
+    marked, _, fields = _reading(headers)
+    return marked, fields
+
+
+def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+    """The budgets' reading of *headers* (see `Outbound._read`: None when no name may
+    announce a budget), and `limit_fields`: one look at the names for both.
+
+    >>> from requests.structures import CaseInsensitiveDict as Headers
+    >>> _read_answer(Headers({"Retry-After": "1"}))
+    (None, {'retry-after': '1'})
+    >>> get, fields = _read_answer(Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    >>> get("x-ratelimit-limit-tokens"), fields
+    ('5', None)
+    """
+    _, announcing, fields = _reading(headers)
+    return headers.get if announcing else None, fields
+
+
+def _reading(headers: Mapping[str, str]) -> tuple[bool, bool, dict[str, str] | None]:
+    """Whether a name of *headers* may be a limit field's, whether one may announce a
+    budget, and `limit_fields`."""
     if not isinstance(headers, CaseInsensitiveDict):
-        return True, fields_of(headers)
+        return True, True, fields_of(headers)
     items = list(headers.lower_items())
     names = "\n".join(map(_lower_name, items))
     if "ratelimit" not in names and "retry-after" not in names:
-        return False, None
+        return False, False, None
+    announcing = _LIMIT_OF in names or _ANTHROPIC in names
     if TRIGGERS.isdisjoint(map(_lower_name, items)):
-        return True, None
-    return True, {name: value for name, value in items if name in FIELDS}
+        return True, announcing, None
+    return True, announcing, {name: value for name, value in items if name in FIELDS}
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -134,7 +159,7 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         super().__init__(**pool)
 
     _fields = staticmethod(limit_fields)
-    _read = staticmethod(read_fields)
+    _read = staticmethod(_read_answer)
 
     @staticmethod
     def _retry_info(request: requests.PreparedRequest) -> tuple[str, bool]:

@@ -28,7 +28,7 @@ from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
 from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
 from .budgets import Charge, Ledger, validated_costs
-from .fields import MAX_WAIT_S, fields_of
+from .fields import MAX_WAIT_S, Get, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
 from .shared import SharedPace, validated_shared
 from .shared_budgets import SharedBudgets
@@ -329,11 +329,12 @@ class Outbound:
         the steps of `_charging`, written once for threads and asyncio."""
         ledger, key_of, calls = self._ledger, self._key, self._calls[0]
         direct = ledger.settle is None and self._shared_budgets is None
+        estimate = ledger.estimate
 
         def budgeted(request: _Request) -> _Answer:
             keyed = self._keyed
             key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = ledger.costs(request)
+            costs = {} if estimate is None else ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
                 steps = self._charging(request, send, calls, key, costs, charge)
@@ -358,11 +359,12 @@ class Outbound:
         """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
         ledger, key_of, calls = self._ledger, self._key, self._calls[1]
         direct = ledger.settle is None and self._shared_budgets is None
+        estimate = ledger.estimate
 
         async def budgeted(request: _Request) -> _AsyncAnswer:
             keyed = self._keyed
             key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = ledger.costs(request)
+            costs = {} if estimate is None else ledger.costs(request)
             charge = ledger.claim(key, costs)[1]
             if charge is None or not direct:
                 steps = self._charging(request, send, calls, key, costs, charge)
@@ -389,10 +391,10 @@ class Outbound:
         try:
             status = answer.status_code
             headers = answer.headers
-            marked, fields = self._read(headers)
+            budget_get, fields = self._read(headers)
             self._fields_read = (headers, fields)  # `_first` takes them, not reading again
-            if charge.costs or status in {429, 503} or marked:
-                self._ledger.answered(charge, status, headers.get)
+            if charge.costs or status in {429, 503} or budget_get is not None:
+                self._ledger.answered(charge, status, budget_get or headers.get)
         except BaseException as err:
             return err
         return None
@@ -492,11 +494,14 @@ class Outbound:
         its HTTP client's own header list, in one pass."""
         return fields_of(headers)
 
-    def _read(self, headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
-        """Whether a name of an answer's *headers* may be a limit field's (False: none of
-        any family is there: no name holds ``ratelimit`` or ``retry-after``), and its
-        `_fields`. An adapter puts here one look at its HTTP client's names for both."""
-        return True, self._fields(headers)
+    def _read(self, headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+        """How the budgets read an answer's *headers* (a `Get` of every field of
+        `nanobucket._outbound.budget_fields.BUDGET_FIELDS`), or None when no name may
+        announce a budget (none holds one of
+        `nanobucket._outbound.budgets.ANNOUNCING_MARKS`: the budgets learn nothing from
+        it unless it is a 429 or a 503); and its `_fields`. An adapter puts here one
+        look at its HTTP client's names for both."""
+        return headers.get, self._fields(headers)
 
     @staticmethod
     def _retry_info(request: Any) -> tuple[str, bool]:

@@ -24,6 +24,7 @@ from .fields import MAX_WAIT_S, Get, WallClock, _wall_now, parse_retry_after
 
 __all__ = (
     "BUDGETS",
+    "BUDGET_FIELDS",
     "Budget",
     "parse_budgets",
     "parse_go_duration",
@@ -45,10 +46,17 @@ _ANTHROPIC_NAMES = tuple(
     (*(f"anthropic-ratelimit-{n}-{field}" for field in ("limit", "remaining", "reset")), n)
     for n in BUDGETS
 )
+#: Every field `parse_budgets` and `parse_pause` read, by lower-case name.
+BUDGET_FIELDS = frozenset(
+    {name for names in _OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
+    | {"retry-after-ms", "retry-after", "date"}
+)
 
 _GO_UNIT = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NS_PER_S}
 _GO_UNIT |= {"m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# The forms providers send (``340ms``, ``1.5s``, ``6m0s``, ``3m12.045s``), read in one match
+_GO_USUAL = re.compile(r"(?:(\d{1,6})m)?(\d{1,9})(?:\.(\d{1,9}))?(m?s)")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)\Z"
 )
@@ -72,6 +80,17 @@ def parse_go_duration(text: str) -> int | None:
     (1500, 0, None)
     """
     text = text.strip()
+    usual = _GO_USUAL.fullmatch(text)
+    if usual is not None:
+        minutes, whole, decimals, unit = usual.groups()
+        if decimals is None:
+            ns = int(whole) * _GO_UNIT[unit]
+        else:  # rounded up, as the sum below is
+            part = 10 ** len(decimals)
+            ns = -(-(int(whole) * part + int(decimals)) * _GO_UNIT[unit] // part)
+        if minutes is not None:
+            ns += int(minutes) * 60 * NS_PER_S
+        return ns if ns < _MAX_WAIT_NS else _MAX_WAIT_NS
     if text == "0":
         return 0
     if not text or len(text) > _MAX_TEXT:
@@ -151,7 +170,8 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
     wall_ns: int | None = None
     for limit_name, remaining_name, reset_name, name in _OPENAI_NAMES:
         # A budget not announced is one lookup: most answers announce few, or none.
-        limit = _count(get(limit_name))
+        text = get(limit_name)
+        limit = None if text is None else _count(text)
         if limit is None:
             continue
         remaining = _count(get(remaining_name))
@@ -162,7 +182,8 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
         if reset_ns is not None:
             found[name] = Budget(limit, min(remaining, limit), reset_ns)
     for limit_name, remaining_name, reset_name, name in _ANTHROPIC_NAMES:
-        limit = _count(get(limit_name))
+        text = get(limit_name)
+        limit = None if text is None else _count(text)
         if limit is None:
             continue
         remaining = _count(get(remaining_name))

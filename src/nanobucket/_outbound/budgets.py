@@ -36,7 +36,7 @@ from .budget_fields import BUDGETS, parse_budgets, parse_pause
 from .fields import MAX_WAIT_S, Get
 from .pacer import WaitTooLong
 
-__all__ = ("Charge", "Ledger", "validated_costs")
+__all__ = ("ANNOUNCING_MARKS", "Charge", "Ledger", "validated_costs")
 
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _NO_WINDOW = NS_PER_S  # a refill's period before any answer said one (a second)
@@ -44,6 +44,9 @@ _NO_WINDOW = NS_PER_S  # a refill's period before any answer said one (a second)
 _ANNOUNCING = tuple(f"x-ratelimit-limit-{name}" for name in ("requests", "tokens")) + tuple(
     f"anthropic-ratelimit-{name}-limit" for name in BUDGETS
 )
+#: One of these is in the name of every `_ANNOUNCING` field: an answer whose lower-cased
+#: names hold neither announces no budget (the adapters' one look at the names says so).
+ANNOUNCING_MARKS = ("ratelimit-limit-", "anthropic-ratelimit-")
 
 
 def validated_costs(costs: object, what: str) -> dict[str, int]:
