@@ -40,11 +40,35 @@ MARGIN = 0.4
 PHASE = 15.0
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
+def run(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
+    """*coro* on a new event loop (or on *loop*, closed after), failed past `PHASE`."""
+
     async def bounded() -> T:
         return await asyncio.wait_for(coro, PHASE)
 
-    return asyncio.run(bounded())
+    if loop is None:
+        return asyncio.run(bounded())
+    try:
+        return loop.run_until_complete(bounded())
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+class StoppedClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when the test moves it (`skew`): round trips
+    to the real Redis take no loop time, however loaded the machine, so every deadline
+    sees exactly the lag the test made. Past `PHASE` real seconds the clock runs again,
+    so that `run`'s bound still fails a test that hangs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skew = 0.0
+        self._start = super().time()
+
+    def time(self) -> float:
+        real = super().time()
+        return (self._start if real - self._start < PHASE else real) + self.skew
 
 
 def script_calls(server: RedisServer) -> int:
@@ -78,10 +102,11 @@ def limiter_on(server: RedisServer, **kwargs: Any) -> nbr.AsyncRedisTokenBucket:
 def run_warm(
     server: RedisServer,
     body: Callable[[nbr.AsyncRedisTokenBucket], Awaitable[None]],
+    loop: asyncio.AbstractEventLoop | None = None,
     **kwargs: Any,
 ) -> None:
-    """``body(limiter)`` in a new event loop on a `limiter_on` *server* (with *kwargs*),
-    warmed and the server's stats reset first, closed after."""
+    """``body(limiter)`` in a new event loop (or *loop*) on a `limiter_on` *server* (with
+    *kwargs*), warmed and the server's stats reset first, closed after."""
 
     async def main() -> None:
         limiter = limiter_on(server, **kwargs)
@@ -92,7 +117,7 @@ def run_warm(
         finally:
             await limiter.aclose()
 
-    run(main())
+    run(main(), loop)
 
 
 async def together(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
@@ -375,14 +400,18 @@ def test_hung_redis_every_caller_gets_the_policy_within_the_timeout(
 def test_a_blocked_event_loop_is_not_a_redis_failure(
     own_redis_server: RedisServer, coalesce: bool
 ) -> None:
-    # Redis is healthy; the app's own loop is blocked 0.3 s (a CPU hog) while a
-    # decision is in flight and 255 wait: three times the timeout passes on the
-    # loop's clock, none of it Redis's. Every decision is Redis's, exactly the
+    # Redis is healthy; the app's own loop is blocked 0.3 s (a CPU hog) while
+    # decisions are in flight and the rest wait: three times the timeout passes on
+    # the loop's clock, none of it Redis's. Every decision is Redis's, exactly the
     # first 100 admitted, and the breaker never opens (with on_error="open" each
-    # policy decision would have been one more admitted).
+    # policy decision would have been one more admitted). The loop's clock moves
+    # only by the block: the round trips take no loop time, so a loaded machine
+    # cannot bring the deadlines' hard limit (1 s) into the test.
+    loop = StoppedClockLoop()
+
     async def body(limiter: nbr.AsyncRedisTokenBucket) -> None:
         async def hog() -> None:
-            time.sleep(0.3)  # blocks the loop: the 256 calls are all sent or queued by now
+            loop.skew += 0.3  # blocks the loop: the 256 calls are all sent or queued by now
 
         ds = await together([lambda: limiter.check("k")] * 256 + [hog])
         decisions = [d for d in ds if d is not None]
@@ -390,7 +419,7 @@ def test_a_blocked_event_loop_is_not_a_redis_failure(
         assert [d.allowed for d in decisions] == [True] * 100 + [False] * 156
         assert limiter.breaker.state == "closed"
 
-    run_warm(own_redis_server, body, timeout=TIMEOUT, on_error="open", coalesce=coalesce)
+    run_warm(own_redis_server, body, loop, timeout=TIMEOUT, on_error="open", coalesce=coalesce)
 
 
 def test_dead_redis_the_breaker_counts_each_round_trip_once(
