@@ -357,20 +357,7 @@ def test_httpx_paces_by_requests_and_tokens_together(impl: ModuleType, clock: Ma
 def test_requests_paces_by_both_budgets_with_settle(impl: ModuleType, clock: ManualClock) -> None:
     sent: list[int] = []
     slept: list[float] = []
-    handler = provider(clock, sent)
-
-    class Canned(requests.adapters.HTTPAdapter):
-        def send(self, request: Any, *args: Any, **kwargs: Any) -> requests.Response:
-            answer = handler(httpx.Request("POST", request.url, content=request.body))
-            response = requests.Response()
-            response.status_code = answer.status_code
-            response.headers.update(answer.headers)
-            response._content = answer.content
-            return response
-
-    class Limited(RateLimitedAdapter, Canned):
-        pass
-
+    Limited = _canned_adapter(provider(clock, sent))
     settled: list[int] = []
 
     def settle(response: requests.Response) -> dict[str, int]:
@@ -414,6 +401,69 @@ def test_the_asyncio_transport_waits_for_the_budget_and_awaits_settle(
 
     assert asyncio.run(main()) == [200, 200, 200]
     assert sent == [0, S, 2 * S] and slept == [1.0, 1.0]
+
+
+def _canned_adapter(handler: Any) -> type[RateLimitedAdapter]:
+    """A `RateLimitedAdapter` over an adapter that answers by *handler* (an httpx one)."""
+
+    class Canned(requests.adapters.HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> requests.Response:
+            answer = handler(httpx.Request("POST", request.url, content=request.body))
+            response = requests.Response()
+            response.status_code = answer.status_code
+            response.headers.update(answer.headers)
+            response._content = answer.content
+            return response
+
+    class Limited(RateLimitedAdapter, Canned):
+        pass
+
+    return Limited
+
+
+@pytest.mark.parametrize("client", ["httpx", "httpx-async", "requests"])
+def test_with_no_estimate_the_budgets_an_answer_announces_hold_the_next_requests(
+    impl: ModuleType, clock: ManualClock, client: str
+) -> None:
+    # No estimate and no settle: a key no budget was heard of goes past the budgets.
+    # Its first answer announces nothing; the next, read once for the pacing and the
+    # budgets, announces 3 requests a second. Each request then costs one: the
+    # fourth of those waits for the reset.
+    sent: list[int] = []
+    slept: list[float] = []
+    answers = provider(clock, sent)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers(request) if request.url.path == "/" else httpx.Response(200)
+
+    requests_ = ["http://api/first"] + ["http://api/"] * 5
+    keywords: dict[str, Any] = {"rate": 1000, "capacity": 100, "clock": clock}
+    if client == "httpx":
+        keywords["sleep"] = sleeper(clock, slept)
+        with httpx.Client(transport=RateLimitedTransport(
+            httpx.MockTransport(handler), **keywords
+        )) as c:  # fmt: skip
+            statuses = [c.post(url, json={"tokens": 10}).status_code for url in requests_]
+    elif client == "httpx-async":
+        moved = sleeper(clock, slept)
+
+        async def sleep(seconds: float) -> None:
+            moved(seconds)
+
+        async def main() -> list[int]:
+            t = AsyncRateLimitedTransport(
+                httpx.MockTransport(handler), async_sleep=sleep, **keywords
+            )
+            async with httpx.AsyncClient(transport=t) as c:
+                return [(await c.post(url, json={"tokens": 10})).status_code for url in requests_]
+
+        statuses = asyncio.run(main())
+    else:
+        session = requests.Session()
+        session.mount("http://", _canned_adapter(handler)(sleep=sleeper(clock, slept), **keywords))
+        statuses = [session.post(url, json={"tokens": 10}).status_code for url in requests_]
+    assert statuses == [200] * 6
+    assert sent == [0, 0, 0, S, S] and slept == [1.0]
 
 
 def test_a_budget_wait_past_the_timeout_raises_and_sends_nothing(

@@ -320,7 +320,7 @@ class ClientRateLimit(Outbound):
         async def send(request: aiohttp.ClientRequest) -> _Answer:
             return _Answer(await handler(request))
 
-        answer = await self._paced_async(request, self._budgeted_async(send))
+        answer = await self._paced_async(request, send)
         return answer.response
 
     def __repr__(self) -> str:

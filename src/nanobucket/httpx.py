@@ -196,7 +196,7 @@ class _Limited(Outbound, Generic[_Transport]):
         self._send = self._sender()
 
     def _sender(self) -> Callable[[httpx.Request], Any]:
-        """The wrapped transport's send, each request charged to its key's budgets."""
+        """The wrapped transport's send."""
         raise NotImplementedError
 
     _fields = staticmethod(limit_fields)
@@ -252,7 +252,7 @@ class RateLimitedTransport(_Limited[httpx.BaseTransport], httpx.BaseTransport):
     _default_transport = httpx.HTTPTransport
 
     def _sender(self) -> Callable[[httpx.Request], httpx.Response]:
-        return self._budgeted(self.transport.handle_request)
+        return self.transport.handle_request
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Wait for the key's token, send, learn from the answer (and maybe retry).
@@ -297,7 +297,7 @@ class AsyncRateLimitedTransport(_Limited[httpx.AsyncBaseTransport], httpx.AsyncB
     _default_transport = httpx.AsyncHTTPTransport
 
     def _sender(self) -> Callable[[httpx.Request], Awaitable[httpx.Response]]:
-        return self._budgeted_async(self.transport.handle_async_request)
+        return self.transport.handle_async_request
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """`RateLimitedTransport.handle_request` for asyncio.

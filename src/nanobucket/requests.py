@@ -182,4 +182,4 @@ class RateLimitedAdapter(Outbound, requests.adapters.HTTPAdapter):
         (200, KeyLimit(rate=10, capacity=3, paused_for=0.0, known=True))
         """
         send = super().send
-        return self._paced(request, self._budgeted(lambda r: send(r, *args, **kwargs)))
+        return self._paced(request, lambda r: send(r, *args, **kwargs))

@@ -3,16 +3,19 @@ that charges a request to its key's budgets, paces it through a
 `nanobucket._outbound.pacer.Pacer`, sends it, learns from its answer and sends it
 again after a 429 (`Retries`).
 
-``Outbound`` is the base of the `nanobucket.httpx` transports and the
-`nanobucket.requests` adapter. The flow is written once for threads and asyncio, as
-steps that `nanobucket._compose.drive` makes or awaits: ``Outbound._tries`` (the key's
-ticket, send, learn, again after a 429) around ``Outbound._charging`` (the budgets,
+``Outbound`` is the base of the `nanobucket.httpx` transports, the
+`nanobucket.requests` adapter and the `nanobucket.aiohttp` client middleware. The
+flow is written once for threads and asyncio, as steps that
+`nanobucket._compose.drive` makes or awaits: ``Outbound._tries`` (the key's ticket,
+send, learn, again after a 429) sends through ``Outbound._charging`` (the budgets,
 send, settle). A request whose key has a token and room at hand, with nothing to
-settle or share, goes straight through (`Outbound._paced`, `Outbound._budgeted`: no
-generator). Nothing here imports an HTTP client: an adapter names its default key
-function, its request's retry facts (``_retry_info``) and how it finds the limit
-fields of an answer (``_fields``, and ``_read`` for one look that serves the budgets
-too), each through its client's public API.
+settle or share, goes straight through (`Outbound._paced`, `Outbound._charged`: no
+generator); one whose key has no budget, with no estimate, skips the budgets too
+(`Ledger.idle`), and `Outbound._first` reads its answer for both. Nothing here
+imports an HTTP client: an adapter names its default key function, its request's
+retry facts (``_retry_info``) and how it finds the limit fields of an answer
+(``_fields``, and ``_read`` for one look that serves the budgets too), each through
+its client's public API.
 """
 
 from __future__ import annotations
@@ -165,6 +168,7 @@ class _Calls(NamedTuple):
     """The calls of a request's steps that a thread makes and asyncio awaits (see `drive`)."""
 
     start: Callable[..., Any]  # `Pacer.start`: the key's ticket
+    charged: Callable[..., Any]  # `Outbound._charged`: sent through the key's budgets
     wait_shared: Callable[..., Any]  # `SharedPace.wait`: its slot in the processes' bucket
     hold: Callable[..., Any]  # `SharedPace.hold`: a pause heard, held for them all
     wait_budgets: Callable[..., Any]  # `Ledger.wait`: room in every budget
@@ -222,13 +226,8 @@ class Outbound:
     _ledger: Ledger  # the budgets announced per key (`nanobucket._outbound.budgets`)
     _shared_budgets: SharedBudgets | None  # and those the processes share, if any
     _calls: tuple[_Calls, _Calls]  # a request's calls in a thread, and in asyncio
-    # The last request `_paced` keyed, and its key: `_budgeted` takes the key of that
-    # request, not calling the key function again (the request's answer holds it
-    # alive anyway). A thread that finds another's request here keys its own.
-    _keyed: tuple[object, Hashable] = (None, None)
-    # The headers of the last answer `_budgeted` read, and their `_fields`: the pacing
-    # takes them if that answer is its own (another thread's never is).
-    _fields_read: tuple[object, dict[str, str] | None] = (None, None)
+    _direct: bool  # no settle, no budget shared: a request charged at once goes straight
+    _budgetless: bool  # and no estimate: a key with no budget charges nothing
 
     def _configure(
         self,
@@ -288,6 +287,8 @@ class Outbound:
         self._shared_budgets = (
             None if self._shared is None else SharedBudgets(shared, self.pacer.clock)
         )
+        self._direct = self._ledger.settle is None and self._shared_budgets is None
+        self._budgetless = self._direct and self._ledger.estimate is None
         self._calls = (self._calls_of(False), self._calls_of(True))
 
     def _calls_of(self, in_asyncio: bool) -> _Calls:
@@ -298,6 +299,7 @@ class Outbound:
         if in_asyncio:
             return _Calls(
                 pacer.start_async,
+                self._charged_async,
                 wait_shared,
                 hold,
                 ledger.wait_async,
@@ -309,6 +311,7 @@ class Outbound:
             )
         return _Calls(
             pacer.start,
+            self._charged,
             wait_shared,
             hold,
             ledger.wait,
@@ -319,85 +322,74 @@ class Outbound:
             "close",
         )
 
-    def _budgeted(self, send: Callable[[_Request], _Answer]) -> Callable[[_Request], _Answer]:
-        """*send*, each request first charged to its key's budgets (waiting, the thread
-        blocked, until every one has room, and with ``shared=`` until its slot in every
-        one the processes share) and its answer learned and settled after.
+    def _charged(
+        self, request: _Request, send: Callable[[_Request], _Answer], key: Hashable
+    ) -> tuple[_Answer, dict[str, str] | None]:
+        """``send(request)``, the request first charged to *key*'s budgets (waiting, the
+        thread blocked, until every one has room, and with ``shared=`` until its slot in
+        every one the processes share) and its answer learned and settled after: the
+        answer and its limit fields (`_fields`), one look for the budgets and the pacing.
 
         A request charged at once, with nothing to settle and nothing shared, goes
         straight through (no generator): the path of most requests; the others take
         the steps of `_charging`, written once for threads and asyncio."""
-        ledger, key_of, calls = self._ledger, self._key, self._calls[0]
-        direct = ledger.settle is None and self._shared_budgets is None
-        estimate = ledger.estimate
+        ledger = self._ledger
+        costs = {} if ledger.estimate is None else ledger.costs(request)
+        charge = ledger.claim(key, costs)[1]
+        if charge is None or not self._direct:
+            steps = self._charging(request, send, self._calls[0], key, costs, charge)
+            done: tuple[_Answer, dict[str, str] | None] = self._driven(steps, request)
+            return done
+        try:
+            answer = send(request)
+        except BaseException:
+            ledger.failed(charge)
+            raise
+        fields, error = self._learned(charge, answer)
+        if error is not None:
+            answer.close()  # the caller never sees it: not left open
+            raise error
+        return answer, fields
 
-        def budgeted(request: _Request) -> _Answer:
-            keyed = self._keyed
-            key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = {} if estimate is None else ledger.costs(request)
-            charge = ledger.claim(key, costs)[1]
-            if charge is None or not direct:
-                steps = self._charging(request, send, calls, key, costs, charge)
-                done: _Answer = self._driven(steps, request)
-                return done
-            try:
-                answer = send(request)
-            except BaseException:
-                ledger.failed(charge)
-                raise
-            error = self._learned(charge, answer)
-            if error is not None:
-                answer.close()  # the caller never sees it: not left open
-                raise error
-            return answer
+    async def _charged_async(
+        self, request: _Request, send: Callable[[_Request], Awaitable[_AsyncAnswer]], key: Hashable
+    ) -> tuple[_AsyncAnswer, dict[str, str] | None]:
+        """`_charged` for asyncio: waits in the event loop; *settle* may be awaitable."""
+        ledger = self._ledger
+        costs = {} if ledger.estimate is None else ledger.costs(request)
+        charge = ledger.claim(key, costs)[1]
+        if charge is None or not self._direct:
+            steps = self._charging(request, send, self._calls[1], key, costs, charge)
+            done: tuple[_AsyncAnswer, dict[str, str] | None]
+            done = await self._driven_async(steps, request)
+            return done
+        try:
+            answer = await send(request)
+        except BaseException:
+            ledger.failed(charge)
+            raise
+        fields, error = self._learned(charge, answer)
+        if error is not None:
+            await answer.aclose()  # the caller never sees it: not left open
+            raise error
+        return answer, fields
 
-        return budgeted
-
-    def _budgeted_async(
-        self, send: Callable[[_Request], Awaitable[_AsyncAnswer]]
-    ) -> Callable[[_Request], Awaitable[_AsyncAnswer]]:
-        """`_budgeted` for asyncio: waits in the event loop; *settle* may be awaitable."""
-        ledger, key_of, calls = self._ledger, self._key, self._calls[1]
-        direct = ledger.settle is None and self._shared_budgets is None
-        estimate = ledger.estimate
-
-        async def budgeted(request: _Request) -> _AsyncAnswer:
-            keyed = self._keyed
-            key = keyed[1] if keyed[0] is request else key_of(request)
-            costs = {} if estimate is None else ledger.costs(request)
-            charge = ledger.claim(key, costs)[1]
-            if charge is None or not direct:
-                steps = self._charging(request, send, calls, key, costs, charge)
-                done: _AsyncAnswer = await self._driven_async(steps, request)
-                return done
-            try:
-                answer = await send(request)
-            except BaseException:
-                ledger.failed(charge)
-                raise
-            error = self._learned(charge, answer)
-            if error is not None:
-                await answer.aclose()  # the caller never sees it: not left open
-                raise error
-            return answer
-
-        return budgeted
-
-    def _learned(self, charge: Charge, answer: Answer) -> BaseException | None:
-        """Learn from *answer* what it says of its key's budgets (nothing to settle): None,
-        or what raised, for the caller to raise once the answer is closed. An answer
-        with no field of a limit says nothing to a request charged nothing. The fields
-        found are kept (``_fields_read``) for the pacing, which does not look again."""
+    def _learned(
+        self, charge: Charge, answer: Answer
+    ) -> tuple[dict[str, str] | None, BaseException | None]:
+        """Learn from *answer* what it says of its key's budgets (nothing to settle): its
+        `_fields` and None, or None and what raised, for the caller to raise once the
+        answer is closed. An answer with no field of a limit says nothing to a request
+        charged nothing."""
         try:
             status = answer.status_code
             headers = answer.headers
             budget_get, fields = self._read(headers)
-            self._fields_read = (headers, fields)  # `_first` takes them, not reading again
             if charge.costs or status in {429, 503} or budget_get is not None:
                 self._ledger.answered(charge, status, budget_get or headers.get)
         except BaseException as err:
-            return err
-        return None
+            return None, err
+        return fields, None
 
     def _charging(
         self,
@@ -410,7 +402,8 @@ class Outbound:
     ) -> Generator[Call, Any, Any]:
         """A request's steps through its key's budgets (see `drive`): charged (wait for
         room, unless *charge* is already taken), its slots in the budgets the
-        processes share taken, sent, settled. *calls* are a thread's or asyncio's."""
+        processes share taken, sent, settled; it returns the answer and its `_fields`.
+        *calls* are a thread's or asyncio's."""
         ledger, shared = self._ledger, self._shared_budgets
         taken = None
         if charge is None or shared is not None:
@@ -428,7 +421,6 @@ class Outbound:
         except BaseException:
             ledger.failed(charge)
             raise
-        self._fields_read = _UNREAD  # not read here (and an earlier answer's are not these)
         try:
             spent = None
             if ledger.settle is not None:
@@ -439,7 +431,9 @@ class Outbound:
                 if error is not None:
                     raise error
                 spent = validated_costs(said, "settle")
-            ledger.answered(charge, answer.status_code, answer.headers.get, spent)
+            headers = answer.headers
+            budget_get, fields = self._read(headers)
+            ledger.answered(charge, answer.status_code, budget_get or headers.get, spent)
             if taken and spent:
                 _, error = yield calls.attempt, (calls.settle_shared_budgets, charge, taken, spent)
                 if error is not None:
@@ -447,7 +441,7 @@ class Outbound:
         except BaseException:
             yield getattr(answer, calls.close), ()  # the caller never sees it: not left open
             raise
-        return answer
+        return answer, fields
 
     def _driven(self, steps: Generator[Call, Any, Any], request: object) -> Any:
         """`drive` *steps*; a wait past the timeout raises the adapter's `LimitTimeout`."""
@@ -530,22 +524,32 @@ class Outbound:
         return self.retry.again(pacer, status, info[0], info[1], tries, pause, end)
 
     def _first(
-        self, ticket: Ticket, answer: Any, info: tuple[str, bool]
+        self,
+        ticket: Ticket,
+        answer: Any,
+        info: tuple[str, bool],
+        fields: Any,  # dict[str, str] | None, or _UNHEARD
+        key: Hashable,
     ) -> int | BaseException | None:
-        """Learn from *answer*, the first to a request that `Pacer.take` let go with
-        *ticket*: None when it is the caller's; else the caller closes it, and then
-        sends it again within the retry budget that ends at the int returned (ns), or
-        raises what is returned (reading it raised). Written for most requests: a bare
-        key's answer with no limit field is one atomic count."""
+        """Learn from *answer*, the first to a request of *key* that `Pacer.take` let go
+        with *ticket*, and its *fields* (`_UNHEARD`: the budgets have not seen it, for
+        it was charged nothing: read here for both): None when it is the caller's; else
+        the caller closes it, and then sends it again within the retry budget that ends
+        at the int returned (ns), or raises what is returned (reading it raised).
+        Written for most requests: a bare key's answer with no limit field is one
+        atomic count."""
         pacer = self.pacer
         try:
-            try:
-                headers, read = answer.headers, self._fields_read
-                fields = read[1] if read[0] is headers else self._fields(headers)
-            except BaseException:
-                pacer.failed(ticket)
-                raise
             status = answer.status_code
+            if fields is _UNHEARD:
+                try:
+                    headers = answer.headers
+                    budget_get, fields = self._read(headers)
+                    if budget_get is not None or status in {429, 503}:
+                        self._ledger.heard(key, status, budget_get or headers.get)
+                except BaseException:
+                    pacer.failed(ticket)
+                    raise
             if status != 429:
                 if fields is None and status != 503:
                     if ticket[1] < 0:  # bare (`Pacer.take`): the path of most requests
@@ -582,17 +586,19 @@ class Outbound:
         """
         pacer = self.pacer
         key = self._key(request)
-        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
         end = None
         if ticket is not None:
             try:
-                answer = send(request)
+                if self._budgetless and self._ledger.idle(key):
+                    answer, fields = send(request), _UNHEARD
+                else:
+                    answer, fields = self._charged(request, send, key)
             except BaseException:
                 pacer.failed(ticket)
                 raise
-            again = self._first(ticket, answer, info)
+            again = self._first(ticket, answer, info, fields, key)
             if again is None:
                 return answer
             answer.close()  # sent again, or reading it raised: the caller never sees it
@@ -610,17 +616,19 @@ class Outbound:
         place back) and awaits *send*."""
         pacer = self.pacer
         key = self._key(request)
-        self._keyed = (request, key)  # for `_budgeted`: one key a request
         info = self._retry_info(request) if self._retrying else _ONCE
         ticket = pacer.take(key) if self._shared is None else None
         end = None
         if ticket is not None:
             try:
-                answer = await send(request)
+                if self._budgetless and self._ledger.idle(key):
+                    answer, fields = await send(request), _UNHEARD
+                else:
+                    answer, fields = await self._charged_async(request, send, key)
             except BaseException:
                 pacer.failed(ticket)
                 raise
-            again = self._first(ticket, answer, info)
+            again = self._first(ticket, answer, info, fields, key)
             if again is None:
                 return answer
             await answer.aclose()  # sent again, or reading it raised: the caller never sees it
@@ -665,17 +673,12 @@ class Outbound:
                     pacer.unsent(ticket)
                     raise
             try:
-                answer = yield send, (request,)
+                # Through the budgets, which read the answer's fields for both.
+                answer, fields = yield calls.charged, (request, send, key)
             except BaseException:  # GeneratorExit: send raised, or its caller gave up
                 pacer.failed(ticket)
                 raise
             try:
-                try:
-                    headers, read = answer.headers, self._fields_read
-                    fields = read[1] if read[0] is headers else self._fields(headers)
-                except BaseException:
-                    pacer.failed(ticket)
-                    raise
                 status = answer.status_code
                 again = self._again(ticket, status, fields, info, tries, end)
             except BaseException:
@@ -693,5 +696,5 @@ class Outbound:
 
 
 _NONE: dict[str, str] = {}  # the fields of an answer that has none
-_UNREAD: tuple[object, dict[str, str] | None] = (None, None)  # no answer's headers
+_UNHEARD = object()  # the fields of an answer the budgets have not read (`Outbound._first`)
 _ONCE = ("", False)  # the `Outbound._retry_info` of any request when retries are off

@@ -169,6 +169,26 @@ class Ledger:
             self._last = account
             return account
 
+    def idle(self, key: Hashable) -> bool:
+        """Whether *key* has no budget announced and was never paused: a request of it
+        with no estimate is charged nothing (`heard` learns from its answer).
+
+        >>> ledger = Ledger(clock=lambda: 0)
+        >>> ledger.idle("api")
+        True
+        >>> ledger.heard("api", 200, {"x-ratelimit-limit-requests": "60",
+        ...     "x-ratelimit-remaining-requests": "59", "x-ratelimit-reset-requests": "1s"}.get)
+        >>> ledger.idle("api")
+        False
+        """
+        account = self._accounts.get(key)  # one C call: no lock needed to read
+        return account is None or not (account.budgets or account.paused_until)
+
+    def heard(self, key: Hashable, status: int, get: Get) -> None:
+        """Learn from an answer (its *status*, its headers by *get*) to a request of *key*
+        that was charged nothing (see `idle`)."""
+        self.answered(_charge(Charge, (self._account(key), {})), status, get)
+
     def costs(self, request: Any) -> dict[str, int]:
         """*request*'s estimated cost per budget (none without an *estimate*)."""
         if self.estimate is None:
