@@ -46,6 +46,8 @@ _ANTHROPIC_NAMES = tuple(
     (*(f"anthropic-ratelimit-{n}-{field}" for field in ("limit", "remaining", "reset")), n)
     for n in BUDGETS
 )
+# The families, and whether their resets are Go durations (else RFC 3339 times)
+_FAMILIES = ((_OPENAI_NAMES, True), (_ANTHROPIC_NAMES, False))
 #: Every field `parse_budgets` and `parse_pause` read, by lower-case name.
 BUDGET_FIELDS = frozenset(
     {name for names in _OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
@@ -168,35 +170,29 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
     """
     found: dict[str, Budget] = {}
     wall_ns: int | None = None
-    for limit_name, remaining_name, reset_name, name in _OPENAI_NAMES:
-        # A budget not announced is one lookup: most answers announce few, or none.
-        text = get(limit_name)
-        limit = None if text is None else _count(text)
-        if limit is None:
-            continue
-        remaining = _count(get(remaining_name))
-        reset = get(reset_name)
-        if remaining is None or reset is None:
-            continue
-        reset_ns = parse_go_duration(reset)
-        if reset_ns is not None:
+    for names, go_resets in _FAMILIES:
+        for limit_name, remaining_name, reset_name, name in names:
+            # A budget not announced is one lookup: most answers announce few, or none.
+            text = get(limit_name)
+            limit = None if text is None else _count(text)
+            if limit is None:
+                continue
+            remaining = _count(get(remaining_name))
+            reset = get(reset_name)
+            if remaining is None or reset is None:
+                continue
+            if go_resets:  # a Go duration from now
+                reset_ns = parse_go_duration(reset)
+                if reset_ns is None:
+                    continue
+            else:  # an RFC 3339 time, read against the answer's Date
+                at = parse_rfc3339(reset)
+                if at is None:
+                    continue
+                if wall_ns is None:
+                    wall_ns = int(_wall_now(get, wall_clock) * NS_PER_S)
+                reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
             found[name] = Budget(limit, min(remaining, limit), reset_ns)
-    for limit_name, remaining_name, reset_name, name in _ANTHROPIC_NAMES:
-        text = get(limit_name)
-        limit = None if text is None else _count(text)
-        if limit is None:
-            continue
-        remaining = _count(get(remaining_name))
-        reset = get(reset_name)
-        if remaining is None or reset is None:
-            continue
-        at = parse_rfc3339(reset)
-        if at is None:
-            continue
-        if wall_ns is None:
-            wall_ns = int(_wall_now(get, wall_clock) * NS_PER_S)
-        reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
-        found[name] = Budget(limit, min(remaining, limit), reset_ns)
     return found
 
 
