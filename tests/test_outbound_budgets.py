@@ -6,8 +6,10 @@ Time is a manual clock that the sleeps move, so every wait is exact.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import math
+import re
 from fractions import Fraction
 from types import ModuleType
 from typing import Any
@@ -20,8 +22,6 @@ from hypothesis import strategies as st
 
 import nanobucket as nb
 from nanobucket._outbound.budget_fields import (
-    _GO_PART,
-    _GO_UNIT,
     Budget,
     parse_budgets,
     parse_go_duration,
@@ -51,22 +51,129 @@ def test_go_durations_in_exact_ns(text: str, ns: int) -> None:
     assert parse_go_duration(text) == ns
 
 
-def _go_duration_in_fractions(text: str) -> int | None:
-    """`parse_go_duration` as it summed its parts before: in exact Fractions."""
-    text = text.strip()
-    if text == "0":
-        return 0
-    if not text or len(text) > 64:
+_GO_UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": S}
+_GO_UNITS |= {"m": 60 * S, "h": 3600 * S}
+_U63 = 1 << 63
+
+
+def _go_parse_duration(text: str) -> Fraction | str | None:
+    """Go's ``time.ParseDuration``, ported line by line (Go 1.22, src/time/format.go) over
+    the text's UTF-8 bytes: None where Go returns a syntax error, ``"overflow"`` where
+    it returns its overflow error, else the duration the text writes, in exact ns (Go
+    itself truncates the fractions through a float64, below the ns)."""
+    data = text.encode()
+    if data[:1] in {b"-", b"+"}:
+        negative, data = data[:1] == b"-", data[1:]
+    else:
+        negative = False
+    if data == b"0":
+        return Fraction(0)
+    if not data:
         return None
-    total, at = Fraction(0), 0
-    for match in _GO_PART.finditer(text):
-        if match.start() != at:
+    total = 0  # Go's d, with its checks
+    exact = Fraction(0)
+    while data:
+        if not (data[0] == ord(".") or ord("0") <= data[0] <= ord("9")):
             return None
-        at = match.end()
-        total += Fraction(match[1]) * _GO_UNIT[match[2]]
-    if at != len(text) or at == 0:
+        i, whole = 0, 0  # leadingInt
+        while i < len(data) and ord("0") <= data[i] <= ord("9"):
+            if whole > _U63 // 10:
+                return "overflow"
+            whole = whole * 10 + data[i] - ord("0")
+            if whole > _U63:
+                return "overflow"
+            i += 1
+        before, data = i > 0, data[i:]
+        fraction, scale, written, after = 0, 1, Fraction(0), False
+        if data[:1] == b".":
+            data = data[1:]
+            i, lost = 0, False  # leadingFraction
+            while i < len(data) and ord("0") <= data[i] <= ord("9"):
+                digit = data[i] - ord("0")
+                written += Fraction(digit, 10 ** (i + 1))
+                if not lost:
+                    if fraction > (_U63 - 1) // 10 or fraction * 10 + digit > _U63:
+                        lost = True
+                    else:
+                        fraction, scale = fraction * 10 + digit, scale * 10
+                i += 1
+            after, data = i > 0, data[i:]
+        if not before and not after:
+            return None
+        i = 0
+        while i < len(data) and not (data[i] == ord(".") or ord("0") <= data[i] <= ord("9")):
+            i += 1
+        unit = _GO_UNITS.get(data[:i].decode(errors="replace")) if i else None
+        if unit is None:
+            return None  # a missing or unknown unit
+        data = data[i:]
+        if whole > _U63 // unit:
+            return "overflow"
+        value = whole * unit
+        if fraction > 0:
+            value += int(float(fraction) * (float(unit) / float(scale)))
+            if value > _U63:
+                return "overflow"
+        total += value
+        if total > _U63:
+            return "overflow"
+        exact += (whole + written) * unit
+    if not negative and total > _U63 - 1:
+        return "overflow"
+    return -exact if negative else exact
+
+
+_NS, _US, _MS, _M, _H = 1, 10**3, 10**6, 60 * S, 3600 * S
+
+
+@pytest.mark.parametrize(
+    ("text", "go_ns"),
+    [
+        # Go's own table (src/time/time_test.go, parseDurationTests): what Go reads.
+        ("0", 0), ("5s", 5 * S), ("30s", 30 * S), ("1478s", 1478 * S), ("-5s", -5 * S),
+        ("+5s", 5 * S), ("-0", 0), ("+0", 0), ("5.0s", 5 * S), ("5.6s", 5 * S + 600 * _MS),
+        ("5.s", 5 * S), (".5s", 500 * _MS), ("1.0s", S), ("1.00s", S), ("1.004s", S + 4 * _MS),
+        ("1.0040s", S + 4 * _MS), ("100.00100s", 100 * S + _MS), ("10ns", 10), ("11us", 11 * _US),
+        ("12µs", 12 * _US), ("12μs", 12 * _US), ("13ms", 13 * _MS), ("14s", 14 * S),
+        ("15m", 15 * _M), ("16h", 16 * _H), ("3h30m", 3 * _H + 30 * _M),
+        ("10.5s4m", 4 * _M + 10 * S + 500 * _MS), ("-2m3.4s", -(2 * _M + 3 * S + 400 * _MS)),
+        ("1h2m3s4ms5us6ns", _H + 2 * _M + 3 * S + 4 * _MS + 5 * _US + 6),
+        ("39h9m14.425s", 39 * _H + 9 * _M + 14 * S + 425 * _MS),
+        ("52763797000ns", 52763797000), ("0.3333333333333333333h", 20 * _M),
+        ("9007199254740993ns", (1 << 53) + 1), ("9223372036854775807ns", (1 << 63) - 1),
+        ("9223372036854775.807us", (1 << 63) - 1), ("9223372036s854ms775us807ns", (1 << 63) - 1),
+        ("-9223372036854775808ns", -(1 << 63)), ("-9223372036854775.808us", -(1 << 63)),
+        ("-2562047h47m16.854775808s", -(1 << 63)), ("0.100000000000000000000h", 6 * _M),
+        ("0.830103483285477580700h", 49 * _M + 48 * S + 372539827),
+        # and what it refuses (None: its syntax errors; "overflow": its overflow error)
+        ("", None), ("3", None), ("-", None), ("s", None), (".", None), ("-.", None),
+        (".s", None), ("+.s", None), ("1d", None), ("\x85\x85", None), ("\xffff", None),
+        ("hello \xffff world", None), ("9223372036854775810ns", "overflow"),
+        ("9223372036854775808ns", "overflow"), ("-9223372036854775809ns", "overflow"),
+        ("9223372036854775.808us", "overflow"), ("9223372036854ms775us808ns", "overflow"),
+    ],
+)  # fmt: skip
+def test_the_go_reference_reads_gos_own_table(text: str, go_ns: int | str | None) -> None:
+    # The reference the differential tests hold `parse_go_duration` to is exact where Go
+    # goes through a float64 (0.3333333333333333333h): within a ns of Go's answer.
+    read = _go_parse_duration(text)
+    if isinstance(go_ns, int):
+        assert isinstance(read, Fraction) and abs(read - go_ns) < 1
+    else:
+        assert read == go_ns
+
+
+def _go_duration_for_a_reset(text: str) -> int | None:
+    """What `parse_go_duration` should read from *text*: Go's duration rounded up to the ns
+    and at most a day; None for what Go refuses (too long for it too) and for a
+    negative duration (no reset is in the past)."""
+    text = text.strip()
+    if len(text) > 64 or text.startswith("-"):
         return None
-    return min(math.ceil(total), 86_400 * S)
+    go = _go_parse_duration(text)
+    if not isinstance(go, Fraction):
+        return None
+    return min(math.ceil(go), 86_400 * S)
 
 
 GO_PART = st.tuples(
@@ -77,10 +184,17 @@ GO_PART = st.tuples(
 
 
 @settings(max_examples=500, deadline=None)
-@given(parts=st.lists(GO_PART, max_size=4), pad=st.sampled_from(["", " "]))
-def test_go_durations_sum_as_exact_fractions_do(parts: list[str], pad: str) -> None:
-    text = pad + "".join(parts) + pad
-    assert parse_go_duration(text) == _go_duration_in_fractions(text)
+@given(
+    parts=st.lists(GO_PART, max_size=4),
+    pad=st.sampled_from(["", " "]),
+    sign=st.sampled_from(["", "", "+", "-", "++"]),
+)
+def test_go_durations_read_as_go_reads_them(parts: list[str], pad: str, sign: str) -> None:
+    # Generated texts, Go durations and not (a part with no digits, no unit, an
+    # unknown unit, Arabic-Indic digits, 20 digits: Go's overflow), against Go's own
+    # parser ported: the same texts refused, the same ns (rounded up) read.
+    text = pad + sign + "".join(parts) + pad
+    assert parse_go_duration(text) == _go_duration_for_a_reset(text)
 
 
 @pytest.mark.parametrize("text", ["", "-1s", "1", "s", "1x", "1s 2m", "1.s2", "1e3s", "m1"])
@@ -108,6 +222,68 @@ def test_rfc3339_times_in_exact_ns(text: str, ns: int) -> None:
 )
 def test_what_is_not_an_rfc3339_time_is_none(text: str) -> None:
     assert parse_rfc3339(text) is None
+
+
+def _rfc3339_by_datetime(text: str) -> int | None:
+    """An RFC 3339 time in ns since the epoch as Python's `datetime` reads it: the grammar
+    of RFC 3339 (ASCII digits, a fraction of any length, ``T`` or a space, ``Z`` or an
+    offset), each field's range and the calendar checked by `datetime`, a leap second
+    (``:60``) read as the second after ``:59``, the fraction rounded up to the ns."""
+    match = re.fullmatch(
+        r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+        r"([Zz]|[+-][0-9]{2}:[0-9]{2})",
+        text.strip(),
+    )
+    if match is None:
+        return None
+    date, hour_minute, second, fraction, zone = match.groups()
+    leap = second == "60"
+    zone = "+00:00" if zone in {"Z", "z"} else zone
+    if int(zone[1:3]) > 23 or int(zone[4:6]) > 59:
+        return None  # RFC 3339's time-numoffset: hours 00-23, minutes 00-59
+    try:
+        at = datetime.datetime.fromisoformat(
+            f"{date}T{hour_minute}:{'59' if leap else second}{zone}"
+        )
+    except ValueError:
+        return None
+    fraction = fraction or ""
+    ns = int(fraction[:9].ljust(9, "0")) + (fraction[9:].strip("0") != "")
+    seconds = int(at.timestamp()) + leap
+    return seconds * S + ns
+
+
+def _two_digits(most: int) -> st.SearchStrategy[str]:
+    return st.integers(0, most).map("{:02d}".format)
+
+
+RFC3339_TEXT = st.tuples(
+    st.sampled_from(["0000", "0001", "1969", "1970", "2000", "2024", "2025", "2100", "9999"]),
+    _two_digits(13).map(lambda m: "-" + m),
+    _two_digits(32).map(lambda d: "-" + d),
+    st.sampled_from(["T", "t", " ", "_"]),
+    _two_digits(25),
+    _two_digits(61).map(lambda m: ":" + m),
+    _two_digits(61).map(lambda s: ":" + s),
+    st.one_of(st.just(""), st.text("0123456789", min_size=0, max_size=14).map(lambda f: "." + f)),
+    st.one_of(
+        st.sampled_from(["Z", "z", "", "+00:00", "-00:00", "+5:00", "UTC"]),
+        st.tuples(st.sampled_from("+-"), _two_digits(25), _two_digits(61)).map(
+            lambda z: f"{z[0]}{z[1]}:{z[2]}"
+        ),
+    ),
+).map("".join)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=RFC3339_TEXT, foreign=st.booleans())
+def test_rfc3339_times_read_as_pythons_datetime_reads_them(text: str, foreign: bool) -> None:
+    # Generated times, valid and not (a month 13, a 30th of February, an hour 24, an
+    # offset of 24 hours or 60 minutes, a fraction of 10 digits or none, "t", "z",
+    # Arabic-Indic digits): the same instant as the reference, or None with it.
+    if foreign:
+        text = text.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    assert parse_rfc3339(text) == _rfc3339_by_datetime(text)
 
 
 def openai(requests_: tuple[int, int, str], tokens: tuple[int, int, str]) -> dict[str, str]:
@@ -520,8 +696,8 @@ def test_shared_budgets_space_the_processes_by_each_budgets_refill(
     decimals=st.sampled_from(["", ".", ".5", ".045", ".000000001", ".999999999", ".1234567891"]),
     unit=st.sampled_from(["s", "ms", "us", "m"]),
 )
-def test_the_usual_go_durations_read_as_exact_fractions_do(
+def test_the_usual_go_durations_read_as_go_reads_them(
     minutes: str, whole: str, decimals: str, unit: str
 ) -> None:
     text = minutes + whole + decimals + unit
-    assert parse_go_duration(text) == _go_duration_in_fractions(text)
+    assert parse_go_duration(text) == _go_duration_for_a_reset(text)

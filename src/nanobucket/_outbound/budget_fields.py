@@ -56,11 +56,16 @@ BUDGET_FIELDS = frozenset(
 
 _GO_UNIT = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": NS_PER_S}
 _GO_UNIT |= {"m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_TOO_LONG = 1 << 63  # ns: past Go's int64 durations
+# ASCII digits only, as Go reads them (``\d`` takes any script's)
+_GO_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 # The forms providers send (``340ms``, ``1.5s``, ``6m0s``, ``3m12.045s``), read in one match
-_GO_USUAL = re.compile(r"(?:(\d{1,6})m)?(\d{1,9})(?:\.(\d{1,9}))?(m?s)")
+_GO_USUAL = re.compile(r"(?:([0-9]{1,6})m)?([0-9]{1,9})(?:\.([0-9]{1,9}))?(m?s)")
+# ASCII digits only (``\d`` takes any script's); a fraction of any length (RFC 3339
+# sets none), which `parse_rfc3339` rounds up to the ns.
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)\Z"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
 )
 
 
@@ -74,7 +79,8 @@ class Budget(NamedTuple):
 
 def parse_go_duration(text: str) -> int | None:
     """A Go duration (``1h2m3.5s``, ``6m0s``, ``12ms``, ``0``) in ns, rounded up, at most
-    a day; None if it is not one (or is negative).
+    a day; None if it is not one, as Go's ``time.ParseDuration`` reads it (too long for
+    a Go duration, 2**63 ns, is not one either), or if it is negative.
 
     >>> parse_go_duration("6m0s"), parse_go_duration("12ms"), parse_go_duration("1h2m3.5s")
     (360000000000, 12000000, 3723500000000)
@@ -82,6 +88,8 @@ def parse_go_duration(text: str) -> int | None:
     (1500, 0, None)
     """
     text = text.strip()
+    if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
+        text = text[1:]
     usual = _GO_USUAL.fullmatch(text)
     if usual is not None:
         minutes, whole, decimals, unit = usual.groups()
@@ -112,7 +120,7 @@ def parse_go_duration(text: str) -> int | None:
             scale = part
         value = int(whole or "0") * part + int(decimals or "0")
         total += value * _GO_UNIT[match[2]] * (scale // part)
-    if at != len(text) or at == 0:
+    if at != len(text) or at == 0 or total >= _GO_TOO_LONG * scale:
         return None
     return min(-(-total // scale), _MAX_WAIT_NS)
 
@@ -140,9 +148,14 @@ def parse_rfc3339(text: str) -> int | None:
         return None
     zone = match[8]
     if zone not in {"Z", "z"}:
+        hours, minutes = int(zone[1:3]), int(zone[4:6])
+        if hours > 23 or minutes > 59:
+            return None
         sign = -1 if zone[0] == "+" else 1  # +02:00 is two hours ahead of UTC
-        whole += sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
-    fraction = int((match[7] or ".")[1:].ljust(9, "0"))
+        whole += sign * (hours * 3600 + minutes * 60)
+    digits = (match[7] or ".")[1:]
+    # Past the ns, rounded up: a reset is never read earlier than it was written.
+    fraction = int(digits[:9].ljust(9, "0")) + (digits[9:].strip("0") != "")
     return (whole + (second == 60)) * NS_PER_S + fraction
 
 
