@@ -2,6 +2,7 @@
 
     python benchmarks/bench_outbound_processes.py [--seconds 10 --runs 3]
         [--processes 8 --threads 2 --fields ietf|sliding|x-ratelimit|openai|anthropic]
+        [--slow-at 5]
 
 A uvicorn on loopback enforces 100 req/s per ``X-API-Key`` (nanobucket's
 middleware with IETF fields, bursts of 10; or ``--fields sliding``: at most
@@ -28,6 +29,10 @@ for ``--seconds``, all with one API key (a fresh one per run). Rows:
 
 * ``shared 1000/s`` (LLM fields only, instead of the two above): one at
   1000/s, bursts of 400: fine and deep, as the budgets' shared prices want.
+
+``--slow-at S``: the server halves its rate S seconds into each run (100/s
+becomes 50/s, a fresh bucket per key); printed for each run, the 200s and the
+429s in each second of it.
 
 Printed per row: admitted/s (200s per second of the run) and as a share of
 the server's 100/s (an LLM provider's 80 calls a second), 429s as a share of
@@ -109,6 +114,8 @@ class Report:
     latencies: list[float] = field(default_factory=list)  # seconds per call
     last_answer: float = 0.0  # time.monotonic() of its last answer
     errors: list[str] = field(default_factory=list)
+    admitted_at: list[float] = field(default_factory=list)  # seconds from the start
+    limited_at: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -119,6 +126,8 @@ class RunResult:
     seconds: float
     p99_ms: float
     errors: list[str]
+    admitted_at: list[float] = field(default_factory=list)  # seconds from the start
+    limited_at: list[float] = field(default_factory=list)
 
     @property
     def answers(self) -> int:
@@ -186,8 +195,10 @@ def worker(
                         report.last_answer = max(report.last_answer, now)
                         if status == 200:
                             report.admitted += 1
+                            report.admitted_at.append(now - start.value)
                         elif status == 429:
                             report.limited += 1
+                            report.limited_at.append(now - start.value)
                         else:
                             report.other += 1
             except BaseException:
@@ -223,9 +234,11 @@ def one_run(
     seconds: float,
     table: tuple[int, int] | None,
     llm: bool = False,
+    slow_at: float | None = None,
 ) -> RunResult:
     """*processes* forked workers for *seconds*, with a fresh key (and a fresh shared table);
-    *llm*: calling an LLM provider."""
+    *llm*: calling an LLM provider; *slow_at*: the server halves its rate that many
+    seconds after the start."""
     ctx = multiprocessing.get_context("fork")
     api_key = uuid.uuid4().hex
     shared = (
@@ -253,8 +266,13 @@ def one_run(
             except queue.Empty:
                 errors.append(f"only {n} of {processes} workers got ready")
                 break
+        if slow_at is not None:
+            httpx.post(url + "/fast")
         start.value = time.monotonic()
         go.set()  # even after a failure: the ready workers run and report, not hang
+        if slow_at is not None:
+            time.sleep(max(0.0, start.value + slow_at - time.monotonic()))
+            httpx.post(url + "/slow")
         deadline = start.value + seconds + JOIN_GRACE
         while len(reports) < processes:
             try:
@@ -288,7 +306,18 @@ def one_run(
         seconds=max(seconds, end - start.value),
         p99_ms=p99(latencies) * 1000,
         errors=errors,
+        admitted_at=sorted(t for report in reports for t in report.admitted_at),
+        limited_at=sorted(t for report in reports for t in report.limited_at),
     )
+
+
+def per_second(times: list[float], seconds: float) -> list[int]:
+    """How many of *times* (seconds from the start) fall in each whole second of the run."""
+    counts = [0] * int(seconds)
+    for t in times:
+        if 0 <= t < len(counts):
+            counts[int(t)] += 1
+    return counts
 
 
 def main() -> None:
@@ -300,7 +329,15 @@ def main() -> None:
     fields = ["ietf", "sliding", "x-ratelimit", *LLM_FIELDS]
     parser.add_argument("--fields", choices=fields, default="ietf")
     parser.add_argument("--rows", help="comma-separated, of: " + ", ".join(ROWS))
+    parser.add_argument(
+        "--slow-at",
+        type=float,
+        help="the server halves its rate this many seconds into each run (a token bucket's "
+        "fields: ietf or x-ratelimit); printed: admitted and 429s per second",
+    )
     args = parser.parse_args()
+    if args.slow_at is not None and args.fields not in {"ietf", "x-ratelimit"}:
+        parser.error("--slow-at needs --fields ietf or x-ratelimit")
     llm = args.fields in LLM_FIELDS
     shared_rows = ["shared 1000/s"] if llm else ["shared 100/s", "shared 500/s"]
     rows = args.rows.split(",") if args.rows else ["alone", *shared_rows]
@@ -331,7 +368,14 @@ def main() -> None:
             rates, shares, p99s, seen = [], [], [], []
             for _ in range(args.runs):
                 time.sleep(REFILL_PAUSE)
-                run = one_run(url, args.processes, args.threads, args.seconds, ROWS[row], llm)
+                run = one_run(
+                    url, args.processes, args.threads, args.seconds, ROWS[row], llm, args.slow_at
+                )
+                if args.slow_at is not None:
+                    print(
+                        f"{row}: admitted per second {per_second(run.admitted_at, args.seconds)}"
+                        f", 429s per second {per_second(run.limited_at, args.seconds)}"
+                    )
                 if run.errors:
                     failed = True
                     first = run.errors[0]

@@ -7,7 +7,8 @@ shipped), ``retry-after`` (only ``Retry-After`` on a 429) or ``x-ratelimit``
 ``sliding`` it is no token bucket but a sliding window of 50 requests per
 second (tests/server_models.py's `SlidingWindow`, announced as ``q=50;w=1``).
 ``NB_OUT_RATE`` and ``NB_OUT_BURST`` change the 50 and the 10. ``/stats``
-(exempt) gives the counters.
+(exempt) gives the counters. ``/slow`` halves the bucket's rate (a fresh bucket
+per key, full) and ``/fast`` brings it back: a server that slows down.
 """
 
 from __future__ import annotations
@@ -45,14 +46,19 @@ async def stats(request: Request) -> JSONResponse:
     return JSONResponse(counters.snapshot())
 
 
-limited = RateLimitMiddleware(
-    Starlette(routes=[Route("/", hello), Route("/stats", stats)]),
-    nb.KeyedTokenBucket(rate=RATE, capacity=BURST),
-    key=header("X-API-Key"),
-    headers=MODES[FIELDS],
-    exempt=["/stats"],
-    counters=counters,
-)
+def limited_at(rate: int) -> RateLimitMiddleware:
+    return RateLimitMiddleware(
+        Starlette(routes=[Route("/", hello), Route("/stats", stats)]),
+        nb.KeyedTokenBucket(rate=rate, capacity=BURST),
+        key=header("X-API-Key"),
+        headers=MODES[FIELDS],
+        exempt=["/stats"],
+        counters=counters,
+    )
+
+
+limited = fast = limited_at(RATE)
+slow = limited_at(RATE // 2)
 
 
 windows: dict[bytes, SlidingWindow] = {}
@@ -75,6 +81,12 @@ async def sliding(scope: Any, receive: Any, send: Any) -> None:
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:
+    global limited
+    if scope["type"] == "http" and scope["path"] in {"/slow", "/fast"}:
+        limited = slow if scope["path"] == "/slow" else fast
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if FIELDS == "sliding" and scope["type"] == "http":
         await sliding(scope, receive, send)
         return
