@@ -96,6 +96,28 @@ class ManualClock:
         self.now += ns
 
 
+class SleepClock(ManualClock):
+    """A `ManualClock` from 10 s that only its sleeps move; records every sleep (s).
+
+    With *most_sleeps*, more sleeps than that fail the test: a wait woken once
+    per token of a long pause is work that grows with the numbers, too.
+    """
+
+    def __init__(self, most_sleeps: int | None = None) -> None:
+        super().__init__(10 * 1_000_000_000)
+        self.slept: list[float] = []
+        self.most_sleeps = most_sleeps
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += round(seconds * 1_000_000_000)
+        if self.most_sleeps is not None and len(self.slept) > self.most_sleeps:
+            raise AssertionError(f"{len(self.slept)} sleeps: {self.slept[-3:]} ...")
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()

@@ -31,28 +31,11 @@ from nanobucket.httpx import (
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout
 
+from conftest import SleepClock
 from outbound_load import SERVER_BURST, SERVER_RATE, api_server, drive
 
 NS = 1_000_000_000
 DATE = "Wed, 21 Oct 2015 07:28:00 GMT"
-
-
-class Clock:
-    """Int ns that only `sleep` moves; records every sleep (s)."""
-
-    def __init__(self) -> None:
-        self.now = 10 * NS
-        self.slept: list[float] = []
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += round(seconds * NS)
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
 
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -70,7 +53,7 @@ def answers(*responses: tuple[int, dict[str, str]]) -> tuple[httpx.MockTransport
     return httpx.MockTransport(handler), calls
 
 
-def client(api: httpx.MockTransport, clock: Clock, **kwargs: Any) -> httpx.Client:
+def client(api: httpx.MockTransport, clock: SleepClock, **kwargs: Any) -> httpx.Client:
     kwargs.setdefault("rate", 10)
     kwargs.setdefault("capacity", 5)
     t = RateLimitedTransport(api, clock=clock, sleep=clock.sleep, **kwargs)
@@ -81,7 +64,7 @@ def client(api: httpx.MockTransport, clock: Clock, **kwargs: Any) -> httpx.Clien
 
 
 def test_exact_pacing_per_host() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((200, {}))
     http = client(api, clock, rate=10, capacity=2)
     for _ in range(4):
@@ -92,7 +75,7 @@ def test_exact_pacing_per_host() -> None:
 
 
 def test_key_function() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((200, {}))
     t = RateLimitedTransport(
         api, rate=1, capacity=1, key=lambda r: r.headers["X-Tenant"], timeout=0, clock=clock
@@ -107,7 +90,7 @@ def test_key_function() -> None:
 
 
 def test_timeout_error_content_nothing_sent() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((200, {}))
     http = client(api, clock, rate=1, capacity=1, timeout=0.5)
     http.get("http://h/")
@@ -126,7 +109,7 @@ def test_timeout_error_content_nothing_sent() -> None:
 
 
 def test_full_line_is_refused_with_its_reason() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((200, {}))
     http = client(api, clock, rate=1, capacity=1, max_waiters=0)
     http.get("http://h/")
@@ -148,7 +131,7 @@ def test_full_line_is_refused_with_its_reason() -> None:
     ],
 )
 def test_retry_after_pauses_the_key(headers: dict[str, str], pause: float) -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, headers), (200, {}))
     http = client(api, clock)
     assert http.get("http://h/").status_code == 429
@@ -176,7 +159,7 @@ def test_retry_after_and_reset_dates_without_date_read_the_wall_clock() -> None:
     assert got is not None and got.reset_ns == 3 * NS - NS // 4
     # Through the transport: a 429 without Date pauses the host until the date, on
     # the wall clock given; the wait is slept on the pacing clock.
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, {"Retry-After": "Wed, 21 Oct 2015 07:28:05 GMT"}), (200, {}))
     http = client(api, clock, wall_clock=lambda: wall + NS // 2)
     assert http.get("http://h/").status_code == 429
@@ -189,7 +172,7 @@ def test_retry_after_and_reset_dates_without_date_read_the_wall_clock() -> None:
 
 
 def test_503_with_retry_after_pauses_too_and_200_does_not() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((200, {"Retry-After": "9"}), (503, {"Retry-After": "2"}), (200, {}))
     http = client(api, clock)
     http.get("http://h/")
@@ -201,7 +184,7 @@ def test_503_with_retry_after_pauses_too_and_200_does_not() -> None:
 
 
 def test_pause_longer_than_timeout_raises_with_the_pause() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, {"Retry-After": "120"}))
     http = client(api, clock, timeout=30)
     http.get("http://h/")
@@ -293,7 +276,7 @@ def test_parse_limits(fields: dict[str, str], expected: tuple[Any, ...] | None) 
 @pytest.mark.parametrize("value", ["soon", "-1", "1e3", "", "Wed, 99 Foo 2015", "9" * 70])
 def test_malformed_retry_after_is_ignored(value: str) -> None:
     assert parse_retry_after({"retry-after": value}.get) is None
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((429, {"Retry-After": value}), (200, {}))
     http = client(api, clock, rate=10, capacity=5)
     http.get("http://h/")
@@ -314,7 +297,7 @@ def policy(q: int, w: int, r: int | None = None) -> dict[str, str]:
 
 
 def test_follows_the_server_down_and_up_never_above_the_user() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((200, policy(4, 2)), (200, policy(16, 2)), (200, policy(1000, 1)))
     t = RateLimitedTransport(api, rate=10, capacity=5, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
@@ -330,7 +313,7 @@ def test_follows_the_server_down_and_up_never_above_the_user() -> None:
 def test_remaining_lowers_the_tokens_and_seen_capacity() -> None:
     # 1050 per second: 50 at once (a twentieth) and 1000/s, so that no second
     # holds more than 1050; the server's remaining lowers what the bucket holds.
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((200, policy(1050, 1, r=9)), (200, policy(1050, 1, r=0)), (200, {}))
     t = RateLimitedTransport(api, rate=5000, capacity=50, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
@@ -347,7 +330,7 @@ def test_requests_out_before_the_window_was_known_count_against_it() -> None:
     # Eight requests leave at once at the user's limits; the first answer
     # announces 50 per second. The bucket starts the window owing what went
     # out: 2 (its burst) - 8 = -6 tokens, so the next waits 7 tokens at 48/s.
-    clock = Clock()
+    clock = SleepClock()
     pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
     tickets = [pacer.start("h") for _ in range(8)]
     pacer.done(tickets[0], 200, {k.lower(): v for k, v in policy(50, 1, r=49).items()}.get)
@@ -361,7 +344,7 @@ def test_requests_out_before_the_window_was_known_count_against_it() -> None:
 
 
 def test_x_ratelimit_zero_remaining_waits_for_the_reset() -> None:
-    clock = Clock()
+    clock = SleepClock()
     fields = {"X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}
     api, _ = answers((200, fields), (200, {}))
     t = RateLimitedTransport(api, rate=100, capacity=10, clock=clock, sleep=clock.sleep)
@@ -374,7 +357,7 @@ def test_x_ratelimit_zero_remaining_waits_for_the_reset() -> None:
 
 
 def test_memory_is_bounded_and_a_paused_key_is_kept() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((429, {"Retry-After": "5"}), (200, {}))
     t = RateLimitedTransport(api, rate=10, capacity=5, max_keys=2, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
@@ -400,7 +383,7 @@ def test_a_key_never_seen_is_unknown_not_learned() -> None:
 
 
 def test_retries_are_bounded_in_count() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, {"Retry-After": "1"}))
     http = client(api, clock, retries=2)
     assert http.get("http://h/").status_code == 429
@@ -412,7 +395,7 @@ def test_a_429_from_a_server_that_said_nothing_before_is_retried() -> None:
     # their send times): the retry budget of its first 429 counts from the
     # answer, not from the clock's zero. On a clock far from zero, as
     # monotonic's is, no retry happened.
-    clock = Clock()
+    clock = SleepClock()
     clock.now = 10**6 * NS
     api, calls = answers((200, {}), (429, {"Retry-After": "1"}), (200, {}))
     http = client(api, clock, retries=1)
@@ -421,7 +404,7 @@ def test_a_429_from_a_server_that_said_nothing_before_is_retried() -> None:
 
 
 def test_retries_are_bounded_in_time_and_succeed() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, {"Retry-After": "1"}))
     http = client(api, clock, retries=10, retry_budget=2.5)
     assert http.get("http://h/").status_code == 429
@@ -432,7 +415,7 @@ def test_retries_are_bounded_in_time_and_succeed() -> None:
 
 
 def test_only_idempotent_methods_unless_opted_in() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((429, {"Retry-After": "1"}), (200, {}))
     assert client(api, clock, retries=1).post("http://h/", content=b"x").status_code == 429
     assert len(calls) == 1
@@ -493,7 +476,7 @@ def test_a_transport_error_is_not_learned_from() -> None:
 
 
 def test_async_exact_pacing_pause_and_retry() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((200, {}), (429, {"Retry-After": "2"}), (200, {}))
 
     async def main() -> list[int]:
@@ -532,7 +515,7 @@ def test_async_a_cancelled_send_is_not_in_flight() -> None:
 
 
 def test_async_timeout() -> None:
-    clock = Clock()
+    clock = SleepClock()
     api, _ = answers((200, {}))
 
     async def main() -> None:
@@ -570,7 +553,7 @@ class CannedLimited(RateLimitedAdapter, Canned):
 
 
 def test_requests_adapter_pause_retry_and_timeout() -> None:
-    clock = Clock()
+    clock = SleepClock()
     Canned.replies = [(429, {"Retry-After": "3"}), (200, {})]
     Canned.sent = []
     adapter = CannedLimited(rate=10, capacity=1, retries=1, clock=clock, sleep=clock.sleep)
@@ -673,7 +656,7 @@ def xrl(remaining: int, reset: str = "1", limit: int = 10) -> dict[str, str]:
 def test_x_ratelimit_refill_is_learned_and_the_reset_not_waited() -> None:
     # A token bucket of 10 at 50/s says Limit=10 and Reset=1 (whole seconds):
     # the rate comes from Remaining rising between answers, not from Limit.
-    clock = Clock()
+    clock = SleepClock()
     api, calls = answers((200, xrl(0)), (200, xrl(4)), (200, xrl(0)))
     t = RateLimitedTransport(api, rate=500, capacity=50, clock=clock, sleep=clock.sleep)
     http = httpx.Client(transport=t)
@@ -695,7 +678,7 @@ def test_x_ratelimit_window_reset_is_waited_for() -> None:
     # reset, and then says the next reset is an hour away. A token bucket at
     # the rate that refill implies would be full long before: the rate is
     # not learned, and an empty window is waited out.
-    clock = Clock()
+    clock = SleepClock()
     date = {"Date": DATE}
     api, _ = answers(
         (200, xrl(0, "1445412540", 5000) | date),
@@ -721,7 +704,7 @@ def test_retry_after_only_rate_is_bounded_from_a_paused_span() -> None:
     # 11 tokens' time after the first answer of the span. So the server
     # refilled fewer than 12 + 1 - 3 tokens in 11 tokens' time less 83 ms;
     # the key runs at 97% of that from then on, one request at a time.
-    clock = Clock()
+    clock = SleepClock()
     ra = (429, {"Retry-After": "1"})
     api, calls = answers(*[(200, {})] * 3, ra, *[(200, {})] * 12, ra, (200, {}))
     t = RateLimitedTransport(api, rate=12, capacity=3, clock=clock, sleep=clock.sleep)
@@ -743,7 +726,7 @@ def test_retry_after_only_rate_is_bounded_from_a_paused_span() -> None:
 def test_retry_after_only_a_span_too_short_halves_the_rate() -> None:
     # Both spans are one request long: the second bounds nothing, so the rate
     # halves, and grows again by a tenth of itself per second from the pause's end.
-    clock = Clock()
+    clock = SleepClock()
     ra = (429, {"Retry-After": "1"})
     api, _ = answers(ra, ra, (200, {}))
     t = RateLimitedTransport(api, rate=10, capacity=5, clock=clock, sleep=clock.sleep)

@@ -42,6 +42,8 @@ from nanobucket.httpx import RateLimitedTransport
 from nanobucket.httpx import limit_fields as httpx_fields
 from nanobucket.requests import limit_fields as requests_fields
 
+from conftest import SleepClock
+
 NS = 1_000_000_000
 
 # Text made of what the fields' grammar turns on.
@@ -194,19 +196,8 @@ def test_x_ratelimit_answers_that_change_their_remaining_pace_as_if_read_anew(
         assert _run(answers, timeout=None) == quick
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10 * NS
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += round(seconds * NS)
-
-
 def _run(answers: list[dict[str, str]], **kwargs: Any) -> list[tuple[int, float]]:
-    clock = Clock()
+    clock = SleepClock()
     replies = iter(answers)
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -249,7 +240,7 @@ def test_bare_requests_out_count_against_the_window_announced() -> None:
     # counted without a lock). The first answer announces 50 per second: the
     # bucket owes the eight of them less its burst of 2, so the next waits
     # 7 tokens at 48/s, as when all eight were counted one by one.
-    clock = Clock()
+    clock = SleepClock()
     pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
     first = pacer.start("h")
     bare = [pacer.take("h") for _ in range(7)]
@@ -267,7 +258,7 @@ def test_bare_requests_out_count_against_the_window_announced() -> None:
 
 
 def test_a_bare_request_that_fails_is_no_longer_out() -> None:
-    clock = Clock()
+    clock = SleepClock()
     pacer = RateLimitedTransport(rate=500, capacity=50, clock=clock).pacer
     nothing: dict[str, str] = {}
     pacer.done(pacer.start("h"), 200, nothing.get)
@@ -346,7 +337,7 @@ class _GeneralReading(RateLimitedTransport):
 def _budgets_run(
     answers: list[tuple[int, int]], kind: type[RateLimitedTransport], **kwargs: Any
 ) -> list[Any]:
-    clock = Clock()
+    clock = SleepClock()
     replies = iter(answers)
 
     def handler(request: httpx.Request) -> httpx.Response:

@@ -27,27 +27,11 @@ from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, Ra
 from nanobucket.requests import RateLimitedAdapter
 from nanobucket.requests import RateLimitTimeout as RequestsTimeout
 
+from conftest import SleepClock
+
 NS = 1_000_000_000
 KINDS = ["sync", "async", "requests"]
 Reply = tuple[int, dict[str, str]]
-
-
-class Clock:
-    """Int ns that only `sleep` moves; records every sleep (s)."""
-
-    def __init__(self) -> None:
-        self.now = 10 * NS
-        self.slept: list[float] = []
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += round(seconds * NS)
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
 
 
 class Looked:
@@ -100,7 +84,7 @@ class Raw:
 class Server:
     """Answers *replies* in turn, the last one forever; keeps every answer and when it left."""
 
-    def __init__(self, clock: Clock, *replies: Reply) -> None:
+    def __init__(self, clock: SleepClock, *replies: Reply) -> None:
         self.clock = clock
         self.replies = replies
         self.answers: list[Any] = []
@@ -206,7 +190,7 @@ def _no_lookups_counted() -> Iterator[None]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_answer_without_a_limit_field_is_never_looked_up_by_name(kind: str) -> None:
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (200, {"Server": "x", "Content-Type": "application/json"}))
     _, outcomes = send_all(kind, server, 5, rate=100, capacity=10)
     assert [status(o) for o in outcomes] == [200] * 5
@@ -216,7 +200,7 @@ def test_an_answer_without_a_limit_field_is_never_looked_up_by_name(kind: str) -
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_budget_announced_holds_the_next_request_until_its_reset(kind: str) -> None:
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (200, TOKENS), (200, FIFTY))
     _, outcomes = send_all(kind, server, 3, rate=100, capacity=10, estimate=estimate)
     assert [status(o) for o in outcomes] == [200] * 3
@@ -228,7 +212,7 @@ def test_a_budget_announced_holds_the_next_request_until_its_reset(kind: str) ->
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_budget_wait_past_the_timeout_sends_nothing(kind: str) -> None:
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (200, TOKENS), (200, FIFTY))
     _, outcomes = send_all(kind, server, 3, rate=100, capacity=10, estimate=estimate, timeout=5)
     assert [status(o) for o in outcomes] == [200, 200, "RateLimitTimeout"]
@@ -250,7 +234,7 @@ def test_a_budget_wait_past_the_timeout_sends_nothing(kind: str) -> None:
 def test_a_settle_that_fails_closes_the_answer_and_raises(
     kind: str, settle: Callable[[Any], Any], error: str
 ) -> None:
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (200, TOKENS))
     _, outcomes = send_all(kind, server, 2, rate=100, capacity=10, settle=settle)
     assert [status(o) for o in outcomes] == [error, error]
@@ -261,7 +245,7 @@ def test_a_settle_that_fails_closes_the_answer_and_raises(
 def test_settle_gives_back_what_the_estimate_charged_past_the_usage(kind: str) -> None:
     # Each request is estimated at 100 tokens and spends 50 (its usage): with the
     # budget announced once, then silent, the 150 left hold three requests, not one.
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (200, TOKENS), (200, {}))
 
     def settle(response: Any) -> dict[str, int]:
@@ -278,7 +262,7 @@ def test_settle_gives_back_what_the_estimate_charged_past_the_usage(kind: str) -
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_429_is_sent_again_after_its_pause_and_closed(kind: str) -> None:
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (429, {"Retry-After": "2"}), (200, {}))
     _, outcomes = send_all(
         kind, server, 1, rate=100, capacity=10, retries=1, retry_methods=["POST"]
@@ -298,7 +282,7 @@ def test_the_key_function_is_called_once_a_request_and_its_key_paces_every_step(
         keyed.append(0)
         return f"api-{len(keyed)}"  # a new key each call: the steps must share one
 
-    clock = Clock()
+    clock = SleepClock()
     server = Server(clock, (429, {"Retry-After": "2"}), (200, TOKENS))
     options = {"retries": 1, "retry_methods": ["POST"], "estimate": estimate}
     limited, outcomes = send_all(kind, server, 3, rate=100, capacity=10, key=key, **options)
@@ -311,7 +295,7 @@ def test_the_key_function_is_called_once_a_request_and_its_key_paces_every_step(
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_one_answer_object_given_again_with_new_fields_is_read_again(kind: str) -> None:
-    clock = Clock()
+    clock = SleepClock()
     answer = httpx.Response(200, headers={"Server": "x"})
     fields = {"RateLimit-Policy": '"d";q=4;w=1', "RateLimit": '"d";r=3;t=1'}
     mock = httpx.MockTransport(lambda request: answer)

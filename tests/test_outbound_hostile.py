@@ -44,6 +44,7 @@ from nanobucket._outbound.pacer import KeyLimit
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 
+from conftest import SleepClock
 from fuzz_values import fuzz
 
 NS = 1_000_000_000
@@ -59,32 +60,10 @@ MOST_CALLS = 100_000
 CALLS_PER_LINE = 64
 
 Reply = tuple[int, list[tuple[str, str]]]
+#: More sleeps than this in one test fail it: a wait woken once per token of a long
+#: pause is work that grows with the numbers, too.
+MOST_SLEEPS = 1000
 T = TypeVar("T")
-
-
-class Clock:
-    """Int ns that only `sleep` moves; records every sleep (s).
-
-    More than *most_sleeps* sleeps fail the test: a wait woken once per
-    token of a long pause is work that grows with the numbers, too.
-    """
-
-    def __init__(self, most_sleeps: int = 1000) -> None:
-        self.now = 10 * NS
-        self.slept: list[float] = []
-        self.most_sleeps = most_sleeps
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += round(seconds * NS)
-        if len(self.slept) > self.most_sleeps:
-            raise AssertionError(f"{len(self.slept)} sleeps: {self.slept[-3:]} ...")
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
 
 
 class Body(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -203,7 +182,7 @@ class Work:
 
 @contextlib.contextmanager
 def client(
-    kind: str, server: Server, clock: Clock, **options: Any
+    kind: str, server: Server, clock: SleepClock, **options: Any
 ) -> Iterator[tuple[Outbound, Callable[[], Any]]]:
     """A *kind* client over *server* on *clock*, and a function that sends it one GET of
     ``http://h/``: the answer returned, or the ``RateLimitTimeout`` raised."""
@@ -250,7 +229,7 @@ def client(
 
 
 def send_all(
-    kind: str, server: Server, clock: Clock, count: int, **options: Any
+    kind: str, server: Server, clock: SleepClock, count: int, **options: Any
 ) -> tuple[Outbound, list[Outcome]]:
     """*count* GETs of ``http://h/`` in turn through a *kind* client over *server*."""
     outcomes: list[Outcome] = []
@@ -269,7 +248,7 @@ Step = tuple[KeyLimit, int, "int | str"]
 
 
 def send_after(
-    kind: str, server: Server, clock: Clock, quiet: list[int], **options: Any
+    kind: str, server: Server, clock: SleepClock, quiet: list[int], **options: Any
 ) -> tuple[Outbound, list[Step]]:
     """A GET of ``http://h/`` after each quiet span of *quiet* (ns) through a *kind* client."""
     steps: list[Step] = []
@@ -330,7 +309,7 @@ def test_a_huge_remaining_is_learned_at_once(kind: str) -> None:
     # The first answer pauses the key for its reset (1 s); from the second
     # the refill rate is learned and the 10**15 tokens left are given, at
     # most the capacity (1, the Limit) at once.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server((200, EMPTY), (200, PLENTY))
     limited, outcomes = within(
         5, lambda: send_all(kind, server, clock, 3, rate=100, capacity=10, timeout=5)
@@ -345,7 +324,7 @@ def test_a_huge_remaining_is_learned_at_once(kind: str) -> None:
 def test_a_huge_remaining_does_not_hold_the_other_callers() -> None:
     # One thread's answer says Remaining: 10**15 while another thread's
     # request waits for the key: that one returns within its timeout.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     plenty_answered = threading.Event()
     server = Server((200, EMPTY), (200, PLENTY))
 
@@ -404,7 +383,7 @@ def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
     # third answer says 2 left while the key holds 3: it keeps 2, sends them
     # at once, then waits a token's time (0.25 s) for each. It used to keep
     # 3 (its probe of the bucket counted a token as spent): a 429 to come.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     fields = [("X-RateLimit-Limit", "10"), ("X-RateLimit-Reset", "1")]
     server = Server(
         (200, [*fields, ("X-RateLimit-Remaining", "0")]),
@@ -429,7 +408,7 @@ def test_a_window_slower_than_a_day_per_request_is_one_a_day(kind: str) -> None:
     # the rate one a day, where it was the slowest a bucket holds (2**62 ns, 146
     # years, a token). The first request counts against the window: the next
     # waits a day, past the timeout.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(policy(5, 999999999999999))
     limited, outcomes = send_all(kind, server, clock, 7, rate=100, capacity=10, timeout=5)
     assert [status(o) for o in outcomes] == [200] + ["timeout"] * 6
@@ -447,7 +426,7 @@ def test_a_window_holds_a_key_a_day_then_one_request_learns_the_next(
     # year (6.3e7 s): a day each at most. The request sent after it hears the
     # window again, the one after that 1000 per minute, and the next request
     # leaves at that window's spacing (33/2 per s: 60,606,061 ns).
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(policy(1, window), policy(1, window), policy(1000, 60), (200, []))
     limited, steps = send_after(kind, server, clock, [0] * 5, rate=100, capacity=10, timeout=None)
     assert [(waited, code) for _, waited, code in steps] == [
@@ -467,7 +446,7 @@ def test_a_window_adopted_with_requests_out_owes_them_within_a_day() -> None:
     # first answer (a debt of two tokens, at a day each). They are owed by
     # one day on, as any one answer's wait: the next request waits a day, not
     # three (nor, as it was, 2**62 ns a token).
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(policy(1, 999999999999999))
 
     async def main() -> int:
@@ -494,7 +473,7 @@ def test_a_faster_window_is_paced_at_its_own_spacing_at_once(kind: str) -> None:
     # 10 per hour (one per 400 s, one at once), then 1000 per minute again:
     # the request after that answer waits the new window's spacing (60,606,061
     # ns), not the 400 s of the old one's.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(policy(10, 3600), policy(1000, 60))
     _, steps = send_after(kind, server, clock, [0] * 4, rate=100, capacity=10, timeout=None)
     assert [waited for _, waited, _ in steps] == [0, 400 * NS, 60_606_061, 60_606_061]
@@ -508,7 +487,7 @@ def test_an_absurd_window_then_a_sane_one_is_the_sane_one(kind: str) -> None:
     # counted, 3 after the second): three leave at once, then one each 20 ms.
     # It used to wait out the absurd window's spacing (29 years a request):
     # every request timed out while `limit` said 50/s and no pause.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(policy(100, 99999999999999), policy(1000, 2))
     _, steps = send_after(kind, server, clock, [0] * 7, rate=50, capacity=10, timeout=5)
     assert [code for _, _, code in steps] == [200] * 7
@@ -524,7 +503,7 @@ def test_a_pause_heard_with_a_fraction_of_a_token_is_waited_exactly(kind: str) -
     # as `limit` says, where it left a whole token later (8 s): a fraction of a
     # token could not be spent, so the bucket was not held, and its token,
     # come before the pause's end, was spent to hold it.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     paused = (429, [("Date", http_date(0)), ("Retry-After", http_date(5))])
     server = Server(policy(1, 2), paused, (200, []))
     _, steps = send_after(kind, server, clock, [0] * 4, rate=1, capacity=1, timeout=None)
@@ -540,7 +519,7 @@ def test_an_answer_is_closed_when_learning_from_it_raises(
         raise RuntimeError("a bug in the learning")
 
     monkeypatch.setattr(_outbound, "parse_limits", broken)
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server((200, []))
     with pytest.raises(RuntimeError, match="a bug in the learning"):
         send_all(kind, server, clock, 1, rate=100, capacity=10)
@@ -563,7 +542,7 @@ def test_many_429s_with_no_wait_slow_the_key_to_one_per_1000_s(kind: str) -> Non
     # Each "429, Retry-After: 0" one request after the last halves the guessed
     # rate (the span bounds nothing): 1/s, 1/2, 1/4, ... It stops at 1/1000
     # per second; it used to reach 0 and then every request raised ValueError.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server((429, [("Retry-After", "0")]))
     limited, outcomes = send_all(kind, server, clock, 14, rate=1, capacity=1, timeout=3600)
     assert [status(o) for o in outcomes] == [429] * 14
@@ -582,7 +561,7 @@ def test_a_date_this_platform_cannot_read_is_ignored(
             raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(email.utils, "parsedate_to_datetime", lambda text: Local())
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     far = "Fri, 31 Dec 9999 23:59:59 -0000"
     server = Server((429, [("Retry-After", far), ("Date", far)]), (200, [("Date", far)]))
     limited, outcomes = send_all(kind, server, clock, 2, rate=10, capacity=5)
@@ -601,7 +580,7 @@ def test_a_faster_rate_during_a_pause_wakes_the_next_request_once() -> None:
     # (the pause's 1800 tokens at the new rate), then the rest in one sleep.
     # It used to wake once per 1 us token until the pause's end (3.6e9
     # times: a busy thread for an hour).
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     second_out, first_answered = asyncio.Event(), asyncio.Event()
 
     def policy(rate: int) -> dict[str, str]:
@@ -868,7 +847,7 @@ def test_hostile_fields_answer_or_time_out_in_bounded_work(
     timeout: float,
     retries: int,
 ) -> None:
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(*replies)
     rate, capacity = limit
     count = len(replies) + 10  # the last answer again and again: what it teaches, repeated
@@ -921,7 +900,7 @@ def test_hostile_fields_to_requests_out_at_once(
 ) -> None:
     # Three asyncio requests at a time, their answers learned in another
     # order than they were sent in (each held a few turns of the loop).
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(*replies)
     rate, capacity = limit
 
@@ -1029,7 +1008,7 @@ def test_a_changing_server_holds_no_key_past_a_day_and_limit_says_the_wait(
     # day's quiet the key sends at once. Each request waits what `limit` said
     # just before it: its pause, or a token's time at its rate if longer,
     # within a microsecond (a float's seconds); never past a day.
-    clock = Clock()
+    clock = SleepClock(MOST_SLEEPS)
     server = Server(*(reply for _, reply in sequence), (200, []))
     rate, capacity = limit
     quiet = [span for span, _ in sequence] + [DAY]
