@@ -77,6 +77,9 @@ class Budget(NamedTuple):
     reset_ns: int
 
 
+_budget = tuple.__new__  # a Budget from its fields, without NamedTuple's Python __new__
+
+
 def parse_go_duration(text: str) -> int | None:
     """A Go duration (``1h2m3.5s``, ``6m0s``, ``12ms``, ``0``) in ns, rounded up, at most
     a day; None if it is not one, as Go's ``time.ParseDuration`` reads it (too long for
@@ -90,6 +93,10 @@ def parse_go_duration(text: str) -> int | None:
     text = text.strip()
     if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
         text = text[1:]
+    if text[-2:] == "ms":  # the commonest form, whole ms, read without a match
+        whole = text[:-2]
+        if whole.isdigit() and whole.isascii() and len(whole) <= 9:
+            return min(int(whole) * 1_000_000, _MAX_WAIT_NS)
     usual = _GO_USUAL.fullmatch(text)
     if usual is not None:
         minutes, whole, decimals, unit = usual.groups()
@@ -162,10 +169,11 @@ def parse_rfc3339(text: str) -> int | None:
 def _count(text: str | None) -> int | None:
     if text is None:
         return None
-    text = text.strip()
-    if not text.isdigit() or not text.isascii() or len(text) > 18:
-        return None
-    return int(text)
+    if not (text.isdigit() and text.isascii()):  # most are digits alone: no strip
+        text = text.strip()
+        if not text.isdigit() or not text.isascii():
+            return None
+    return int(text) if len(text) <= 18 else None
 
 
 def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, Budget]:
@@ -205,7 +213,7 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
                 if wall_ns is None:
                     wall_ns = int(_wall_now(get, wall_clock) * NS_PER_S)
                 reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
-            found[name] = Budget(limit, min(remaining, limit), reset_ns)
+            found[name] = _budget(Budget, (limit, min(remaining, limit), reset_ns))
     return found
 
 
