@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from loopback import free_port, listening
 
 NS = 1_000_000_000
 
@@ -160,38 +160,13 @@ def serve(port: int, requests: int, tokens: int, window: float, family: str) -> 
     server.serve_forever()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def provider(requests: int, tokens: int, window: float, family: str = "both") -> Iterator[str]:
     """The provider's base URL while it runs in a subprocess on loopback."""
     port = free_port()
     argv = [sys.executable, str(Path(__file__)), str(port), str(requests), str(tokens)]
-    proc = subprocess.Popen([*argv, str(window), family])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("the provider exited")
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the provider did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with listening([*argv, str(window), family], port) as url:
+        yield url
 
 
 if __name__ == "__main__":

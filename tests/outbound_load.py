@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import requests
+from loopback import free_port, listening
 
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport
 from nanobucket.requests import RateLimitedAdapter
@@ -31,12 +30,6 @@ from nanobucket.requests import RateLimitedAdapter
 APPS = Path(__file__).parent / "apps"
 SERVER_RATE, SERVER_BURST = 50, 10
 CLIENT_RATE, CLIENT_CAPACITY = 500, 50  # the wrong local limit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -47,28 +40,11 @@ def api_server(fields: str, log: Path, rate: int = SERVER_RATE) -> Iterator[str]
     argv = [sys.executable, "-m", "uvicorn", "outbound_app:app", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
     env = {**os.environ, "NB_OUT_FIELDS": fields, "NB_OUT_RATE": str(rate)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=APPS, env=env, stdout=out, stderr=out)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{log.read_text()}")
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"server did not start:\n{log.read_text()}") from None
-                    time.sleep(0.05)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with (
+        open(log, "wb") as out,
+        listening(argv, port, log.read_text, cwd=APPS, env=env, stdout=out, stderr=out) as url,
+    ):
+        yield url
 
 
 @dataclass
