@@ -216,16 +216,23 @@ def test_a_full_line_is_refused_with_its_reason(clock: ManualClock) -> None:
     assert held == [1.0] and [at for _, at in script.sent] == [0, NS]
 
 
-def test_a_cancelled_waiter_gives_its_place_back(clock: ManualClock) -> None:
-    slept: list[float] = []
+def first_sleep_never_ends(clock: ManualClock, slept: list[float]) -> Any:
+    """An *async_sleep* whose first sleep never ends (its waiter is cancelled or timed
+    out meanwhile); the others move *clock*. Every sleep is noted in *slept*."""
     forever = asyncio.Event()
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         if len(slept) == 1:
-            await forever.wait()  # the first waiter: cancelled while it waits
+            await forever.wait()
         clock.advance(round(seconds * NS))
 
+    return sleep
+
+
+def test_a_cancelled_waiter_gives_its_place_back(clock: ManualClock) -> None:
+    slept: list[float] = []
+    sleep = first_sleep_never_ends(clock, slept)
     script = Script(clock, [(200, {})])
     limit = ClientRateLimit(rate=1, capacity=1, clock=clock, async_sleep=sleep, key=lambda r: "k")
 
@@ -249,14 +256,7 @@ def test_the_sessions_timeout_ends_a_wait_and_frees_its_place(clock: ManualClock
     """aiohttp's ``ClientTimeout(total=...)`` cancels the middleware's wait: its caller
     gets aiohttp's timeout, and the next request waits as if it had never been in line."""
     slept: list[float] = []
-    forever = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        if len(slept) == 1:
-            await forever.wait()  # the first waiter: ended by the session's timeout
-        clock.advance(round(seconds * NS))
-
+    sleep = first_sleep_never_ends(clock, slept)
     script = Script(clock, [(200, {})])
     limit = ClientRateLimit(rate=1, capacity=1, clock=clock, async_sleep=sleep, key=lambda r: "k")
 
