@@ -180,10 +180,10 @@ class _Key:
 
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
-        "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
-        "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at", "refill",
-        "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent", "slack",
-        "waiting",
+        "bare_ticket", "bucket", "departed", "follow_args", "followed", "inflight", "interval",
+        "lock", "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at",
+        "refill", "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent",
+        "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -214,6 +214,7 @@ class _Key:
         # the same announcement, not read again (`Pacer.done`)
         self.said_texts: tuple[str | None, str, Announced, str | None] | None = None
         self.followed: tuple[Any, ...] = ()  # what `Pacer._follow` last set the bucket by
+        self.follow_args: tuple[Any, ...] = ()  # and what it was last called with
         # Bare while its server has sent no limit field, no 429 and no 503: then a
         # request is only counted, by two counters that need no lock (`Pacer.take`).
         self.bare = True
@@ -431,8 +432,7 @@ class Pacer:
             # `_sent`'s common case, written out: no pause, nothing learned from
             # plain answers, the window's departures on time.
             now = self.clock()
-            refill = state.refill
-            if now < state.paused_until or not refill.quiet:
+            if now < state.paused_until:
                 return self._sent(state, now)
             if state.policy is not None:
                 departed = state.departed
@@ -440,6 +440,9 @@ class Pacer:
                     return self._sent(state, now)
                 state.departed = (departed if departed > now else now) + state.interval
             state.inflight += 1
+            refill = state.refill
+            if not refill.quiet:
+                refill.sent(now)
             return state, now, refill.admitted
         finally:
             lock.release()
@@ -768,6 +771,10 @@ class Pacer:
         departures the window owes carry over as the bucket's tokens do, so
         a faster rate owes them at its own spacing, not at the old one's.
         """
+        called = (rate_bound, limit, state.seen)
+        if called == state.follow_args:
+            return  # called as last time (most answers): the bucket has them
+        state.follow_args = called
         capacity = self.capacity
         for bound in (limit, state.seen or None):
             if bound is not None:
