@@ -132,11 +132,12 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
     _, announcing, places, triggers = layout
     if places is not None:
         found: dict[str, str] = {}
-        fields: dict[str, str] = {}
+        # Not announcing, every field found is one the pacing reads: one dict for both.
+        fields = {} if announcing else found
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
             for i, key, pacing in places:
                 text = found[key] = raw[i][1].decode("ascii")
-                if pacing:
+                if pacing and announcing:
                     fields[key] = text
         except UnicodeDecodeError:
             pass  # httpx's own reading, below

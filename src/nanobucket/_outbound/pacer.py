@@ -429,8 +429,8 @@ class Pacer:
         lock = state.lock
         lock.acquire()
         try:
-            # `_sent`'s common case, written out: no pause, nothing learned from
-            # plain answers, the window's departures on time.
+            # `_sent`'s common case, written out: no pause, the window's departures
+            # on time.
             now = self.clock()
             if now < state.paused_until:
                 return self._sent(state, now)
@@ -695,7 +695,9 @@ class Pacer:
             learned = None
         if remaining >= state.seen:
             state.seen = remaining + 1
-        self._follow(state, learned or _spread(announced, self.capacity), limit, now)
+        # A bound is never 0: no Fraction's truth is asked.
+        pace = learned if learned is not None else _spread(announced, self.capacity)
+        self._follow(state, pace, limit, now)
         bucket = state.bucket
         left = remaining - inflight - unseen
         if left < bucket.capacity:
