@@ -385,7 +385,7 @@ class Pacer:
             state.departed = (departed if departed > now else now) + state.interval
         state.inflight += 1
         refill = state.refill
-        if not refill.quiet:
+        if refill.unsent:  # else it starts nothing
             refill.sent(now)
         return state, now, refill.admitted
 
@@ -441,7 +441,7 @@ class Pacer:
                 state.departed = (departed if departed > now else now) + state.interval
             state.inflight += 1
             refill = state.refill
-            if not refill.quiet:
+            if refill.unsent:  # else it starts nothing
                 refill.sent(now)
             return state, now, refill.admitted
         finally:
