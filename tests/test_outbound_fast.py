@@ -409,6 +409,48 @@ def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
     assert get is not None or not any(name in _budgets._ANNOUNCING for name, _ in r.lower_items())
 
 
+@pytest.mark.parametrize(
+    "names",
+    [
+        [b"Server", b"RateLimit", b"Date", b"X-RateLimit-Limit-Tokens"],  # a budget's
+        [b"Server", b"X-RateLimit-Remaining", b"Date", b"X-RateLimit-Limit"],
+        [b"RateLimit", b"Date", b"ratelimit", b"Server"],  # one sent twice
+    ],
+)
+def test_names_read_before_are_read_again_as_the_clients_own_get_whatever_the_values(
+    names: list[bytes],
+) -> None:
+    # The first answer's names are remembered where its fields are; the next ones,
+    # with the same names, have other values (one of them not ASCII).
+    for values in (
+        [b"x", b"1", b"now", b"5"],
+        [b"y", b"0", b"\xff", b"6"],
+        [b"\xe9", b"2", b"a", b"7"],
+    ):
+        h = httpx.Headers(list(zip(names, values)))
+        get, fields = nb_httpx._read_answer(h)
+        assert fields == httpx_fields(h)
+        if get is not None:
+            assert {name: get(name) for name in BUDGET_FIELDS} == {
+                name: h.get(name) for name in BUDGET_FIELDS
+            }
+        assert (get is not None) == (b"X-RateLimit-Limit-Tokens" in names)
+
+
+def test_names_that_hold_a_line_break_are_not_read_by_the_places_of_others() -> None:
+    # Both lists join to the names of the first, read before, and hold no field: read by
+    # its places, they would say a RateLimit of "2".
+    plain = httpx.Headers([(b"Date", b"1"), (b"RateLimit", b'"d";r=1;t=1'), (b"X", b"2")])
+    assert nb_httpx._read_answer(plain) == (None, {"date": "1", "ratelimit": '"d";r=1;t=1'})
+    for raw in (
+        [(b"Date\nRateLimit", b'"d";r=1;t=1'), (b"X", b"2")],
+        [(b"Date", b"1"), (b"RateLimit\nX", b"2")],
+    ):
+        h = httpx.Headers(raw)
+        assert nb_httpx._read_answer(h) == (None, None)
+        assert httpx_fields(h) is None
+
+
 def test_every_announcing_field_holds_a_mark_the_adapters_look_for() -> None:
     assert all(
         any(mark in name for mark in _budgets.ANNOUNCING_MARKS) for name in _budgets._ANNOUNCING

@@ -126,12 +126,65 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
     names = b"\n".join(map(_raw_name, raw)).lower()
     if _RATELIMIT not in names and _RETRY_AFTER not in names:
         return None, None
+    layout = _LAYOUTS.get(names)
+    if layout is None or layout[0] != len(raw):
+        layout = _layout(raw, names)
+    _, announcing, places, triggers = layout
+    if places is not None:
+        found: dict[str, str] = {}
+        # Not announcing, every field found is one the pacing reads: one dict for both.
+        fields = {} if announcing else found
+        try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
+            for i, key, pacing in places:
+                text = found[key] = raw[i][1].decode("ascii")
+                if pacing and announcing:
+                    fields[key] = text
+        except UnicodeDecodeError:
+            pass  # httpx's own reading, below
+        else:
+            return found.get if announcing else None, fields if triggers else None
+    return headers.get if announcing else None, fields_of(headers)
+
+
+#: Where an answer's fields are in its header list (see `_layout`).
+Layout = tuple[int, bool, "tuple[tuple[int, str, bool], ...] | None", bool]
+# An answer's joined lower-case names -> its `Layout`: a server sends the same names in
+# the same order on every answer, so they are looked up one by one only once.
+_LAYOUTS: dict[bytes, Layout] = {}
+_LAYOUTS_KEPT = 64  # a server sends one list of names or a few; a hostile one, many
+_LAYOUT_LEN = 2048  # longer joined names are looked up one by one every time
+
+
+def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
+    """Where the fields of *raw* (httpx's header list, its names joined and lowered as
+    *names*) are: how many names it has; whether one may announce a budget; each field
+    `_read_answer` reads as (its index, its lower-case name, whether the pacing reads
+    it), or None when one is sent twice (httpx joins them: its reading is the one to
+    take); whether one is a `TRIGGERS` field. Remembered by *names*, unless a name holds
+    a line break (another list joins to the same names) or they are long.
+    """
     announcing = _LIMIT_OF in names or _ANTHROPIC in names
-    got = _found(raw, _ANY if announcing else _PACING)
-    if got is None:
-        return headers.get if announcing else None, fields_of(headers)
-    found, fields = got
-    return found.get if announcing else None, None if TRIGGERS.isdisjoint(fields) else fields
+    table = _ANY if announcing else _PACING
+    places: list[tuple[int, str, bool]] = []
+    keys: set[str] = set()
+    repeated = False
+    for i, (name, _) in enumerate(raw):
+        seen = table.get(name.lower())
+        if seen is not None:
+            repeated = repeated or seen[0] in keys
+            keys.add(seen[0])
+            places.append((i, *seen))
+    layout: Layout = (
+        len(raw),
+        announcing,
+        None if repeated else tuple(places),
+        not TRIGGERS.isdisjoint(keys),
+    )
+    if names.count(b"\n") == len(raw) - 1 and len(names) <= _LAYOUT_LEN:
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        _LAYOUTS[names] = layout
+    return layout
 
 
 def _found(

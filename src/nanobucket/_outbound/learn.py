@@ -57,7 +57,7 @@ class Refill:
 
     __slots__ = (
         "_answers", "_count", "_episode", "_frontier", "_latest", "admitted", "burst",
-        "estimate", "first", "guessed", "quiet", "rate",
+        "estimate", "first", "guessed", "quiet", "rate", "unsent",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -77,6 +77,7 @@ class Refill:
         self.guessed = -1  # ns when the estimate was halved, not bounded (-1: it was bounded)
         # (first sent, 200s before it, its answer or -1); -1 first: none sent since a pause
         self._episode = (-1, 0, -1)
+        self.unsent = True  # none sent since a pause: the next `sent` starts an episode
         # True while an answer with no limit field teaches nothing but that it was
         # admitted, and a request sent starts nothing: no rate is being run at and
         # the episode's first request was answered. The adapters' fast path reads it.
@@ -93,6 +94,7 @@ class Refill:
         """A request left at *now* (ns): the first after a pause starts an episode."""
         if self._episode[0] < 0:
             self._episode = (now, self.admitted, -1)
+            self.unsent = False
 
     def answered(self, sent: int, now: int) -> None:
         """The request sent at *sent* was answered at *now* (ns), and counted.
@@ -173,6 +175,7 @@ class Refill:
         if start < 0:
             return self.estimate  # answered while paused: sent before the pause
         self._episode = (-1, 0, -1)
+        self.unsent = True
         self.quiet = False
         if self.burst is None:
             self.burst, self.first = self.admitted - before_start, answered - start

@@ -180,10 +180,10 @@ class _Key:
 
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
-        "bare_ticket", "bucket", "departed", "followed", "inflight", "interval", "lock",
-        "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at", "refill",
-        "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent", "slack",
-        "waiting",
+        "bare_ticket", "bucket", "departed", "follow_args", "followed", "inflight", "interval",
+        "lock", "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at",
+        "refill", "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent",
+        "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -214,6 +214,7 @@ class _Key:
         # the same announcement, not read again (`Pacer.done`)
         self.said_texts: tuple[str | None, str, Announced, str | None] | None = None
         self.followed: tuple[Any, ...] = ()  # what `Pacer._follow` last set the bucket by
+        self.follow_args: tuple[Any, ...] = ()  # and what it was last called with
         # Bare while its server has sent no limit field, no 429 and no 503: then a
         # request is only counted, by two counters that need no lock (`Pacer.take`).
         self.bare = True
@@ -384,7 +385,7 @@ class Pacer:
             state.departed = (departed if departed > now else now) + state.interval
         state.inflight += 1
         refill = state.refill
-        if not refill.quiet:
+        if refill.unsent:  # else it starts nothing
             refill.sent(now)
         return state, now, refill.admitted
 
@@ -428,11 +429,10 @@ class Pacer:
         lock = state.lock
         lock.acquire()
         try:
-            # `_sent`'s common case, written out: no pause, nothing learned from
-            # plain answers, the window's departures on time.
+            # `_sent`'s common case, written out: no pause, the window's departures
+            # on time.
             now = self.clock()
-            refill = state.refill
-            if now < state.paused_until or not refill.quiet:
+            if now < state.paused_until:
                 return self._sent(state, now)
             if state.policy is not None:
                 departed = state.departed
@@ -440,6 +440,9 @@ class Pacer:
                     return self._sent(state, now)
                 state.departed = (departed if departed > now else now) + state.interval
             state.inflight += 1
+            refill = state.refill
+            if refill.unsent:  # else it starts nothing
+                refill.sent(now)
             return state, now, refill.admitted
         finally:
             lock.release()
@@ -692,7 +695,9 @@ class Pacer:
             learned = None
         if remaining >= state.seen:
             state.seen = remaining + 1
-        self._follow(state, learned or _spread(announced, self.capacity), limit, now)
+        # A bound is never 0: no Fraction's truth is asked.
+        pace = learned if learned is not None else _spread(announced, self.capacity)
+        self._follow(state, pace, limit, now)
         bucket = state.bucket
         left = remaining - inflight - unseen
         if left < bucket.capacity:
@@ -768,6 +773,10 @@ class Pacer:
         departures the window owes carry over as the bucket's tokens do, so
         a faster rate owes them at its own spacing, not at the old one's.
         """
+        called = (rate_bound, limit, state.seen)
+        if called == state.follow_args:
+            return  # called as last time (most answers): the bucket has them
+        state.follow_args = called
         capacity = self.capacity
         for bound in (limit, state.seen or None):
             if bound is not None:
