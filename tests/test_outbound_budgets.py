@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import nanobucket as nb
@@ -189,6 +189,7 @@ GO_PART = st.tuples(
     pad=st.sampled_from(["", " "]),
     sign=st.sampled_from(["", "", "+", "-", "++"]),
 )
+@example(parts=[".1234567891234ns"] * 4, pad="", sign="+")  # 65 characters with its sign
 def test_go_durations_read_as_go_reads_them(parts: list[str], pad: str, sign: str) -> None:
     # Generated texts, Go durations and not (a part with no digits, no unit, an
     # unknown unit, Arabic-Indic digits, 20 digits: Go's overflow), against Go's own

@@ -91,6 +91,8 @@ def parse_go_duration(text: str) -> int | None:
     (1500, 0, None)
     """
     text = text.strip()
+    if len(text) > _MAX_TEXT:
+        return None
     if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
         text = text[1:]
     if text[-2:] == "ms":  # the commonest form, whole ms, read without a match
@@ -110,7 +112,7 @@ def parse_go_duration(text: str) -> int | None:
         return ns if ns < _MAX_WAIT_NS else _MAX_WAIT_NS
     if text == "0":
         return 0
-    if not text or len(text) > _MAX_TEXT:
+    if not text:
         return None
     # The sum in exact integers: ns times *scale*, the largest power of ten a part's
     # decimals need (every smaller one divides it).
