@@ -98,10 +98,7 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     if not isinstance(headers, httpx.Headers):
         return True, fields_of(headers)
     raw = headers.raw
-    # One join and one lower, in C, over the names: a name that merely holds a mark
-    # costs the loop of `_found`, never a wrong answer.
-    names = b"\n".join(map(_raw_name, raw)).lower()
-    if _RATELIMIT not in names and _RETRY_AFTER not in names:
+    if not _layout_of(raw)[1]:
         return False, None
     got = _found(raw, _PACING)
     if got is None:
@@ -123,13 +120,14 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
     if not isinstance(headers, httpx.Headers):
         return headers.get, fields_of(headers)
     raw = headers.raw
-    names = b"\n".join(map(_raw_name, raw)).lower()
-    if _RATELIMIT not in names and _RETRY_AFTER not in names:
-        return None, None
+    # `_layout_of`, written out: the path of every answer.
+    names = b"\n".join(map(_raw_name, raw))
     layout = _LAYOUTS.get(names)
     if layout is None or layout[0] != len(raw):
         layout = _layout(raw, names)
-    _, announcing, places, triggers = layout
+    _, _, announcing, places, triggers = layout
+    if not (announcing or triggers):
+        return None, None  # most answers: no field the budgets or the pacing read
     if places is not None:
         found: dict[str, str] = {}
         # Not announcing, every field found is one the pacing reads: one dict for both.
@@ -147,35 +145,52 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
 
 
 #: Where an answer's fields are in its header list (see `_layout`).
-Layout = tuple[int, bool, "tuple[tuple[int, str, bool], ...] | None", bool]
-# An answer's joined lower-case names -> its `Layout`: a server sends the same names in
-# the same order on every answer, so they are looked up one by one only once.
+Layout = tuple[int, bool, bool, "tuple[tuple[int, str, bool], ...] | None", bool]
+# An answer's joined names, as sent -> its `Layout`: a server sends the same names in the
+# same order on every answer, so they are lowered and looked up one by one only once.
 _LAYOUTS: dict[bytes, Layout] = {}
 _LAYOUTS_KEPT = 64  # a server sends one list of names or a few; a hostile one, many
 _LAYOUT_LEN = 2048  # longer joined names are looked up one by one every time
 
 
+def _layout_of(raw: list[tuple[bytes, bytes]]) -> Layout:
+    """The `Layout` of *raw* (httpx's header list), remembered or found."""
+    names = b"\n".join(map(_raw_name, raw))
+    layout = _LAYOUTS.get(names)
+    if layout is None or layout[0] != len(raw):
+        layout = _layout(raw, names)
+    return layout
+
+
 def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
-    """Where the fields of *raw* (httpx's header list, its names joined and lowered as
-    *names*) are: how many names it has; whether one may announce a budget; each field
-    `_read_answer` reads as (its index, its lower-case name, whether the pacing reads
-    it), or None when one is sent twice (httpx joins them: its reading is the one to
-    take); whether one is a `TRIGGERS` field. Remembered by *names*, unless a name holds
-    a line break (another list joins to the same names) or they are long.
+    """Where the fields of *raw* (httpx's header list, its names joined as *names*) are:
+    how many names it has; whether one may be a limit field's (it holds ``ratelimit``
+    or ``retry-after``: False says no field of any family is there); whether one may
+    announce a budget; each field `_read_answer` reads as (its index, its lower-case
+    name, whether the pacing reads it), or None when one is sent twice (httpx joins
+    them: its reading is the one to take); whether one is a `TRIGGERS` field.
+    Remembered by *names*, unless a name holds a line break (another list joins to the
+    same names) or they are long.
     """
-    announcing = _LIMIT_OF in names or _ANTHROPIC in names
-    table = _ANY if announcing else _PACING
+    lowered = names.lower()
+    # ``find``, not ``in``: bytes' ``in`` first tries its operand as an int, and an
+    # exception raised and cleared costs more than the search.
+    marked = lowered.find(_RATELIMIT) >= 0 or lowered.find(_RETRY_AFTER) >= 0
+    announcing = marked and (lowered.find(_LIMIT_OF) >= 0 or lowered.find(_ANTHROPIC) >= 0)
     places: list[tuple[int, str, bool]] = []
     keys: set[str] = set()
     repeated = False
-    for i, (name, _) in enumerate(raw):
-        seen = table.get(name.lower())
-        if seen is not None:
-            repeated = repeated or seen[0] in keys
-            keys.add(seen[0])
-            places.append((i, *seen))
+    if marked:
+        table = _ANY if announcing else _PACING
+        for i, (name, _) in enumerate(raw):
+            seen = table.get(name.lower())
+            if seen is not None:
+                repeated = repeated or seen[0] in keys
+                keys.add(seen[0])
+                places.append((i, *seen))
     layout: Layout = (
         len(raw),
+        marked,
         announcing,
         None if repeated else tuple(places),
         not TRIGGERS.isdisjoint(keys),
