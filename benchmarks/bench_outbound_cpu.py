@@ -23,7 +23,11 @@ over the minimal transport with the same answers; and answered with
 ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` alone, a remaining that
 changes every time (a rate learned, not announced); and with an LLM provider's
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (Go durations), all
-but the limits changing every time.
+but the limits changing every time. Two floors beside them (cases ``keyed``,
+``keyed_names``): the minimal transport with the default key (`host_key`), and
+with one look at the answer's names through httpx's public API as well (its
+``Headers.raw``, the names joined, a dict lookup): what any pacing by host that
+reads the answer pays before it decides anything.
 """
 
 from __future__ import annotations
@@ -72,9 +76,10 @@ async def _async_us(n: int) -> float:
 # One program per case: *n* requests after a warm-up of 200 (argv[1] is n).
 PROGRAM = """
 import sys
+from operator import itemgetter
 import httpx
 from nanobucket import TokenBucket
-from nanobucket.httpx import RateLimitedTransport
+from nanobucket.httpx import RateLimitedTransport, host_key
 
 USUAL = [("content-type", "application/json"), ("content-length", "2"),
          ("date", "Wed, 21 Oct 2015 07:28:00 GMT"), ("server", "uvicorn")]
@@ -116,6 +121,27 @@ class Minimal(httpx.BaseTransport):
         return self.inner.handle_request(request)
 
 
+# The floor of a key's pacing: its default key, then allow() and send
+class Keyed(Minimal):
+    def handle_request(self, request):
+        host_key(request)
+        if not self.bucket.allow():
+            raise RuntimeError("limited")
+        return self.inner.handle_request(request)
+
+
+# and one look at the answer's names through httpx's public API, remembered
+class KeyedNames(Minimal):
+    def handle_request(self, request):
+        host_key(request)
+        if not self.bucket.allow():
+            raise RuntimeError("limited")
+        answer = self.inner.handle_request(request)
+        SEEN.get(b"\\n".join(map(itemgetter(0), answer.headers.raw)))
+        return answer
+
+
+SEEN = {{}}
 mock = httpx.MockTransport(answer)
 transport = {transport}
 client = httpx.Client(transport=transport)
@@ -132,6 +158,8 @@ CASES = {
     "plain": ("plain client over MockTransport", "mock", ""),
     "minimal": ("minimal transport: allow() then send", "Minimal(mock)", ""),
     "ours": ("RateLimitedTransport, no rate-limit fields", OURS, ""),
+    "keyed": ("floor: host_key, then allow() and send", "Keyed(mock)", ""),
+    "keyed_names": ("floor: and the answer's names read", "KeyedNames(mock)", ""),
     "plain_fields": ("plain client, answers with RateLimit fields", "mock", "_fields"),
     "minimal_fields": ("minimal transport, the same answers", "Minimal(mock)", "_fields"),
     "ours_fields": ("RateLimitedTransport, the same answers", OURS, "_fields"),
@@ -161,7 +189,11 @@ def _callgrind(requests: int, cases: list[str]) -> None:
         n = counts[name]
         plain, minimal = counts.get("plain" + fields), counts.get("minimal" + fields)
         over = f"{n - plain:11.0f}" if plain is not None else f"{'':11}"
-        more = f"{n - minimal:13.0f}" if minimal is not None and name.startswith("ours") else ""
+        more = (
+            f"{n - minimal:13.0f}"
+            if minimal is not None and name.startswith(("ours", "keyed"))
+            else ""
+        )
         print(f"  {what:44} {n:9.0f} {over} {more}")
 
 
