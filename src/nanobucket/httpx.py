@@ -97,14 +97,7 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     """
     if not isinstance(headers, httpx.Headers):
         return True, fields_of(headers)
-    raw = headers.raw
-    if not _layout_of(raw)[1]:
-        return False, None
-    got = _found(raw, _PACING)
-    if got is None:
-        return True, fields_of(headers)
-    fields = got[1]
-    return True, None if TRIGGERS.isdisjoint(fields) else fields
+    return _layout_of(headers.raw)[1], _read_answer(headers)[1]
 
 
 def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
@@ -200,29 +193,6 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
             _LAYOUTS.clear()
         _LAYOUTS[names] = layout
     return layout
-
-
-def _found(
-    raw: list[tuple[bytes, bytes]], table: dict[bytes, tuple[str, bool]]
-) -> tuple[dict[str, str], dict[str, str]] | None:
-    """The fields of *raw* (httpx's header list) that *table* names, by lower-case name,
-    and those of them the pacing reads; None when one is sent twice (httpx joins them)
-    or is not ASCII: httpx's own reading is then the one to take."""
-    found: dict[str, str] = {}
-    fields: dict[str, str] = {}
-    for name, value in raw:
-        seen = table.get(name.lower())
-        if seen is not None:
-            key, pacing = seen
-            if key in found:
-                return None
-            try:  # as httpx's own encoding reads it: the same for ASCII (and quicker)
-                text = found[key] = value.decode("ascii")
-            except UnicodeDecodeError:
-                return None
-            if pacing:
-                fields[key] = text
-    return found, fields
 
 
 def limit_fields(headers: Mapping[str, str]) -> dict[str, str] | None:
