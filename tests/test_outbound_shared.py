@@ -21,12 +21,14 @@ import redis
 
 import nanobucket as nb
 import nanobucket.redis as nbr
+from nanobucket._outbound.pacer import PROBE_FIRST_NS, PROBE_POLL_NS, Pacer
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.shared import SharedKeyedTokenBucket
 
 from conftest import NEEDS_SHARED_TABLE, ManualClock
 from server_models import (
     NS,
+    FixedWindow,
     Simulated,
     SlidingWindow,
     TokenBucketServer,
@@ -398,8 +400,9 @@ def test_asyncio_processes_on_one_redis(redis_url: str) -> None:
     [
         # Alone, each of the 8 at what it learned: {200: 1588, 429: 306}, 53%.
         (lambda: TokenBucketServer(100, 10), (100, 10), {200: 2864}),
-        # The 429s: requests sent before the first answer (16 within 32 ms).
-        (lambda: TokenBucketServer(100, 10), (500, 50), {200: 2786, 429: 4}),
+        # Each process's first request goes alone: before, the two sent before the
+        # first answer met 4 429s ({200: 2786, 429: 4}).
+        (lambda: TokenBucketServer(100, 10), (500, 50), {200: 2865}),
         # Alone: {200: 2716, 429: 311}.
         (lambda: SlidingWindow(100, 1), (500, 50), {200: 2865}),
     ],
@@ -429,10 +432,11 @@ def test_eight_processes_against_100_per_second(
 
 
 def run_sharing(
-    server: Any, processes: int, store: tuple[int, int], seconds: int = 10
+    server: Any, processes: int, store: tuple[int, int], seconds: int = 10, seed: int = 1
 ) -> Simulated:
     """*processes* simulated processes of 2 tasks each, configured at 500/s, calling
-    *server* for *seconds* with ``shared=`` a store of *store* (rate, capacity)."""
+    *server* for *seconds* with ``shared=`` a store of *store* (rate, capacity); the
+    latencies drawn with *seed*."""
     made: list[Any] = []
 
     def make(inner: Any, clock: Any) -> AsyncRateLimitedTransport:
@@ -442,7 +446,7 @@ def run_sharing(
             inner, rate=500, capacity=50, timeout=None, clock=clock, shared=made[0]
         )
 
-    return simulate(server, workers=2, seconds=seconds, make=make, processes=processes)
+    return simulate(server, workers=2, seconds=seconds, make=make, processes=processes, seed=seed)
 
 
 @pytest.mark.parametrize(
@@ -450,10 +454,12 @@ def run_sharing(
     [
         # Before, each process held near a lower bound learned from its own answers:
         # {200: 907}, 4 processes {200: 860}, 16 {200: 162} and {200: 213, 429: 28}.
+        # Before each process's first request went alone: {200: 1014, 429: 30} and
+        # {200: 1039, 429: 100} with the store at the client's rate.
         (1, (500, 50), {200: 1009}),
-        (4, (500, 50), {200: 1014, 429: 30}),
+        (4, (500, 50), {200: 1014, 429: 9}),
         (16, (100, 10), {200: 1031}),
-        (16, (500, 50), {200: 1039, 429: 100}),
+        (16, (500, 50), {200: 1029, 429: 37}),
     ],
     ids=["1-process", "4-processes", "16-processes", "16-processes-store-at-client-rate"],
 )
@@ -471,13 +477,87 @@ def test_processes_sharing_a_server_that_announces_no_rate_run_at_it(
         run = run_sharing(server, processes, store)
     assert run.counts == counts
     assert counts[200] >= 0.9 * 100 * 10
-    # The 429s: requests let go at the client's rate before the answers brought the
-    # processes' rates down, all in the first 2 s (none with the store at the
-    # server's limit, which spaces them from the first).
-    assert all(t < 2 * NS for t in run.limited_at)
+    assert counts.get(429, 0) <= 0.04 * sum(counts.values())
     assert most_in_window(run.admitted_at, NS) <= 100 + 10  # its rate and its burst
     said = [r for r in caplog.records if "X-RateLimit-* fields" in r.getMessage()]
     assert len(said) == processes  # once per process
+
+
+class Timed(httpx.AsyncBaseTransport):
+    """One process's requests to *inner*: when each left and when its answer came (ns of
+    *clock*); the first one's answer *first_delay* ns late."""
+
+    def __init__(self, inner: Any, clock: Callable[[], int], first_delay: int = 0) -> None:
+        self.inner, self.clock, self.first_delay = inner, clock, first_delay
+        self.sent: list[int] = []
+        self.answered: list[int] = []
+        self.first_answered = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(self.clock())
+        first = len(self.sent) == 1
+        if first and self.first_delay:
+            await asyncio.sleep(self.first_delay / NS)
+        response: httpx.Response = await self.inner.handle_async_request(request)
+        self.answered.append(self.clock())
+        if first:
+            self.first_answered = self.answered[-1]
+        return response
+
+
+def run_recorded(
+    server: Any, processes: int, seed: int, first_delay: int = 0, seconds: int = 10
+) -> tuple[Simulated, list[Timed]]:
+    """`run_sharing` with the store at the client's rate (500/s, bursts of 50), each
+    process's requests recorded (`Timed`)."""
+    made: list[Any] = []
+    recorded: list[Timed] = []
+
+    def make(inner: Any, clock: Any) -> AsyncRateLimitedTransport:
+        if not made:
+            made.append(nb.KeyedTokenBucket(rate=500, capacity=50, clock=clock))
+        recorded.append(Timed(inner, clock, first_delay))
+        return AsyncRateLimitedTransport(
+            recorded[-1], rate=500, capacity=50, timeout=None, clock=clock, shared=made[0]
+        )
+
+    run = simulate(server, workers=2, seconds=seconds, make=make, processes=processes, seed=seed)
+    return run, recorded
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_each_process_sends_its_first_request_alone(seed: int) -> None:
+    # 16 processes of 2 tasks against a token bucket of 100/s (bursts of 10) that sends
+    # X-RateLimit-* only: a process's second request waits for its first answer, so
+    # 16 requests, not 32, meet the server before it has said anything. Before, both
+    # tasks of every process sent at once, and 8.2-9.3% of the answers were 429s at
+    # seeds 1-6.
+    run, recorded = run_recorded(TokenBucketServer(100, 10, legacy=True), 16, seed)
+    for process in recorded:
+        assert process.sent[1] >= process.first_answered
+    assert run.admitted >= 0.9 * 100 * 10
+    assert run.limited <= 0.05 * (run.admitted + run.limited)
+
+
+def test_a_first_request_that_hangs_holds_the_others_100_ms() -> None:
+    # The first answer comes 1 s late: the process's next request leaves at most
+    # PROBE_FIRST_NS after the first (looking every PROBE_POLL_NS), not after 1 s.
+    _, recorded = run_recorded(
+        TokenBucketServer(100, 10, legacy=True), 1, seed=1, first_delay=NS, seconds=1
+    )
+    (process,) = recorded
+    assert PROBE_FIRST_NS <= process.sent[1] - process.sent[0] <= PROBE_FIRST_NS + PROBE_POLL_NS
+    assert process.first_answered - process.sent[0] >= NS
+
+
+def test_a_slow_window_learned_from_the_first_answer_owes_nothing_for_the_hold() -> None:
+    # RateLimit-Policy 10 per 60 s, paced one per 20/3 s: the second task, held while
+    # the first request was out, owes nothing for that hold, so the third request
+    # leaves one interval after the first answer. Before the hold was given back, the
+    # hold's debt, carried to the slow rate, sent it 0.33 s late.
+    _, (process,) = run_recorded(FixedWindow(10, 60), 1, seed=1, seconds=15)
+    interval = -(-20 * NS // 3)
+    assert abs(process.sent[2] - process.first_answered - interval) < 1_000
 
 
 class SlowingBucket(TokenBucketServer):
@@ -497,21 +577,27 @@ class SlowingBucket(TokenBucketServer):
 
 @pytest.mark.parametrize(
     ("store", "counts"),
-    [((100, 10), {200: 785, 429: 19}), ((500, 50), {200: 785, 429: 108})],
+    # Before each process's first request went alone: {200: 1274, 429: 25} and
+    # {200: 1282, 429: 114}.
+    [((100, 10), {200: 1270, 429: 28}), ((500, 50), {200: 1277, 429: 48})],
     ids=["store-at-server-rate", "store-at-client-rate"],
 )
 def test_processes_sharing_a_server_that_slows_down_follow_it_within_2_seconds(
     store: tuple[int, int], counts: dict[int, int]
 ) -> None:
-    # 16 processes, 10 s; at 5 s the server's 100/s becomes 50/s. Before, they ran at
-    # 16-21/s throughout: {200: 162} and {200: 212, 429: 28}.
-    run = run_sharing(SlowingBucket(15 * NS), 16, store)  # the clock starts at 10 s
+    # 16 processes, 20 s; at 5 s the server's 100/s becomes 50/s. Before processes took
+    # shares of what the server has left, they ran at 16-21/s throughout.
+    run = run_sharing(SlowingBucket(15 * NS), 16, store, seconds=20)  # the clock starts at 10 s
     assert run.counts == counts
-    per_second = [sum(1 for t in run.admitted_at if k * NS <= t < (k + 1) * NS) for k in range(10)]
-    assert min(per_second[:5]) >= 90  # at the server's 100/s
-    assert all(45 <= n <= 50 + 10 for n in per_second[7:])  # at its 50/s, 2 s after
-    late = [t for t in run.limited_at if t >= 7 * NS]
-    assert len(late) <= 0.01 * (sum(per_second[7:]) + len(late))
+    per_second = [sum(1 for t in run.admitted_at if k * NS <= t < (k + 1) * NS) for k in range(20)]
+    # At the server's 100/s, then at its 50/s from 2 s after the change: counted over
+    # seconds, as the processes' sum moves by a few requests a second either way.
+    assert sum(per_second[:5]) >= 0.9 * 100 * 5
+    assert 0.9 * 50 * 13 <= sum(per_second[7:]) <= 50 * 13 + 10
+    # The 429s from then on, the processes following the server by what it has left:
+    # 0.5-1.8% at seeds 1-6 (before the first request went alone: 0.5-1.8% too).
+    late = [t for t in run.limited_at if 7 * NS <= t < 20 * NS]  # the seconds counted above
+    assert len(late) <= 0.02 * (sum(per_second[7:]) + len(late))
 
 
 @pytest.mark.parametrize("in_asyncio", [False, True], ids=["sync", "asyncio"])
@@ -601,3 +687,39 @@ def test_a_request_cancelled_while_it_holds_a_pause_is_cancelled(own_redis_serve
         await store.aclose()
 
     asyncio.run(main())
+
+
+def _probing_pacer(clock: ManualClock) -> Pacer:
+    pacer = Pacer(
+        500, 50, timeout=None, max_keys=10, max_waiters=10, clock=clock, sleep=None,
+        async_sleep=None,
+    )  # fmt: skip
+    pacer.probing = True  # as `SharedPace` sets it
+    return pacer
+
+
+def test_the_first_answer_gives_the_hold_back_once() -> None:
+    # A key's first answer (with nothing to learn) ends the hold of the requests that
+    # waited for it and gives the hold's tokens back; a later answer gives nothing back
+    # again: the bucket is as it is when none was held (its first token, 2 ms at
+    # 500/s, refilled within the 11 ms the first answer took).
+    def run(held: bool) -> float:
+        clock = ManualClock(10 * NS)
+        pacer = _probing_pacer(clock)
+        state = pacer._state("api")
+        first = pacer._sent(state)
+        assert first is not None
+        clock.advance(MS)
+        if held:
+            assert pacer._sent(state) is None  # held for the first answer
+        clock.advance(10 * MS)
+        pacer.done(first, 200, {}.get)
+        assert not state.first_held
+        second = pacer._sent(state)
+        assert second is not None  # no longer held
+        clock.advance(10 * MS)
+        fields = {"x-ratelimit-limit": "10", "x-ratelimit-remaining": "8"}
+        pacer.done(second, 200, fields.get)
+        return state.bucket.tokens()
+
+    assert run(held=True) == run(held=False) == 8

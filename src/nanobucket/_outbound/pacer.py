@@ -124,6 +124,9 @@ PROBE_SPAN = 4 * NS_PER_S  # the longest a probe's rate moves for at once (`_pro
 # remaining of R of the capacity moves it by 2 * (R - 1/PROBE_KEEP); and the remaining
 # gaining R of the capacity since the key's last answer moves it by R at once.
 PROBE_GROWTH, PROBE_CUT, PROBE_LEVEL, PROBE_SLOPE, PROBE_KEEP = 1, 16, 2, 1, 8
+# Run with others (``shared=``), a key's first request goes alone: the next waits for
+# its answer, looking every PROBE_POLL_NS, at most PROBE_FIRST_NS (`Pacer._sent`).
+PROBE_FIRST_NS, PROBE_POLL_NS = 100_000_000, 5_000_000
 BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`window_pace`)
 
 
@@ -180,10 +183,10 @@ class _Key:
 
     __slots__ = (
         "bare", "bare_counted", "bare_ended", "bare_oks", "bare_open", "bare_sends",
-        "bare_ticket", "bucket", "departed", "follow_args", "followed", "inflight", "interval",
-        "lock", "paused_until", "policy", "probe", "probe_gap", "probe_left", "probed_at",
-        "refill", "said", "said_texts", "seen", "shared_carry", "shared_price", "shared_recent",
-        "slack", "waiting",
+        "bare_ticket", "bucket", "departed", "first_held", "first_sent", "follow_args",
+        "followed", "inflight", "interval", "lock", "paused_until", "policy", "probe",
+        "probe_gap", "probe_left", "probed_at", "refill", "said", "said_texts", "seen",
+        "shared_carry", "shared_price", "shared_recent", "slack", "waiting",
     )  # fmt: skip
 
     def __init__(self, pacer: Pacer) -> None:
@@ -206,6 +209,8 @@ class _Key:
         self.probed_at = 0  # and when it last moved (ns)
         self.probe_left = -1  # what the server had left then (-1: not yet)
         self.probe_gap = 0  # ns between the key's answers, averaged (0: none yet)
+        self.first_sent = 0  # when the first request left, run with others (ns)
+        self.first_held = False  # and others were held for its answer
         self.departed = 0  # the bucket's tat, by the times requests really left (ns)
         self.interval = self.slack = 0  # the bucket's, for departures (`_Key.measure`)
         self.measure()
@@ -383,6 +388,18 @@ class Pacer:
                 _hold(state.bucket, due)
                 return None
             state.departed = (departed if departed > now else now) + state.interval
+        if self.probing and state.bare and not state.refill.admitted:
+            # Run with other processes, a key whose server has not answered yet sends
+            # one request and waits for its answer (up to PROBE_FIRST_NS): each
+            # process starting a burst at your rate would spend the server's many times.
+            if state.inflight:
+                end = state.first_sent + PROBE_FIRST_NS
+                if now < end:
+                    state.first_held = True
+                    _hold(state.bucket, min(end, now + PROBE_POLL_NS))
+                    return None
+            else:
+                state.first_sent = now
         state.inflight += 1
         refill = state.refill
         if refill.unsent:  # else it starts nothing
@@ -603,9 +620,15 @@ class Pacer:
             # Answered while it was out: maybe decided after it, so not in its fields.
             unseen = refill.admitted - before
         inflight = state.inflight + out
+        bucket = state.bucket
+        if state.first_held:
+            # The requests held while the first was out (`_sent`) owe nothing for the
+            # hold, whatever rate its answer sets: the key's bucket is full again, as
+            # it is once the first's own token refilled (its answer took that long).
+            state.first_held = False
+            bucket.refund_at(now, bucket.capacity)
         if announced is not None or not ok:
             state.bare = False
-        bucket = state.bucket
         if status == 429:
             state.seen = 0  # our picture was too generous: relearn it
         refill.admitted += ok
