@@ -33,6 +33,11 @@ What a response teaches, per key:
   each process runs at a share of the server's rate that it moves by what
   the server has left (`_probed`).
 
+With ``shared=``, whatever the fields, a key's first request in each
+process goes alone: the others wait for its answer (`PROBE_FIRST_NS` at
+most), so each process starts from what the server said, not at your rate
+(which, in every process at once, would spend the server's many times).
+
 The bucket's rate and capacity never exceed the user's and follow the
 server up and down again: what a key owes (its bucket's tokens, its
 window's departures) carries over to a new rate in tokens, so the next
