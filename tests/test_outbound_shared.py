@@ -724,3 +724,37 @@ def test_the_first_answer_gives_the_hold_back_once() -> None:
         return state.bucket.tokens()
 
     assert run(held=True) == run(held=False) == 8
+
+
+def test_threads_hold_their_requests_for_the_first_answer() -> None:
+    # The synchronous transport, real threads and time: the first request's answer
+    # takes 300 ms; a second thread's request, started while it is out, leaves 100 ms
+    # after the first at the earliest (PROBE_FIRST_NS), never with it.
+    import threading
+
+    sent: list[float] = []
+    first_in = threading.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(time.monotonic())
+        if len(sent) == 1:
+            first_in.set()
+            time.sleep(0.3)
+        return httpx.Response(
+            200, headers={"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9"}
+        )
+
+    store = nb.KeyedTokenBucket(rate=500, capacity=50)
+    transport = RateLimitedTransport(
+        httpx.MockTransport(handler), rate=500, capacity=50, shared=store
+    )
+    with httpx.Client(transport=transport) as client:
+        first = threading.Thread(target=client.get, args=("http://api/",))
+        first.start()
+        assert first_in.wait(10)
+        second = threading.Thread(target=client.get, args=("http://api/",))
+        second.start()
+        first.join(10)
+        second.join(10)
+    assert len(sent) == 2
+    assert sent[1] - sent[0] >= PROBE_FIRST_NS / NS
