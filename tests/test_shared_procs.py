@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import mmap
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +26,10 @@ S = 1_000_000_000
 def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -> list[Any]:
     """Fork *n* children running ``body(i)``; return their JSON results (decoded), in order.
 
-    A child that raises reports the error, which fails the test; every child
-    is reaped (and killed if past *timeout*) before returning.
+    A child that raises reports the error, which fails the test; a child that
+    dies reports how (its signal, and the traceback faulthandler wrote to the
+    same pipe). Every child is reaped (and killed if past *timeout*) before
+    returning.
     """
     pipes, pids = [], []
     for i in range(n):
@@ -32,6 +37,13 @@ def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -
         pid = os.fork()
         if pid == 0:  # the child: never return into pytest
             os.close(r)
+            # A crash here tells the parent where (pytest's faulthandler writes
+            # to the terminal, apart from the failing test).
+            faulthandler.enable(w)
+            # No tracer (coverage's, under `coverage run`): what it records here
+            # is never saved, as the child leaves by os._exit.
+            sys.settrace(None)
+            threading.settrace(None)
             try:
                 out = json.dumps({"ok": body(i)})
             except BaseException as e:  # reported to the parent
@@ -51,11 +63,16 @@ def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -
                 break
             chunks.append(chunk)
         os.close(r)
-        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        while (status := os.waitpid(pid, os.WNOHANG)) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
-        result = json.loads(b"".join(chunks) or b'{"error": "no result"}')
+        got = b"".join(chunks)
+        try:
+            result = json.loads(got)
+        except ValueError:
+            how = os.waitstatus_to_exitcode(status[1])
+            result = {"error": f"no result (exit {how}): {got.decode(errors='replace')}"}
         assert "error" not in result, result["error"]
         results.append(result["ok"])
     return results
