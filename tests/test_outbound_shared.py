@@ -726,6 +726,25 @@ def test_the_first_answer_gives_the_hold_back_once() -> None:
     assert run(held=True) == run(held=False) == 8
 
 
+def test_a_first_request_that_fails_hands_the_turn_to_the_next() -> None:
+    # The first request fails (a connection error: no answer): the next request goes
+    # alone in its place, and the one after it waits for that one's answer.
+    clock = ManualClock(10 * NS)
+    pacer = _probing_pacer(clock)
+    state = pacer._state("api")
+    first = pacer._sent(state)
+    assert first is not None
+    clock.advance(MS)
+    assert pacer._sent(state) is None  # held for the first answer
+    pacer.failed(first)
+    clock.advance(5 * MS)
+    second = pacer._sent(state)
+    assert second is not None  # alone, in the first one's place
+    assert (state.first_sent, state.inflight) == (10 * NS + 6 * MS, 1)
+    clock.advance(5 * MS)
+    assert pacer._sent(state) is None  # held for the second's answer
+
+
 def test_threads_hold_their_requests_for_the_first_answer() -> None:
     # The synchronous transport, real threads and time: the first request's answer
     # takes 300 ms; a second thread's request, started while it is out, leaves 100 ms
