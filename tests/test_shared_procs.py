@@ -7,8 +7,6 @@ import json
 import mmap
 import os
 import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,10 +38,6 @@ def run_children(n: int, body: Callable[[int], object], timeout: float = 30.0) -
             # A crash here tells the parent where (pytest's faulthandler writes
             # to the terminal, apart from the failing test).
             faulthandler.enable(w)
-            # No tracer (coverage's, under `coverage run`): what it records here
-            # is never saved, as the child leaves by os._exit.
-            sys.settrace(None)
-            threading.settrace(None)
             try:
                 out = json.dumps({"ok": body(i)})
             except BaseException as e:  # reported to the parent
