@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -393,6 +394,16 @@ def test_decorator_hooks_name_the_function(impl: ModuleType, clock: ManualClock)
 # -- Prometheus and OpenTelemetry --------------------------------------------------------------
 
 
+@pytest.fixture
+def otel_provider() -> Iterator[tuple[MeterProvider, InMemoryMetricReader]]:
+    """A meter provider reading into memory, shut down after the test: one left alive
+    re-detects its resource on a thread in every forked child of later tests."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    yield provider, reader
+    provider.shutdown()
+
+
 def _otel_points(reader: InMemoryMetricReader, name: str) -> dict[tuple[Any, ...], Any]:
     data = reader.get_metrics_data()
     assert data is not None
@@ -407,12 +418,15 @@ def _otel_points(reader: InMemoryMetricReader, name: str) -> dict[tuple[Any, ...
 
 
 def test_prometheus_and_otel_count_exactly_by_route_and_outcome(
-    impl: ModuleType, clock: ManualClock, asgi_client: MakeClient
+    impl: ModuleType,
+    clock: ManualClock,
+    asgi_client: MakeClient,
+    otel_provider: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     registry = CollectorRegistry()
     prom = PrometheusMetrics(registry=registry)
-    reader = InMemoryMetricReader()
-    otel = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    provider, reader = otel_provider
+    otel = OpenTelemetryMetrics(meter_provider=provider)
 
     def both(event: nb.LimitEvent) -> None:
         prom.hook(event)
@@ -486,12 +500,14 @@ def test_prometheus_scrape_text_and_asgi_endpoint(
 
 
 def test_breaker_state_and_fallbacks_when_redis_stops(
-    own_redis_server: RedisServer, asgi_client: MakeClient
+    own_redis_server: RedisServer,
+    asgi_client: MakeClient,
+    otel_provider: tuple[MeterProvider, InMemoryMetricReader],
 ) -> None:
     registry = CollectorRegistry()
     prom = PrometheusMetrics(registry=registry)
-    reader = InMemoryMetricReader()
-    otel = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    provider, reader = otel_provider
+    otel = OpenTelemetryMetrics(meter_provider=provider)
     limiter = nbr.AsyncRedisTokenBucket.from_url(  # an ASGI app refuses the blocking one
         own_redis_server.url,
         rate=100,
@@ -896,9 +912,13 @@ def test_shared_table_refund_and_reserve_exactly(tmp_path: Path) -> None:
         t.unlink()
 
 
-def test_small_parts(clock: ManualClock, asgi_client: MakeClient) -> None:
+def test_small_parts(
+    clock: ManualClock,
+    asgi_client: MakeClient,
+    otel_provider: tuple[MeterProvider, InMemoryMetricReader],
+) -> None:
     assert (wsgi._status_code("404 Not Found"), wsgi._status_code("nonsense")) == (404, 500)
-    provider = MeterProvider(metric_readers=[reader := InMemoryMetricReader()])
+    provider, reader = otel_provider
     otel = OpenTelemetryMetrics(meter=provider.get_meter("mine"))
     with pytest.raises(TypeError, match="not both"):
         OpenTelemetryMetrics(meter_provider=provider, meter=otel.meter)
@@ -935,3 +955,13 @@ def test_small_parts(clock: ManualClock, asgi_client: MakeClient) -> None:
         wsgi.RateLimitMiddleware(streaming, limiter, key=lambda e: "s", charge=failures_only)
     )
     assert (server.get("/"), closed, Backend(limiter).owed("s")) == (500, ["app"], 1)
+
+
+def test_no_meter_provider_outlives_its_test() -> None:
+    # A live MeterProvider re-detects its resource on a thread in every forked child
+    # (OpenTelemetry's at-fork hook), and under coverage's line tracing such a thread
+    # crashed the child of a later test. Its atexit shutdown keeps one alive for good:
+    # the tests and doctests before this one (test_doctests) shut theirs down.
+    gc.collect()
+    # type(), not isinstance(): that reads __class__, which wakes lazy proxies (Django's).
+    assert [o for o in gc.get_objects() if issubclass(type(o), MeterProvider)] == []

@@ -201,13 +201,14 @@ class OpenTelemetryMetrics:
     >>> from opentelemetry.sdk.metrics import MeterProvider
     >>> from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     >>> import nanobucket as nb
-    >>> reader = InMemoryMetricReader()
-    >>> m = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    >>> provider = MeterProvider(metric_readers=[reader := InMemoryMetricReader()])
+    >>> m = OpenTelemetryMetrics(meter_provider=provider)
     >>> m.hook(nb.LimitEvent("alice", "/login", 1, nb.TokenBucket(1, 1).check_at(0)))
     >>> [metric] = [x for rm in reader.get_metrics_data().resource_metrics
     ...             for sm in rm.scope_metrics for x in sm.metrics]
     >>> metric.name, [(dict(p.attributes), p.value) for p in metric.data.data_points]
     ('nanobucket.decisions', [({'route': '/login', 'outcome': 'admitted'}, 1)])
+    >>> provider.shutdown()
     """
 
     def __init__(self, meter_provider: Any = None, *, meter: Any = None) -> None:
@@ -238,8 +239,10 @@ class OpenTelemetryMetrics:
 
         >>> import nanobucket as nb
         >>> from opentelemetry.sdk.metrics import MeterProvider
-        >>> m = OpenTelemetryMetrics(meter_provider=MeterProvider())
+        >>> provider = MeterProvider()
+        >>> m = OpenTelemetryMetrics(meter_provider=provider)
         >>> m.hook(nb.LimitEvent("alice", "/api/*", 1, nb.TokenBucket(1, 1).check_at(0)))
+        >>> provider.shutdown()
         """
         attributes = {"route": event.route, "outcome": event.outcome}
         if event.plan is not None:
@@ -256,13 +259,14 @@ class OpenTelemetryMetrics:
         >>> from opentelemetry.sdk.metrics import MeterProvider
         >>> from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         >>> from nanobucket.redis import CircuitBreaker
-        >>> reader = InMemoryMetricReader()
-        >>> m = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+        >>> provider = MeterProvider(metric_readers=[reader := InMemoryMetricReader()])
+        >>> m = OpenTelemetryMetrics(meter_provider=provider)
         >>> m.watch_breaker(CircuitBreaker(), "sessions")
         >>> [metric] = [x for rm in reader.get_metrics_data().resource_metrics
         ...             for sm in rm.scope_metrics for x in sm.metrics]
         >>> sorted((p.attributes["state"], p.value) for p in metric.data.data_points)
         [('closed', 1), ('half-open', 0), ('open', 0)]
+        >>> provider.shutdown()
         """
         from opentelemetry.metrics import Observation
 
