@@ -975,7 +975,47 @@ said = st.one_of(
         waits,
     ),
     st.builds(lambda wait: [("Retry-After", wait)], waits),
+    # An LLM provider's budget, OpenAI-style: one with nothing left holds the next
+    # request until its reset (a Go duration, at most a day)
+    st.builds(
+        lambda name, limit, left, reset: [
+            (f"x-ratelimit-limit-{name}", str(limit)),
+            (f"x-ratelimit-remaining-{name}", str(left)),
+            (f"x-ratelimit-reset-{name}", reset),
+        ],
+        st.sampled_from(["requests", "tokens"]),
+        st.integers(1, 1000),
+        st.integers(0, 1000),
+        st.sampled_from(["0s", "12ms", "1s", "6m0s", "24h0m0s", "24h0m1s", "2562047h"]),
+    ),
+    # Anthropic-style: the reset a time, read against the answer's Date
+    st.builds(
+        lambda name, limit, left, at, later: [
+            ("Date", http_date(at)),
+            (f"anthropic-ratelimit-{name}-limit", str(limit)),
+            (f"anthropic-ratelimit-{name}-remaining", str(left)),
+            (
+                f"anthropic-ratelimit-{name}-reset",
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(BASE + at + later)),
+            ),
+        ],
+        st.sampled_from(["requests", "tokens", "input-tokens", "output-tokens"]),
+        st.integers(1, 1000),
+        st.integers(0, 1000),
+        st.integers(-100, 100),
+        st.sampled_from([-5, 0, 1, 30, 86_400, 86_401, 10**8]),
+    ),
+    st.builds(lambda ms: [("retry-after-ms", ms)], st.sampled_from(["0", "250", "86400001"])),
     groups,  # and anything the fuzz above throws
+)
+# An answer that leaves an LLM budget empty for 30 s
+SPENT: Reply = (
+    200,
+    [
+        ("x-ratelimit-limit-tokens", "1000"),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "30s"),
+    ],
 )
 # A request after a quiet span (ns), and the answer it gets.
 sequences = st.lists(
@@ -989,11 +1029,31 @@ sequences = st.lists(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_answers_before_a_request_left_are_not_in_the_window_its_answer_starts(
+    kind: str,
+) -> None:
+    # Two answers with no field, a minute apart; a third request at once waits its
+    # token (1 s at your 1/s) and hears a window of 1 a second (paced at 1 per 2 s).
+    # The second was answered before the third left, so the window that starts at the
+    # third's answer owes nothing for it: the fourth waits one token's time, as limit
+    # says, not twice that (the second's 200 was counted when the third's answer
+    # came, as if it had been answered while the third was out).
+    clock = SleepClock(MOST_SLEEPS)
+    server = Server((200, []), (200, []), policy(1, 1), (200, []))
+    options = {"rate": 1, "capacity": 1, "timeout": None}
+    _, steps = send_after(kind, server, clock, [0, 60 * NS, 0, 0], **options)
+    assert [waited for _, waited, _ in steps] == [0, 0, NS, 2 * NS]
+    assert steps[3][0] == KeyLimit(rate=Fraction(1, 2), capacity=1, paused_for=0.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @fuzz(40)
 @given(sequence=sequences, limit=limits)
 @example(sequence=[(0, policy(10, 3600)), (0, policy(1000, 60))], limit=(100, 10))
 @example(sequence=[(0, policy(100, 99999999999999)), (0, policy(1000, 2))], limit=(50, 10))
 @example(sequence=[(0, policy(1, 999999999999999))] * 3, limit=(100, 10))
+# A budget spent: its reset holds the next request, and limit says so
+@example(sequence=[(0, SPENT), (0, (200, []))], limit=(100, 10))
 # A day's pause held in a bucket of 106,740 tokens at 43,205 s each: full, it
 # lies past the clock's range, and the pause was once held a token short.
 @example(

@@ -458,9 +458,15 @@ class Outbound:
             raise self._timeout(err, request) from None
 
     def limit(self, key: Hashable) -> KeyLimit:
-        """*key*'s rate and capacity now, the seconds left of its pause, and whether it is known.
+        """*key*'s rate and capacity now, the seconds its next request waits before its
+        rate applies, and whether it is known.
 
-        A key no request went to yet (or forgotten past ``max_keys``) is
+        That wait (``paused_for``) is the longest of: a pause the server
+        asked for (``Retry-After``, ``retry-after-ms``, a window with nothing
+        left until its reset), and the reset of an announced budget with no
+        room for one more unit (an LLM provider's requests or tokens; a
+        request whose *estimate* costs more may wait longer). A key no
+        request went to yet (or forgotten past ``max_keys``) is
         ``known=False``: the rate and capacity are your own, what its first
         request gets, nothing learned from the server.
 
@@ -474,7 +480,9 @@ class Outbound:
         >>> t.limit("api.example.com")   # known, and no limit announced: still your own
         KeyLimit(rate=5, capacity=10, paused_for=0.0, known=True)
         """
-        return self.pacer.limit(key)
+        limit = self.pacer.limit(key)
+        budgets = self._ledger.waiting(key) / NS_PER_S
+        return limit._replace(paused_for=budgets) if budgets > limit.paused_for else limit
 
     def _timeout(self, err: WaitTooLong, request: object) -> LimitTimeout:
         return self._timeout_error(

@@ -121,6 +121,19 @@ class Charge(NamedTuple):
 _charge = tuple.__new__  # a Charge from its fields, without NamedTuple's Python __new__
 
 
+def _due(account: _Account, costs: Mapping[str, int], now: int) -> int:
+    """Under *account*'s lock: when (ns of the clock) a request of *costs* may be charged
+    (at most *now*: at once): the pause's end, or the latest reset among the budgets
+    without room (a budget *costs* does not name costs one unit)."""
+    due = account.paused_until
+    for name, budget in account.budgets.items():
+        budget.refresh(now)
+        need = costs.get(name, 1)
+        if need > budget.left and budget.left < budget.limit:
+            due = max(due, budget.due(now))
+    return due
+
+
 class Ledger:
     """A key's budgets as its server announces them; see the module.
 
@@ -206,12 +219,7 @@ class Ledger:
             return 0, _charge(Charge, (account, {}))
         with account.lock:
             now = self.clock()
-            due = account.paused_until
-            for name, budget in account.budgets.items():
-                budget.refresh(now)
-                need = costs.get(name, 1)
-                if need > budget.left and budget.left < budget.limit:
-                    due = max(due, budget.due(now))
+            due = _due(account, costs, now)
             if due > now:
                 return min(due - now, _MAX_WAIT_NS), None
             charged = {}
@@ -223,6 +231,25 @@ class Ledger:
             for name, need in costs.items():
                 charged.setdefault(name, need)
             return 0, Charge(account, charged)
+
+    def waiting(self, key: Hashable) -> int:
+        """ns until a request of *key* with no estimate (one unit of every budget) may be
+        charged: its pause, or the latest reset among the budgets with no room; 0 now.
+
+        >>> ledger = Ledger(clock=lambda: 0)
+        >>> ledger.waiting("api")
+        0
+        >>> ledger.heard("api", 200, {"x-ratelimit-limit-requests": "60",
+        ...     "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s"}.get)
+        >>> ledger.waiting("api")
+        1500000000
+        """
+        account = self._accounts.get(key)  # one C call: no lock needed to read
+        if account is None:
+            return 0
+        with account.lock:
+            now = self.clock()
+            return min(max(_due(account, {}, now) - now, 0), _MAX_WAIT_NS)
 
     def failed(self, charge: Charge) -> None:
         """The request of *charge* got no answer: what it was charged goes back."""

@@ -140,8 +140,9 @@ BURST_SHARE = 20  # a window's quota per token of the burst paced within it (`wi
 
 
 class KeyLimit(NamedTuple):
-    """A key's limit now: the rate and capacity its bucket has, the pause left (s), and
-    whether the key is known.
+    """A key's limit now: the rate and capacity its bucket has, the seconds its next
+    request waits before that rate applies (a pause the server asked for, or the reset
+    of an announced budget with no room left), and whether the key is known.
 
     Known: a request for it went out, so what the server's answers said
     applies. An unknown key (none yet, or forgotten past ``max_keys``) has
@@ -406,6 +407,8 @@ class Pacer:
             else:
                 state.first_sent = now
         state.inflight += 1
+        if state.bare_open:
+            _fold(state)  # the bare 200s answered before it left: not while it is out
         refill = state.refill
         if refill.unsent:  # else it starts nothing
             refill.sent(now)
@@ -462,6 +465,8 @@ class Pacer:
                     return self._sent(state, now)
                 state.departed = (departed if departed > now else now) + state.interval
             state.inflight += 1
+            if state.bare_open:
+                _fold(state)  # the bare 200s answered before it left: not while it is out
             refill = state.refill
             if refill.unsent:  # else it starts nothing
                 refill.sent(now)
