@@ -192,8 +192,14 @@ def test_a_frozen_redis_on_a_busy_loop_gets_the_policy_by_the_hard_limit(
             await limiter.aclose()
 
     results = _on_lagging_loop(main)
+    # The call in flight times out. A queued one either expires while it waits (a
+    # timeout too), or its batch meets the breaker that timeout opened and is answered
+    # with no call made: which, depends on whether a busy turn of the loop fell
+    # between the calls being queued (each deadline counts from its own queuing).
+    reasons = [d.reason for d, _ in results]
+    assert "timeout" in reasons and set(reasons) <= {"timeout", "breaker-open"}, reasons
     for d, elapsed in results:
-        assert (d.allowed, d.source, d.reason) == (True, "policy:open", "timeout")
+        assert (d.allowed, d.source) == (True, "policy:open")
         # A queued call is answered by the pump once the call in flight is: its turn,
         # then the caller's.
         assert elapsed <= ceiling(0.1) + (LATE_TURNS + 2) * turn
