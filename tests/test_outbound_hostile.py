@@ -48,6 +48,7 @@ from conftest import SleepClock
 from fuzz_values import fuzz
 
 NS = 1_000_000_000
+MS = 1_000_000
 TAU_MAX = 1 << 62
 KINDS = ["sync", "async", "requests"]
 # Calls in nanobucket one request may make (`Work`): parsing a field of thousands of
@@ -395,6 +396,33 @@ def test_a_learned_key_holds_what_the_server_has_left_not_one_more() -> None:
     assert [status(o) for o in outcomes] == [200] * 7
     assert limited.limit("h") == KeyLimit(rate=Fraction(4), capacity=5, paused_for=0.0)
     assert clock.slept == [1.0, 0.25, 0.25]  # the reset, then the 6th and 7th
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_429_empties_a_key_that_holds_a_fraction_of_a_token(kind: str) -> None:
+    # 10/s, bursts of 10, spent by ten 200s at once; 530 ms later the key holds 5.3
+    # tokens when a 429 with no field and no Retry-After comes (its request took one):
+    # the key is emptied, and each next request waits a token's time. It kept its 4.3
+    # tokens (more whole tokens than it held could not be spent): four requests went
+    # at once to the server that had just refused one.
+    clock = SleepClock(MOST_SLEEPS)
+    server = Server(*[(200, [])] * 10, (429, []), (200, []))
+    quiet = [0] * 10 + [530 * MS] + [0] * 4
+    _, steps = send_after(kind, server, clock, quiet, rate=10, capacity=10, retries=0)
+    assert [(waited, code) for _, waited, code in steps[10:]] == [(0, 429)] + [(100 * MS, 200)] * 4
+
+
+def test_lowering_to_none_spends_a_fraction_of_a_token_too(impl: ModuleType) -> None:
+    # 10/s, emptied at 0: 5.3 tokens at 530 ms, lowered to none: the next whole token is
+    # a token's time away (it was 4 at once). Lowered to two: two whole tokens stay.
+    bucket = impl.TokenBucket(rate=10, capacity=10)
+    bucket.allow_at(0, 10)
+    _outbound._lower(bucket, 530 * MS, 0)
+    assert bucket.tokens_at(530 * MS) == 0.0
+    assert bucket.peek_at(530 * MS).retry_after_ns == 100 * MS
+    bucket.refund_at(530 * MS, 10)
+    _outbound._lower(bucket, 530 * MS, 2)
+    assert bucket.tokens_at(530 * MS) == 2.0
 
 
 # ----------------------------------------------- a day at most, and a window that changes

@@ -908,8 +908,16 @@ def _lower(bucket: TokenBucket, at: int, most: int) -> None:
     """Spend what *bucket* holds at *at* (ns) beyond *most* tokens (never below none)."""
     most = max(most, 0)
     for _ in range(8):  # a waiter may take tokens in between: look again
-        excess = math.ceil(bucket.tokens_at(at) - most)
-        if excess <= 0 or bucket.allow_at(at, excess):
+        tokens = bucket.tokens_at(at)
+        excess = math.ceil(tokens - most)
+        if excess <= 0:
+            return
+        if excess > tokens:
+            # None left, and a fraction of a token beside whole ones: more whole tokens
+            # than it holds cannot be spent, so it is held empty from *at* instead.
+            _hold(bucket, at + bucket.interval_ns)
+            return
+        if bucket.allow_at(at, excess):
             return
 
 
