@@ -672,13 +672,13 @@ class Pacer:
                 _owe(bucket, now, most - 1 - inflight - unseen)
             if remaining is not None:
                 left = remaining - inflight - unseen
-                if left < bucket.capacity:  # else the bucket holds no more anyway
-                    _lower(bucket, now, left)
-                if learned is not None and not self.probing:
+                # Else the bucket holds no more anyway.
+                lowered = left < bucket.capacity and _lower(bucket, now, left)
+                if learned is not None and not self.probing and not lowered:
                     # Spend what the server says it has: paced at a lower bound
                     # alone, the key would stay below the server's rate (a probe
                     # follows it instead: each process spending it all would
-                    # spend it many times over).
+                    # spend it many times over). Lowered, it has it already.
                     _raise(bucket, now, left - state.waiting.waiters)
                 if (
                     not remaining
@@ -721,6 +721,7 @@ class Pacer:
             learned is not None
             and limit is not None
             and reset_ns is not None
+            and reset_ns > NS_PER_S  # else it never is: a reset of 1 s is most answers'
             and (reset_ns - NS_PER_S) * learned.numerator
             > max(limit - remaining, 0) * NS_PER_S * learned.denominator
         ):
@@ -733,10 +734,10 @@ class Pacer:
         self._follow(state, pace, limit, now)
         bucket = state.bucket
         left = remaining - inflight - unseen
-        if left < bucket.capacity:
-            _lower(bucket, now, left)
+        lowered = left < bucket.capacity and _lower(bucket, now, left)
         if learned is not None:
-            _raise(bucket, now, left - state.waiting.waiters)
+            if not lowered:
+                _raise(bucket, now, left - state.waiting.waiters)
         elif not remaining and reset_ns is not None and now + reset_ns > state.paused_until:
             state.paused_until = now + reset_ns
             _hold(bucket, state.paused_until)
@@ -787,6 +788,7 @@ class Pacer:
             rate is not None
             and limit is not None
             and reset is not None
+            and reset > NS_PER_S
             # (reset - 1 s) * rate > (limit - left) tokens, in integers: no Fraction made
             and (reset - NS_PER_S) * rate.numerator
             > max(limit - left, 0) * NS_PER_S * rate.denominator
@@ -904,21 +906,24 @@ def _warn_learned() -> None:
     )
 
 
-def _lower(bucket: TokenBucket, at: int, most: int) -> None:
-    """Spend what *bucket* holds at *at* (ns) beyond *most* tokens (never below none)."""
+def _lower(bucket: TokenBucket, at: int, most: int) -> bool:
+    """Spend what *bucket* holds at *at* (ns) beyond *most* tokens (never below none);
+    whether it spent any. It then holds more than ``most - 1``: no `_raise` to
+    *most* or less gives any back."""
     most = max(most, 0)
     for _ in range(8):  # a waiter may take tokens in between: look again
         tokens = bucket.tokens_at(at)
         excess = math.ceil(tokens - most)
         if excess <= 0:
-            return
+            return False
         if excess > tokens:
             # None left, and a fraction of a token beside whole ones: more whole tokens
             # than it holds cannot be spent, so it is held empty from *at* instead.
             _hold(bucket, at + bucket.interval_ns)
-            return
+            return True
         if bucket.allow_at(at, excess):
-            return
+            return True
+    return False
 
 
 def _owe(bucket: TokenBucket, at: int, most: int) -> None:
