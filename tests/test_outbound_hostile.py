@@ -412,6 +412,25 @@ def test_a_429_empties_a_key_that_holds_a_fraction_of_a_token(kind: str) -> None
     assert [(waited, code) for _, waited, code in steps[10:]] == [(0, 429)] + [(100 * MS, 200)] * 4
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pause_said_only_in_retry_after_ms_holds_a_key_no_budget_reached(kind: str) -> None:
+    # 10/s, bursts of 10. A 429 whose only field is retry-after-ms (read by the budgets,
+    # not the pacing) pauses the key 250 ms: 100 ms on, the key has a token again, and
+    # the next request waits the 150 ms left, as `limit` says. A client that no answer
+    # had told of a budget or a pause skips the budgets, and must stop skipping them here.
+    clock = SleepClock(MOST_SLEEPS)
+    server = Server((200, []), (429, [("retry-after-ms", "250")]), (200, []))
+    quiet = [0, 0, 100 * MS, 0]
+    _, steps = send_after(kind, server, clock, quiet, rate=10, capacity=10, retries=0)
+    assert [(waited, code) for _, waited, code in steps] == [
+        (0, 200),
+        (0, 429),
+        (150 * MS, 200),
+        (0, 200),  # the bucket refilled at 10/s meanwhile
+    ]
+    assert steps[2][0] == KeyLimit(rate=10, capacity=10, paused_for=0.15)
+
+
 def test_lowering_to_none_spends_a_fraction_of_a_token_too(impl: ModuleType) -> None:
     # 10/s, emptied at 0: 5.3 tokens at 530 ms, lowered to none: the next whole token is
     # a token's time away (it was 4 at once). Lowered to two: two whole tokens stay.

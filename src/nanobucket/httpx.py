@@ -123,17 +123,20 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
         return None, None  # most answers: no field the budgets or the pacing read
     if places is not None:
         found: dict[str, str] = {}
-        # Not announcing, every field found is one the pacing reads: one dict for both.
-        fields = {} if announcing else found
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
+            if not announcing:  # every field found is one the pacing reads: one dict
+                for i, key, _ in places:
+                    found[key] = raw[i][1].decode("ascii")
+                return None, found if triggers else None
+            fields: dict[str, str] = {}
             for i, key, pacing in places:
                 text = found[key] = raw[i][1].decode("ascii")
-                if pacing and announcing:
+                if pacing:
                     fields[key] = text
         except UnicodeDecodeError:
             pass  # httpx's own reading, below
         else:
-            return found.get if announcing else None, fields if triggers else None
+            return found.get, fields if triggers else None
     return headers.get if announcing else None, fields_of(headers)
 
 

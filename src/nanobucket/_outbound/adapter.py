@@ -599,7 +599,7 @@ class Outbound:
         end = None
         if ticket is not None:
             try:
-                if self._budgetless and self._ledger.idle(key):
+                if self._budgetless and (self._ledger.unannounced or self._ledger.idle(key)):
                     answer, fields = send(request), _UNHEARD
                 else:
                     answer, fields = self._charged(request, send, key)
@@ -629,7 +629,7 @@ class Outbound:
         end = None
         if ticket is not None:
             try:
-                if self._budgetless and self._ledger.idle(key):
+                if self._budgetless and (self._ledger.unannounced or self._ledger.idle(key)):
                     answer, fields = await send(request), _UNHEARD
                 else:
                     answer, fields = await self._charged_async(request, send, key)

@@ -164,6 +164,10 @@ class Ledger:
         self.max_keys = max_keys
         self.wall_clock = wall_clock
         self._accounts: OrderedDict[Hashable, _Account] = OrderedDict()
+        # No budget announced and no pause heard yet, so every key is `idle`: what the
+        # adapters look at first (an attribute, not a call) on every request of a
+        # client that no answer has told of a budget or a pause.
+        self.unannounced = True
         self._last: _Account | None = None  # the account `_account` last moved to the end
         self._lock = threading.Lock()
 
@@ -187,12 +191,12 @@ class Ledger:
         with no estimate is charged nothing (`heard` learns from its answer).
 
         >>> ledger = Ledger(clock=lambda: 0)
-        >>> ledger.idle("api")
-        True
+        >>> ledger.idle("api"), ledger.unannounced
+        (True, True)
         >>> ledger.heard("api", 200, {"x-ratelimit-limit-requests": "60",
         ...     "x-ratelimit-remaining-requests": "59", "x-ratelimit-reset-requests": "1s"}.get)
-        >>> ledger.idle("api")
-        False
+        >>> ledger.idle("api"), ledger.idle("other"), ledger.unannounced
+        (False, True, False)
         """
         account = self._accounts.get(key)  # one C call: no lock needed to read
         return account is None or not (account.budgets or account.paused_until)
@@ -287,6 +291,7 @@ class Ledger:
             for name, (limit, remaining, reset_ns) in announced.items():
                 budget = budgets.get(name)
                 if budget is None:
+                    self.unannounced = False  # before the budget is there: never too late
                     budget = budgets[name] = _Budget()
                 budget.limit = limit
                 # The server's word, less what the requests still out were charged:
@@ -301,6 +306,7 @@ class Ledger:
                 if budget is not None and name not in announced and name in charge.costs:
                     budget.left = min(budget.limit, budget.left + charge.costs[name] - used)
             if pause is not None and now + pause > account.paused_until:
+                self.unannounced = False
                 account.paused_until = now + pause
 
     def wait(
