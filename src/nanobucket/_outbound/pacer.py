@@ -672,7 +672,7 @@ class Pacer:
                 _owe(bucket, now, most - 1 - inflight - unseen)
             if remaining is not None:
                 left = remaining - inflight - unseen
-                # Else the bucket holds no more anyway.
+                # (With as much left as its capacity, the bucket holds no more anyway.)
                 lowered = left < bucket.capacity and _lower(bucket, now, left)
                 if learned is not None and not self.probing and not lowered:
                     # Spend what the server says it has: paced at a lower bound
