@@ -343,6 +343,28 @@ def test_a_budget_with_a_part_missing_or_unreadable_is_left_out() -> None:
                           "x-ratelimit-reset-requests": "1s"}.get) == {}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("limit", "remaining", "budget"),
+    [
+        ("60", "59", Budget(60, 59, S)),
+        (" 60\t", "  59 ", Budget(60, 59, S)),  # blanks around a count (requests keeps them)
+        ("60", "61", Budget(60, 60, S)),  # never more left than the limit
+        ("9" * 18, "0", Budget(10**18 - 1, 0, S)),
+        ("1" + "0" * 18, "0", None),  # 19 digits: not read
+        ("６０", "59", None),  # digits of another script
+        ("60", "5 9", None),
+        ("60", "", None),
+        ("+60", "59", None),
+    ],
+)  # fmt: skip
+def test_a_count_is_ascii_digits_alone_and_blanks_around_them(
+    limit: str, remaining: str, budget: Budget | None
+) -> None:
+    fields = {"x-ratelimit-limit-requests": limit, "x-ratelimit-remaining-requests": remaining,
+              "x-ratelimit-reset-requests": "1s"}  # fmt: skip
+    assert parse_budgets(fields.get) == ({} if budget is None else {"requests": budget})
+
+
 def test_retry_after_ms_before_retry_after() -> None:
     none: dict[str, str] = {}
     assert parse_pause({"retry-after-ms": "1500.5", "retry-after": "9"}.get) == 1_500_500_000
@@ -373,6 +395,29 @@ def test_a_request_waits_for_the_latest_reset_among_the_budgets_it_lacks(
     assert ledger.claim("api", {"tokens": 0})[0] == 0
     clock.advance(3 * S)
     assert ledger.claim("api", {"tokens": 300})[0] == 0  # all of it, at its reset
+
+
+def test_a_request_a_later_budget_holds_charges_nothing_in_the_earlier_ones(
+    clock: ManualClock,
+) -> None:
+    ledger = Ledger(clock=clock)
+    _, first = ledger.claim("api", {})
+    assert first is not None
+    # 2 requests and 100 tokens left: requests has room for every claim below.
+    ledger.answered(first, 200, openai((10, 2, "1s"), (1000, 100, "4s")).get)
+    assert ledger.claim("api", {"tokens": 101}) == (4 * S, None)
+    assert ledger.claim("api", {"tokens": 101}) == (4 * S, None)
+    _, a = ledger.claim("api", {"tokens": 50})
+    _, b = ledger.claim("api", {"tokens": 50})
+    assert a is not None and b is not None  # the two requests the server has left
+    assert ledger.claim("api", {"tokens": 0}) == (S, None)
+    # a's answer: the server has 9 requests and 950 tokens left; b is still out.
+    ledger.answered(a, 200, openai((10, 9, "1s"), (1000, 950, "4s")).get)
+    for _ in range(8):
+        assert ledger.claim("api", {"tokens": 0})[0] == 0
+    assert ledger.claim("api", {"tokens": 0}) == (S, None)
+    assert ledger.claim("api", {"tokens": 900, "requests": 0})[0] == 0
+    assert ledger.claim("api", {"tokens": 1, "requests": 0}) == (4 * S, None)
 
 
 def test_no_estimate_costs_one_of_every_budget_so_an_exhausted_one_holds(

@@ -122,21 +122,16 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
     if not (announcing or triggers):
         return None, None  # most answers: no field the budgets or the pacing read
     if places is not None:
-        found: dict[str, str] = {}
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
-            if not announcing:  # every field found is one the pacing reads: one dict
-                for i, key, _ in places:
-                    found[key] = raw[i][1].decode("ascii")
-                return None, found if triggers else None
-            fields: dict[str, str] = {}
-            for i, key, pacing in places:
-                text = found[key] = raw[i][1].decode("ascii")
-                if pacing:
-                    fields[key] = text
+            found = {key: raw[i][1].decode("ascii") for i, key, _ in places}
         except UnicodeDecodeError:
             pass  # httpx's own reading, below
         else:
-            return found.get, fields if triggers else None
+            if not announcing:  # every field found is one the pacing reads (a trigger)
+                return None, found
+            if not triggers:
+                return found.get, None
+            return found.get, {key: found[key] for _, key, pacing in places if pacing}
     return headers.get if announcing else None, fields_of(headers)
 
 

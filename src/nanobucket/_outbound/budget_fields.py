@@ -91,14 +91,14 @@ def parse_go_duration(text: str) -> int | None:
     (1500, 0, None)
     """
     text = text.strip()
-    if len(text) > _MAX_TEXT:
-        return None
-    if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
-        text = text[1:]
     if text[-2:] == "ms":  # the commonest form, whole ms, read without a match
         whole = text[:-2]
         if whole.isdigit() and whole.isascii() and len(whole) <= 9:
             return min(int(whole) * 1_000_000, _MAX_WAIT_NS)
+    if len(text) > _MAX_TEXT:
+        return None
+    if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
+        text = text[1:]
     usual = _GO_USUAL.fullmatch(text)
     if usual is not None:
         minutes, whole, decimals, unit = usual.groups()
@@ -168,13 +168,12 @@ def parse_rfc3339(text: str) -> int | None:
     return (whole + (second == 60)) * NS_PER_S + fraction
 
 
-def _count(text: str | None) -> int | None:
-    if text is None:
+def _count(text: str) -> int | None:
+    """A count: ASCII digits, at most 18 of them, around them blanks; else None.
+    `parse_budgets` tries digits alone first (most counts), without a call."""
+    text = text.strip()
+    if not text.isdigit() or not text.isascii():
         return None
-    if not (text.isdigit() and text.isascii()):  # most are digits alone: no strip
-        text = text.strip()
-        if not text.isdigit() or not text.isascii():
-            return None
     return int(text) if len(text) <= 18 else None
 
 
@@ -197,10 +196,18 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
         for limit_name, remaining_name, reset_name, name in names:
             # A budget not announced is one lookup: most answers announce few, or none.
             text = get(limit_name)
-            limit = None if text is None else _count(text)
-            if limit is None:
+            if text is None:
                 continue
-            remaining = _count(get(remaining_name))
+            # `_count`, its digits-alone case (most counts) written out
+            limit = (
+                int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else _count(text)
+            )
+            text = get(remaining_name)
+            if limit is None or text is None:
+                continue
+            remaining = (
+                int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else _count(text)
+            )
             reset = get(reset_name)
             if remaining is None or reset is None:
                 continue

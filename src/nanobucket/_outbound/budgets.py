@@ -223,18 +223,29 @@ class Ledger:
             return 0, _charge(Charge, (account, {}))
         with account.lock:
             now = self.clock()
-            due = _due(account, costs, now)
-            if due > now:
-                return min(due - now, _MAX_WAIT_NS), None
-            charged = {}
-            for name, budget in account.budgets.items():
-                need = charged[name] = costs.get(name, 1)
-                budget.left -= need
-                budget.out += need
-            # What the estimate said of budgets not announced yet, for settle's difference.
-            for name, need in costs.items():
-                charged.setdefault(name, need)
-            return 0, Charge(account, charged)
+            charged: dict[str, int] = {}
+            if account.paused_until <= now:
+                # Each budget charged as it is found to have room (`_due`'s test, one pass):
+                # the first without room gives back what was charged before it.
+                for name, budget in account.budgets.items():
+                    budget.refresh(now)
+                    need = charged[name] = costs.get(name, 1)
+                    if need > budget.left and budget.left < budget.limit:
+                        del charged[name]
+                        for given, back in charged.items():
+                            account.budgets[given].left += back
+                            account.budgets[given].out -= back
+                        break
+                    budget.left -= need
+                    budget.out += need
+                else:
+                    # What the estimate said of budgets not announced yet, for settle's
+                    # difference.
+                    for name, need in costs.items():
+                        charged.setdefault(name, need)
+                    return 0, _charge(Charge, (account, charged))
+            # Past *now*: a budget without room is full again only later (`_Budget.due`).
+            return min(_due(account, costs, now) - now, _MAX_WAIT_NS), None
 
     def waiting(self, key: Hashable) -> int:
         """ns until a request of *key* with no estimate (one unit of every budget) may be
@@ -287,7 +298,8 @@ class Ledger:
             for name, cost in charge.costs.items():
                 budget = budgets.get(name)
                 if budget is not None:
-                    budget.out = max(0, budget.out - cost)
+                    out = budget.out - cost
+                    budget.out = out if out > 0 else 0
             for name, (limit, remaining, reset_ns) in announced.items():
                 budget = budgets.get(name)
                 if budget is None:
@@ -298,9 +310,11 @@ class Ledger:
                 # some may be in it already, which errs on the side of waiting.
                 budget.left = remaining - budget.out
                 budget.refilled = now
-                budget.reset_at = now + reset_ns if remaining < limit and reset_ns else None
                 if remaining < limit and reset_ns:
+                    budget.reset_at = now + reset_ns
                     budget.window = min(-(-reset_ns * limit // (limit - remaining)), _MAX_WAIT_NS)
+                else:
+                    budget.reset_at = None
             for name, used in (spent or {}).items():
                 budget = budgets.get(name)
                 if budget is not None and name not in announced and name in charge.costs:
