@@ -122,8 +122,10 @@ def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str]
     if not (announcing or triggers):
         return None, None  # most answers: no field the budgets or the pacing read
     if places is not None:
+        found: dict[str, str] = {}
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
-            found = {key: raw[i][1].decode("ascii") for i, key, _ in places}
+            for i, key, _ in places:  # (a loop: a comprehension is a call, a frame more)
+                found[key] = raw[i][1].decode("ascii")
         except UnicodeDecodeError:
             pass  # httpx's own reading, below
         else:
