@@ -28,7 +28,7 @@ from nanobucket._outbound.budget_fields import (
     parse_pause,
     parse_rfc3339,
 )
-from nanobucket._outbound.budgets import Ledger
+from nanobucket._outbound.budgets import _MAX_WAIT_NS, Charge, Ledger, _due
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 
@@ -418,6 +418,94 @@ def test_a_request_a_later_budget_holds_charges_nothing_in_the_earlier_ones(
     assert ledger.claim("api", {"tokens": 0}) == (S, None)
     assert ledger.claim("api", {"tokens": 900, "requests": 0})[0] == 0
     assert ledger.claim("api", {"tokens": 1, "requests": 0}) == (4 * S, None)
+
+
+class TwoPassLedger(Ledger):
+    """`Ledger` with its claim as it was written before the one pass: every budget
+    looked at (`_due`), then every budget charged."""
+
+    def claim(self, key: Any, costs: Any) -> tuple[int, Charge | None]:
+        account = self._account(key)
+        if not costs and not account.budgets and not account.paused_until:
+            return 0, Charge(account, {})
+        with account.lock:
+            now = self.clock()
+            due = _due(account, costs, now)
+            if due > now:
+                return min(due - now, _MAX_WAIT_NS), None
+            charged = {}
+            for name, budget in account.budgets.items():
+                need = charged[name] = costs.get(name, 1)
+                budget.left -= need
+                budget.out += need
+            for name, need in costs.items():
+                charged.setdefault(name, need)
+            return 0, Charge(account, charged)
+
+
+_COSTS = st.dictionaries(st.sampled_from(["requests", "tokens", "images"]), st.integers(0, 12))
+_SAID = st.tuples(st.integers(1, 10), st.integers(0, 12), st.integers(0, 2000))  # reset: ms
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("advance"), st.integers(0, 3 * S)),
+        st.tuples(st.just("claim"), _COSTS),
+        st.tuples(st.just("answered"), st.integers(0, 40), st.sampled_from([200, 429]),
+                  st.none() | _SAID, st.none() | _SAID),
+        st.tuples(st.just("failed"), st.integers(0, 40)),
+    ),
+    max_size=40,
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(first=st.tuples(_SAID, st.none() | _SAID, st.booleans()), steps=_STEPS)
+def test_a_claim_in_one_pass_decides_and_charges_as_the_two_passes_did(
+    first: tuple[Any, Any, bool], steps: list[tuple[Any, ...]]
+) -> None:
+    # The same steps on both ledgers: every claim's wait and charge, and every budget
+    # after every step, are the same. The first answer announces one budget or both,
+    # either first in the ledger.
+    said, other, tokens_first = first
+    announced = (other, said) if tokens_first else (said, other)
+    steps = [("claim", {}), ("answered", 0, 200, *announced), *steps]
+    clock = ManualClock()
+    ledgers = (Ledger(clock=clock), TwoPassLedger(clock=clock))
+    charges: tuple[list[Charge], list[Charge]] = ([], [])
+    for step in steps:
+        if step[0] == "advance":
+            clock.advance(step[1])
+            continue
+        claimed = []
+        for ledger, made in zip(ledgers, charges):
+            if step[0] == "claim":
+                wait, charge = ledger.claim("api", step[1])
+                claimed.append((wait, None if charge is None else charge.costs))
+                if charge is not None:
+                    made.append(charge)
+            elif step[0] == "answered" and made:
+                fields = {}
+                for name, budget in (("requests", step[3]), ("tokens", step[4])):
+                    if budget is not None:
+                        limit, left, reset_ms = budget
+                        fields[f"x-ratelimit-limit-{name}"] = str(limit)
+                        fields[f"x-ratelimit-remaining-{name}"] = str(left)
+                        fields[f"x-ratelimit-reset-{name}"] = f"{reset_ms}ms"
+                ledger.answered(made.pop(step[1] % len(made)), step[2], fields.get)
+            elif step[0] == "failed" and made:
+                ledger.failed(made.pop(step[1] % len(made)))
+        if claimed:
+            assert claimed[0] == claimed[1]
+        assert _budgets_of(ledgers[0]) == _budgets_of(ledgers[1])
+
+
+def _budgets_of(ledger: Ledger) -> tuple[int, dict[str, tuple[Any, ...]]] | None:
+    account = ledger._accounts.get("api")
+    if account is None:
+        return None
+    return account.paused_until, {
+        name: (b.limit, b.left, b.out, b.reset_at, b.refilled, b.window)
+        for name, b in account.budgets.items()
+    }
 
 
 def test_no_estimate_costs_one_of_every_budget_so_an_exhausted_one_holds(
