@@ -169,8 +169,9 @@ def parse_rfc3339(text: str) -> int | None:
 
 
 def _count(text: str) -> int | None:
-    """A count: ASCII digits, at most 18 of them, around them blanks; else None.
-    `parse_budgets` tries digits alone first (most counts), without a call."""
+    """A count: ASCII digits, at most 18 of them, with whitespace around them (what
+    ``str.strip`` takes); else None. `parse_budgets` reads digits alone (most counts)
+    before it calls this."""
     text = text.strip()
     if not text.isdigit() or not text.isascii():
         return None
