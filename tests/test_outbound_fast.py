@@ -25,7 +25,12 @@ from nanobucket import requests as nb_requests
 from nanobucket._outbound import budgets as _budgets
 from nanobucket._outbound import fields as _fields
 from nanobucket._outbound import pacer as _outbound
-from nanobucket._outbound.budget_fields import BUDGET_FIELDS
+from nanobucket._outbound.budget_fields import (
+    BUDGET_FIELDS,
+    OPENAI_NAMES,
+    parse_budgets,
+    parse_pause,
+)
 from nanobucket._outbound.fields import (
     FIELDS,
     TRIGGERS,
@@ -330,8 +335,8 @@ _FAMILIES = [
 class _GeneralReading(RateLimitedTransport):
     """The transport, every answer's names taken to announce a budget (the general path)."""
 
-    def _read(self, headers: Any) -> tuple[Any, dict[str, str] | None]:
-        return headers.get, self._fields(headers)
+    def _read(self, headers: Any) -> tuple[Any, None, dict[str, str] | None]:
+        return headers.get, None, self._fields(headers)
 
 
 def _budgets_run(
@@ -394,19 +399,106 @@ def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
 ) -> None:
     announced = any(name.lower() in _budgets._ANNOUNCING for name, _ in headers)
     h = httpx.Headers([(name.encode("ascii"), value) for name, value in headers])
-    get, fields = nb_httpx._read_answer(h)
+    get, budgets, fields = nb_httpx._read_answer(h)
     assert fields == httpx_fields(h)
     assert get is not None or not announced
     if get is not None:
-        assert {name: get(name) for name in BUDGET_FIELDS} == {
-            name: h.get(name) for name in BUDGET_FIELDS
-        }
+        _assert_read_as_httpx_reads(h, get, budgets)
     r: requests.structures.CaseInsensitiveDict[str] = requests.structures.CaseInsensitiveDict()
     for name, value in headers:
         r[name] = value.decode("latin-1")
-    get, fields = nb_requests._read_answer(r)
+    get, budgets, fields = nb_requests._read_answer(r)
+    assert budgets is None
     assert fields == requests_fields(r)
     assert get is not None or not any(name in _budgets._ANNOUNCING for name, _ in r.lower_items())
+
+
+_OPENAI_FIELDS = {name for names in OPENAI_NAMES for name in names[:3]}
+
+
+def _assert_read_as_httpx_reads(h: httpx.Headers, get: Any, budgets: Any) -> None:
+    """What the budgets read by *get* and *budgets* (`_read_answer`'s) is what they read
+    by httpx's own ``Headers.get``: every field, or the budgets read already and the
+    fields besides theirs."""
+    wall = lambda: 1_800_000_000 * 10**9  # noqa: E731
+    assert parse_pause(get, wall) == parse_pause(h.get, wall)
+    if budgets is None:
+        assert {name: get(name) for name in BUDGET_FIELDS} == {
+            name: h.get(name) for name in BUDGET_FIELDS
+        }
+    else:
+        assert budgets == parse_budgets(h.get, wall)
+        assert {name: get(name) for name in BUDGET_FIELDS - _OPENAI_FIELDS} == {
+            name: h.get(name) for name in BUDGET_FIELDS - _OPENAI_FIELDS
+        }
+
+
+_ANTHROPIC_TOKENS = [
+    f"anthropic-ratelimit-tokens-{field}" for field in ("limit", "remaining", "reset")
+]
+# Counts and resets as providers send them, and as they may not: blanks, signs, other
+# scripts' digits, 19 digits, Go's other forms, bytes that are not ASCII.
+_OPENAI_VALUES = st.one_of(
+    st.integers(0, 10**6).map(lambda n: str(n).encode("ascii")),
+    st.sampled_from(
+        [b"12ms", b"6m0s", b"1.5s", b"0", b"+340ms", b"-1s", b" 7", b"7 ", b"007", b"",
+         b"1" * 18, b"1" * 19, b"\xef\xbc\x95", b"n\xc3\xb6", b"\xff", b"1h", b"2.5us",
+         b"2027-01-15T08:00:00Z"]
+    ),
+)  # fmt: skip
+_OPENAI_ANSWERS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [*sorted(_OPENAI_FIELDS), *_ANTHROPIC_TOKENS, "retry-after", "date", "server"]
+        ),
+        _OPENAI_VALUES,
+    ),
+    min_size=1,
+    max_size=12,
+    unique_by=lambda field: field[0],
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(answers=st.lists(_OPENAI_ANSWERS, min_size=1, max_size=3), case=st.sampled_from(
+    [str.lower, str.upper, str.title]
+))  # fmt: skip
+@example(
+    answers=[[(name, b"5") for names in OPENAI_NAMES for name in names[:2]]
+             + [(names[2], b"12ms") for names in OPENAI_NAMES]],
+    case=str.title,
+)  # fmt: skip
+def test_openai_budgets_read_at_their_places_as_httpx_reads_them(
+    answers: list[list[tuple[str, bytes]]], case: Any
+) -> None:
+    # Differential: the budgets httpx's answers announce, read by the places of their
+    # fields in the header list (remembered by the names: later answers with the same
+    # names and other values read by them), and read by httpx's own Headers.get.
+    for answer in answers:
+        sent = dict(answer)
+        counts = [
+            sent[name]
+            for limit, remaining, reset, _ in OPENAI_NAMES
+            if limit in sent and remaining in sent and reset in sent
+            for name in (limit, remaining)
+        ]
+        # Read at their places unless an Anthropic-style field is there (read against
+        # the Date), a field read is not ASCII or a count is not ASCII digits alone
+        # (the general reading takes those)
+        spotted = (
+            not sent.keys() & set(_ANTHROPIC_TOKENS)
+            and all(value.isascii() for name, value in answer if name != "server")
+            and all(value.isdigit() and len(value) <= 18 for value in counts)
+        )
+        for _ in range(2):  # the second time, by the names' remembered places
+            h = httpx.Headers([(case(name).encode("ascii"), value) for name, value in answer])
+            get, budgets, _ = nb_httpx._read_answer(h)
+            if get is None:  # no limit of a budget: nothing announced
+                assert parse_budgets(h.get) == {}
+                assert not any(name in _budgets._ANNOUNCING for name, _ in answer)
+                continue
+            _assert_read_as_httpx_reads(h, get, budgets)
+            assert (budgets is not None) == spotted
 
 
 @pytest.mark.parametrize(
@@ -428,12 +520,10 @@ def test_names_read_before_are_read_again_as_the_clients_own_get_whatever_the_va
         [b"\xe9", b"2", b"a", b"7"],
     ):
         h = httpx.Headers(list(zip(names, values)))
-        get, fields = nb_httpx._read_answer(h)
+        get, budgets, fields = nb_httpx._read_answer(h)
         assert fields == httpx_fields(h)
         if get is not None:
-            assert {name: get(name) for name in BUDGET_FIELDS} == {
-                name: h.get(name) for name in BUDGET_FIELDS
-            }
+            _assert_read_as_httpx_reads(h, get, budgets)
         assert (get is not None) == (b"X-RateLimit-Limit-Tokens" in names)
 
 
@@ -441,13 +531,17 @@ def test_names_that_hold_a_line_break_are_not_read_by_the_places_of_others() -> 
     # Both lists join to the names of the first, read before, and hold no field: read by
     # its places, they would say a RateLimit of "2".
     plain = httpx.Headers([(b"Date", b"1"), (b"RateLimit", b'"d";r=1;t=1'), (b"X", b"2")])
-    assert nb_httpx._read_answer(plain) == (None, {"date": "1", "ratelimit": '"d";r=1;t=1'})
+    assert nb_httpx._read_answer(plain) == (
+        None,
+        None,
+        {"date": "1", "ratelimit": '"d";r=1;t=1'},
+    )
     for raw in (
         [(b"Date\nRateLimit", b'"d";r=1;t=1'), (b"X", b"2")],
         [(b"Date", b"1"), (b"RateLimit\nX", b"2")],
     ):
         h = httpx.Headers(raw)
-        assert nb_httpx._read_answer(h) == (None, None)
+        assert nb_httpx._read_answer(h) == (None, None, None)
         assert httpx_fields(h) is None
 
 

@@ -28,7 +28,7 @@ import httpx
 
 from ._core._params import RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._outbound.budget_fields import BUDGET_FIELDS
+from ._outbound.budget_fields import BUDGET_FIELDS, OPENAI_NAMES, Budget, parse_go_duration
 from ._outbound.budgets import ANNOUNCING_MARKS
 from ._outbound.fields import FIELDS, TRIGGERS, Get, fields_of
 from ._outbound.pacer import KeyLimit
@@ -84,6 +84,8 @@ _PACING = {name.encode("ascii"): (name, True) for name in FIELDS}
 _ANY = {name.encode("ascii"): (name, name in FIELDS) for name in FIELDS | BUDGET_FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
 _LIMIT_OF, _ANTHROPIC = (mark.encode("ascii") for mark in ANNOUNCING_MARKS)
+_ANTHROPIC_FIELDS = {name for name in BUDGET_FIELDS if name.startswith("anthropic-")}
+_budget = tuple.__new__  # a Budget from its fields, without NamedTuple's Python __new__
 
 
 def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None]:
@@ -97,48 +99,93 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     """
     if not isinstance(headers, httpx.Headers):
         return True, fields_of(headers)
-    return _layout_of(headers.raw)[1], _read_answer(headers)[1]
+    return _layout_of(headers.raw)[1], _read_answer(headers)[2]
 
 
-def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+def _read_answer(
+    headers: Mapping[str, str],
+) -> tuple[Get | None, dict[str, Budget] | None, dict[str, str] | None]:
     """The budgets' reading of *headers* (see `Outbound._read`: None when no name may
-    announce a budget), and `limit_fields`: one look at the names for both.
+    announce a budget, and the budgets read already, or None), and `limit_fields`: one
+    look at the names for all three.
 
     >>> _read_answer(httpx.Headers({"RateLimit": '"d";r=1;t=1'}))[0] is None
     True
-    >>> get, fields = _read_answer(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))
-    >>> get("x-ratelimit-limit-tokens"), get("x-ratelimit-remaining-tokens"), fields
-    ('5', None, None)
+    >>> get, budgets, fields = _read_answer(httpx.Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    >>> get("x-ratelimit-limit-tokens"), get("x-ratelimit-remaining-tokens"), budgets, fields
+    ('5', None, {}, None)
+    >>> _read_answer(httpx.Headers({"x-ratelimit-limit-tokens": "600",
+    ...     "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1.5s"}))[1]
+    {'tokens': Budget(limit=600, remaining=0, reset_ns=1500000000)}
     """
     if not isinstance(headers, httpx.Headers):
-        return headers.get, fields_of(headers)
+        return headers.get, None, fields_of(headers)
     raw = headers.raw
     # `_layout_of`, written out: the path of every answer.
     names = b"\n".join(map(_raw_name, raw))
     layout = _LAYOUTS.get(names)
     if layout is None or layout[0] != len(raw):
         layout = _layout(raw, names)
-    _, _, announcing, places, triggers = layout
+    _, _, announcing, places, triggers, spots, rest = layout
     if not (announcing or triggers):
-        return None, None  # most answers: no field the budgets or the pacing read
+        return None, None, None  # most answers: no field the budgets or the pacing read
     if places is not None:
         found: dict[str, str] = {}
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
-            for i, key, _ in places:  # (a loop: a comprehension is a call, a frame more)
+            for i, key, _ in rest:  # (a loop: a comprehension is a call, a frame more)
                 found[key] = raw[i][1].decode("ascii")
+            if not announcing:  # every field found is one the pacing reads (a trigger)
+                return None, None, found
+            budgets = None
+            if spots is not None:
+                budgets = _spotted_budgets(raw, spots)
+                if budgets is None:  # a count in another form: the budgets read them all
+                    for i, key, _ in places:
+                        found[key] = raw[i][1].decode("ascii")
         except UnicodeDecodeError:
             pass  # httpx's own reading, below
         else:
-            if not announcing:  # every field found is one the pacing reads (a trigger)
-                return None, found
             if not triggers:
-                return found.get, None
-            return found.get, {key: found[key] for _, key, pacing in places if pacing}
-    return headers.get if announcing else None, fields_of(headers)
+                return found.get, budgets, None
+            fields = {key: found[key] for _, key, pacing in places if pacing}
+            return found.get, budgets, fields
+    return headers.get if announcing else None, None, fields_of(headers)
+
+
+def _spotted_budgets(
+    raw: list[tuple[bytes, bytes]], spots: tuple[tuple[int, int, int, str], ...]
+) -> dict[str, Budget] | None:
+    """The OpenAI-style budgets of *raw* (httpx's header list), each read at its
+    fields' places *spots* (limit, remaining, reset, and the budget's name), as
+    `nanobucket._outbound.budget_fields.parse_budgets` reads them; None when a
+    count is not ASCII digits alone (`parse_budgets` reads those). A reset that is
+    not ASCII raises ``UnicodeDecodeError``."""
+    budgets: dict[str, Budget] = {}
+    for limit_at, remaining_at, reset_at, name in spots:
+        limit, remaining = raw[limit_at][1], raw[remaining_at][1]
+        # bytes' isdigit is ASCII's: the digits-alone case of `parse_budgets`
+        if not (
+            limit.isdigit() and remaining.isdigit() and len(limit) <= 18 and len(remaining) <= 18
+        ):
+            return None
+        reset_ns = parse_go_duration(raw[reset_at][1].decode("ascii"))
+        if reset_ns is not None:
+            most = int(limit)
+            left = int(remaining)
+            budgets[name] = _budget(Budget, (most, left if left < most else most, reset_ns))
+    return budgets
 
 
 #: Where an answer's fields are in its header list (see `_layout`).
-Layout = tuple[int, bool, bool, "tuple[tuple[int, str, bool], ...] | None", bool]
+Layout = tuple[
+    int,
+    bool,
+    bool,
+    "tuple[tuple[int, str, bool], ...] | None",
+    bool,
+    "tuple[tuple[int, int, int, str], ...] | None",
+    "tuple[tuple[int, str, bool], ...]",
+]
 # An answer's joined names, as sent -> its `Layout`: a server sends the same names in the
 # same order on every answer, so they are lowered and looked up one by one only once.
 _LAYOUTS: dict[bytes, Layout] = {}
@@ -161,7 +208,11 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
     or ``retry-after``: False says no field of any family is there); whether one may
     announce a budget; each field `_read_answer` reads as (its index, its lower-case
     name, whether the pacing reads it), or None when one is sent twice (httpx joins
-    them: its reading is the one to take); whether one is a `TRIGGERS` field.
+    them: its reading is the one to take); whether one is a `TRIGGERS` field; where
+    the OpenAI-style budgets' fields are (`_spotted_budgets`), when the answer
+    announces only those budgets (no Anthropic-style field: their resets are read
+    against the ``Date``), or None; and the fields read besides those (all of them
+    without such places).
     Remembered by *names*, unless a name holds a line break (another list joins to the
     same names) or they are long.
     """
@@ -181,12 +232,23 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
                 repeated = repeated or seen[0] in keys
                 keys.add(seen[0])
                 places.append((i, *seen))
+    at = {key: i for i, key, _ in places}
+    spots = None
+    if announcing and not repeated and keys.isdisjoint(_ANTHROPIC_FIELDS):
+        spots = tuple(
+            (at[limit], at[remaining], at[reset], name)
+            for limit, remaining, reset, name in OPENAI_NAMES
+            if limit in at and remaining in at and reset in at
+        )
+    spotted = {i for spot in spots or () for i in spot[:3]}
     layout: Layout = (
         len(raw),
         marked,
         announcing,
         None if repeated else tuple(places),
         not TRIGGERS.isdisjoint(keys),
+        spots,
+        tuple(place for place in places if place[0] not in spotted),
     )
     if names.count(b"\n") == len(raw) - 1 and len(names) <= _LAYOUT_LEN:
         if len(_LAYOUTS) >= _LAYOUTS_KEPT:

@@ -87,19 +87,22 @@ def read_fields(headers: Mapping[str, str]) -> tuple[bool, dict[str, str] | None
     return marked, fields
 
 
-def _read_answer(headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+def _read_answer(
+    headers: Mapping[str, str],
+) -> tuple[Get | None, None, dict[str, str] | None]:
     """The budgets' reading of *headers* (see `Outbound._read`: None when no name may
-    announce a budget), and `limit_fields`: one look at the names for both.
+    announce a budget; the budgets are left to read it), and `limit_fields`: one look
+    at the names for both.
 
     >>> from requests.structures import CaseInsensitiveDict as Headers
     >>> _read_answer(Headers({"Retry-After": "1"}))
-    (None, {'retry-after': '1'})
-    >>> get, fields = _read_answer(Headers({"X-RateLimit-Limit-Tokens": "5"}))
+    (None, None, {'retry-after': '1'})
+    >>> get, _, fields = _read_answer(Headers({"X-RateLimit-Limit-Tokens": "5"}))
     >>> get("x-ratelimit-limit-tokens"), fields
     ('5', None)
     """
     _, announcing, fields = _reading(headers)
-    return headers.get if announcing else None, fields
+    return headers.get if announcing else None, None, fields
 
 
 def _reading(headers: Mapping[str, str]) -> tuple[bool, bool, dict[str, str] | None]:

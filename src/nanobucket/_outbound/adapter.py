@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar
 from .._compose.drive import Call, drive, drive_async
 from .._compose.waiting import DEFAULT_MAX_WAITERS
 from .._core._params import NS_PER_S, Clock, RateArg, validated_timeout
+from .budget_fields import Budget
 from .budgets import Charge, Ledger, validated_costs
 from .fields import MAX_WAIT_S, Get, fields_of
 from .pacer import KeyLimit, Pacer, Ticket, WaitTooLong
@@ -384,9 +385,9 @@ class Outbound:
         try:
             status = answer.status_code
             headers = answer.headers
-            budget_get, fields = self._read(headers)
+            budget_get, budgets, fields = self._read(headers)
             if charge.costs or status in {429, 503} or budget_get is not None:
-                self._ledger.answered(charge, status, budget_get or headers.get)
+                self._ledger.answered(charge, status, budget_get or headers.get, None, budgets)
         except BaseException as err:
             return None, err
         return fields, None
@@ -432,8 +433,8 @@ class Outbound:
                     raise error
                 spent = validated_costs(said, "settle")
             headers = answer.headers
-            budget_get, fields = self._read(headers)
-            ledger.answered(charge, answer.status_code, budget_get or headers.get, spent)
+            budget_get, budgets, fields = self._read(headers)
+            ledger.answered(charge, answer.status_code, budget_get or headers.get, spent, budgets)
             if taken and spent:
                 _, error = yield calls.attempt, (calls.settle_shared_budgets, charge, taken, spent)
                 if error is not None:
@@ -496,14 +497,18 @@ class Outbound:
         its HTTP client's own header list, in one pass."""
         return fields_of(headers)
 
-    def _read(self, headers: Mapping[str, str]) -> tuple[Get | None, dict[str, str] | None]:
+    def _read(
+        self, headers: Mapping[str, str]
+    ) -> tuple[Get | None, dict[str, Budget] | None, dict[str, str] | None]:
         """How the budgets read an answer's *headers* (a `Get` of every field of
         `nanobucket._outbound.budget_fields.BUDGET_FIELDS`), or None when no name may
         announce a budget (none holds one of
         `nanobucket._outbound.budgets.ANNOUNCING_MARKS`: the budgets learn nothing from
-        it unless it is a 429 or a 503); and its `_fields`. An adapter puts here one
-        look at its HTTP client's names for both."""
-        return headers.get, self._fields(headers)
+        it unless it is a 429 or a 503); the budgets they announce, read as
+        `nanobucket._outbound.budget_fields.parse_budgets` reads them, or None to
+        leave that to the budgets; and its `_fields`. An adapter puts here one look at
+        its HTTP client's names for all three."""
+        return headers.get, None, self._fields(headers)
 
     @staticmethod
     def _retry_info(request: Any) -> tuple[str, bool]:
@@ -552,9 +557,9 @@ class Outbound:
             if fields is _UNHEARD:
                 try:
                     headers = answer.headers
-                    budget_get, fields = self._read(headers)
+                    budget_get, budgets, fields = self._read(headers)
                     if budget_get is not None or status in {429, 503}:
-                        self._ledger.heard(key, status, budget_get or headers.get)
+                        self._ledger.heard(key, status, budget_get or headers.get, budgets)
                 except BaseException:
                     pacer.failed(ticket)
                     raise

@@ -25,6 +25,7 @@ from .fields import MAX_WAIT_S, Get, WallClock, _wall_now, parse_retry_after
 __all__ = (
     "BUDGETS",
     "BUDGET_FIELDS",
+    "OPENAI_NAMES",
     "Budget",
     "parse_budgets",
     "parse_go_duration",
@@ -37,8 +38,8 @@ BUDGETS = ("requests", "tokens", "input-tokens", "output-tokens")
 _OPENAI = ("requests", "tokens")  # x-ratelimit-*-requests, x-ratelimit-*-tokens
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _MAX_TEXT = 64  # longer values are not read
-# Each budget's (limit, remaining, reset) field names, and the budget's name
-_OPENAI_NAMES = tuple(
+#: Each budget's (limit, remaining, reset) field names, and the budget's name
+OPENAI_NAMES = tuple(
     (f"x-ratelimit-limit-{n}", f"x-ratelimit-remaining-{n}", f"x-ratelimit-reset-{n}", n)
     for n in _OPENAI
 )
@@ -47,10 +48,10 @@ _ANTHROPIC_NAMES = tuple(
     for n in BUDGETS
 )
 # The families, and whether their resets are Go durations (else RFC 3339 times)
-_FAMILIES = ((_OPENAI_NAMES, True), (_ANTHROPIC_NAMES, False))
+_FAMILIES = ((OPENAI_NAMES, True), (_ANTHROPIC_NAMES, False))
 #: Every field `parse_budgets` and `parse_pause` read, by lower-case name.
 BUDGET_FIELDS = frozenset(
-    {name for names in _OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
+    {name for names in OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
     | {"retry-after-ms", "retry-after", "date"}
 )
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple
 
 from .._core._params import NS_PER_S, Clock
-from .budget_fields import BUDGETS, parse_budgets, parse_pause
+from .budget_fields import BUDGETS, Budget, parse_budgets, parse_pause
 from .fields import MAX_WAIT_S, Get
 from .pacer import WaitTooLong
 
@@ -201,10 +201,12 @@ class Ledger:
         account = self._accounts.get(key)  # one C call: no lock needed to read
         return account is None or not (account.budgets or account.paused_until)
 
-    def heard(self, key: Hashable, status: int, get: Get) -> None:
-        """Learn from an answer (its *status*, its headers by *get*) to a request of *key*
-        that was charged nothing (see `idle`)."""
-        self.answered(_charge(Charge, (self._account(key), {})), status, get)
+    def heard(
+        self, key: Hashable, status: int, get: Get, budgets: dict[str, Budget] | None = None
+    ) -> None:
+        """Learn from an answer (its *status*, its headers by *get*, its *budgets* if read
+        already) to a request of *key* that was charged nothing (see `idle`)."""
+        self.answered(_charge(Charge, (self._account(key), {})), status, get, None, budgets)
 
     def costs(self, request: Any) -> dict[str, int]:
         """*request*'s estimated cost per budget (none without an *estimate*)."""
@@ -277,34 +279,43 @@ class Ledger:
                     budget.left = min(budget.limit, budget.left + cost)
 
     def answered(
-        self, charge: Charge, status: int, get: Get, spent: Mapping[str, int] | None = None
+        self,
+        charge: Charge,
+        status: int,
+        get: Get,
+        spent: Mapping[str, int] | None = None,
+        budgets: dict[str, Budget] | None = None,
     ) -> None:
-        """Learn from the answer to *charge*'s request (its *status*, its headers by *get*),
-        and settle what it *spent* (by budget) against what it was charged. Only a 429
-        or a 503 pauses the key."""
+        """Learn from the answer to *charge*'s request (its *status*, its headers by *get*,
+        the *budgets* they announce if an adapter read them already, as `parse_budgets`
+        does), and settle what it *spent* (by budget) against what it was charged. Only
+        a 429 or a 503 pauses the key."""
         account = charge.account
-        if (
+        if budgets is not None:
+            announced = budgets
+        elif (
             not charge.costs
             and not spent
             and status not in {429, 503}
             and all(get(name) is None for name in _ANNOUNCING)
         ):
             return  # charged nothing, and learns nothing
-        announced = parse_budgets(get, self.wall_clock)
+        else:
+            announced = parse_budgets(get, self.wall_clock)
         pause = parse_pause(get, self.wall_clock) if status in {429, 503} else None
         with account.lock:
             now = self.clock()
-            budgets = account.budgets
+            kept = account.budgets
             for name, cost in charge.costs.items():
-                budget = budgets.get(name)
+                budget = kept.get(name)
                 if budget is not None:
                     out = budget.out - cost
                     budget.out = out if out > 0 else 0
             for name, (limit, remaining, reset_ns) in announced.items():
-                budget = budgets.get(name)
+                budget = kept.get(name)
                 if budget is None:
                     self.unannounced = False  # before the budget is there: never too late
-                    budget = budgets[name] = _Budget()
+                    budget = kept[name] = _Budget()
                 budget.limit = limit
                 # The server's word, less what the requests still out were charged:
                 # some may be in it already, which errs on the side of waiting.
@@ -316,7 +327,7 @@ class Ledger:
                 else:
                     budget.reset_at = None
             for name, used in (spent or {}).items():
-                budget = budgets.get(name)
+                budget = kept.get(name)
                 if budget is not None and name not in announced and name in charge.costs:
                     budget.left = min(budget.limit, budget.left + charge.costs[name] - used)
             if pause is not None and now + pause > account.paused_until:
