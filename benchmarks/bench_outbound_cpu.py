@@ -99,7 +99,20 @@ LLM = [USUAL + [("x-ratelimit-limit-requests", "500"), ("x-ratelimit-limit-token
                 ("x-ratelimit-reset-requests", f"{{120 + r % 250 * 4}}ms"),
                 ("x-ratelimit-reset-tokens", f"{{r % 250 // 60}}m{{r % 60}}.{{r % 1000:03d}}s")]
        for r in range(1000)]
-CHANGING = {{"varying": VARYING, "legacy": LEGACY, "llm": LLM}}.get("{kind}")
+# Anthropic-style: four budgets, RFC 3339 resets in whole seconds (each text sent for 25
+# answers, as a server answering 25 a second sends it), read against the Date
+ANTHROPIC = [USUAL + [
+    (f"anthropic-ratelimit-{{budget}}-{{field}}", value)
+    for budget, limit, used, reset in [
+        ("requests", 500, 1, f"2015-10-21T07:28:{{r // 25 % 60:02d}}Z"),
+        ("tokens", 30000, 37, f"2015-10-21T07:29:{{(r // 25 + 7) % 60:02d}}Z"),
+        ("input-tokens", 20000, 30, f"2015-10-21T07:29:{{(r // 25 + 7) % 60:02d}}Z"),
+        ("output-tokens", 10000, 7, f"2015-10-21T07:29:{{(r // 25 + 7) % 60:02d}}Z")]
+    for field, value in [("limit", str(limit)), ("remaining", str(limit - 1 - used * (r % 250))),
+                         ("reset", reset)]]
+    for r in range(1000)]
+CHANGING = {{"varying": VARYING, "legacy": LEGACY, "llm": LLM, "anth": ANTHROPIC}}.get(
+    "{kind}")
 turn = 0
 
 
@@ -153,7 +166,8 @@ for _ in range(int(sys.argv[1])):
 OURS = "RateLimitedTransport(mock, rate=10**9, capacity=1000)"
 # name -> (what, transport, answered with: "" no rate-limit fields, "_fields" the same
 # ones every time, "_varying" a remaining that changes with every answer, "_legacy" one
-# in X-RateLimit-* fields alone, "_llm" an LLM provider's budgets)
+# in X-RateLimit-* fields alone, "_llm" an LLM provider's budgets, OpenAI-style, and
+# "_anth" Anthropic-style)
 CASES = {
     "plain": ("plain client over MockTransport", "mock", ""),
     "minimal": ("minimal transport: allow() then send", "Minimal(mock)", ""),
@@ -169,6 +183,8 @@ CASES = {
     "ours_legacy": ("RateLimitedTransport, the same answers", OURS, "_legacy"),
     "minimal_llm": ("minimal, x-ratelimit-*-requests/-tokens", "Minimal(mock)", "_llm"),
     "ours_llm": ("RateLimitedTransport, the same answers", OURS, "_llm"),
+    "minimal_anthropic": ("minimal, anthropic-ratelimit-*, 4 budgets", "Minimal(mock)", "_anth"),
+    "ours_anthropic": ("RateLimitedTransport, the same answers", OURS, "_anth"),
 }
 
 

@@ -27,7 +27,7 @@ from nanobucket._outbound import fields as _fields
 from nanobucket._outbound import pacer as _outbound
 from nanobucket._outbound.budget_fields import (
     BUDGET_FIELDS,
-    OPENAI_NAMES,
+    FAMILIES,
     parse_budgets,
     parse_pause,
 )
@@ -413,7 +413,10 @@ def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
     assert get is not None or not any(name in _budgets._ANNOUNCING for name, _ in r.lower_items())
 
 
-_OPENAI_FIELDS = {name for names in OPENAI_NAMES for name in names[:3]}
+# Each budget's (limit, remaining, reset) names, OpenAI-style then Anthropic-style
+_TRIPLES = [names[:3] for family, _ in FAMILIES for names in family]
+_ANTHROPIC_RESETS = {reset for _, _, reset in _TRIPLES[2:]}
+_BESIDES = BUDGET_FIELDS - {name for triple in _TRIPLES for name in triple}
 
 
 def _assert_read_as_httpx_reads(h: httpx.Headers, get: Any, budgets: Any) -> None:
@@ -428,47 +431,75 @@ def _assert_read_as_httpx_reads(h: httpx.Headers, get: Any, budgets: Any) -> Non
         }
     else:
         assert budgets == parse_budgets(h.get, wall)
-        assert {name: get(name) for name in BUDGET_FIELDS - _OPENAI_FIELDS} == {
-            name: h.get(name) for name in BUDGET_FIELDS - _OPENAI_FIELDS
-        }
+        assert {name: get(name) for name in _BESIDES} == {name: h.get(name) for name in _BESIDES}
 
 
-_ANTHROPIC_TOKENS = [
-    f"anthropic-ratelimit-tokens-{field}" for field in ("limit", "remaining", "reset")
+# Counts, resets and dates as providers send them, and as they may not: blanks, signs,
+# other scripts' digits, 19 digits, Go's other forms, offsets, bytes that are not ASCII.
+_ODD = [
+    b"0",
+    b" 7",
+    b"7 ",
+    b"007",
+    b"",
+    b"1" * 18,
+    b"1" * 19,
+    b"\xef\xbc\x95",
+    b"n\xc3\xb6",
+    b"\xff",
+    b"x" * 70,
 ]
-# Counts and resets as providers send them, and as they may not: blanks, signs, other
-# scripts' digits, 19 digits, Go's other forms, bytes that are not ASCII.
-_OPENAI_VALUES = st.one_of(
-    st.integers(0, 10**6).map(lambda n: str(n).encode("ascii")),
-    st.sampled_from(
-        [b"12ms", b"6m0s", b"1.5s", b"0", b"+340ms", b"-1s", b" 7", b"7 ", b"007", b"",
-         b"1" * 18, b"1" * 19, b"\xef\xbc\x95", b"n\xc3\xb6", b"\xff", b"1h", b"2.5us",
-         b"2027-01-15T08:00:00Z"]
-    ),
-)  # fmt: skip
-_OPENAI_ANSWERS = st.lists(
-    st.tuples(
-        st.sampled_from(
-            [*sorted(_OPENAI_FIELDS), *_ANTHROPIC_TOKENS, "retry-after", "date", "server"]
-        ),
-        _OPENAI_VALUES,
-    ),
-    min_size=1,
-    max_size=12,
-    unique_by=lambda field: field[0],
+_GO = [b"12ms", b"6m0s", b"1.5s", b"+340ms", b"-1s", b"1h", b"2.5us", b"0"]
+_RFC3339 = [
+    b"2015-10-21T07:28:05Z",
+    b"2015-10-21T07:27:00Z",
+    b"2015-10-21T08:28:01.5+01:00",
+    b"2015-10-21T07:28:05",
+    b"2015-10-21T07:28:05Z" + b" " * 50,
+]
+_DATES = [
+    b"Wed, 21 Oct 2015 07:28:00 GMT",
+    b"Wed, 21 Oct 2015 07:28:00 -0000",
+    b"yesterday",
+    b"Wed, 21 Oct 2015 07:28:00 GMT" + b" " * 40,
+]
+_COUNTS = st.one_of(
+    st.integers(0, 10**6).map(lambda n: str(n).encode("ascii")), st.sampled_from(_ODD)
 )
+_VALUES = st.one_of(_COUNTS, st.sampled_from(_GO + _RFC3339 + _DATES))
 
 
-@settings(max_examples=500, deadline=None)
-@given(answers=st.lists(_OPENAI_ANSWERS, min_size=1, max_size=3), case=st.sampled_from(
+@st.composite
+def _provider_answers(draw: Any) -> list[tuple[str, bytes]]:
+    """An answer's fields in some order: some budgets' three, some other fields."""
+    fields: dict[str, bytes] = {}
+    for limit, remaining, reset in draw(
+        st.lists(st.sampled_from(_TRIPLES), unique=True, max_size=4)
+    ):
+        fields[limit], fields[remaining] = draw(_COUNTS), draw(_COUNTS)
+        usual = _RFC3339[:3] if reset in _ANTHROPIC_RESETS else _GO
+        fields[reset] = draw(st.one_of(st.sampled_from(usual), _VALUES))
+    if draw(st.booleans()):
+        fields["date"] = draw(st.one_of(st.sampled_from(_DATES[:2]), _VALUES))
+    others = st.sampled_from([*sorted(BUDGET_FIELDS), "server"])
+    for name, value in draw(st.lists(st.tuples(others, _VALUES), max_size=3)):
+        fields.setdefault(name, value)
+    shuffled: list[tuple[str, bytes]] = draw(st.permutations(list(fields.items())))
+    return shuffled
+
+
+@settings(max_examples=600, deadline=None)
+@given(answers=st.lists(_provider_answers(), min_size=1, max_size=3), case=st.sampled_from(
     [str.lower, str.upper, str.title]
 ))  # fmt: skip
 @example(
-    answers=[[(name, b"5") for names in OPENAI_NAMES for name in names[:2]]
-             + [(names[2], b"12ms") for names in OPENAI_NAMES]],
+    answers=[[(name, b"5") for triple in _TRIPLES for name in triple[:2]]
+             + [(triple[2], b"12ms") for triple in _TRIPLES[:2]]
+             + [(triple[2], b"2015-10-21T07:28:05Z") for triple in _TRIPLES[2:]]
+             + [("date", b"Wed, 21 Oct 2015 07:28:00 GMT")]],
     case=str.title,
 )  # fmt: skip
-def test_openai_budgets_read_at_their_places_as_httpx_reads_them(
+def test_budgets_read_at_their_places_as_httpx_reads_them(
     answers: list[list[tuple[str, bytes]]], case: Any
 ) -> None:
     # Differential: the budgets httpx's answers announce, read by the places of their
@@ -476,19 +507,16 @@ def test_openai_budgets_read_at_their_places_as_httpx_reads_them(
     # names and other values read by them), and read by httpx's own Headers.get.
     for answer in answers:
         sent = dict(answer)
-        counts = [
-            sent[name]
-            for limit, remaining, reset, _ in OPENAI_NAMES
-            if limit in sent and remaining in sent and reset in sent
-            for name in (limit, remaining)
-        ]
-        # Read at their places unless an Anthropic-style field is there (read against
-        # the Date), a field read is not ASCII or a count is not ASCII digits alone
-        # (the general reading takes those)
-        spotted = (
-            not sent.keys() & set(_ANTHROPIC_TOKENS)
-            and all(value.isascii() for name, value in answer if name != "server")
-            and all(value.isdigit() and len(value) <= 18 for value in counts)
+        complete = [t for t in _TRIPLES if all(name in sent for name in t)]
+        # The usual answer is read at the places: every field read ASCII, the counts
+        # ASCII digits alone, a Date read for RFC 3339 resets
+        usual = (
+            all(value.isascii() for name, value in answer if name != "server")
+            and all(sent[n].isdigit() and len(sent[n]) <= 18 for t in complete for n in t[:2])
+            and (
+                not any(t[2] in _ANTHROPIC_RESETS for t in complete)
+                or sent.get("date") in _DATES[:2]
+            )
         )
         for _ in range(2):  # the second time, by the names' remembered places
             h = httpx.Headers([(case(name).encode("ascii"), value) for name, value in answer])
@@ -498,7 +526,7 @@ def test_openai_budgets_read_at_their_places_as_httpx_reads_them(
                 assert not any(name in _budgets._ANNOUNCING for name, _ in answer)
                 continue
             _assert_read_as_httpx_reads(h, get, budgets)
-            assert (budgets is not None) == spotted
+            assert budgets is not None or not usual
 
 
 @pytest.mark.parametrize(

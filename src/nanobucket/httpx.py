@@ -26,11 +26,18 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
-from ._core._params import RateArg
+from ._core._params import NS_PER_S, RateArg
 from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
-from ._outbound.budget_fields import BUDGET_FIELDS, OPENAI_NAMES, Budget, parse_go_duration
+from ._outbound.budget_fields import (
+    BUDGET_FIELDS,
+    FAMILIES,
+    MAX_TEXT,
+    Budget,
+    parse_go_duration,
+    rfc3339_ns,
+)
 from ._outbound.budgets import ANNOUNCING_MARKS
-from ._outbound.fields import FIELDS, TRIGGERS, Get, fields_of
+from ._outbound.fields import FIELDS, MAX_WAIT_S, TRIGGERS, Get, _http_date, fields_of
 from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
@@ -84,7 +91,7 @@ _PACING = {name.encode("ascii"): (name, True) for name in FIELDS}
 _ANY = {name.encode("ascii"): (name, name in FIELDS) for name in FIELDS | BUDGET_FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
 _LIMIT_OF, _ANTHROPIC = (mark.encode("ascii") for mark in ANNOUNCING_MARKS)
-_ANTHROPIC_FIELDS = {name for name in BUDGET_FIELDS if name.startswith("anthropic-")}
+_MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _budget = tuple.__new__  # a Budget from its fields, without NamedTuple's Python __new__
 
 
@@ -153,26 +160,43 @@ def _read_answer(
 
 
 def _spotted_budgets(
-    raw: list[tuple[bytes, bytes]], spots: tuple[tuple[int, int, int, str], ...]
+    raw: list[tuple[bytes, bytes]], spots: tuple[tuple[int, int, int, str, int], ...]
 ) -> dict[str, Budget] | None:
-    """The OpenAI-style budgets of *raw* (httpx's header list), each read at its
-    fields' places *spots* (limit, remaining, reset, and the budget's name), as
+    """The budgets of *raw* (httpx's header list), each read at its fields' places
+    *spots* (limit, remaining, reset, the budget's name, and the ``Date``'s place
+    for a reset in RFC 3339, -1 for a Go duration), as
     `nanobucket._outbound.budget_fields.parse_budgets` reads them; None when a
-    count is not ASCII digits alone (`parse_budgets` reads those). A reset that is
-    not ASCII raises ``UnicodeDecodeError``."""
+    count is not ASCII digits alone or the ``Date`` is not read (`parse_budgets`
+    reads those). A reset or a ``Date`` that is not ASCII raises
+    ``UnicodeDecodeError``."""
     budgets: dict[str, Budget] = {}
-    for limit_at, remaining_at, reset_at, name in spots:
+    wall_ns = None
+    for limit_at, remaining_at, reset_at, name, date_at in spots:
         limit, remaining = raw[limit_at][1], raw[remaining_at][1]
         # bytes' isdigit is ASCII's: the digits-alone case of `parse_budgets`
         if not (
             limit.isdigit() and remaining.isdigit() and len(limit) <= 18 and len(remaining) <= 18
         ):
             return None
-        reset_ns = parse_go_duration(raw[reset_at][1].decode("ascii"))
-        if reset_ns is not None:
-            most = int(limit)
-            left = int(remaining)
-            budgets[name] = _budget(Budget, (most, left if left < most else most, reset_ns))
+        reset = raw[reset_at][1].decode("ascii")
+        if date_at < 0:  # a Go duration from now
+            reset_ns = parse_go_duration(reset)
+            if reset_ns is None:
+                continue
+        else:  # an RFC 3339 time, read against the answer's Date
+            at = rfc3339_ns(reset) if len(reset) <= MAX_TEXT else None
+            if at is None:
+                continue
+            if wall_ns is None:
+                date = raw[date_at][1].decode("ascii")
+                seconds = _http_date(date) if date and len(date) < 64 else None
+                if seconds is None:
+                    return None  # read against this machine's clock: the budgets' own
+                wall_ns = seconds * NS_PER_S
+            reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
+        most = int(limit)
+        left = int(remaining)
+        budgets[name] = _budget(Budget, (most, left if left < most else most, reset_ns))
     return budgets
 
 
@@ -183,7 +207,7 @@ Layout = tuple[
     bool,
     "tuple[tuple[int, str, bool], ...] | None",
     bool,
-    "tuple[tuple[int, int, int, str], ...] | None",
+    "tuple[tuple[int, int, int, str, int], ...] | None",
     "tuple[tuple[int, str, bool], ...]",
 ]
 # An answer's joined names, as sent -> its `Layout`: a server sends the same names in the
@@ -209,10 +233,9 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
     announce a budget; each field `_read_answer` reads as (its index, its lower-case
     name, whether the pacing reads it), or None when one is sent twice (httpx joins
     them: its reading is the one to take); whether one is a `TRIGGERS` field; where
-    the OpenAI-style budgets' fields are (`_spotted_budgets`), when the answer
-    announces only those budgets (no Anthropic-style field: their resets are read
-    against the ``Date``), or None; and the fields read besides those (all of them
-    without such places).
+    each budget's fields are (`_spotted_budgets`), or None when an RFC 3339 reset
+    would be read against this machine's clock (no ``Date``); and the fields read
+    besides those (all of them without such places).
     Remembered by *names*, unless a name holds a line break (another list joins to the
     same names) or they are long.
     """
@@ -234,12 +257,15 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
                 places.append((i, *seen))
     at = {key: i for i, key, _ in places}
     spots = None
-    if announcing and not repeated and keys.isdisjoint(_ANTHROPIC_FIELDS):
+    if announcing and not repeated:
         spots = tuple(
-            (at[limit], at[remaining], at[reset], name)
-            for limit, remaining, reset, name in OPENAI_NAMES
+            (at[limit], at[remaining], at[reset], name, -1 if go_resets else at.get("date", -2))
+            for names, go_resets in FAMILIES
+            for limit, remaining, reset, name in names
             if limit in at and remaining in at and reset in at
         )
+        if any(spot[4] == -2 for spot in spots):
+            spots = None  # RFC 3339 resets and no Date: read against the budgets' clock
     spotted = {i for spot in spots or () for i in spot[:3]}
     layout: Layout = (
         len(raw),

@@ -13,6 +13,7 @@ longer than a day (`MAX_WAIT_S`); a field that does not parse is as if absent.
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 import re
 import time
@@ -20,26 +21,28 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from .._core._params import NS_PER_S
-from .fields import MAX_WAIT_S, Get, WallClock, _wall_now, parse_retry_after
+from .fields import MAX_WAIT_S, Get, WallClock, _wall_ns, parse_retry_after
 
 __all__ = (
     "BUDGETS",
     "BUDGET_FIELDS",
-    "OPENAI_NAMES",
+    "FAMILIES",
+    "MAX_TEXT",
     "Budget",
     "parse_budgets",
     "parse_go_duration",
     "parse_pause",
     "parse_rfc3339",
+    "rfc3339_ns",
 )
 
 #: The budgets a provider announces, by the names an estimate and a settle use.
 BUDGETS = ("requests", "tokens", "input-tokens", "output-tokens")
 _OPENAI = ("requests", "tokens")  # x-ratelimit-*-requests, x-ratelimit-*-tokens
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
-_MAX_TEXT = 64  # longer values are not read
-#: Each budget's (limit, remaining, reset) field names, and the budget's name
-OPENAI_NAMES = tuple(
+MAX_TEXT = 64  # longer values are not read
+# Each budget's (limit, remaining, reset) field names, and the budget's name
+_OPENAI_NAMES = tuple(
     (f"x-ratelimit-limit-{n}", f"x-ratelimit-remaining-{n}", f"x-ratelimit-reset-{n}", n)
     for n in _OPENAI
 )
@@ -47,11 +50,12 @@ _ANTHROPIC_NAMES = tuple(
     (*(f"anthropic-ratelimit-{n}-{field}" for field in ("limit", "remaining", "reset")), n)
     for n in BUDGETS
 )
-# The families, and whether their resets are Go durations (else RFC 3339 times)
-_FAMILIES = ((OPENAI_NAMES, True), (_ANTHROPIC_NAMES, False))
+#: The families: each budget's (limit, remaining, reset) field names and its name, and
+#: whether their resets are Go durations (else RFC 3339 times)
+FAMILIES = ((_OPENAI_NAMES, True), (_ANTHROPIC_NAMES, False))
 #: Every field `parse_budgets` and `parse_pause` read, by lower-case name.
 BUDGET_FIELDS = frozenset(
-    {name for names in OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
+    {name for names in _OPENAI_NAMES + _ANTHROPIC_NAMES for name in names[:3]}
     | {"retry-after-ms", "retry-after", "date"}
 )
 
@@ -96,7 +100,7 @@ def parse_go_duration(text: str) -> int | None:
         whole = text[:-2]
         if whole.isdigit() and whole.isascii() and len(whole) <= 9:
             return min(int(whole) * 1_000_000, _MAX_WAIT_NS)
-    if len(text) > _MAX_TEXT:
+    if len(text) > MAX_TEXT:
         return None
     if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
         text = text[1:]
@@ -144,7 +148,7 @@ def parse_rfc3339(text: str) -> int | None:
     >>> parse_rfc3339("yesterday") is None
     True
     """
-    match = _RFC3339.match(text.strip()) if len(text) <= _MAX_TEXT else None
+    match = _RFC3339.match(text.strip()) if len(text) <= MAX_TEXT else None
     if match is None:
         return None
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
@@ -167,6 +171,11 @@ def parse_rfc3339(text: str) -> int | None:
     # Past the ns, rounded up: a reset is never read earlier than it was written.
     fraction = int(digits[:9].ljust(9, "0")) + (digits[9:].strip("0") != "")
     return (whole + (second == 60)) * NS_PER_S + fraction
+
+
+#: `parse_rfc3339` remembered: a provider's resets are whole seconds, the same text for
+#: many answers and for several budgets of one (give it texts of `MAX_TEXT` or less)
+rfc3339_ns = functools.lru_cache(maxsize=256)(parse_rfc3339)
 
 
 def _count(text: str) -> int | None:
@@ -194,7 +203,7 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
     """
     found: dict[str, Budget] = {}
     wall_ns: int | None = None
-    for names, go_resets in _FAMILIES:
+    for names, go_resets in FAMILIES:
         for limit_name, remaining_name, reset_name, name in names:
             # A budget not announced is one lookup: most answers announce few, or none.
             text = get(limit_name)
@@ -218,11 +227,11 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
                 if reset_ns is None:
                     continue
             else:  # an RFC 3339 time, read against the answer's Date
-                at = parse_rfc3339(reset)
+                at = rfc3339_ns(reset) if len(reset) <= MAX_TEXT else None
                 if at is None:
                     continue
                 if wall_ns is None:
-                    wall_ns = int(_wall_now(get, wall_clock) * NS_PER_S)
+                    wall_ns = _wall_ns(get, wall_clock)
                 reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
             found[name] = _budget(Budget, (limit, min(remaining, limit), reset_ns))
     return found
@@ -237,7 +246,7 @@ def parse_pause(get: Get, wall_clock: WallClock = time.time_ns) -> int | None:
     (2000000000, None)
     """
     text = get("retry-after-ms")
-    if text is not None and len(text) <= _MAX_TEXT:
+    if text is not None and len(text) <= MAX_TEXT:
         try:
             ms = Fraction(text.strip())
         except (ValueError, ZeroDivisionError):

@@ -195,16 +195,31 @@ _BAD_DATE = (TypeError, ValueError, IndexError, OverflowError, OSError)
 WallClock = Callable[[], int]
 
 
-def _wall_now(get: Get, wall_clock: WallClock) -> Fraction:
-    """The server's time of the response in seconds since the epoch: its ``Date``,
-    else *wall_clock*'s."""
+@functools.lru_cache(maxsize=64)
+def _http_date(text: str) -> int | None:
+    """An HTTP date (``Wed, 21 Oct 2015 07:28:00 GMT``) in seconds since the epoch (it
+    names whole seconds), or None. Remembered: a server's ``Date`` changes once a
+    second, not once an answer (only short texts are given)."""
+    try:
+        return int(email.utils.parsedate_to_datetime(text).timestamp())
+    except _BAD_DATE:
+        return None
+
+
+def _wall_ns(get: Get, wall_clock: WallClock) -> int:
+    """The server's time of the response in ns since the epoch: its ``Date``, else
+    *wall_clock*'s."""
     date = get("date")
     if date and len(date) < 64:
-        try:
-            return Fraction(email.utils.parsedate_to_datetime(date).timestamp())
-        except _BAD_DATE:
-            pass
-    return Fraction(wall_clock(), NS_PER_S)
+        seconds = _http_date(date)
+        if seconds is not None:
+            return seconds * NS_PER_S
+    return wall_clock()
+
+
+def _wall_now(get: Get, wall_clock: WallClock) -> Fraction:
+    """`_wall_ns` in seconds."""
+    return Fraction(_wall_ns(get, wall_clock), NS_PER_S)
 
 
 def _seconds_ns(seconds: Fraction | int) -> int:
@@ -234,11 +249,10 @@ def parse_retry_after(get: Get, wall_clock: WallClock = time.time_ns) -> int | N
     seconds = _number(value)
     if seconds is not None:
         return _seconds_ns(seconds)
-    try:
-        when = email.utils.parsedate_to_datetime(value.strip()).timestamp()
-    except _BAD_DATE:
+    when = _http_date(value.strip())
+    if when is None:
         return None
-    delta = Fraction(when) - _wall_now(get, wall_clock)
+    delta = when - _wall_now(get, wall_clock)
     return _seconds_ns(max(delta, Fraction(0)))
 
 
