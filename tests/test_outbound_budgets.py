@@ -23,12 +23,15 @@ from hypothesis import strategies as st
 import nanobucket as nb
 from nanobucket._outbound.budget_fields import (
     Budget,
+    _rfc3339_ns,
     parse_budgets,
     parse_go_duration,
     parse_pause,
     parse_rfc3339,
+    rfc3339_reset,
 )
 from nanobucket._outbound.budgets import _MAX_WAIT_NS, Charge, Ledger, _due
+from nanobucket._outbound.fields import _http_date
 from nanobucket.httpx import AsyncRateLimitedTransport, RateLimitedTransport, RateLimitTimeout
 from nanobucket.requests import RateLimitedAdapter
 
@@ -284,7 +287,34 @@ def test_rfc3339_times_read_as_pythons_datetime_reads_them(text: str, foreign: b
     # Arabic-Indic digits): the same instant as the reference, or None with it.
     if foreign:
         text = text.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
-    assert parse_rfc3339(text) == _rfc3339_by_datetime(text)
+    at = _rfc3339_by_datetime(text)
+    assert parse_rfc3339(text) == at
+    wall = 1_445_412_480 * 10**9  # 2015-10-21T07:28:00Z
+    for _ in range(2):  # read, then remembered
+        assert rfc3339_reset(text, wall) == (
+            None if at is None else min(max(at - wall, 0), _MAX_WAIT_NS)
+        )
+
+
+def test_only_short_resets_and_dates_are_remembered() -> None:
+    # A hostile server sends a new long reset and a new long Date with every answer:
+    # each is refused every time (as before they were remembered), and none is kept.
+    _rfc3339_ns.cache_clear()
+    _http_date.cache_clear()
+    for i in range(100):
+        date = f"Wed, 21 Oct 2015 07:28:00 GMT{' ' * 40}{i}"
+        answer = anthropic(date, tokens=(10, 5, f"2015-10-21T07:28:05Z{' ' * 50}{i}"))
+        assert parse_budgets(answer.get, lambda: 0) == {}
+        assert parse_pause({"retry-after": date}.get) is None
+    assert _rfc3339_ns.cache_info().currsize == 0
+    assert _http_date.cache_info().currsize == 0
+    # Short ones are kept, as many as each holds at most
+    for i in range(600):
+        date = f"Wed, 21 Oct 2015 07:{i // 60 % 60:02d}:{i % 60:02d} GMT"
+        answer = anthropic(date, tokens=(10, 5, f"2015-10-21T08:{i // 60 % 60:02d}:{i % 60:02d}Z"))
+        assert parse_budgets(answer.get, lambda: 0) == {"tokens": Budget(10, 5, 3600 * 10**9)}
+    assert _rfc3339_ns.cache_info().currsize == 256
+    assert _http_date.cache_info().currsize == 64
 
 
 def openai(requests_: tuple[int, int, str], tokens: tuple[int, int, str]) -> dict[str, str]:

@@ -31,13 +31,12 @@ from ._outbound.adapter import IDEMPOTENT, LimitTimeout, Options, Outbound
 from ._outbound.budget_fields import (
     BUDGET_FIELDS,
     FAMILIES,
-    MAX_TEXT,
     Budget,
     parse_go_duration,
-    rfc3339_ns,
+    rfc3339_reset,
 )
 from ._outbound.budgets import ANNOUNCING_MARKS
-from ._outbound.fields import FIELDS, MAX_WAIT_S, TRIGGERS, Get, _http_date, fields_of
+from ._outbound.fields import FIELDS, TRIGGERS, Get, _http_date, fields_of
 from ._outbound.pacer import KeyLimit
 
 if TYPE_CHECKING:
@@ -91,7 +90,6 @@ _PACING = {name.encode("ascii"): (name, True) for name in FIELDS}
 _ANY = {name.encode("ascii"): (name, name in FIELDS) for name in FIELDS | BUDGET_FIELDS}
 _raw_name = itemgetter(0)  # of httpx's (name, value) pairs
 _LIMIT_OF, _ANTHROPIC = (mark.encode("ascii") for mark in ANNOUNCING_MARKS)
-_MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
 _budget = tuple.__new__  # a Budget from its fields, without NamedTuple's Python __new__
 
 
@@ -184,16 +182,15 @@ def _spotted_budgets(
             if reset_ns is None:
                 continue
         else:  # an RFC 3339 time, read against the answer's Date
-            at = rfc3339_ns(reset) if len(reset) <= MAX_TEXT else None
-            if at is None:
-                continue
             if wall_ns is None:
                 date = raw[date_at][1].decode("ascii")
                 seconds = _http_date(date) if date and len(date) < 64 else None
                 if seconds is None:
                     return None  # read against this machine's clock: the budgets' own
                 wall_ns = seconds * NS_PER_S
-            reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
+            reset_ns = rfc3339_reset(reset, wall_ns)
+            if reset_ns is None:
+                continue
         most = int(limit)
         left = int(remaining)
         budgets[name] = _budget(Budget, (most, left if left < most else most, reset_ns))

@@ -27,20 +27,19 @@ __all__ = (
     "BUDGETS",
     "BUDGET_FIELDS",
     "FAMILIES",
-    "MAX_TEXT",
     "Budget",
     "parse_budgets",
     "parse_go_duration",
     "parse_pause",
     "parse_rfc3339",
-    "rfc3339_ns",
+    "rfc3339_reset",
 )
 
 #: The budgets a provider announces, by the names an estimate and a settle use.
 BUDGETS = ("requests", "tokens", "input-tokens", "output-tokens")
 _OPENAI = ("requests", "tokens")  # x-ratelimit-*-requests, x-ratelimit-*-tokens
 _MAX_WAIT_NS = MAX_WAIT_S * NS_PER_S
-MAX_TEXT = 64  # longer values are not read
+_MAX_TEXT = 64  # longer values are not read
 # Each budget's (limit, remaining, reset) field names, and the budget's name
 _OPENAI_NAMES = tuple(
     (f"x-ratelimit-limit-{n}", f"x-ratelimit-remaining-{n}", f"x-ratelimit-reset-{n}", n)
@@ -100,7 +99,7 @@ def parse_go_duration(text: str) -> int | None:
         whole = text[:-2]
         if whole.isdigit() and whole.isascii() and len(whole) <= 9:
             return min(int(whole) * 1_000_000, _MAX_WAIT_NS)
-    if len(text) > MAX_TEXT:
+    if len(text) > _MAX_TEXT:
         return None
     if text[:1] == "+":  # Go takes a sign (a negative duration is no reset here)
         text = text[1:]
@@ -148,7 +147,7 @@ def parse_rfc3339(text: str) -> int | None:
     >>> parse_rfc3339("yesterday") is None
     True
     """
-    match = _RFC3339.match(text.strip()) if len(text) <= MAX_TEXT else None
+    match = _RFC3339.match(text.strip()) if len(text) <= _MAX_TEXT else None
     if match is None:
         return None
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
@@ -173,9 +172,20 @@ def parse_rfc3339(text: str) -> int | None:
     return (whole + (second == 60)) * NS_PER_S + fraction
 
 
-#: `parse_rfc3339` remembered: a provider's resets are whole seconds, the same text for
-#: many answers and for several budgets of one (give it texts of `MAX_TEXT` or less)
-rfc3339_ns = functools.lru_cache(maxsize=256)(parse_rfc3339)
+# `parse_rfc3339` remembered: a provider's resets are whole seconds, the same text for
+# many answers and for several budgets of one (only short texts are given)
+_rfc3339_ns = functools.lru_cache(maxsize=256)(parse_rfc3339)
+
+
+def rfc3339_reset(text: str, wall_ns: int) -> int | None:
+    """ns from *wall_ns* (since the epoch) until the RFC 3339 time *text*: 0 if it is
+    past, at most a day; None if it is not one.
+
+    >>> rfc3339_reset("1970-01-01T00:00:02Z", 500_000_000), rfc3339_reset("soon", 0)
+    (1500000000, None)
+    """
+    at = _rfc3339_ns(text) if len(text) <= _MAX_TEXT else None
+    return None if at is None else min(max(at - wall_ns, 0), _MAX_WAIT_NS)
 
 
 def _count(text: str) -> int | None:
@@ -227,12 +237,11 @@ def parse_budgets(get: Get, wall_clock: WallClock = time.time_ns) -> dict[str, B
                 if reset_ns is None:
                     continue
             else:  # an RFC 3339 time, read against the answer's Date
-                at = rfc3339_ns(reset) if len(reset) <= MAX_TEXT else None
-                if at is None:
-                    continue
                 if wall_ns is None:
                     wall_ns = _wall_ns(get, wall_clock)
-                reset_ns = min(max(at - wall_ns, 0), _MAX_WAIT_NS)
+                reset_ns = rfc3339_reset(reset, wall_ns)
+                if reset_ns is None:
+                    continue
             found[name] = _budget(Budget, (limit, min(remaining, limit), reset_ns))
     return found
 
@@ -246,7 +255,7 @@ def parse_pause(get: Get, wall_clock: WallClock = time.time_ns) -> int | None:
     (2000000000, None)
     """
     text = get("retry-after-ms")
-    if text is not None and len(text) <= MAX_TEXT:
+    if text is not None and len(text) <= _MAX_TEXT:
         try:
             ms = Fraction(text.strip())
         except (ValueError, ZeroDivisionError):
