@@ -131,9 +131,9 @@ def _read_answer(
     layout = _LAYOUTS.get(names)
     if layout is None or layout[0] != len(raw):
         layout = _layout(raw, names)
-    _, _, announcing, places, triggers, spots, rest = layout
-    if not (announcing or triggers):
+    if not layout[7]:
         return None, None, None  # most answers: no field the budgets or the pacing read
+    _, _, announcing, places, triggers, spots, rest, _ = layout
     if places is not None:
         found: dict[str, str] = {}
         try:  # as httpx's own encoding reads them: the same for ASCII (and quicker)
@@ -206,6 +206,7 @@ Layout = tuple[
     bool,
     "tuple[tuple[int, int, int, str, int], ...] | None",
     "tuple[tuple[int, str, bool], ...]",
+    bool,
 ]
 # An answer's joined names, as sent -> its `Layout`: a server sends the same names in the
 # same order on every answer, so they are lowered and looked up one by one only once.
@@ -231,10 +232,11 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
     name, whether the pacing reads it), or None when one is sent twice (httpx joins
     them: its reading is the one to take); whether one is a `TRIGGERS` field; where
     each budget's fields are (`_spotted_budgets`), or None when an RFC 3339 reset
-    would be read against this machine's clock (no ``Date``); and the fields read
-    besides those (all of them without such places).
-    Remembered by *names*, unless a name holds a line break (another list joins to the
-    same names) or they are long.
+    would be read against this machine's clock (no ``Date``); the fields read
+    besides those (all of them without such places); and whether it has a field the
+    budgets or the pacing read (most answers have none). Remembered by *names*,
+    unless a name holds a line break (another list joins to the same names) or they
+    are long.
     """
     lowered = names.lower()
     # ``find``, not ``in``: bytes' ``in`` first tries its operand as an int, and an
@@ -264,14 +266,16 @@ def _layout(raw: list[tuple[bytes, bytes]], names: bytes) -> Layout:
         if any(spot[4] == -2 for spot in spots):
             spots = None  # RFC 3339 resets and no Date: read against the budgets' clock
     spotted = {i for spot in spots or () for i in spot[:3]}
+    triggers = not TRIGGERS.isdisjoint(keys)
     layout: Layout = (
         len(raw),
         marked,
         announcing,
         None if repeated else tuple(places),
-        not TRIGGERS.isdisjoint(keys),
+        triggers,
         spots,
         tuple(place for place in places if place[0] not in spotted),
+        triggers or announcing,
     )
     if names.count(b"\n") == len(raw) - 1 and len(names) <= _LAYOUT_LEN:
         if len(_LAYOUTS) >= _LAYOUTS_KEPT:
