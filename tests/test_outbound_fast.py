@@ -415,7 +415,9 @@ def test_the_adapters_read_every_budget_field_as_the_clients_own_get(
 
 # Each budget's (limit, remaining, reset) names, OpenAI-style then Anthropic-style
 _TRIPLES = [names[:3] for family, _ in FAMILIES for names in family]
-_ANTHROPIC_RESETS = {reset for _, _, reset in _TRIPLES[2:]}
+_ANTHROPIC_RESETS = {
+    names[2] for family, go_resets in FAMILIES if not go_resets for names in family
+}
 _BESIDES = BUDGET_FIELDS - {name for triple in _TRIPLES for name in triple}
 
 

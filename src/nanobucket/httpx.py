@@ -144,8 +144,8 @@ def _read_answer(
             budgets = None
             if spots is not None:
                 budgets = _spotted_budgets(raw, spots)
-                if budgets is None:  # a count in another form: the budgets read them all
-                    for i, key, _ in places:
+                if budgets is None:  # a count in another form, or no Date read: the budgets'
+                    for i, key, _ in places:  # reading, of every field
                         found[key] = raw[i][1].decode("ascii")
         except UnicodeDecodeError:
             pass  # httpx's own reading, below
